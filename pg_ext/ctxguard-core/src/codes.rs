@@ -1,0 +1,66 @@
+//! Stable error codes returned in `call_tool` envelopes. One table; never renumbered or renamed.
+
+use std::fmt;
+
+/// Envelope error codes of Gate B (`ctxguard.call_tool`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Code {
+    /// No verified context is set in this transaction.
+    ContextMissing,
+    /// The tool does not exist or has no policy (indistinguishable on purpose).
+    ToolNotFound,
+    /// The tool exists but the current context does not allow it.
+    ToolNotVisible,
+    /// Arguments are malformed, oversize, or fail the tool's JSON Schema.
+    InvalidArgument,
+    /// The bound entity argument differs from the context entity.
+    EntityMismatch,
+    /// The tool needs a human approval; a pending approval was recorded.
+    ApprovalRequired,
+    /// The handler raised an error; its effects were rolled back.
+    ToolError,
+}
+
+impl Code {
+    pub const ALL: [Code; 7] = [
+        Code::ContextMissing,
+        Code::ToolNotFound,
+        Code::ToolNotVisible,
+        Code::InvalidArgument,
+        Code::EntityMismatch,
+        Code::ApprovalRequired,
+        Code::ToolError,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Code::ContextMissing => "CONTEXT_MISSING",
+            Code::ToolNotFound => "TOOL_NOT_FOUND",
+            Code::ToolNotVisible => "TOOL_NOT_VISIBLE",
+            Code::InvalidArgument => "INVALID_ARGUMENT",
+            Code::EntityMismatch => "ENTITY_MISMATCH",
+            Code::ApprovalRequired => "APPROVAL_REQUIRED",
+            Code::ToolError => "TOOL_ERROR",
+        }
+    }
+}
+
+impl fmt::Display for Code {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_are_unique_screaming_snake_case() {
+        let mut seen = std::collections::HashSet::new();
+        for c in Code::ALL {
+            assert!(seen.insert(c.as_str()));
+            assert!(c.as_str().chars().all(|ch| ch.is_ascii_uppercase() || ch == '_'));
+        }
+    }
+}

@@ -1,0 +1,22 @@
+//! Pure ctxguard logic, free of Postgres so it can be unit-tested and fuzzed alone.
+//!
+//! The extension crate (`pg_ext/ctxguard`) is a thin adapter: it reads settings and catalog rows,
+//! calls into these modules, and maps their errors onto SQLSTATEs and envelope codes.
+//!
+//! - [`names`]: identifier and entity-id rules shared by every input.
+//! - [`token`]: JWT verification (HS256 / EdDSA) into an [`token::Identity`].
+//! - [`page`]: the seed-000 page-context contract, validated against the page-type catalog.
+//! - [`policy`]: tool policies (parse + contradiction checks) and their evaluation (Gate A/B).
+//! - [`binding`]: entity binding of tool arguments and schema stripping.
+//! - [`args`]: argument shape limits and JSON Schema validation with value-free messages.
+//! - [`codes`]: the stable envelope error codes.
+
+pub mod args;
+pub mod binding;
+pub mod codes;
+pub mod names;
+pub mod page;
+pub mod policy;
+pub mod token;
+
+pub use codes::Code;

@@ -1,0 +1,372 @@
+//! Tool policies: parsing with contradiction checks, and evaluation against a context.
+//!
+//! A tool without a policy does not exist for Gate A or Gate B. Evaluation is total and ordered:
+//! the first failing rule is the reason reported by `ctxguard.explain_tools()`.
+
+use serde_json::{Map, Value};
+
+use crate::names::{is_valid_label, is_valid_name};
+use crate::page::PageTypeInfo;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Danger {
+    Safe,
+    Moderate,
+    Destructive,
+}
+
+impl Danger {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Danger::Safe => "safe",
+            Danger::Moderate => "moderate",
+            Danger::Destructive => "destructive",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Danger> {
+        match s {
+            "safe" => Some(Danger::Safe),
+            "moderate" => Some(Danger::Moderate),
+            "destructive" => Some(Danger::Destructive),
+            _ => None,
+        }
+    }
+}
+
+/// A validated policy. `page_types == ["*"]` means any page.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    pub page_types: Vec<String>,
+    pub requires_entity: bool,
+    pub entity_type: Option<String>,
+    pub entity_param: Option<String>,
+    pub roles: Vec<String>,
+    pub required_states: Vec<String>,
+    pub read_only: bool,
+    pub danger: Danger,
+    pub requires_approval: bool,
+    pub enabled: bool,
+}
+
+pub const POLICY_KEYS: [&str; 10] = [
+    "page_types",
+    "requires_entity",
+    "entity_type",
+    "entity_param",
+    "roles",
+    "required_states",
+    "read_only",
+    "danger",
+    "requires_approval",
+    "enabled",
+];
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid tool policy: {0}")]
+pub struct PolicyError(pub String);
+
+fn err<T>(msg: impl Into<String>) -> Result<T, PolicyError> {
+    Err(PolicyError(msg.into()))
+}
+
+fn bool_key(obj: &Map<String, Value>, key: &str, default: bool) -> Result<bool, PolicyError> {
+    match obj.get(key) {
+        None => Ok(default),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => err(format!("{key} must be a boolean")),
+    }
+}
+
+fn labels(obj: &Map<String, Value>, key: &str) -> Result<Vec<String>, PolicyError> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(a)) => {
+            let mut out: Vec<String> = Vec::new();
+            for v in a {
+                match v.as_str() {
+                    Some(s) if is_valid_label(s) => {
+                        if !out.iter().any(|o| o == s) {
+                            out.push(s.to_string())
+                        }
+                    }
+                    _ => return err(format!("{key} must be an array of names")),
+                }
+            }
+            Ok(out)
+        }
+        Some(_) => err(format!("{key} must be an array of names")),
+    }
+}
+
+fn opt_name(obj: &Map<String, Value>, key: &str) -> Result<Option<String>, PolicyError> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) if is_valid_name(s) => Ok(Some(s.clone())),
+        Some(_) => err(format!("{key} must be a name")),
+    }
+}
+
+/// Parse and check a policy. `lookup` answers from `ctxguard.page_types`; `input_schema` is the tool's.
+pub fn parse_policy(
+    v: &Value,
+    input_schema: &Value,
+    lookup: impl Fn(&str) -> Option<PageTypeInfo>,
+) -> Result<Policy, PolicyError> {
+    let obj = match v {
+        Value::Object(o) => o,
+        Value::Null => return err("a tool cannot exist without a policy"),
+        _ => return err("policy must be a JSON object"),
+    };
+    if let Some(k) = obj.keys().find(|k| !POLICY_KEYS.contains(&k.as_str())) {
+        // Policy JSON is written by the DBA, so naming the key is helpful and not a leak.
+        return err(format!("unknown key \"{}\" (allowed: {})", k.escape_debug(), POLICY_KEYS.join(", ")));
+    }
+    let page_types = match obj.get("page_types") {
+        Some(Value::Array(a)) if !a.is_empty() => {
+            let mut out: Vec<String> = Vec::new();
+            for p in a {
+                match p.as_str() {
+                    Some("*") => out.push("*".into()),
+                    Some(s) if is_valid_name(s) => {
+                        if lookup(s).is_none() {
+                            return err(format!("unknown page type \"{s}\""));
+                        }
+                        if !out.iter().any(|o| o == s) {
+                            out.push(s.to_string())
+                        }
+                    }
+                    _ => return err("page_types must hold page type names or \"*\""),
+                }
+            }
+            if out.len() > 1 && out.iter().any(|p| p == "*") {
+                return err("\"*\" cannot be combined with other page types");
+            }
+            out
+        }
+        Some(Value::String(s)) if s == "*" => vec!["*".into()],
+        None => return err("page_types is required (use [\"*\"] for any page)"),
+        Some(_) => return err("page_types must be a non-empty array"),
+    };
+    let entity_type = opt_name(obj, "entity_type")?;
+    let entity_param = opt_name(obj, "entity_param")?;
+    let requires_entity = bool_key(obj, "requires_entity", entity_type.is_some())?;
+    let danger = match obj.get("danger") {
+        None => Danger::Safe,
+        Some(Value::String(s)) => match Danger::parse(s) {
+            Some(d) => d,
+            None => return err("danger must be one of safe, moderate, destructive"),
+        },
+        Some(_) => return err("danger must be one of safe, moderate, destructive"),
+    };
+    let read_only = bool_key(obj, "read_only", true)?;
+    let policy = Policy {
+        requires_entity,
+        roles: labels(obj, "roles")?,
+        required_states: labels(obj, "required_states")?,
+        requires_approval: bool_key(obj, "requires_approval", false)?,
+        enabled: bool_key(obj, "enabled", true)?,
+        read_only,
+        danger,
+        page_types,
+        entity_type,
+        entity_param,
+    };
+    check_contradictions(&policy, input_schema, lookup)?;
+    Ok(policy)
+}
+
+fn check_contradictions(
+    p: &Policy,
+    input_schema: &Value,
+    lookup: impl Fn(&str) -> Option<PageTypeInfo>,
+) -> Result<(), PolicyError> {
+    if p.entity_param.is_some() && p.entity_type.is_none() {
+        return err("entity_param requires entity_type");
+    }
+    if p.requires_entity && p.entity_type.is_none() {
+        return err("requires_entity requires entity_type");
+    }
+    if p.read_only && p.danger == Danger::Destructive {
+        return err("a destructive tool cannot be read_only");
+    }
+    if p.requires_entity {
+        let want = p.entity_type.as_deref();
+        for page in p.page_types.iter().filter(|pt| *pt != "*") {
+            let info = lookup(page).expect("checked above");
+            if info.entity_type.as_deref() != want {
+                return err(format!(
+                    "page type \"{page}\" never carries entity type \"{}\" so the tool could never be visible there",
+                    want.unwrap_or_default()
+                ));
+            }
+        }
+    }
+    if let Some(param) = &p.entity_param {
+        let prop = input_schema.get("properties").and_then(|props| props.get(param));
+        match prop {
+            None => return err(format!("entity_param \"{param}\" is not a property of the input schema")),
+            Some(schema) => match schema.get("type") {
+                None => {}
+                Some(Value::String(t)) if t == "string" => {}
+                Some(_) => return err(format!("entity_param \"{param}\" must be a string property")),
+            },
+        }
+    }
+    Ok(())
+}
+
+/// The context facts a policy is evaluated against.
+#[derive(Debug, Clone, Copy)]
+pub struct ContextView<'a> {
+    pub page_type: &'a str,
+    pub entity_type: Option<&'a str>,
+    pub roles: &'a [String],
+    pub states: &'a [String],
+}
+
+/// Why a tool is (in)visible. Codes are stable: they are part of the SQL API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    Visible,
+    NoContext,
+    MissingPolicy,
+    Disabled,
+    WrongPage,
+    MissingRole,
+    MissingState,
+    EntityRequired,
+    WrongEntityType,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Visible => "visible",
+            Reason::NoContext => "no_context",
+            Reason::MissingPolicy => "missing_policy",
+            Reason::Disabled => "disabled",
+            Reason::WrongPage => "wrong_page",
+            Reason::MissingRole => "missing_role",
+            Reason::MissingState => "missing_state",
+            Reason::EntityRequired => "entity_required",
+            Reason::WrongEntityType => "wrong_entity_type",
+        }
+    }
+}
+
+/// Evaluate a (possibly missing) policy in a (possibly missing) context. Fails closed.
+pub fn evaluate(policy: Option<&Policy>, ctx: Option<&ContextView<'_>>) -> Reason {
+    let Some(ctx) = ctx else { return Reason::NoContext };
+    let Some(p) = policy else { return Reason::MissingPolicy };
+    if !p.enabled {
+        return Reason::Disabled;
+    }
+    if !p.page_types.iter().any(|pt| pt == "*" || pt == ctx.page_type) {
+        return Reason::WrongPage;
+    }
+    if !p.roles.is_empty() && !p.roles.iter().any(|r| ctx.roles.contains(r)) {
+        return Reason::MissingRole;
+    }
+    if !p.required_states.iter().all(|s| ctx.states.contains(s)) {
+        return Reason::MissingState;
+    }
+    if p.requires_entity {
+        match ctx.entity_type {
+            None => return Reason::EntityRequired,
+            Some(t) if Some(t) != p.entity_type.as_deref() => return Reason::WrongEntityType,
+            _ => {}
+        }
+    }
+    Reason::Visible
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn lookup(name: &str) -> Option<PageTypeInfo> {
+        match name {
+            "invoice_table" | "vendor_table" => Some(PageTypeInfo { entity_type: None }),
+            "invoice_detail" => Some(PageTypeInfo { entity_type: Some("invoice".into()) }),
+            "vendor_detail" => Some(PageTypeInfo { entity_type: Some("vendor".into()) }),
+            _ => None,
+        }
+    }
+
+    fn schema() -> Value {
+        json!({"type": "object", "properties": {"invoice_id": {"type": "string"}, "n": {"type": "integer"}}})
+    }
+
+    fn get_policy() -> Policy {
+        parse_policy(
+            &json!({"page_types": ["invoice_detail"], "entity_type": "invoice", "entity_param": "invoice_id"}),
+            &schema(),
+            lookup,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn defaults_are_safe() {
+        let p = get_policy();
+        assert!(p.requires_entity && p.read_only && p.enabled && !p.requires_approval);
+        assert_eq!(p.danger, Danger::Safe);
+        let any = parse_policy(&json!({"page_types": "*"}), &schema(), lookup).unwrap();
+        assert_eq!(any.page_types, vec!["*"]);
+        assert!(!any.requires_entity);
+    }
+
+    #[test]
+    fn rejects_missing_unknown_and_contradictory() {
+        let cases = [
+            json!(null),
+            json!([]),
+            json!({}),
+            json!({"page_types": []}),
+            json!({"page_types": ["nope"]}),
+            json!({"page_types": ["*", "invoice_table"]}),
+            json!({"page_types": "*", "tenant": "x"}),
+            json!({"page_types": "*", "entity_param": "invoice_id"}),
+            json!({"page_types": "*", "requires_entity": true}),
+            json!({"page_types": "*", "danger": "destructive"}),
+            json!({"page_types": "*", "danger": "nuclear", "read_only": false}),
+            json!({"page_types": "*", "read_only": "yes"}),
+            json!({"page_types": ["invoice_table"], "entity_type": "invoice"}),
+            json!({"page_types": ["vendor_detail"], "entity_type": "invoice"}),
+            json!({"page_types": ["invoice_detail"], "entity_type": "invoice", "entity_param": "missing"}),
+            json!({"page_types": ["invoice_detail"], "entity_type": "invoice", "entity_param": "n"}),
+            json!({"page_types": "*", "roles": ["a b"]}),
+        ];
+        for c in cases {
+            assert!(parse_policy(&c, &schema(), lookup).is_err(), "{c}");
+        }
+    }
+
+    #[test]
+    fn evaluation_order_and_reasons() {
+        let roles = vec!["ap_clerk".to_string()];
+        let states = vec!["authenticated".to_string()];
+        let detail = ContextView { page_type: "invoice_detail", entity_type: Some("invoice"), roles: &roles, states: &states };
+        let table = ContextView { page_type: "invoice_table", entity_type: None, roles: &roles, states: &states };
+        let p = get_policy();
+        assert_eq!(evaluate(Some(&p), Some(&detail)), Reason::Visible);
+        assert_eq!(evaluate(Some(&p), Some(&table)), Reason::WrongPage);
+        assert_eq!(evaluate(Some(&p), None), Reason::NoContext);
+        assert_eq!(evaluate(None, Some(&detail)), Reason::MissingPolicy);
+        let mut q = p.clone();
+        q.enabled = false;
+        assert_eq!(evaluate(Some(&q), Some(&detail)), Reason::Disabled);
+        let mut q = p.clone();
+        q.roles = vec!["admin".into()];
+        assert_eq!(evaluate(Some(&q), Some(&detail)), Reason::MissingRole);
+        let mut q = p.clone();
+        q.required_states = vec!["authenticated".into(), "admin-mode".into()];
+        assert_eq!(evaluate(Some(&q), Some(&detail)), Reason::MissingState);
+        let mut q = p.clone();
+        q.page_types = vec!["*".into()];
+        assert_eq!(evaluate(Some(&q), Some(&table)), Reason::EntityRequired);
+        let vendor = ContextView { page_type: "vendor_detail", entity_type: Some("vendor"), ..detail };
+        assert_eq!(evaluate(Some(&q), Some(&vendor)), Reason::WrongEntityType);
+    }
+}
