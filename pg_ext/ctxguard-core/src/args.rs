@@ -14,7 +14,11 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { max_bytes: 16 * 1024, max_depth: 8, max_string_len: 4096 }
+        Limits {
+            max_bytes: 16 * 1024,
+            max_depth: 8,
+            max_string_len: 4096,
+        }
     }
 }
 
@@ -24,14 +28,22 @@ pub struct ArgError(pub String);
 
 fn depth_and_strings(v: &Value, depth: usize, limits: &Limits) -> Result<(), ArgError> {
     if depth > limits.max_depth {
-        return Err(ArgError(format!("arguments are nested deeper than {}", limits.max_depth)));
+        return Err(ArgError(format!(
+            "arguments are nested deeper than {}",
+            limits.max_depth
+        )));
     }
     match v {
-        Value::String(s) if s.len() > limits.max_string_len => {
-            Err(ArgError(format!("a string argument exceeds {} bytes", limits.max_string_len)))
-        }
-        Value::Array(a) => a.iter().try_for_each(|x| depth_and_strings(x, depth + 1, limits)),
-        Value::Object(o) => o.values().try_for_each(|x| depth_and_strings(x, depth + 1, limits)),
+        Value::String(s) if s.len() > limits.max_string_len => Err(ArgError(format!(
+            "a string argument exceeds {} bytes",
+            limits.max_string_len
+        ))),
+        Value::Array(a) => a
+            .iter()
+            .try_for_each(|x| depth_and_strings(x, depth + 1, limits)),
+        Value::Object(o) => o
+            .values()
+            .try_for_each(|x| depth_and_strings(x, depth + 1, limits)),
         _ => Ok(()),
     }
 }
@@ -45,7 +57,10 @@ pub fn check_shape<'a>(
     limits: &Limits,
 ) -> Result<&'a Map<String, Value>, ArgError> {
     if encoded_len > limits.max_bytes {
-        return Err(ArgError(format!("arguments exceed {} bytes", limits.max_bytes)));
+        return Err(ArgError(format!(
+            "arguments exceed {} bytes",
+            limits.max_bytes
+        )));
     }
     let obj = match args {
         Value::Object(o) => o,
@@ -53,12 +68,21 @@ pub fn check_shape<'a>(
     };
     depth_and_strings(args, 0, limits)?;
     let props = schema.get("properties").and_then(Value::as_object);
-    let unknown = obj.keys().filter(|k| !props.is_some_and(|p| p.contains_key(*k))).count();
+    let unknown = obj
+        .keys()
+        .filter(|k| !props.is_some_and(|p| p.contains_key(*k)))
+        .count();
     if unknown > 0 {
-        let allowed: Vec<&str> = props.map(|p| p.keys().map(String::as_str).collect()).unwrap_or_default();
+        let allowed: Vec<&str> = props
+            .map(|p| p.keys().map(String::as_str).collect())
+            .unwrap_or_default();
         return Err(ArgError(format!(
             "{unknown} unknown argument key(s) (allowed: {})",
-            if allowed.is_empty() { "none".to_string() } else { allowed.join(", ") }
+            if allowed.is_empty() {
+                "none".to_string()
+            } else {
+                allowed.join(", ")
+            }
         )));
     }
     Ok(obj)
@@ -76,15 +100,24 @@ impl std::fmt::Debug for Schema {
 /// Compile a tool input schema. It must describe an object.
 pub fn compile(schema: &Value) -> Result<Schema, ArgError> {
     if schema.get("type").and_then(Value::as_str) != Some("object") {
-        return Err(ArgError("input schema must have \"type\": \"object\"".into()));
+        return Err(ArgError(
+            "input schema must have \"type\": \"object\"".into(),
+        ));
     }
     match schema.get("properties") {
         None | Some(Value::Object(_)) => {}
-        Some(_) => return Err(ArgError("input schema \"properties\" must be an object".into())),
+        Some(_) => {
+            return Err(ArgError(
+                "input schema \"properties\" must be an object".into(),
+            ))
+        }
     }
-    jsonschema::validator_for(schema)
-        .map(Schema)
-        .map_err(|e| ArgError(format!("input schema is not a valid JSON Schema ({})", e.kind().keyword())))
+    jsonschema::validator_for(schema).map(Schema).map_err(|e| {
+        ArgError(format!(
+            "input schema is not a valid JSON Schema ({})",
+            e.kind().keyword()
+        ))
+    })
 }
 
 impl Schema {
@@ -94,8 +127,15 @@ impl Schema {
             None => Ok(()),
             Some(e) => {
                 let path = e.instance_path().to_string();
-                let path = if path.is_empty() { "/".to_string() } else { path };
-                Err(ArgError(format!("argument {path} fails the \"{}\" rule of the input schema", e.kind().keyword())))
+                let path = if path.is_empty() {
+                    "/".to_string()
+                } else {
+                    path
+                };
+                Err(ArgError(format!(
+                    "argument {path} fails the \"{}\" rule of the input schema",
+                    e.kind().keyword()
+                )))
             }
         }
     }
@@ -104,7 +144,10 @@ impl Schema {
 /// Hex SHA-256 of the canonical (sorted-key) JSON encoding, for audit rows.
 pub fn args_hash(args: &Value) -> String {
     let canon = serde_json::to_vec(args).unwrap_or_default();
-    Sha256::digest(&canon).iter().map(|b| format!("{b:02x}")).collect()
+    Sha256::digest(&canon)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 #[cfg(test)]
@@ -138,9 +181,16 @@ mod tests {
     #[test]
     fn schema_validation_messages_hide_values() {
         let c = compile(&schema()).unwrap();
-        assert!(c.validate(&json!({"invoice_id": "inv_1", "limit": 5})).is_ok());
-        let e = c.validate(&json!({"invoice_id": "inv_1", "limit": "'; DROP TABLE"})).unwrap_err();
-        assert_eq!(e.0, "argument /limit fails the \"type\" rule of the input schema");
+        assert!(c
+            .validate(&json!({"invoice_id": "inv_1", "limit": 5}))
+            .is_ok());
+        let e = c
+            .validate(&json!({"invoice_id": "inv_1", "limit": "'; DROP TABLE"}))
+            .unwrap_err();
+        assert_eq!(
+            e.0,
+            "argument /limit fails the \"type\" rule of the input schema"
+        );
         assert!(c.validate(&json!({})).unwrap_err().0.contains("required"));
         assert!(compile(&json!({"type": "array"})).is_err());
         assert!(compile(&json!({"type": "object", "properties": {"a": {"type": 5}}})).is_err());

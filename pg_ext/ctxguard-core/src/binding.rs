@@ -11,7 +11,11 @@ pub struct EntityMismatch;
 ///
 /// Absent → filled from the context. Exactly equal string → kept. Anything else (other id, array,
 /// number, null, object, padded or look-alike string) → [`EntityMismatch`].
-pub fn bind_entity(args: &mut Map<String, Value>, param: &str, context_id: &str) -> Result<(), EntityMismatch> {
+pub fn bind_entity(
+    args: &mut Map<String, Value>,
+    param: &str,
+    context_id: &str,
+) -> Result<(), EntityMismatch> {
     match args.get(param) {
         None => {
             args.insert(param.to_string(), Value::String(context_id.to_string()));
@@ -69,14 +73,21 @@ mod tests {
         ] {
             let mut a = Map::new();
             a.insert("invoice_id".into(), v.clone());
-            assert_eq!(bind_entity(&mut a, "invoice_id", "inv_1"), Err(EntityMismatch), "{v}");
+            assert_eq!(
+                bind_entity(&mut a, "invoice_id", "inv_1"),
+                Err(EntityMismatch),
+                "{v}"
+            );
         }
     }
 
     #[test]
     fn strips_param_from_schema() {
         let s = json!({"type": "object", "properties": {"invoice_id": {"type": "string"}, "x": {}}, "required": ["invoice_id"]});
-        assert_eq!(strip_param(&s, "invoice_id"), json!({"type": "object", "properties": {"x": {}}}));
+        assert_eq!(
+            strip_param(&s, "invoice_id"),
+            json!({"type": "object", "properties": {"x": {}}})
+        );
         let s2 = json!({"type": "object", "properties": {"invoice_id": {}, "x": {}}, "required": ["invoice_id", "x"]});
         assert_eq!(strip_param(&s2, "invoice_id")["required"], json!(["x"]));
     }

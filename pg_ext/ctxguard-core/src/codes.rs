@@ -19,10 +19,12 @@ pub enum Code {
     ApprovalRequired,
     /// The handler raised an error; its effects were rolled back.
     ToolError,
+    /// `approve_call` found no pending, unexpired approval for this user (unknown, used or foreign).
+    ApprovalInvalid,
 }
 
 impl Code {
-    pub const ALL: [Code; 7] = [
+    pub const ALL: [Code; 8] = [
         Code::ContextMissing,
         Code::ToolNotFound,
         Code::ToolNotVisible,
@@ -30,6 +32,7 @@ impl Code {
         Code::EntityMismatch,
         Code::ApprovalRequired,
         Code::ToolError,
+        Code::ApprovalInvalid,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -41,6 +44,7 @@ impl Code {
             Code::EntityMismatch => "ENTITY_MISMATCH",
             Code::ApprovalRequired => "APPROVAL_REQUIRED",
             Code::ToolError => "TOOL_ERROR",
+            Code::ApprovalInvalid => "APPROVAL_INVALID",
         }
     }
 }
@@ -60,7 +64,10 @@ mod tests {
         let mut seen = std::collections::HashSet::new();
         for c in Code::ALL {
             assert!(seen.insert(c.as_str()));
-            assert!(c.as_str().chars().all(|ch| ch.is_ascii_uppercase() || ch == '_'));
+            assert!(c
+                .as_str()
+                .chars()
+                .all(|ch| ch.is_ascii_uppercase() || ch == '_'));
         }
     }
 }

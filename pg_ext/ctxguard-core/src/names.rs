@@ -25,7 +25,8 @@ pub fn is_valid_name(s: &str) -> bool {
 pub fn is_valid_label(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= MAX_NAME_LEN
-        && s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':'))
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':'))
 }
 
 /// Entity and identity ids: 1..=[`MAX_ID_LEN`] bytes of printable ASCII (`!`..=`~`).
@@ -39,10 +40,26 @@ mod tests {
 
     #[test]
     fn names() {
-        for ok in ["invoice_detail", "vendor.list", "a", "crm.contacts.search", "x-1"] {
+        for ok in [
+            "invoice_detail",
+            "vendor.list",
+            "a",
+            "crm.contacts.search",
+            "x-1",
+        ] {
             assert!(is_valid_name(ok), "{ok}");
         }
-        for bad in ["", "Invoice", "1abc", "a..b", ".a", "a.", "a b", "a;drop", &"a".repeat(65)] {
+        for bad in [
+            "",
+            "Invoice",
+            "1abc",
+            "a..b",
+            ".a",
+            "a.",
+            "a b",
+            "a;drop",
+            &"a".repeat(65),
+        ] {
             assert!(!is_valid_name(bad), "{bad}");
         }
     }

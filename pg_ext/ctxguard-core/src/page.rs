@@ -45,7 +45,11 @@ pub struct Page {
 #[error("invalid page context: {0}")]
 pub struct PageError(pub &'static str);
 
-fn only_keys(obj: &Map<String, Value>, allowed: &[&str], err: &'static str) -> Result<(), PageError> {
+fn only_keys(
+    obj: &Map<String, Value>,
+    allowed: &[&str],
+    err: &'static str,
+) -> Result<(), PageError> {
     if obj.keys().all(|k| allowed.contains(&k.as_str())) {
         Ok(())
     } else {
@@ -83,18 +87,29 @@ fn parse_page_state(v: Option<&Value>) -> Result<Value, PageError> {
                 _ => Err(PageError("pageState.visibleIds must hold valid ids")),
             })
             .collect::<Result<_, _>>()?,
-        Some(_) => return Err(PageError("pageState.visibleIds must be an array of at most 500 ids")),
+        Some(_) => {
+            return Err(PageError(
+                "pageState.visibleIds must be an array of at most 500 ids",
+            ))
+        }
     };
     out.insert("visibleIds".into(), Value::Array(ids));
     let filters = match obj.get("filters") {
         None | Some(Value::Null) => Map::new(),
         Some(Value::Object(f))
-            if f.len() <= MAX_FILTERS
-                && f.iter().all(|(k, v)| is_valid_label(k) && (scalar_ok(v) || matches!(v, Value::Array(a) if a.len() <= 50 && a.iter().all(scalar_ok)))) =>
+            if f.len() <= MAX_FILTERS && f.iter().all(|(k, v)| {
+                is_valid_label(k)
+                    && (scalar_ok(v)
+                        || matches!(v, Value::Array(a) if a.len() <= 50 && a.iter().all(scalar_ok)))
+            }) =>
         {
             f.clone()
         }
-        Some(_) => return Err(PageError("pageState.filters must map names to scalar values")),
+        Some(_) => {
+            return Err(PageError(
+                "pageState.filters must map names to scalar values",
+            ))
+        }
     };
     out.insert("filters".into(), Value::Object(filters));
     let tab = match obj.get("tab") {
@@ -110,15 +125,24 @@ fn parse_page_state(v: Option<&Value>) -> Result<Value, PageError> {
         {
             c.clone()
         }
-        Some(_) => return Err(PageError("pageState.counts must map names to non-negative integers")),
+        Some(_) => {
+            return Err(PageError(
+                "pageState.counts must map names to non-negative integers",
+            ))
+        }
     };
     out.insert("counts".into(), Value::Object(counts));
     Ok(Value::Object(out))
 }
 
 /// Validate `v` against the contract. `lookup` answers from `ctxguard.page_types`.
-pub fn parse_page(v: &Value, lookup: impl Fn(&str) -> Option<PageTypeInfo>) -> Result<Page, PageError> {
-    let obj = v.as_object().ok_or(PageError("page must be a JSON object"))?;
+pub fn parse_page(
+    v: &Value,
+    lookup: impl Fn(&str) -> Option<PageTypeInfo>,
+) -> Result<Page, PageError> {
+    let obj = v
+        .as_object()
+        .ok_or(PageError("page must be a JSON object"))?;
     only_keys(
         obj,
         &["pageType", "entity", "pageState", "states"],
@@ -133,14 +157,22 @@ pub fn parse_page(v: &Value, lookup: impl Fn(&str) -> Option<PageTypeInfo>) -> R
     let entity = match obj.get("entity") {
         None | Some(Value::Null) => None,
         Some(Value::Object(e)) => {
-            only_keys(e, &["type", "id"], "unknown key in entity (allowed: type, id)")?;
+            only_keys(
+                e,
+                &["type", "id"],
+                "unknown key in entity (allowed: type, id)",
+            )?;
             let kind = match e.get("type") {
                 Some(Value::String(t)) if is_valid_name(t) => t.clone(),
                 _ => return Err(PageError("entity.type must be an entity type name")),
             };
             let id = match e.get("id") {
                 Some(Value::String(id)) if is_valid_id(id) => id.clone(),
-                _ => return Err(PageError("entity.id must be 1-128 printable ASCII characters")),
+                _ => {
+                    return Err(PageError(
+                        "entity.id must be 1-128 printable ASCII characters",
+                    ))
+                }
             };
             Some(Entity { kind, id })
         }
@@ -171,9 +203,18 @@ pub fn parse_page(v: &Value, lookup: impl Fn(&str) -> Option<PageTypeInfo>) -> R
             }
             states
         }
-        Some(_) => return Err(PageError("states must be an array of at most 32 state names")),
+        Some(_) => {
+            return Err(PageError(
+                "states must be an array of at most 32 state names",
+            ))
+        }
     };
-    Ok(Page { page_type, entity, page_state, states })
+    Ok(Page {
+        page_type,
+        entity,
+        page_state,
+        states,
+    })
 }
 
 impl Page {
@@ -196,7 +237,9 @@ mod tests {
     fn lookup(name: &str) -> Option<PageTypeInfo> {
         match name {
             "invoice_table" | "vendor_table" => Some(PageTypeInfo { entity_type: None }),
-            "invoice_detail" => Some(PageTypeInfo { entity_type: Some("invoice".into()) }),
+            "invoice_detail" => Some(PageTypeInfo {
+                entity_type: Some("invoice".into()),
+            }),
             _ => None,
         }
     }
@@ -212,9 +255,18 @@ mod tests {
         .unwrap();
         assert_eq!(p.page_state["visibleIds"], json!(["inv_1", "2"]));
         assert_eq!(p.states, vec!["authenticated"]);
-        let d = parse_page(&json!({"pageType": "invoice_detail", "entity": {"type": "invoice", "id": "inv_1"}}), lookup)
-            .unwrap();
-        assert_eq!(d.entity, Some(Entity { kind: "invoice".into(), id: "inv_1".into() }));
+        let d = parse_page(
+            &json!({"pageType": "invoice_detail", "entity": {"type": "invoice", "id": "inv_1"}}),
+            lookup,
+        )
+        .unwrap();
+        assert_eq!(
+            d.entity,
+            Some(Entity {
+                kind: "invoice".into(),
+                id: "inv_1".into()
+            })
+        );
         assert_eq!(d.to_json()["pageState"]["filters"], json!({}));
     }
 

@@ -119,7 +119,11 @@ pub fn parse_policy(
     };
     if let Some(k) = obj.keys().find(|k| !POLICY_KEYS.contains(&k.as_str())) {
         // Policy JSON is written by the DBA, so naming the key is helpful and not a leak.
-        return err(format!("unknown key \"{}\" (allowed: {})", k.escape_debug(), POLICY_KEYS.join(", ")));
+        return err(format!(
+            "unknown key \"{}\" (allowed: {})",
+            k.escape_debug(),
+            POLICY_KEYS.join(", ")
+        ));
     }
     let page_types = match obj.get("page_types") {
         Some(Value::Array(a)) if !a.is_empty() => {
@@ -202,13 +206,23 @@ fn check_contradictions(
         }
     }
     if let Some(param) = &p.entity_param {
-        let prop = input_schema.get("properties").and_then(|props| props.get(param));
+        let prop = input_schema
+            .get("properties")
+            .and_then(|props| props.get(param));
         match prop {
-            None => return err(format!("entity_param \"{param}\" is not a property of the input schema")),
+            None => {
+                return err(format!(
+                    "entity_param \"{param}\" is not a property of the input schema"
+                ))
+            }
             Some(schema) => match schema.get("type") {
                 None => {}
                 Some(Value::String(t)) if t == "string" => {}
-                Some(_) => return err(format!("entity_param \"{param}\" must be a string property")),
+                Some(_) => {
+                    return err(format!(
+                        "entity_param \"{param}\" must be a string property"
+                    ))
+                }
             },
         }
     }
@@ -256,12 +270,20 @@ impl Reason {
 
 /// Evaluate a (possibly missing) policy in a (possibly missing) context. Fails closed.
 pub fn evaluate(policy: Option<&Policy>, ctx: Option<&ContextView<'_>>) -> Reason {
-    let Some(ctx) = ctx else { return Reason::NoContext };
-    let Some(p) = policy else { return Reason::MissingPolicy };
+    let Some(ctx) = ctx else {
+        return Reason::NoContext;
+    };
+    let Some(p) = policy else {
+        return Reason::MissingPolicy;
+    };
     if !p.enabled {
         return Reason::Disabled;
     }
-    if !p.page_types.iter().any(|pt| pt == "*" || pt == ctx.page_type) {
+    if !p
+        .page_types
+        .iter()
+        .any(|pt| pt == "*" || pt == ctx.page_type)
+    {
         return Reason::WrongPage;
     }
     if !p.roles.is_empty() && !p.roles.iter().any(|r| ctx.roles.contains(r)) {
@@ -288,8 +310,12 @@ mod tests {
     fn lookup(name: &str) -> Option<PageTypeInfo> {
         match name {
             "invoice_table" | "vendor_table" => Some(PageTypeInfo { entity_type: None }),
-            "invoice_detail" => Some(PageTypeInfo { entity_type: Some("invoice".into()) }),
-            "vendor_detail" => Some(PageTypeInfo { entity_type: Some("vendor".into()) }),
+            "invoice_detail" => Some(PageTypeInfo {
+                entity_type: Some("invoice".into()),
+            }),
+            "vendor_detail" => Some(PageTypeInfo {
+                entity_type: Some("vendor".into()),
+            }),
             _ => None,
         }
     }
@@ -347,8 +373,18 @@ mod tests {
     fn evaluation_order_and_reasons() {
         let roles = vec!["ap_clerk".to_string()];
         let states = vec!["authenticated".to_string()];
-        let detail = ContextView { page_type: "invoice_detail", entity_type: Some("invoice"), roles: &roles, states: &states };
-        let table = ContextView { page_type: "invoice_table", entity_type: None, roles: &roles, states: &states };
+        let detail = ContextView {
+            page_type: "invoice_detail",
+            entity_type: Some("invoice"),
+            roles: &roles,
+            states: &states,
+        };
+        let table = ContextView {
+            page_type: "invoice_table",
+            entity_type: None,
+            roles: &roles,
+            states: &states,
+        };
         let p = get_policy();
         assert_eq!(evaluate(Some(&p), Some(&detail)), Reason::Visible);
         assert_eq!(evaluate(Some(&p), Some(&table)), Reason::WrongPage);
@@ -366,7 +402,11 @@ mod tests {
         let mut q = p.clone();
         q.page_types = vec!["*".into()];
         assert_eq!(evaluate(Some(&q), Some(&table)), Reason::EntityRequired);
-        let vendor = ContextView { page_type: "vendor_detail", entity_type: Some("vendor"), ..detail };
+        let vendor = ContextView {
+            page_type: "vendor_detail",
+            entity_type: Some("vendor"),
+            ..detail
+        };
         assert_eq!(evaluate(Some(&q), Some(&vendor)), Reason::WrongEntityType);
     }
 }

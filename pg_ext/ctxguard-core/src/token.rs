@@ -113,7 +113,9 @@ pub fn verify(token: &str, keys: &KeyConfig<'_>) -> Result<Identity, TokenError>
             }
             DecodingKey::from_secret(secret.as_bytes())
         }
-        Algorithm::EdDSA => ed25519_key(non_empty(keys.ed25519_public_key).ok_or(TokenError::NoKey)?)?,
+        Algorithm::EdDSA => {
+            ed25519_key(non_empty(keys.ed25519_public_key).ok_or(TokenError::NoKey)?)?
+        }
         _ => return Err(TokenError::AlgorithmNotAccepted),
     };
 
@@ -163,7 +165,11 @@ pub fn verify(token: &str, keys: &KeyConfig<'_>) -> Result<Identity, TokenError>
         }
         Some(_) => return Err(TokenError::BadClaim("roles")),
     };
-    Ok(Identity { user_id, tenant_id, roles })
+    Ok(Identity {
+        user_id,
+        tenant_id,
+        roles,
+    })
 }
 
 /// Distinguish "well-formed header naming an algorithm we do not accept" (e.g. `none`) from garbage.
@@ -204,11 +210,19 @@ mod tests {
     const ED_PUB_X: &str = "11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo";
 
     fn now() -> u64 {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs()
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
     }
 
     fn hs(claims: serde_json::Value) -> String {
-        encode(&Header::new(Algorithm::HS256), &claims, &EncodingKey::from_secret(SECRET.as_bytes())).unwrap()
+        encode(
+            &Header::new(Algorithm::HS256),
+            &claims,
+            &EncodingKey::from_secret(SECRET.as_bytes()),
+        )
+        .unwrap()
     }
 
     fn ed(claims: serde_json::Value) -> String {
@@ -216,11 +230,21 @@ mod tests {
             .step_by(2)
             .map(|i| u8::from_str_radix(&ED_PKCS8_DER_HEX[i..i + 2], 16).unwrap())
             .collect();
-        encode(&Header::new(Algorithm::EdDSA), &claims, &EncodingKey::from_ed_der(&der)).unwrap()
+        encode(
+            &Header::new(Algorithm::EdDSA),
+            &claims,
+            &EncodingKey::from_ed_der(&der),
+        )
+        .unwrap()
     }
 
     fn keys() -> KeyConfig<'static> {
-        KeyConfig { hs256_secret: Some(SECRET), ed25519_public_key: Some(ED_PUB_X), audience: None, leeway_secs: 5 }
+        KeyConfig {
+            hs256_secret: Some(SECRET),
+            ed25519_public_key: Some(ED_PUB_X),
+            audience: None,
+            leeway_secs: 5,
+        }
     }
 
     fn good() -> serde_json::Value {
@@ -229,7 +253,11 @@ mod tests {
 
     #[test]
     fn hs256_and_eddsa_verify() {
-        let want = Identity { user_id: "u1".into(), tenant_id: "acme".into(), roles: vec!["ap_clerk".into()] };
+        let want = Identity {
+            user_id: "u1".into(),
+            tenant_id: "acme".into(),
+            roles: vec!["ap_clerk".into()],
+        };
         assert_eq!(verify(&hs(good()), &keys()).unwrap(), want);
         assert_eq!(verify(&ed(good()), &keys()).unwrap(), want);
     }
@@ -248,37 +276,108 @@ mod tests {
             &EncodingKey::from_secret(ED_PUB_X.as_bytes()),
         )
         .unwrap();
-        let hs384 = encode(&Header::new(Algorithm::HS384), &good(), &EncodingKey::from_secret(SECRET.as_bytes()))
-            .unwrap();
+        let hs384 = encode(
+            &Header::new(Algorithm::HS384),
+            &good(),
+            &EncodingKey::from_secret(SECRET.as_bytes()),
+        )
+        .unwrap();
         let mut tampered = hs(good());
         tampered.insert(tampered.len() - 2, 'A');
-        let no_ed = KeyConfig { ed25519_public_key: None, ..keys() };
-        let no_hs = KeyConfig { hs256_secret: None, ..keys() };
-        let short = KeyConfig { hs256_secret: Some("short"), ..keys() };
-        let aud = KeyConfig { audience: Some("ctxguard"), ..keys() };
+        let no_ed = KeyConfig {
+            ed25519_public_key: None,
+            ..keys()
+        };
+        let no_hs = KeyConfig {
+            hs256_secret: None,
+            ..keys()
+        };
+        let short = KeyConfig {
+            hs256_secret: Some("short"),
+            ..keys()
+        };
+        let aud = KeyConfig {
+            audience: Some("ctxguard"),
+            ..keys()
+        };
         let mut with_aud = good();
         with_aud["aud"] = json!("other");
         let cases: Vec<(&str, String, KeyConfig, TokenError)> = vec![
-            ("alg none", unsigned, keys(), TokenError::AlgorithmNotAccepted),
+            (
+                "alg none",
+                unsigned,
+                keys(),
+                TokenError::AlgorithmNotAccepted,
+            ),
             ("confusion", confused, keys(), TokenError::BadSignature),
             ("hs384", hs384, keys(), TokenError::AlgorithmNotAccepted),
             ("tampered", tampered, keys(), TokenError::BadSignature),
             ("garbage", "abc".into(), keys(), TokenError::Malformed),
             ("empty", "".into(), keys(), TokenError::Malformed),
-            ("huge", "a".repeat(MAX_TOKEN_LEN + 1), keys(), TokenError::Malformed),
-            ("expired", hs(json!({"sub":"u1","tenant_id":"t","exp": now() - 120})), keys(), TokenError::Expired),
-            ("no exp", hs(json!({"sub":"u1","tenant_id":"t"})), keys(), TokenError::BadClaim("exp")),
-            ("nbf", hs(json!({"sub":"u1","tenant_id":"t","exp": now()+60, "nbf": now()+600})), keys(), TokenError::NotYetValid),
+            (
+                "huge",
+                "a".repeat(MAX_TOKEN_LEN + 1),
+                keys(),
+                TokenError::Malformed,
+            ),
+            (
+                "expired",
+                hs(json!({"sub":"u1","tenant_id":"t","exp": now() - 120})),
+                keys(),
+                TokenError::Expired,
+            ),
+            (
+                "no exp",
+                hs(json!({"sub":"u1","tenant_id":"t"})),
+                keys(),
+                TokenError::BadClaim("exp"),
+            ),
+            (
+                "nbf",
+                hs(json!({"sub":"u1","tenant_id":"t","exp": now()+60, "nbf": now()+600})),
+                keys(),
+                TokenError::NotYetValid,
+            ),
             ("eddsa without key", ed(good()), no_ed, TokenError::NoKey),
             ("hs without key", hs(good()), no_hs, TokenError::NoKey),
             ("short secret", hs(good()), short, TokenError::InvalidKey),
-            ("aud missing", hs(good()), aud.clone(), TokenError::WrongAudience),
+            (
+                "aud missing",
+                hs(good()),
+                aud.clone(),
+                TokenError::WrongAudience,
+            ),
             ("aud wrong", hs(with_aud), aud, TokenError::WrongAudience),
-            ("no tenant", hs(json!({"sub":"u1","exp": now()+60})), keys(), TokenError::BadClaim("tenant_id")),
-            ("numeric sub", hs(json!({"sub":1,"tenant_id":"t","exp": now()+60})), keys(), TokenError::BadClaim("sub")),
-            ("padded tenant", hs(json!({"sub":"u","tenant_id":" t","exp": now()+60})), keys(), TokenError::BadClaim("tenant_id")),
-            ("roles not array", hs(json!({"sub":"u","tenant_id":"t","roles":"admin","exp": now()+60})), keys(), TokenError::BadClaim("roles")),
-            ("role invalid", hs(json!({"sub":"u","tenant_id":"t","roles":["a b"],"exp": now()+60})), keys(), TokenError::BadClaim("roles")),
+            (
+                "no tenant",
+                hs(json!({"sub":"u1","exp": now()+60})),
+                keys(),
+                TokenError::BadClaim("tenant_id"),
+            ),
+            (
+                "numeric sub",
+                hs(json!({"sub":1,"tenant_id":"t","exp": now()+60})),
+                keys(),
+                TokenError::BadClaim("sub"),
+            ),
+            (
+                "padded tenant",
+                hs(json!({"sub":"u","tenant_id":" t","exp": now()+60})),
+                keys(),
+                TokenError::BadClaim("tenant_id"),
+            ),
+            (
+                "roles not array",
+                hs(json!({"sub":"u","tenant_id":"t","roles":"admin","exp": now()+60})),
+                keys(),
+                TokenError::BadClaim("roles"),
+            ),
+            (
+                "role invalid",
+                hs(json!({"sub":"u","tenant_id":"t","roles":["a b"],"exp": now()+60})),
+                keys(),
+                TokenError::BadClaim("roles"),
+            ),
         ];
         for (label, token, keys, want) in cases {
             assert_eq!(verify(&token, &keys), Err(want), "{label}");
@@ -292,16 +391,29 @@ mod tests {
         assert!(verify(&hs(c), &keys()).is_ok(), "within leeway");
         let mut c = good();
         c["aud"] = json!(["x", "ctxguard"]);
-        assert!(verify(&hs(c), &KeyConfig { audience: Some("ctxguard"), ..keys() }).is_ok());
+        assert!(verify(
+            &hs(c),
+            &KeyConfig {
+                audience: Some("ctxguard"),
+                ..keys()
+            }
+        )
+        .is_ok());
     }
 
     #[test]
     fn pem_public_key() {
         // SubjectPublicKeyInfo for the RFC 8032 key above.
         let pem = "-----BEGIN PUBLIC KEY-----\nMCowBQYDK2VwAyEA11qYAYKxCrfVS/7TyWQHOg7hcvPapiMlrwIaaPcHURo=\n-----END PUBLIC KEY-----\n";
-        let k = KeyConfig { ed25519_public_key: Some(pem), ..keys() };
+        let k = KeyConfig {
+            ed25519_public_key: Some(pem),
+            ..keys()
+        };
         assert!(verify(&ed(good()), &k).is_ok());
-        let bad = KeyConfig { ed25519_public_key: Some("not-a-key!"), ..keys() };
+        let bad = KeyConfig {
+            ed25519_public_key: Some("not-a-key!"),
+            ..keys()
+        };
         assert_eq!(verify(&ed(good()), &bad), Err(TokenError::InvalidKey));
     }
 }

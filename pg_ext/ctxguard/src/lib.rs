@@ -1,1 +1,45 @@
+//! ctxguard: the database as the truth layer for LLM tool use.
+//!
+//! This crate is the thin pgrx adapter. Decisions (token checks, page validation, policy
+//! evaluation, entity binding, argument validation) live in `ctxguard-core`.
+//!
+//! - `gucs`: every `ctxguard.*` setting.
+//! - `context`: `set_context`, the context readers, `begin_generation`.
+//! - `catalog`: `register_page_type`, `register_tool` (policies are validated there).
+//! - `gates`: Gate A (`visible_tools`, `explain_tools`) and Gate B (`call_tool`, `approve_call`), audit.
+//! - `pgutil`: the few `unsafe` Postgres internals (local GUC writes, subtransactions, user switch).
+#![allow(
+    unsafe_code,
+    reason = "FFI with Postgres is confined to pgutil.rs and _PG_init"
+)]
 
+use pgrx::prelude::*;
+
+mod catalog;
+mod context;
+mod gates;
+mod gucs;
+mod pgutil;
+
+pgrx::pg_module_magic!();
+
+pgrx::extension_sql_file!("../sql/bootstrap.sql", name = "bootstrap", bootstrap);
+pgrx::extension_sql_file!("../sql/finalize.sql", name = "finalize", finalize);
+
+#[pg_guard]
+pub extern "C-unwind" fn _PG_init() {
+    gucs::init();
+    pgutil::reserve_prefix();
+    if pgutil::loaded_at_startup() {
+        context::PRELOADED.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+pub mod pg_test {
+    pub fn setup(_options: Vec<&str>) {}
+
+    pub fn postgresql_conf_options() -> Vec<&'static str> {
+        vec!["shared_preload_libraries = 'ctxguard'"]
+    }
+}

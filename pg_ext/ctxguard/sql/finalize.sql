@@ -1,0 +1,107 @@
+-- Wrappers, RLS on bookkeeping tables, and privileges. Runs after all Rust functions exist.
+
+CREATE FUNCTION ctxguard.call_tool(name text, args jsonb DEFAULT '{}'::jsonb) RETURNS jsonb
+    LANGUAGE sql VOLATILE PARALLEL UNSAFE
+    RETURN ctxguard._call_tool(name, args::text);
+COMMENT ON FUNCTION ctxguard.call_tool(text, jsonb) IS 'Gate B: re-check policy, bind the entity, validate, run the handler, audit.';
+
+CREATE FUNCTION ctxguard.register_tool(name text, description text, input_schema jsonb, handler regprocedure, policy jsonb)
+    RETURNS void LANGUAGE sql VOLATILE
+    RETURN ctxguard._register_tool(name, description, input_schema, handler::oid, policy);
+COMMENT ON FUNCTION ctxguard.register_tool(text, text, jsonb, regprocedure, jsonb) IS 'Register or update a tool with its (mandatory) policy.';
+
+CREATE FUNCTION ctxguard.protect_table(tbl regclass, tenant_column name, entity_type text DEFAULT NULL, id_column name DEFAULT NULL)
+    RETURNS void LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    tenant_type text;
+    id_type regtype;
+BEGIN
+    SELECT format_type(a.atttypid, a.atttypmod) INTO tenant_type
+      FROM pg_attribute a WHERE a.attrelid = tbl AND a.attname = tenant_column AND a.attnum > 0 AND NOT a.attisdropped;
+    IF tenant_type IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'ctxguard: tenant column not found on table';
+    END IF;
+    IF (entity_type IS NULL) <> (id_column IS NULL) THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'ctxguard: entity_type and id_column go together';
+    END IF;
+    EXECUTE format('ALTER TABLE %s ENABLE ROW LEVEL SECURITY', tbl);
+    EXECUTE format('ALTER TABLE %s FORCE ROW LEVEL SECURITY', tbl);
+    EXECUTE format('DROP POLICY IF EXISTS ctxguard_tenant ON %s', tbl);
+    -- (SELECT ...) makes the reader an initplan: evaluated once per statement, not per row.
+    EXECUTE format('CREATE POLICY ctxguard_tenant ON %s USING (%I = (SELECT ctxguard.tenant_id())::%s) WITH CHECK (%I = (SELECT ctxguard.tenant_id())::%s)',
+                   tbl, tenant_column, tenant_type, tenant_column, tenant_type);
+    IF entity_type IS NOT NULL THEN
+        IF entity_type !~ '^[a-z][a-z0-9_-]*(\.[a-z][a-z0-9_-]*)*$' THEN
+            RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'ctxguard: invalid entity type name';
+        END IF;
+        SELECT a.atttypid::regtype INTO id_type
+          FROM pg_attribute a WHERE a.attrelid = tbl AND a.attname = id_column AND a.attnum > 0 AND NOT a.attisdropped;
+        IF id_type IS NULL THEN
+            RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'ctxguard: id column not found on table';
+        END IF;
+        INSERT INTO ctxguard.entity_types (name, tbl, tenant_column, id_column, id_type)
+        VALUES (entity_type, tbl, tenant_column, id_column, id_type)
+        ON CONFLICT (name) DO UPDATE SET tbl = EXCLUDED.tbl, tenant_column = EXCLUDED.tenant_column,
+                                         id_column = EXCLUDED.id_column, id_type = EXCLUDED.id_type;
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION ctxguard.protect_table(regclass, name, text, name) IS 'Enable+force tenant RLS keyed on ctxguard.tenant_id(); optionally map an entity type.';
+
+CREATE FUNCTION ctxguard.lint() RETURNS TABLE (kind text, object text, detail text)
+    LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+    -- Tables with a tenant column whose RLS is not enabled and forced.
+    SELECT 'table_without_forced_rls', c.oid::regclass::text, 'has column ' || a.attname || ' but RLS is not enabled and forced'
+      FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+     WHERE c.relkind IN ('r', 'p') AND a.attname IN ('tenant_id', 'tenant')
+       AND c.relnamespace NOT IN ('pg_catalog'::regnamespace, 'information_schema'::regnamespace)
+       AND NOT (c.relrowsecurity AND c.relforcerowsecurity)
+    UNION ALL
+    SELECT 'tool_without_policy', t.name, 'catalogued but invisible and uncallable until a policy is registered'
+      FROM ctxguard.tools t WHERE NOT EXISTS (SELECT 1 FROM ctxguard.tool_policies p WHERE p.tool = t.name)
+    UNION ALL
+    SELECT 'definer_without_search_path', p.oid::regprocedure::text, 'SECURITY DEFINER without SET search_path'
+      FROM pg_proc p
+     WHERE p.prosecdef AND p.pronamespace NOT IN ('pg_catalog'::regnamespace, 'information_schema'::regnamespace)
+       AND NOT EXISTS (SELECT 1 FROM unnest(p.proconfig) cfg WHERE cfg LIKE 'search_path=%')
+    UNION ALL
+    SELECT DISTINCT 'view_bypasses_rls', v.oid::regclass::text, 'view over ' || t.oid::regclass::text || ' runs as its owner (set security_invoker = true)'
+      FROM pg_class v
+      JOIN pg_rewrite r ON r.ev_class = v.oid
+      JOIN pg_depend d ON d.classid = 'pg_rewrite'::regclass AND d.objid = r.oid AND d.refclassid = 'pg_class'::regclass
+      JOIN pg_class t ON t.oid = d.refobjid AND t.oid <> v.oid AND t.relrowsecurity
+     WHERE v.relkind IN ('v', 'm')
+       AND NOT coalesce(v.reloptions @> ARRAY['security_invoker=true'] OR v.reloptions @> ARRAY['security_invoker=on'], false)
+    UNION ALL
+    SELECT 'immutable_context_reader', p.oid::regprocedure::text, 'IMMUTABLE but reads the ctxguard context (plans would cache one tenant)'
+      FROM pg_proc p
+     WHERE p.provolatile = 'i'
+       AND (p.prosrc ~ 'ctxguard\.(context|tenant_id|user_id|roles|has_role|page_type|entity_type|entity_id|generation)\s*\('
+            OR (p.pronamespace = 'ctxguard'::regnamespace AND p.proname IN ('context', 'tenant_id', 'user_id', 'roles', 'has_role', 'page_type', 'entity_type', 'entity_id', 'generation')))
+$$;
+COMMENT ON FUNCTION ctxguard.lint() IS 'Report RLS and policy hygiene problems (SECURITY_MATRIX A.7).';
+
+-- Bookkeeping tables: RLS forced; callers see at most their own tenant's rows; only the owner writes.
+ALTER TABLE ctxguard.audit_log ENABLE ROW LEVEL SECURITY;
+ALTER TABLE ctxguard.audit_log FORCE ROW LEVEL SECURITY;
+CREATE POLICY audit_tenant_read ON ctxguard.audit_log FOR SELECT USING (tenant_id = (SELECT ctxguard.tenant_id()));
+CREATE POLICY audit_owner_insert ON ctxguard.audit_log FOR INSERT WITH CHECK (true);  -- INSERT is granted to nobody
+
+ALTER TABLE ctxguard.generations ENABLE ROW LEVEL SECURITY;
+ALTER TABLE ctxguard.generations FORCE ROW LEVEL SECURITY;
+CREATE POLICY generations_owner ON ctxguard.generations USING (true) WITH CHECK (true);  -- no grants: owner only
+
+ALTER TABLE ctxguard.approvals ENABLE ROW LEVEL SECURITY;
+ALTER TABLE ctxguard.approvals FORCE ROW LEVEL SECURITY;
+CREATE POLICY approvals_owner ON ctxguard.approvals USING (true) WITH CHECK (true);  -- no grants: owner only
+
+GRANT USAGE ON SCHEMA ctxguard TO PUBLIC;
+GRANT SELECT ON ctxguard.page_types, ctxguard.entity_types, ctxguard.tools, ctxguard.tool_policies TO PUBLIC;
+GRANT SELECT ON ctxguard.audit_log TO PUBLIC;
+
+REVOKE EXECUTE ON FUNCTION ctxguard.register_page_type(text, text, text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION ctxguard._register_tool(text, text, jsonb, oid, jsonb) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION ctxguard.register_tool(text, text, jsonb, regprocedure, jsonb) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION ctxguard.protect_table(regclass, name, text, name) FROM PUBLIC;

@@ -1,0 +1,128 @@
+//! DBA-facing catalog functions: page types and tools with their policies.
+//! EXECUTE on these is revoked from PUBLIC (see `sql/finalize.sql`).
+
+use ctxguard_core::args;
+use ctxguard_core::names::is_valid_name;
+use ctxguard_core::policy::{self, Policy};
+use pgrx::prelude::*;
+use pgrx::JsonB;
+
+use crate::context::lookup_page_type;
+use crate::pgutil::raise;
+
+const INVALID: PgSqlErrorCode = PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE;
+pub const MAX_DESCRIPTION: usize = 4000;
+
+fn check_description(d: Option<&str>) -> &str {
+    match d {
+        Some(d) if !d.trim().is_empty() && d.len() <= MAX_DESCRIPTION => d,
+        _ => raise(
+            INVALID,
+            "ctxguard: description must be non-empty and at most 4000 bytes",
+        ),
+    }
+}
+
+/// `ctxguard.register_page_type(name, entity_type, description)`; NULL entity type = list page.
+#[pg_extern(volatile, parallel_unsafe)]
+fn register_page_type(name: Option<&str>, entity_type: Option<&str>, description: Option<&str>) {
+    let name = name
+        .filter(|n| is_valid_name(n))
+        .unwrap_or_else(|| raise(INVALID, "ctxguard: invalid page type name"));
+    if entity_type.is_some_and(|e| !is_valid_name(e)) {
+        raise(INVALID, "ctxguard: invalid entity type name");
+    }
+    let description = check_description(description);
+    Spi::run_with_args(
+        "INSERT INTO ctxguard.page_types (name, entity_type, description) VALUES ($1, $2, $3)
+         ON CONFLICT (name) DO UPDATE SET entity_type = EXCLUDED.entity_type,
+             description = EXCLUDED.description, updated_at = now()",
+        &[name.into(), entity_type.into(), description.into()],
+    )
+    .unwrap_or_else(|e| {
+        raise(
+            INVALID,
+            format!("ctxguard: could not register page type: {e}"),
+        )
+    });
+}
+
+fn handler_signature_ok(handler: pg_sys::Oid) -> bool {
+    Spi::get_one_with_args::<bool>(
+        "SELECT prorettype = 'jsonb'::regtype AND pronargs = 1 AND proargtypes[0] = 'jsonb'::regtype
+                AND prokind = 'f' AND NOT proretset
+         FROM pg_catalog.pg_proc WHERE oid = $1",
+        &[handler.into()],
+    ) == Ok(Some(true))
+}
+
+/// Register (or update in place) a tool and its policy, atomically. Called by the SQL wrapper
+/// `ctxguard.register_tool(name, description, input_schema, handler regprocedure, policy)`.
+#[pg_extern(volatile, parallel_unsafe)]
+fn _register_tool(
+    name: Option<&str>,
+    description: Option<&str>,
+    input_schema: Option<JsonB>,
+    handler: Option<pg_sys::Oid>,
+    policy: Option<JsonB>,
+) {
+    let name = name
+        .filter(|n| is_valid_name(n))
+        .unwrap_or_else(|| raise(INVALID, "ctxguard: invalid tool name"));
+    let description = check_description(description);
+    let schema = input_schema
+        .map(|j| j.0)
+        .unwrap_or_else(|| raise(INVALID, "ctxguard: input_schema is required"));
+    if let Err(e) = args::compile(&schema) {
+        raise(INVALID, format!("ctxguard: {e}"));
+    }
+    let handler = handler.unwrap_or_else(|| raise(INVALID, "ctxguard: handler is required"));
+    if !handler_signature_ok(handler) {
+        raise(
+            INVALID,
+            "ctxguard: handler must be a function (jsonb) RETURNS jsonb",
+        );
+    }
+    let raw_policy = policy.map(|p| p.0).unwrap_or(serde_json::Value::Null);
+    let p: Policy = policy::parse_policy(&raw_policy, &schema, lookup_page_type)
+        .unwrap_or_else(|e| raise(INVALID, format!("ctxguard: {e}")));
+    Spi::connect_mut(|c| {
+        c.update(
+            "INSERT INTO ctxguard.tools (name, description, input_schema, handler, kind)
+             VALUES ($1, $2, $3, $4::oid::regprocedure, 'sql')
+             ON CONFLICT (name) DO UPDATE SET description = EXCLUDED.description,
+                 input_schema = EXCLUDED.input_schema, handler = EXCLUDED.handler, kind = EXCLUDED.kind,
+                 version = ctxguard.tools.version + 1, updated_at = now()",
+            None,
+            &[name.into(), description.into(), JsonB(schema.clone()).into(), handler.into()],
+        )?;
+        c.update(
+            "INSERT INTO ctxguard.tool_policies (tool, page_types, requires_entity, entity_type, entity_param,
+                 roles, required_states, read_only, danger, requires_approval, enabled, policy)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+             ON CONFLICT (tool) DO UPDATE SET page_types = EXCLUDED.page_types,
+                 requires_entity = EXCLUDED.requires_entity, entity_type = EXCLUDED.entity_type,
+                 entity_param = EXCLUDED.entity_param, roles = EXCLUDED.roles,
+                 required_states = EXCLUDED.required_states, read_only = EXCLUDED.read_only,
+                 danger = EXCLUDED.danger, requires_approval = EXCLUDED.requires_approval,
+                 enabled = EXCLUDED.enabled, policy = EXCLUDED.policy, updated_at = now()",
+            None,
+            &[
+                name.into(),
+                p.page_types.clone().into(),
+                p.requires_entity.into(),
+                p.entity_type.clone().into(),
+                p.entity_param.clone().into(),
+                p.roles.clone().into(),
+                p.required_states.clone().into(),
+                p.read_only.into(),
+                p.danger.as_str().into(),
+                p.requires_approval.into(),
+                p.enabled.into(),
+                JsonB(raw_policy).into(),
+            ],
+        )?;
+        Ok::<_, pgrx::spi::Error>(())
+    })
+    .unwrap_or_else(|e| raise(INVALID, format!("ctxguard: could not register tool: {e}")));
+}

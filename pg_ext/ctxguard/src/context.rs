@@ -1,0 +1,383 @@
+//! `ctxguard.set_context` and the context readers.
+//!
+//! The verified context lives in transaction-local `ctxguard.*` settings (see `gucs.rs`). Readers
+//! return NULL, never '', when no context is set, and also when the library was not preloaded
+//! (then nothing guarantees that the settings were written by `set_context`).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use ctxguard_core::names::is_valid_id;
+use ctxguard_core::page::{self, Entity, PageTypeInfo};
+use ctxguard_core::token::{self, KeyConfig};
+use pgrx::prelude::*;
+use pgrx::JsonB;
+use serde_json::{json, Value};
+
+use crate::gucs;
+use crate::pgutil::{as_owner, in_transaction_block, raise, set_local};
+
+pub static PRELOADED: AtomicBool = AtomicBool::new(false);
+/// Set while a tool handler runs: handlers must not be able to switch identity.
+pub static IN_HANDLER: AtomicBool = AtomicBool::new(false);
+
+/// The verified context of the current transaction.
+#[derive(Debug, Clone)]
+pub struct Ctx {
+    pub tenant_id: String,
+    pub user_id: String,
+    pub roles: Vec<String>,
+    pub page_type: String,
+    pub entity: Option<Entity>,
+    pub states: Vec<String>,
+    pub generation: Option<String>,
+    pub trace_id: Option<String>,
+}
+
+fn present() -> bool {
+    PRELOADED.load(Ordering::Relaxed) && gucs::get(&gucs::TENANT_ID).is_some()
+}
+
+fn reader(setting: &pgrx::GucSetting<Option<std::ffi::CString>>) -> Option<String> {
+    if present() {
+        gucs::get(setting)
+    } else {
+        None
+    }
+}
+
+fn string_array(v: Option<&Value>) -> Vec<String> {
+    v.and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|s| s.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+impl Ctx {
+    /// The current context, or `None` (fail closed) if there is none or it cannot be read.
+    pub fn current() -> Option<Ctx> {
+        let raw = reader(&gucs::CONTEXT)?;
+        let v: Value = serde_json::from_str(&raw).ok()?;
+        let entity = match v.get("entity") {
+            Some(Value::Object(e)) => Some(Entity {
+                kind: e.get("type")?.as_str()?.to_string(),
+                id: e.get("id")?.as_str()?.to_string(),
+            }),
+            _ => None,
+        };
+        Some(Ctx {
+            tenant_id: gucs::get(&gucs::TENANT_ID)?,
+            user_id: gucs::get(&gucs::USER_ID)?,
+            roles: string_array(v.get("roles")),
+            page_type: gucs::get(&gucs::PAGE_TYPE)?,
+            entity,
+            states: string_array(v.get("states")),
+            generation: gucs::get(&gucs::GENERATION),
+            trace_id: gucs::get(&gucs::TRACE_ID),
+        })
+    }
+
+    pub fn view(&self) -> ctxguard_core::policy::ContextView<'_> {
+        ctxguard_core::policy::ContextView {
+            page_type: &self.page_type,
+            entity_type: self.entity.as_ref().map(|e| e.kind.as_str()),
+            roles: &self.roles,
+            states: &self.states,
+        }
+    }
+}
+
+/// Log a refused `set_context` (the raising transaction cannot keep an audit row), then raise.
+fn deny(
+    code: PgSqlErrorCode,
+    reason: &str,
+    who: Option<&token::Identity>,
+    page_type: Option<&str>,
+) -> ! {
+    pgrx::log!(
+        "ctxguard: set_context denied reason=\"{}\" tenant={} user={} page_type={}",
+        reason,
+        who.map_or("-", |w| w.tenant_id.as_str()),
+        who.map_or("-", |w| w.user_id.as_str()),
+        page_type.unwrap_or("-"),
+    );
+    raise(code, format!("ctxguard: {reason}"))
+}
+
+pub fn lookup_page_type(name: &str) -> Option<PageTypeInfo> {
+    Spi::connect(|c| {
+        let mut rows = c
+            .select(
+                "SELECT entity_type FROM ctxguard.page_types WHERE name = $1",
+                Some(1),
+                &[name.into()],
+            )
+            .ok()?;
+        let row = rows.next()?;
+        Some(PageTypeInfo {
+            entity_type: row.get::<String>(1).ok().flatten(),
+        })
+    })
+}
+
+/// Verify `token`, validate `page`, and make them the context of the current transaction.
+#[pg_extern(volatile, parallel_unsafe)]
+fn set_context(
+    token: Option<&str>,
+    page: Option<JsonB>,
+    generation: default!(Option<pgrx::Uuid>, "NULL"),
+    trace_id: default!(Option<&str>, "NULL"),
+) -> JsonB {
+    let auth = PgSqlErrorCode::ERRCODE_INVALID_AUTHORIZATION_SPECIFICATION;
+    let invalid = PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE;
+    if !PRELOADED.load(Ordering::Relaxed) {
+        raise(
+            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            "ctxguard must be listed in shared_preload_libraries",
+        );
+    }
+    if IN_HANDLER.load(Ordering::Relaxed) {
+        deny(
+            PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
+            "set_context cannot be called from a tool handler",
+            None,
+            None,
+        );
+    }
+    if !in_transaction_block() {
+        deny(
+            PgSqlErrorCode::ERRCODE_NO_ACTIVE_SQL_TRANSACTION,
+            "set_context must be called inside a transaction block (BEGIN ... COMMIT)",
+            None,
+            None,
+        );
+    }
+    let secret = gucs::get(&gucs::JWT_SECRET);
+    let public_key = gucs::get(&gucs::JWT_PUBLIC_KEY);
+    let audience = gucs::get(&gucs::JWT_AUDIENCE);
+    let keys = KeyConfig {
+        hs256_secret: secret.as_deref(),
+        ed25519_public_key: public_key.as_deref(),
+        audience: audience.as_deref(),
+        leeway_secs: gucs::JWT_LEEWAY.get().max(0) as u64,
+    };
+    let who = match token::verify(token.unwrap_or_default(), &keys) {
+        Ok(who) => who,
+        Err(e) => deny(auth, &format!("invalid context token: {e}"), None, None),
+    };
+    let Some(JsonB(page_json)) = page else {
+        deny(
+            invalid,
+            "invalid page context: page is required",
+            Some(&who),
+            None,
+        )
+    };
+    let page = match page::parse_page(&page_json, lookup_page_type) {
+        Ok(p) => p,
+        Err(e) => deny(invalid, &e.to_string(), Some(&who), None),
+    };
+    let trace_id = match trace_id {
+        None => None,
+        Some(t) if is_valid_id(t) => Some(t.to_string()),
+        Some(_) => deny(
+            invalid,
+            "trace_id must be 1-128 printable ASCII characters",
+            Some(&who),
+            Some(&page.page_type),
+        ),
+    };
+    let generation = generation.map(|g| uuid::Uuid::from_bytes(*g.as_bytes()).to_string());
+    if let Some(g) = &generation {
+        let ok = as_owner(|| {
+            Spi::get_one_with_args::<bool>(
+                "SELECT EXISTS (SELECT 1 FROM ctxguard.generations
+                 WHERE id = $1::uuid AND tenant_id = $2 AND user_id = $3 AND expires_at > now())",
+                &[
+                    g.as_str().into(),
+                    who.tenant_id.as_str().into(),
+                    who.user_id.as_str().into(),
+                ],
+            )
+        });
+        if ok != Ok(Some(true)) {
+            deny(
+                auth,
+                "unknown, foreign or expired generation",
+                Some(&who),
+                Some(&page.page_type),
+            );
+        }
+    }
+
+    let context = json!({
+        "tenantId": who.tenant_id,
+        "userId": who.user_id,
+        "roles": who.roles,
+        "pageType": page.page_type,
+        "entity": page.entity.as_ref().map(|e| json!({"type": e.kind, "id": e.id})),
+        "pageState": page.page_state,
+        "states": page.states,
+        "generation": generation,
+        "traceId": trace_id,
+    });
+    let values: [String; 9] = [
+        who.tenant_id.clone(),
+        who.user_id.clone(),
+        serde_json::to_string(&who.roles).unwrap_or_default(),
+        page.page_type.clone(),
+        page.entity
+            .as_ref()
+            .map(|e| e.kind.clone())
+            .unwrap_or_default(),
+        page.entity
+            .as_ref()
+            .map(|e| e.id.clone())
+            .unwrap_or_default(),
+        generation.clone().unwrap_or_default(),
+        trace_id.clone().unwrap_or_default(),
+        context.to_string(),
+    ];
+    for ((_, name), value) in gucs::CONTEXT_GUCS.iter().zip(values.iter()) {
+        set_local(name, value);
+    }
+    if let Some(e) = &page.entity {
+        if !entity_visible(e) {
+            // Same message whether the row is in another tenant or does not exist at all.
+            deny(
+                invalid,
+                "invalid page context: entity not found",
+                Some(&who),
+                Some(&page.page_type),
+            );
+        }
+    }
+    JsonB(context)
+}
+
+/// If the entity type is mapped to a protected table, is the row visible to the caller under RLS?
+fn entity_visible(e: &Entity) -> bool {
+    let mapping = Spi::connect(|c| {
+        let mut rows = c
+            .select(
+                "SELECT tbl::text, quote_ident(id_column), id_type::text FROM ctxguard.entity_types WHERE name = $1",
+                Some(1),
+                &[e.kind.as_str().into()],
+            )
+            .ok()?;
+        let row = rows.next()?;
+        Some((
+            row.get::<String>(1).ok()??,
+            row.get::<String>(2).ok()??,
+            row.get::<String>(3).ok()??,
+        ))
+    });
+    let Some((table, column, id_type)) = mapping else {
+        return true;
+    };
+    let cast = match id_type.as_str() {
+        "text" | "character varying" => "",
+        "uuid" if uuid::Uuid::parse_str(&e.id).is_ok() => "::uuid",
+        "bigint" | "integer" | "smallint" if e.id.parse::<i64>().is_ok() => "::bigint",
+        "uuid" | "bigint" | "integer" | "smallint" => return false,
+        _ => "",
+    };
+    let lhs = if cast.is_empty() && !matches!(id_type.as_str(), "text" | "character varying") {
+        format!("{column}::text")
+    } else {
+        column
+    };
+    let sql = format!("SELECT EXISTS (SELECT 1 FROM {table} WHERE {lhs} = $1{cast})");
+    Spi::get_one_with_args::<bool>(&sql, &[e.id.as_str().into()]) == Ok(Some(true))
+}
+
+/// The whole context as JSON, or NULL.
+#[pg_extern(stable, parallel_safe)]
+fn context() -> Option<JsonB> {
+    reader(&gucs::CONTEXT)
+        .and_then(|s| serde_json::from_str(&s).ok())
+        .map(JsonB)
+}
+
+#[pg_extern(stable, parallel_safe)]
+fn tenant_id() -> Option<String> {
+    reader(&gucs::TENANT_ID)
+}
+
+#[pg_extern(stable, parallel_safe)]
+fn user_id() -> Option<String> {
+    reader(&gucs::USER_ID)
+}
+
+#[pg_extern(stable, parallel_safe)]
+fn roles() -> Option<Vec<String>> {
+    reader(&gucs::ROLES).and_then(|s| serde_json::from_str(&s).ok())
+}
+
+#[pg_extern(stable, parallel_safe)]
+fn has_role(role: Option<&str>) -> Option<bool> {
+    let roles: Vec<String> = serde_json::from_str(&reader(&gucs::ROLES)?).ok()?;
+    Some(role.is_some_and(|r| roles.iter().any(|x| x == r)))
+}
+
+#[pg_extern(stable, parallel_safe)]
+fn page_type() -> Option<String> {
+    reader(&gucs::PAGE_TYPE)
+}
+
+#[pg_extern(stable, parallel_safe)]
+fn entity_type() -> Option<String> {
+    reader(&gucs::ENTITY_TYPE)
+}
+
+#[pg_extern(stable, parallel_safe)]
+fn entity_id() -> Option<String> {
+    reader(&gucs::ENTITY_ID)
+}
+
+#[pg_extern(stable, parallel_safe)]
+fn generation() -> Option<pgrx::Uuid> {
+    let g = uuid::Uuid::parse_str(&reader(&gucs::GENERATION)?).ok()?;
+    Some(pgrx::Uuid::from_bytes(*g.as_bytes()))
+}
+
+/// Mint a generation id bound to the current tenant and user (expires after `ctxguard.generation_ttl`).
+#[pg_extern(volatile, parallel_unsafe)]
+fn begin_generation(conversation_id: Option<&str>) -> pgrx::Uuid {
+    let Some(ctx) = Ctx::current() else {
+        raise(
+            PgSqlErrorCode::ERRCODE_INVALID_AUTHORIZATION_SPECIFICATION,
+            "ctxguard: no context is set",
+        )
+    };
+    let conv = match conversation_id {
+        Some(c) if is_valid_id(c) => c,
+        _ => raise(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            "ctxguard: conversation_id must be 1-128 printable ASCII characters",
+        ),
+    };
+    let id = uuid::Uuid::new_v4();
+    as_owner(|| {
+        Spi::run_with_args(
+            "INSERT INTO ctxguard.generations (id, tenant_id, user_id, conversation_id, expires_at)
+             VALUES ($1::uuid, $2, $3, $4, now() + make_interval(secs => $5))",
+            &[
+                id.to_string().as_str().into(),
+                ctx.tenant_id.as_str().into(),
+                ctx.user_id.as_str().into(),
+                conv.into(),
+                f64::from(gucs::GENERATION_TTL.get()).into(),
+            ],
+        )
+    })
+    .unwrap_or_else(|_| {
+        raise(
+            PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+            "ctxguard: could not record generation",
+        )
+    });
+    pgrx::Uuid::from_bytes(*id.as_bytes())
+}

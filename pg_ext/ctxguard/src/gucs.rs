@@ -1,0 +1,131 @@
+//! Every `ctxguard.*` setting in one place.
+//!
+//! Two groups:
+//! - **context** settings hold the verified context of the current transaction. They are `SUSET`,
+//!   excluded from `RESET ALL`, and written only by `ctxguard.set_context` with `GUC_ACTION_LOCAL`,
+//!   so a non-superuser can neither `SET`, `SET LOCAL`, `RESET` nor `set_config` them, and they
+//!   vanish at COMMIT/ROLLBACK (or ROLLBACK TO SAVEPOINT).
+//! - **configuration** settings are set by the DBA (postgresql.conf, `ALTER SYSTEM`,
+//!   `ALTER DATABASE ... SET`). Key material is `SUPERUSER_ONLY`: non-superusers cannot read it.
+
+use std::ffi::{CStr, CString};
+
+use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
+
+pub static TENANT_ID: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+pub static USER_ID: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+pub static ROLES: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+pub static PAGE_TYPE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+pub static ENTITY_TYPE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+pub static ENTITY_ID: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+pub static GENERATION: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+pub static TRACE_ID: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+pub static CONTEXT: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+
+pub static JWT_SECRET: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+pub static JWT_PUBLIC_KEY: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+pub static JWT_AUDIENCE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+pub static JWT_LEEWAY: GucSetting<i32> = GucSetting::<i32>::new(30);
+pub static MAX_ARG_BYTES: GucSetting<i32> = GucSetting::<i32>::new(16 * 1024);
+pub static GENERATION_TTL: GucSetting<i32> = GucSetting::<i32>::new(3600);
+pub static APPROVAL_TTL: GucSetting<i32> = GucSetting::<i32>::new(900);
+
+/// `(setting, GUC name)` of every context setting, in the order `set_context` writes them.
+pub const CONTEXT_GUCS: [(&GucSetting<Option<CString>>, &CStr); 9] = [
+    (&TENANT_ID, c"ctxguard.tenant_id"),
+    (&USER_ID, c"ctxguard.user_id"),
+    (&ROLES, c"ctxguard.roles"),
+    (&PAGE_TYPE, c"ctxguard.page_type"),
+    (&ENTITY_TYPE, c"ctxguard.entity_type"),
+    (&ENTITY_ID, c"ctxguard.entity_id"),
+    (&GENERATION, c"ctxguard.generation"),
+    (&TRACE_ID, c"ctxguard.trace_id"),
+    (&CONTEXT, c"ctxguard.context"),
+];
+
+pub fn init() {
+    let ctx_flags = GucFlags::NO_RESET_ALL | GucFlags::NOT_WHILE_SEC_REST | GucFlags::NO_SHOW_ALL;
+    for (setting, name) in CONTEXT_GUCS {
+        GucRegistry::define_string_guc(
+            name,
+            c"ctxguard context (set only by ctxguard.set_context)",
+            c"Transaction-local; written by ctxguard.set_context with GUC_ACTION_LOCAL. Read it through the ctxguard.* reader functions.",
+            setting,
+            GucContext::Suset,
+            ctx_flags,
+        );
+    }
+    let secret = GucFlags::SUPERUSER_ONLY | GucFlags::NO_SHOW_ALL;
+    GucRegistry::define_string_guc(
+        c"ctxguard.jwt_secret",
+        c"HS256 shared secret for context tokens (at least 32 bytes).",
+        c"Superuser-only. Empty disables HS256.",
+        &JWT_SECRET,
+        GucContext::Suset,
+        secret,
+    );
+    GucRegistry::define_string_guc(
+        c"ctxguard.jwt_public_key",
+        c"Ed25519 public key for EdDSA context tokens (PEM or base64url raw key).",
+        c"Superuser-only. Empty disables EdDSA.",
+        &JWT_PUBLIC_KEY,
+        GucContext::Suset,
+        secret,
+    );
+    GucRegistry::define_string_guc(
+        c"ctxguard.jwt_audience",
+        c"When set, tokens must carry this audience in aud.",
+        c"",
+        &JWT_AUDIENCE,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"ctxguard.jwt_leeway",
+        c"Clock skew allowed for exp/nbf, in seconds.",
+        c"",
+        &JWT_LEEWAY,
+        0,
+        300,
+        GucContext::Suset,
+        GucFlags::UNIT_S,
+    );
+    GucRegistry::define_int_guc(
+        c"ctxguard.max_arg_bytes",
+        c"Largest accepted tool-argument document, in bytes.",
+        c"",
+        &MAX_ARG_BYTES,
+        64,
+        1024 * 1024,
+        GucContext::Suset,
+        GucFlags::UNIT_BYTE,
+    );
+    GucRegistry::define_int_guc(
+        c"ctxguard.generation_ttl",
+        c"Lifetime of a generation id minted by ctxguard.begin_generation, in seconds.",
+        c"",
+        &GENERATION_TTL,
+        10,
+        86400,
+        GucContext::Suset,
+        GucFlags::UNIT_S,
+    );
+    GucRegistry::define_int_guc(
+        c"ctxguard.approval_ttl",
+        c"Lifetime of a pending approval, in seconds.",
+        c"",
+        &APPROVAL_TTL,
+        10,
+        86400,
+        GucContext::Suset,
+        GucFlags::UNIT_S,
+    );
+}
+
+/// Non-empty string value of a setting.
+pub fn get(setting: &GucSetting<Option<CString>>) -> Option<String> {
+    setting
+        .get()
+        .and_then(|c| c.into_string().ok())
+        .filter(|s| !s.is_empty())
+}

@@ -1,0 +1,195 @@
+//! Small, audited wrappers around Postgres internals. All `unsafe` in the extension lives here.
+
+use std::cell::Cell;
+use std::ffi::CStr;
+use std::panic::AssertUnwindSafe;
+
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use pgrx::PgTryBuilder;
+
+/// Raise an ERROR with a specific SQLSTATE. Messages must never contain caller-supplied values.
+pub fn raise(code: PgSqlErrorCode, message: impl Into<String>) -> ! {
+    pgrx::ereport!(ERROR, code, message.into());
+}
+
+/// True inside an explicit transaction block (`BEGIN ... COMMIT`).
+pub fn in_transaction_block() -> bool {
+    unsafe { pg_sys::IsTransactionBlock() }
+}
+
+/// Set a `ctxguard.*` context setting for the rest of the current (sub)transaction, as
+/// `SET LOCAL` would, with superuser context so that only extension code can do it.
+pub fn set_local(name: &CStr, value: &str) {
+    let value = std::ffi::CString::new(value).unwrap_or_else(|_| {
+        raise(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            "context values cannot contain NUL bytes",
+        )
+    });
+    unsafe {
+        pg_sys::set_config_option(
+            name.as_ptr(),
+            value.as_ptr(),
+            pg_sys::GucContext::PGC_SUSET,
+            pg_sys::GucSource::PGC_S_SESSION,
+            pg_sys::GucAction::GUC_ACTION_LOCAL,
+            true,
+            pgrx::PgLogLevel::ERROR as i32,
+            false,
+        );
+    }
+}
+
+thread_local! {
+    static OWNER: Cell<Option<pg_sys::Oid>> = const { Cell::new(None) };
+}
+
+fn extension_owner() -> pg_sys::Oid {
+    if let Some(o) = OWNER.with(Cell::get) {
+        return o;
+    }
+    let oid = Spi::get_one::<pg_sys::Oid>(
+        "SELECT extowner FROM pg_catalog.pg_extension WHERE extname = 'ctxguard'",
+    )
+    .ok()
+    .flatten()
+    .unwrap_or_else(|| {
+        raise(
+            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            "ctxguard is not installed",
+        )
+    });
+    OWNER.with(|c| c.set(Some(oid)));
+    oid
+}
+
+struct RestoreUser(pg_sys::Oid, i32);
+impl Drop for RestoreUser {
+    fn drop(&mut self) {
+        unsafe { pg_sys::SetUserIdAndSecContext(self.0, self.1) }
+    }
+}
+
+/// Run `f` with the privileges of the extension owner, as a SECURITY DEFINER function would.
+/// Used only for writes to extension-owned bookkeeping tables (audit, generations, approvals)
+/// that the calling role must not be able to forge.
+pub fn as_owner<R>(f: impl FnOnce() -> R) -> R {
+    let owner = extension_owner();
+    let (mut uid, mut sec) = (pg_sys::InvalidOid, 0i32);
+    unsafe {
+        pg_sys::GetUserIdAndSecContext(&mut uid, &mut sec);
+        pg_sys::SetUserIdAndSecContext(owner, sec | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32);
+    }
+    let _restore = RestoreUser(uid, sec);
+    f()
+}
+
+/// The SQLSTATE of the error a subtransaction caught. The message is dropped on purpose: it may
+/// quote data (e.g. a duplicate key of another tenant's row).
+pub struct Caught {
+    pub sqlstate: String,
+}
+
+fn sqlstate_string(code: PgSqlErrorCode) -> String {
+    let mut c = code as i32;
+    let mut s = String::with_capacity(5);
+    for _ in 0..5 {
+        s.push(char::from(b'0' + (c & 0x3f) as u8));
+        c >>= 6;
+    }
+    s
+}
+
+/// Run `f` in an internal subtransaction (like a PL/pgSQL `BEGIN ... EXCEPTION` block).
+/// On error the subtransaction is rolled back, so the caller's transaction survives.
+/// If `read_only`, `transaction_read_only` is forced on for the duration (and restored after).
+pub fn in_subtransaction<R>(read_only: bool, f: impl FnOnce() -> R) -> Result<R, Caught> {
+    unsafe {
+        let old_cx = pg_sys::CurrentMemoryContext;
+        let old_owner = pg_sys::CurrentResourceOwner;
+        pg_sys::BeginInternalSubTransaction(std::ptr::null());
+        pg_sys::MemoryContextSwitchTo(old_cx);
+        let result = PgTryBuilder::new(AssertUnwindSafe(|| {
+            let nest = pg_sys::NewGUCNestLevel();
+            if read_only {
+                pg_sys::set_config_option(
+                    c"transaction_read_only".as_ptr(),
+                    c"on".as_ptr(),
+                    pg_sys::GucContext::PGC_USERSET,
+                    pg_sys::GucSource::PGC_S_SESSION,
+                    pg_sys::GucAction::GUC_ACTION_SAVE,
+                    true,
+                    pgrx::PgLogLevel::ERROR as i32,
+                    false,
+                );
+            }
+            let r = f();
+            pg_sys::AtEOXact_GUC(true, nest);
+            Ok(r)
+        }))
+        .catch_others(|e| {
+            let sqlstate = match &e {
+                pg_sys::panic::CaughtError::PostgresError(r)
+                | pg_sys::panic::CaughtError::ErrorReport(r)
+                | pg_sys::panic::CaughtError::RustPanic { ereport: r, .. } => {
+                    sqlstate_string(r.sql_error_code())
+                }
+            };
+            Err(Caught { sqlstate })
+        })
+        .execute();
+        match result {
+            Ok(_) => pg_sys::ReleaseCurrentSubTransaction(),
+            Err(_) => pg_sys::RollbackAndReleaseCurrentSubTransaction(),
+        }
+        pg_sys::MemoryContextSwitchTo(old_cx);
+        pg_sys::CurrentResourceOwner = old_owner;
+        result
+    }
+}
+
+/// Call a `(jsonb) RETURNS jsonb` function by OID as the current user (EXECUTE is checked).
+pub fn call_jsonb_function(fn_oid: pg_sys::Oid, arg: pgrx::JsonB) -> Option<pgrx::JsonB> {
+    unsafe {
+        #[cfg(any(feature = "pg13", feature = "pg14", feature = "pg15"))]
+        let acl = pg_sys::pg_proc_aclcheck(
+            fn_oid,
+            pg_sys::GetUserId(),
+            pg_sys::ACL_EXECUTE as pg_sys::AclMode,
+        );
+        #[cfg(not(any(feature = "pg13", feature = "pg14", feature = "pg15")))]
+        let acl = pg_sys::object_aclcheck(
+            pg_sys::ProcedureRelationId,
+            fn_oid,
+            pg_sys::GetUserId(),
+            pg_sys::ACL_EXECUTE as pg_sys::AclMode,
+        );
+        if acl != pg_sys::AclResult::ACLCHECK_OK {
+            raise(
+                PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
+                "permission denied for tool handler",
+            );
+        }
+        let datum = arg.into_datum().expect("jsonb datum");
+        let out = pg_sys::OidFunctionCall1Coll(fn_oid, pg_sys::InvalidOid, datum);
+        pgrx::JsonB::from_datum(out, false)
+    }
+}
+
+/// Was the library loaded through `shared_preload_libraries`? Set once in `_PG_init`.
+pub fn loaded_at_startup() -> bool {
+    unsafe { pg_sys::process_shared_preload_libraries_in_progress }
+}
+
+/// Reserve the `ctxguard.` prefix: no placeholder settings can be created under it.
+pub fn reserve_prefix() {
+    #[cfg(not(any(feature = "pg13", feature = "pg14")))]
+    unsafe {
+        pg_sys::MarkGUCPrefixReserved(c"ctxguard".as_ptr());
+    }
+    #[cfg(any(feature = "pg13", feature = "pg14"))]
+    unsafe {
+        pg_sys::EmitWarningsOnPlaceholders(c"ctxguard".as_ptr());
+    }
+}

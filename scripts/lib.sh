@@ -1,0 +1,72 @@
+# Shared helpers for scripts/*.sh: a throwaway PostgreSQL 15 cluster with ctxguard preloaded.
+# Source it; do not run it.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+PG_MAJOR=${PG_MAJOR:-15}
+PG_BIN=/usr/lib/postgresql/$PG_MAJOR/bin
+RUN=${CTXGUARD_RUN:-/tmp/ctxguard-run}
+PGPORT=${CTXGUARD_PGPORT:-54329}
+PGDATA_DIR=$RUN/pgdata
+PROFILE=${CTXGUARD_PROFILE:-release}
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+
+log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+
+# Run a command as the postgres OS user when we are root (initdb refuses root).
+as_pg() {
+  if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
+}
+
+psql_su() { psql -X -q -v ON_ERROR_STOP=1 -h "$RUN" -p "$PGPORT" -U postgres "$@"; }
+
+# Build and install the extension into the system PostgreSQL (idempotent; cargo caches the build).
+install_extension() {
+  log "building and installing ctxguard ($PROFILE)"
+  local flag=()
+  [ "$PROFILE" = release ] && flag=(--release)
+  local sudo=()
+  [ "$(id -u)" = 0 ] || sudo=(--sudo)
+  (cd "$ROOT/pg_ext/ctxguard" && cargo pgrx install "${flag[@]}" "${sudo[@]}" --pg-config "$PG_BIN/pg_config" >/dev/null)
+}
+
+# Create (once) and start a local cluster with ctxguard in shared_preload_libraries.
+start_cluster() {
+  mkdir -p "$RUN"
+  chmod 755 "$RUN"
+  [ "$(id -u)" = 0 ] && chown postgres:postgres "$RUN"
+  if [ ! -f "$PGDATA_DIR/PG_VERSION" ]; then
+    log "initdb $PGDATA_DIR"
+    as_pg "$PG_BIN/initdb" -D "$PGDATA_DIR" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 >/dev/null
+    as_pg /usr/bin/python3 "$ROOT/scripts/mint_token.py" keygen --dir "$RUN"
+    cat >>"$PGDATA_DIR/postgresql.conf" <<CONF
+# --- ctxguard local cluster ---
+listen_addresses = '127.0.0.1'
+port = $PGPORT
+unix_socket_directories = '$RUN'
+max_connections = 200
+shared_preload_libraries = 'ctxguard'
+ctxguard.jwt_secret = '$(cat "$RUN/jwt_secret")'
+ctxguard.jwt_public_key = '$(cat "$RUN/ed25519_public_x")'
+ctxguard.jwt_audience = ''
+log_min_messages = warning
+CONF
+  fi
+  if ! as_pg "$PG_BIN/pg_ctl" -D "$PGDATA_DIR" status >/dev/null 2>&1; then
+    log "starting PostgreSQL on port $PGPORT"
+    as_pg "$PG_BIN/pg_ctl" -D "$PGDATA_DIR" -l "$RUN/postgres.log" -w start >/dev/null
+  fi
+}
+
+stop_cluster() {
+  as_pg "$PG_BIN/pg_ctl" -D "$PGDATA_DIR" -m fast -w stop >/dev/null 2>&1 || true
+}
+
+# Fresh database with the demo schema (drops any previous one).
+create_demo_db() {
+  local db=$1
+  psql_su -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db"
+  psql_su -d "$db" -o /dev/null -f "$ROOT/sql/demo/schema.sql"
+}
+
+mint() { /usr/bin/python3 "$ROOT/scripts/mint_token.py" mint --dir "$RUN" "$@"; }
