@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Run every test: lint, pure unit tests, then the SQL security suite (pgTAP, as the non-superuser
+# gateway role) against a real PostgreSQL with ctxguard preloaded. Installs what it needs.
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cd "$ROOT"
+
+# --sql-only: skip setup, lint and unit tests (quick loop while editing SQL tests).
+if [ "${1:-}" != --sql-only ]; then
+  bash scripts/setup.sh
+
+  log "cargo fmt / clippy"
+  cargo fmt --all --check
+  cargo clippy --workspace --all-targets --locked -- -D warnings
+
+  log "unit tests (pure crates)"
+  cargo test --locked
+
+  install_extension
+fi
+start_cluster
+
+DB=ctxguard_test
+log "fresh database $DB with demo data and fixtures"
+create_demo_db "$DB"
+psql_su -d "$DB" -o /dev/null -f sql/tests/fixtures.sql
+
+AUD=(--aud ctxguard-tests)
+vars=(
+  -S "tok_alice=$(mint --sub alice --tenant acme --roles ap_clerk "${AUD[@]}")"
+  -S "tok_bob=$(mint --sub bob --tenant acme --roles viewer "${AUD[@]}")"
+  -S "tok_carol=$(mint --sub carol --tenant globex --roles ap_clerk "${AUD[@]}")"
+  -S "tok_eddsa=$(mint --sub erin --tenant acme --alg EdDSA "${AUD[@]}")"
+  -S "tok_forged=$(mint --sub alice --tenant acme --bad-signature "${AUD[@]}")"
+  -S "tok_none=$(mint --sub alice --tenant acme --alg none "${AUD[@]}")"
+  -S "tok_confused=$(mint --sub alice --tenant acme --alg confused "${AUD[@]}")"
+  -S "tok_expired=$(mint --sub alice --tenant acme --ttl -120 "${AUD[@]}")"
+  -S "tok_nbf=$(mint --sub alice --tenant acme --nbf-in 600 "${AUD[@]}")"
+  -S "tok_wrong_aud=$(mint --sub alice --tenant acme --aud someone-else)"
+  -S "tok_no_aud=$(mint --sub alice --tenant acme)"
+  -S "tok_no_exp=$(mint --sub alice --tenant acme --no-exp "${AUD[@]}")"
+)
+
+log "SQL security suite (pgTAP) as ctxguard_gateway"
+pg_prove -h "$RUN" -p "$PGPORT" -U ctxguard_gateway -d "$DB" "${vars[@]}" sql/tests/0*.sql
