@@ -58,8 +58,29 @@ CONF
   fi
 }
 
-stop_cluster() {
-  as_pg "$PG_BIN/pg_ctl" -D "$PGDATA_DIR" -m fast -w stop >/dev/null 2>&1 || true
+stop_cluster_at() {
+  as_pg "$PG_BIN/pg_ctl" -D "$1" -m fast -w stop >/dev/null 2>&1 || true
+}
+
+stop_cluster() { stop_cluster_at "$PGDATA_DIR"; }
+
+# A second cluster with the same keys but WITHOUT ctxguard preloaded (for the fail-closed tests).
+start_cluster_without_preload() {
+  local run=$1 port=$2
+  mkdir -p "$run"
+  [ "$(id -u)" = 0 ] && chown postgres:postgres "$run"
+  if [ ! -f "$run/pgdata/PG_VERSION" ]; then
+    as_pg "$PG_BIN/initdb" -D "$run/pgdata" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 >/dev/null
+    cat >>"$run/pgdata/postgresql.conf" <<CONF
+listen_addresses = ''
+port = $port
+unix_socket_directories = '$run'
+ctxguard.jwt_secret = '$(cat "$RUN/jwt_secret")'
+log_min_messages = warning
+CONF
+  fi
+  as_pg "$PG_BIN/pg_ctl" -D "$run/pgdata" status >/dev/null 2>&1 ||
+    as_pg "$PG_BIN/pg_ctl" -D "$run/pgdata" -l "$run/postgres.log" -w start >/dev/null
 }
 
 # Fresh database with the demo schema (drops any previous one).

@@ -42,3 +42,31 @@ vars=(
 
 log "SQL security suite (pgTAP) as ctxguard_gateway"
 pg_prove -h "$RUN" -p "$PGPORT" -U ctxguard_gateway -d "$DB" "${vars[@]}" sql/tests/0*.sql
+
+log "fail-closed suite against a second cluster without shared_preload_libraries"
+NP_RUN="$RUN-nopreload" NP_PORT=$((PGPORT + 1))
+start_cluster_without_preload "$NP_RUN" "$NP_PORT"
+psql -X -q -v ON_ERROR_STOP=1 -h "$NP_RUN" -p "$NP_PORT" -U postgres -d postgres -o /dev/null <<'SQL'
+DROP DATABASE IF EXISTS ctxguard_np WITH (FORCE);
+CREATE DATABASE ctxguard_np;
+SQL
+psql -X -q -v ON_ERROR_STOP=1 -h "$NP_RUN" -p "$NP_PORT" -U postgres -d ctxguard_np -o /dev/null <<'SQL'
+SET client_min_messages = warning;
+CREATE EXTENSION ctxguard;
+CREATE EXTENSION pgtap;
+DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'ctxguard_gateway') THEN
+  CREATE ROLE ctxguard_gateway LOGIN NOSUPERUSER NOBYPASSRLS; END IF; END $$;
+GRANT TEMPORARY ON DATABASE ctxguard_np TO ctxguard_gateway;
+CREATE SCHEMA np;
+GRANT USAGE ON SCHEMA np TO ctxguard_gateway;
+CREATE TABLE np.secrets (tenant_id text NOT NULL, v text);
+INSERT INTO np.secrets VALUES ('acme', 'a'), ('globex', 'g');
+GRANT SELECT ON np.secrets TO ctxguard_gateway;
+SELECT ctxguard.protect_table('np.secrets', 'tenant_id');
+CREATE FUNCTION np.read(args jsonb) RETURNS jsonb LANGUAGE sql AS $f$ SELECT jsonb_agg(v) FROM np.secrets $f$;
+SELECT ctxguard.register_page_type('list_page', NULL, 'A list.');
+SELECT ctxguard.register_tool('np.read', 'Read.', '{"type": "object"}', 'np.read(jsonb)', '{"page_types": "*"}');
+SQL
+pg_prove -h "$NP_RUN" -p "$NP_PORT" -U ctxguard_gateway -d ctxguard_np \
+  -S "tok_alice=$(mint --sub alice --tenant acme --roles ap_clerk)" sql/tests/not_preloaded/*.sql
+stop_cluster_at "$NP_RUN/pgdata"

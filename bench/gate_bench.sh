@@ -1,0 +1,215 @@
+#!/usr/bin/env bash
+# Gate A + Gate B vs a direct handler call, with 1,000 registered tools (pgbench, prepared mode).
+#
+#   bench/gate_bench.sh            # build+install (release), set up, verify, measure, print a table
+#   bench/gate_bench.sh --write    # ... and rewrite the results block of BENCHMARKS.md
+#
+# Environment:
+#   BENCH_SECONDS   duration of each pgbench run (default 12; 8 runs, so ~2 min in all)
+#   BENCH_RUN       cluster directory (default /tmp/ctxguard-bench: a dedicated cluster, so that it
+#                   preloads the release build just installed; a shared dev cluster keeps whatever
+#                   ctxguard.so it preloaded at start until it is restarted)
+#   BENCH_PGPORT    cluster port (default 54339)
+#   CTXGUARD_PROFILE  build profile (default release)
+#
+# Only talks to the local cluster. Idempotent: the database ctxguard_bench is recreated each run.
+set -euo pipefail
+
+BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+DEFAULT_RUN=/tmp/ctxguard-bench
+export CTXGUARD_RUN=${BENCH_RUN:-$DEFAULT_RUN}
+export CTXGUARD_PGPORT=${BENCH_PGPORT:-54339}
+# shellcheck source-path=SCRIPTDIR source=../scripts/lib.sh
+source "$BENCH_DIR/../scripts/lib.sh"
+
+DB=ctxguard_bench
+SECONDS_PER_RUN=${BENCH_SECONDS:-12}
+PAGE='{"pageType": "invoice_detail", "entity": {"type": "invoice", "id": "acme_inv3"}}'
+WRITE=0
+case "${1:-}" in
+  --write) WRITE=1 ;;
+  "") ;;
+  *) echo "usage: $0 [--write]" >&2; exit 2 ;;
+esac
+
+die() { printf 'gate_bench: %s\n' "$*" >&2; exit 1; }
+command -v pgbench >/dev/null || PATH=$PG_BIN:$PATH
+command -v pgbench >/dev/null || die "pgbench not found (Debian: postgresql-client-$PG_MAJOR)"
+
+# psql as the non-superuser gateway role, the role every measurement runs as.
+psql_gw() { psql -X -q -v ON_ERROR_STOP=1 -h "$RUN" -p "$PGPORT" -U ctxguard_gateway -d "$DB" "$@"; }
+
+OUT=$(mktemp -d "${TMPDIR:-/tmp}/ctxguard-bench.XXXXXX")
+
+# ------------------------------------------------------------------------------------------------
+# 1. Build, install, cluster, database.
+# ------------------------------------------------------------------------------------------------
+install_extension
+SO=$("$PG_BIN/pg_config" --pkglibdir)/ctxguard.so
+if [ "$PROFILE" = release ] && ! cmp -s "$SO" "$CARGO_TARGET_DIR/release/libctxguard.so"; then
+  die "$SO is not the release build just made (installed concurrently by someone else?)"
+fi
+start_cluster
+# A preloaded library is read once, at postmaster start, and `cargo pgrx install` always replaces
+# the file: restart the dedicated bench cluster so that it runs the build just installed. Never
+# restart anyone else's cluster; just say what it is running.
+started=$(psql_su -d postgres -Atc "SELECT extract(epoch FROM pg_postmaster_start_time())::bigint")
+if [ "$(stat -c %Y "$SO")" -gt "$started" ]; then
+  if [ "$RUN" = "$DEFAULT_RUN" ]; then
+    log "restarting the dedicated bench cluster to load the new build"
+    stop_cluster
+    start_cluster
+  else
+    log "WARNING: the cluster at $RUN started before this install; it runs the ctxguard.so it preloaded then"
+  fi
+fi
+create_demo_db "$DB"
+log "registering 1,000 extra tools and the baseline schema"
+psql_su -d "$DB" -o /dev/null -f "$BENCH_DIR/setup.sql"
+TOKEN=$(mint --sub alice --tenant acme --roles ap_clerk --ttl 7200)
+
+# ------------------------------------------------------------------------------------------------
+# 2. Correctness before speed (as ctxguard_gateway).
+# ------------------------------------------------------------------------------------------------
+log "verifying both paths"
+# visible, visible off-page, expected visible (from the catalog), catalog size, status, invoice id
+check=$(psql_gw -At -F '|' -v token="$TOKEN" -v page="$PAGE" <<'SQL'
+BEGIN;
+SELECT ctxguard.set_context(:'token', :'page') \g /dev/null
+WITH v AS (SELECT name FROM ctxguard.visible_tools()),
+     call AS (SELECT ctxguard.call_tool('invoice.get', '{}') AS r)
+SELECT (SELECT count(*) FROM v),
+       (SELECT count(*) FROM v JOIN ctxguard.tool_policies p ON p.tool = v.name
+         WHERE NOT p.page_types && '{*,invoice_detail}'),
+       (SELECT count(*) FROM ctxguard.tool_policies
+         WHERE enabled AND page_types && '{*,invoice_detail}' AND required_states = '{}'
+           AND (roles = '{}' OR roles && '{ap_clerk}')),
+       (SELECT count(*) FROM ctxguard.tools),
+       r->>'status', r->'result'->>'id'
+  FROM call;
+COMMIT;
+SQL
+)
+IFS='|' read -r n_visible n_offpage n_expected n_catalog status invoice_id <<<"$check"
+[ "$n_catalog" = 1004 ] || die "expected 1004 catalogued tools, found $n_catalog"
+if [ "$status" != ok ] || [ "$invoice_id" != acme_inv3 ]; then
+  die "call_tool('invoice.get') returned status=$status id=$invoice_id"
+fi
+if [ "$n_offpage" != 0 ] || [ "$n_visible" != "$n_expected" ]; then
+  die "visible_tools returned $n_visible tools ($n_offpage off-page), expected $n_expected"
+fi
+
+# own tenant's invoice, another tenant's invoice (must be hidden by RLS)
+baseline=$(psql_gw -At -F '|' <<'SQL'
+BEGIN;
+SELECT set_config('app.tenant_id', 'acme', true) \g /dev/null
+SELECT bench.invoice_get('{"invoice_id": "acme_inv3"}')->>'id',
+       bench.invoice_get('{"invoice_id": "glx_inv3"}')->>'found';
+COMMIT;
+SQL
+)
+[ "$baseline" = "acme_inv3|false" ] || die "baseline handler returned '$baseline'"
+log "ok: invoice.get status ok; Gate A shows $n_visible of $n_catalog tools; baseline returns the invoice"
+
+# ------------------------------------------------------------------------------------------------
+# 3. Measure. Prepared mode (a pooled gateway prepares its statements), per-statement latencies.
+# ------------------------------------------------------------------------------------------------
+# run NAME SCRIPT CLIENTS THREADS [PGOPTIONS]: one pgbench run, output kept in $OUT/NAME-cCLIENTS.txt
+run() {
+  local name=$1 script=$2 clients=$3 threads=$4 options=${5:-}
+  local out="$OUT/$name-c$clients.txt"
+  log "pgbench $name -c $clients -j $threads -T $SECONDS_PER_RUN"
+  PGOPTIONS=$options pgbench -n -M prepared -r -c "$clients" -j "$threads" -T "$SECONDS_PER_RUN" \
+    -h "$RUN" -p "$PGPORT" -U ctxguard_gateway -D token="$TOKEN" -f "$BENCH_DIR/$script" "$DB" >"$out" 2>&1 \
+    || { cat "$out" >&2; die "pgbench $name failed"; }
+  grep -q '^number of failed transactions: 0 ' "$out" || { cat "$out" >&2; die "pgbench $name had failed transactions"; }
+}
+# field FILE: tps and average latency of a run, "tps|ms"
+field() {
+  awk '/^tps = / {tps = $3} /^latency average = / {lat = $4} END {printf "%.0f|%.3f", tps, lat}' "$1"
+}
+# stmt FILE PATTERN: average latency (ms) of the statement whose text matches PATTERN
+stmt() {
+  awk -v pat="$2" 'found && $0 ~ pat {print $1; exit} /^statement latencies/ {found = 1}' "$1"
+}
+
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
+audit_before=$(psql_su -d "$DB" -Atc "SELECT count(*) FROM ctxguard.audit_log")
+for c in 1 4; do
+  j=$(( c > 1 ? 2 : 1 ))
+  run baseline baseline.sql "$c" "$j"
+  run ctxguard ctxguard.sql "$c" "$j"
+  run gate_a context_gate_a.sql "$c" "$j"
+  # Diagnostic: the same ctxguard transaction without waiting for the WAL flush of its audit row.
+  run ctxguard_async ctxguard.sql "$c" "$j" "-c synchronous_commit=off"
+done
+
+# Every Gate B call of the runs must have been allowed (no silent denials measured as speed).
+bad=$(psql_su -d "$DB" -Atc "SELECT count(*) FILTER (WHERE decision <> 'allow') || '|' || count(*) - $audit_before
+                             FROM ctxguard.audit_log")
+[ "${bad%%|*}" = 0 ] || die "audit_log holds ${bad%%|*} non-allow decisions"
+
+# ------------------------------------------------------------------------------------------------
+# 4. Report.
+# ------------------------------------------------------------------------------------------------
+# The backticks below are Markdown code spans, not command substitutions.
+# shellcheck disable=SC2016
+report() {
+  local c tps lat base_tps label
+  printf '| scenario | clients | tps | avg latency ms | ratio vs baseline |\n'
+  printf '|---|---:|---:|---:|---:|\n'
+  for c in 1 4; do
+    base_tps=$(field "$OUT/baseline-c$c.txt" | cut -d'|' -f1)
+    for name in baseline ctxguard gate_a ctxguard_async; do
+      case $name in
+        baseline) label='baseline: `set_config` + `bench.invoice_get()`' ;;
+        ctxguard) label='ctxguard: `set_context` + `visible_tools` + `call_tool(invoice.get)`' ;;
+        gate_a) label='context + Gate A only: `set_context` + `visible_tools`' ;;
+        ctxguard_async) label='ctxguard, `synchronous_commit=off` (diagnostic)' ;;
+      esac
+      IFS='|' read -r tps lat <<<"$(field "$OUT/$name-c$c.txt")"
+      printf '| %s | %s | %s | %s | %s |\n' "$label" "$c" "$tps" "$lat" \
+        "$(awk -v a="$tps" -v b="$base_tps" 'BEGIN {printf "%.2f", a / b}')"
+    done
+  done
+  local f=$OUT/gate_a-c1.txt g=$OUT/ctxguard-c1.txt
+  local sc va cm
+  sc=$(stmt "$f" 'set_context'); va=$(stmt "$f" 'visible_tools'); cm=$(stmt "$f" '^ *[0-9.]+ +[0-9]+ +COMMIT')
+  printf '\nContext + Gate A at 1 client (per statement, ms): `set_context` %s + `visible_tools` %s = %s' \
+    "$sc" "$va" "$(awk -v a="$sc" -v b="$va" 'BEGIN {printf "%.3f", a + b}')"
+  printf ' (whole transaction incl. BEGIN/COMMIT %s; its COMMIT alone %s).\n' \
+    "$(field "$f" | cut -d'|' -f2)" "$cm"
+  printf '\nFull ctxguard transaction at 1 client (per statement, ms): BEGIN %s, `set_context` %s, `visible_tools` %s, `call_tool` %s, COMMIT %s.\n' \
+    "$(stmt "$g" '^ *[0-9.]+ +[0-9]+ +BEGIN')" "$(stmt "$g" 'set_context')" "$(stmt "$g" 'visible_tools')" \
+    "$(stmt "$g" 'call_tool')" "$(stmt "$g" '^ *[0-9.]+ +[0-9]+ +COMMIT')"
+  printf '\nBaseline at 1 client (per statement, ms): `set_config` %s, `bench.invoice_get` %s, COMMIT %s.\n' \
+    "$(stmt "$OUT/baseline-c1.txt" 'set_config')" "$(stmt "$OUT/baseline-c1.txt" 'invoice_get')" \
+    "$(stmt "$OUT/baseline-c1.txt" '^ *[0-9.]+ +[0-9]+ +COMMIT')"
+  local rev
+  rev=$(cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null || echo unknown)
+  (cd "$ROOT" && GIT_OPTIONAL_LOCKS=0 git diff --quiet HEAD -- pg_ext 2>/dev/null) || rev="$rev+uncommitted"
+  printf '\nRun: %s, commit %s, %s build, %s x %s s pgbench runs (`-n -M prepared -r`, 1 client `-j 1`, 4 clients `-j 2`), ' \
+    "$(date -u +%Y-%m-%dT%H:%MZ)" "$rev" "$PROFILE" 8 "$SECONDS_PER_RUN"
+  printf '%s of %s catalogued tools visible on the page, %s audit rows written (all `allow`), load average before: %s.\n' \
+    "$n_visible" "$n_catalog" "${bad#*|}" "$load_before"
+  printf 'Machine: %s cores (%s), %s, %s.\n' "$(nproc)" \
+    "$(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)" \
+    "$(psql_su -d postgres -Atc "SELECT split_part(version(), ' on ', 1)")" "$(pgbench --version)"
+}
+
+report | tee "$OUT/results.md"
+log "raw pgbench output: $OUT"
+
+if [ "$WRITE" = 1 ]; then
+  # Replace everything between the two markers in BENCHMARKS.md with the new results.
+  md=$ROOT/BENCHMARKS.md
+  if ! grep -q '^<!-- gate_bench:begin -->$' "$md" || ! grep -q '^<!-- gate_bench:end -->$' "$md"; then
+    die "$md lacks the <!-- gate_bench:begin/end --> markers"
+  fi
+  awk -v res="$OUT/results.md" '
+    /^<!-- gate_bench:begin -->$/ {print; while ((getline line < res) > 0) print line; skip = 1; next}
+    /^<!-- gate_bench:end -->$/ {skip = 0}
+    !skip {print}' "$md" >"$OUT/BENCHMARKS.md"
+  cat "$OUT/BENCHMARKS.md" >"$md"
+  log "rewrote the results block of $md (update the reading paragraph by hand)"
+fi
