@@ -43,6 +43,11 @@ vars=(
 log "SQL security suite (pgTAP) as ctxguard_gateway"
 pg_prove -h "$RUN" -p "$PGPORT" -U ctxguard_gateway -d "$DB" "${vars[@]}" sql/tests/0*.sql
 
+log "client integration tests (tests/, real connections as ctxguard_gateway)"
+CTXGUARD_TEST_DATABASE_URL="host=$RUN port=$PGPORT user=ctxguard_gateway dbname=$DB" \
+CTXGUARD_TEST_JWT_SECRET="$(cat "$RUN/jwt_secret")" \
+  cargo test --locked -p ctxguard-tests
+
 log "fail-closed suite against a second cluster without shared_preload_libraries"
 NP_RUN="$RUN-nopreload" NP_PORT=$((PGPORT + 1))
 start_cluster_without_preload "$NP_RUN" "$NP_PORT"
