@@ -133,6 +133,13 @@ stmt() {
   awk -v pat="$2" 'found && $0 ~ pat {print $1; exit} /^statement latencies/ {found = 1}' "$1"
 }
 
+# Warm up shared buffers and the catalog caches after the (re)start: 2 s per script, discarded.
+log "warm-up"
+for script in baseline.sql ctxguard.sql context_gate_a.sql; do
+  pgbench -n -M prepared -c 1 -j 1 -T 2 -h "$RUN" -p "$PGPORT" -U ctxguard_gateway -D token="$TOKEN" \
+    -f "$BENCH_DIR/$script" "$DB" >/dev/null 2>&1 || die "warm-up with $script failed"
+done
+
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 audit_before=$(psql_su -d "$DB" -Atc "SELECT count(*) FROM ctxguard.audit_log")
 for c in 1 4; do

@@ -14,6 +14,8 @@
 pub mod args;
 pub mod binding;
 pub mod codes;
+pub mod docs;
+pub mod mask;
 pub mod names;
 pub mod page;
 pub mod policy;

@@ -1,0 +1,171 @@
+//! Document text helpers: token estimates, trimming, repeated header/footer detection, page ranges.
+
+use std::collections::{HashMap, HashSet};
+
+/// Honest token estimate: ⌈UTF-8 bytes / 4⌉. BPE tokenizers average about four bytes per token on
+/// English prose; for Cyrillic or CJK text this counts somewhat more tokens than a tokenizer would,
+/// which errs on the safe side for budgets.
+pub fn estimate_tokens(text: &str) -> u32 {
+    u32::try_from(text.len().div_ceil(4)).unwrap_or(u32::MAX)
+}
+
+/// Cut `text` to at most `max_bytes`, on a char boundary and preferably at whitespace.
+/// Returns the kept prefix and whether anything was cut.
+pub fn trim_to_bytes(text: &str, max_bytes: usize) -> (&str, bool) {
+    if text.len() <= max_bytes {
+        return (text, false);
+    }
+    let mut end = max_bytes;
+    while end > 0 && !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let cut = &text[..end];
+    let at_space = cut.rfind(char::is_whitespace).filter(|&i| i >= end / 2).unwrap_or(end);
+    (cut[..at_space].trim_end(), true)
+}
+
+/// A line's identity for header/footer detection: digits collapsed (page numbers vary), spaces folded.
+pub fn line_key(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut prev_digit = false;
+    let mut prev_space = true;
+    for c in line.trim().chars() {
+        if c.is_ascii_digit() {
+            if !prev_digit {
+                out.push('#');
+            }
+            prev_digit = true;
+            prev_space = false;
+        } else if c.is_whitespace() {
+            if !prev_space {
+                out.push(' ');
+            }
+            prev_space = true;
+            prev_digit = false;
+        } else {
+            out.push(c);
+            prev_digit = false;
+            prev_space = false;
+        }
+    }
+    out.trim_end().to_string()
+}
+
+const EDGE_LINES: usize = 2;
+
+fn edge_lines(page: &str) -> impl Iterator<Item = &str> {
+    let lines: Vec<&str> = page.lines().filter(|l| !l.trim().is_empty()).collect();
+    let head = EDGE_LINES.min(lines.len());
+    let tail_start = lines.len().saturating_sub(EDGE_LINES).max(head);
+    let edges: Vec<&str> = lines[..head].iter().chain(&lines[tail_start..]).copied().collect();
+    edges.into_iter()
+}
+
+/// Lines (as [`line_key`]s) that open or close at least half of the pages (and at least 3): running
+/// headers and footers such as "ACME Admin Guide v4.2 — Confidential" or "Page 17 of 500".
+pub fn detect_boilerplate<'a>(pages: impl IntoIterator<Item = &'a str>) -> Vec<String> {
+    let mut counts: HashMap<String, usize> = HashMap::new();
+    let mut total = 0usize;
+    for page in pages {
+        total += 1;
+        let keys: HashSet<String> = edge_lines(page).map(line_key).filter(|k| !k.is_empty()).collect();
+        for k in keys {
+            *counts.entry(k).or_default() += 1;
+        }
+    }
+    let threshold = (total / 2).max(3);
+    let mut found: Vec<String> = counts.into_iter().filter(|(_, n)| *n >= threshold).map(|(k, _)| k).collect();
+    found.sort();
+    found
+}
+
+/// Remove boilerplate lines found at the edges of one page.
+pub fn strip_boilerplate(page: &str, boilerplate: &[String]) -> String {
+    if boilerplate.is_empty() {
+        return page.trim().to_string();
+    }
+    let lines: Vec<&str> = page.lines().collect();
+    let is_bp = |l: &str| {
+        let k = line_key(l);
+        !k.is_empty() && boilerplate.iter().any(|b| *b == k)
+    };
+    let mut start = 0;
+    while start < lines.len() && (lines[start].trim().is_empty() || is_bp(lines[start])) {
+        start += 1;
+    }
+    let mut end = lines.len();
+    while end > start && (lines[end - 1].trim().is_empty() || is_bp(lines[end - 1])) {
+        end -= 1;
+    }
+    lines[start..end].join("\n")
+}
+
+/// Why a page range was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RangeError {
+    /// Not a valid range of this document.
+    Invalid,
+    /// Valid, but more pages than one call may read.
+    TooManyPages,
+}
+
+/// Validate `[start, end]` (1-based, inclusive) against the document and the per-call page limit.
+pub fn check_page_range(start: i64, end: i64, page_count: i64, max_pages: i64) -> Result<(), RangeError> {
+    if start < 1 || end < start || end > page_count {
+        return Err(RangeError::Invalid);
+    }
+    if end - start + 1 > max_pages {
+        return Err(RangeError::TooManyPages);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_and_trim() {
+        assert_eq!(estimate_tokens(""), 0);
+        assert_eq!(estimate_tokens("abcd"), 1);
+        assert_eq!(estimate_tokens("abcde"), 2);
+        assert_eq!(estimate_tokens("раздел"), 3);
+        let (t, cut) = trim_to_bytes("hello brave new world", 13);
+        assert_eq!((t, cut), ("hello brave", true));
+        let (t, cut) = trim_to_bytes("привет", 5);
+        assert!(cut && t.len() <= 5 && t.is_char_boundary(t.len()));
+        assert_eq!(trim_to_bytes("short", 10), ("short", false));
+    }
+
+    #[test]
+    fn headers_and_footers_are_found_and_stripped() {
+        let pages: Vec<String> = (1..=10)
+            .map(|i| {
+                let words = ["LDAP", "backup", "restore", "quota", "TLS", "audit", "proxy", "cache", "SSO", "logs"];
+                let w = words[i % words.len()];
+                format!("ACME Admin Guide v4.2 — Confidential\n\nConfigure {w} first.\nThen check the {w} status.\nPage {i} of 10\n")
+            })
+            .collect();
+        let bp = detect_boilerplate(pages.iter().map(String::as_str));
+        assert_eq!(bp, vec!["ACME Admin Guide v#.# — Confidential".to_string(), "Page # of #".to_string()]);
+        assert_eq!(strip_boilerplate(&pages[2], &bp), "Configure quota first.\nThen check the quota status.");
+        // Body lines that merely repeat in the middle are kept.
+        assert_eq!(strip_boilerplate("x\nPage 1 of 10\ny", &bp), "x\nPage 1 of 10\ny");
+    }
+
+    #[test]
+    fn no_boilerplate_in_small_or_varied_documents() {
+        assert!(detect_boilerplate(["a\nb", "c\nd"]).is_empty());
+        let pages: Vec<String> = (1..=8).map(|i| format!("Title {i}\nunique body {i} {}", "x".repeat(i))).collect();
+        assert!(detect_boilerplate(pages.iter().map(String::as_str)).iter().all(|k| k == "Title #"));
+    }
+
+    #[test]
+    fn page_ranges() {
+        assert_eq!(check_page_range(1, 5, 500, 5), Ok(()));
+        assert_eq!(check_page_range(1, 6, 500, 5), Err(RangeError::TooManyPages));
+        assert_eq!(check_page_range(0, 2, 500, 5), Err(RangeError::Invalid));
+        assert_eq!(check_page_range(5, 4, 500, 5), Err(RangeError::Invalid));
+        assert_eq!(check_page_range(499, 501, 500, 5), Err(RangeError::Invalid));
+    }
+}
