@@ -199,7 +199,7 @@ report() {
     "$(date -u +%Y-%m-%dT%H:%MZ)" "$rev" "$PROFILE" 8 "$SECONDS_PER_RUN"
   printf '%s of %s catalogued tools visible on the page, %s audit rows written (all `allow`), load average before: %s.\n' \
     "$n_visible" "$n_catalog" "${bad#*|}" "$load_before"
-  printf 'Machine: %s cores (%s), %s, %s.\n' "$(nproc)" \
+  printf '\nMachine: %s cores (%s), %s, %s.\n' "$(nproc)" \
     "$(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)" \
     "$(psql_su -d postgres -Atc "SELECT split_part(version(), ' on ', 1)")" "$(pgbench --version)"
 }

@@ -1,10 +1,11 @@
 -- ctxguard benchmark fixture. Run as a superuser in a database freshly loaded with
 -- sql/demo/schema.sql (bench/gate_bench.sh does both). Idempotent for the bench objects.
 --
--- 1. A realistic catalog: 1,000 extra tools (on top of the 4 demo tools) over 6 namespaced
---    domains with their own list/detail page types, plus finance/procurement tools on the demo
---    page types and a few global ("*") tools. All use the trivial demo.vendor_list(jsonb)
---    handler: only invoice.get is ever called by the benchmark.
+-- 1. A realistic catalog: 1,000 extra tools (on top of the 4 demo tools): 900 in 6 namespaced
+--    domains (crm, hr, support, sales, it, projects) with their own list/detail page types, 94
+--    finance/procurement/ops tools on the demo page types (24 on invoice_detail, the benchmarked
+--    page) and 6 global ("*") help/me tools. All use the trivial demo.vendor_list(jsonb) handler:
+--    only the demo tool invoice.get is ever called by the benchmark.
 -- 2. The BASELINE: the classic app-side design. The app sets a plain custom GUC
 --    (app.tenant_id) and calls a handler directly; RLS on copies of the demo tables reads it.
 \set ON_ERROR_STOP 1

@@ -52,7 +52,12 @@ ctxguard.jwt_audience = ''
 log_min_messages = warning
 CONF
   fi
-  if ! as_pg "$PG_BIN/pg_ctl" -D "$PGDATA_DIR" status >/dev/null 2>&1; then
+  # A preloaded library is read once, at postmaster start: restart so a fresh install takes effect.
+  if as_pg "$PG_BIN/pg_ctl" -D "$PGDATA_DIR" status >/dev/null 2>&1; then
+    [ "${CTXGUARD_KEEP_RUNNING:-}" = 1 ] && return 0
+    log "restarting PostgreSQL on port $PGPORT (to load the installed ctxguard)"
+    as_pg "$PG_BIN/pg_ctl" -D "$PGDATA_DIR" -l "$RUN/postgres.log" -m fast -w restart >/dev/null
+  else
     log "starting PostgreSQL on port $PGPORT"
     as_pg "$PG_BIN/pg_ctl" -D "$PGDATA_DIR" -l "$RUN/postgres.log" -w start >/dev/null
   fi

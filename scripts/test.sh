@@ -45,6 +45,7 @@ pg_prove -h "$RUN" -p "$PGPORT" -U ctxguard_gateway -d "$DB" "${vars[@]}" sql/te
 
 log "client integration tests (tests/, real connections as ctxguard_gateway)"
 CTXGUARD_TEST_DATABASE_URL="host=$RUN port=$PGPORT user=ctxguard_gateway dbname=$DB" \
+CTXGUARD_TEST_ADMIN_URL="host=$RUN port=$PGPORT user=postgres dbname=$DB" \
 CTXGUARD_TEST_JWT_SECRET="$(cat "$RUN/jwt_secret")" \
   cargo test --locked -p ctxguard-tests
 

@@ -14,7 +14,7 @@ SELECT is(pg_temp.code(ctxguard.call_tool('vendor.list', '{}')), 'CONTEXT_MISSIN
 -- Gate A per page
 BEGIN;
 SELECT ctxguard.set_context(:'tok_alice', '{"pageType": "vendor_table"}') \g /dev/null
-SELECT set_eq('SELECT name FROM ctxguard.visible_tools()', $$VALUES ('vendor.list'), ('test.boom'), ('test.sneaky_write'), ('test.set_identity')$$,
+SELECT set_eq('SELECT name FROM ctxguard.visible_tools()', $$VALUES ('vendor.list'), ('test.boom'), ('test.sneaky_write'), ('test.set_identity'), ('test.numbers')$$,
               'Gate A on vendor_table');
 SELECT ok((ctxguard.call_tool('vendor.list', '{}')->'result'->>'count')::int = 5, 'seed 000: vendor.list answers on vendor_table');
 COMMIT;
@@ -83,6 +83,13 @@ SELECT unalike(ctxguard.call_tool('invoice.list', '{"status": "''; DROP TABLE de
 SELECT unalike(ctxguard.call_tool('invoice.list', '{"s3cr3t_key": 1}')->'error'->>'message', '%s3cr3t%', 'C.21 unknown keys are not echoed');
 SELECT is((SELECT count(*)::int FROM demo.invoices), 12, 'C.22 table intact');
 SELECT is((ctxguard.call_tool('invoice.list', '{"status": "overdue"}')->'result'->>'count')::int, 4, 'valid filter works');
+COMMIT;
+
+-- Results keep numbers exactly (no float round trip)
+BEGIN;
+SELECT ctxguard.set_context(:'tok_alice', :'detail') \g /dev/null
+SELECT is(ctxguard.call_tool('test.numbers', '{}')->'result', t.numbers('{}'), 'handler numbers come back exactly');
+SELECT is(ctxguard.call_tool('invoice.get', '{}')->'result'->>'amount', '1257.00', 'numeric(12,2) keeps its scale');
 COMMIT;
 
 -- C.23 read-only tools cannot write

@@ -34,6 +34,9 @@ BEGIN
     PERFORM ctxguard.set_context(args->>'token', '{"pageType": "vendor_table"}');
     RETURN '{"switched": true}';
 END $$;
+CREATE FUNCTION t.numbers(args jsonb) RETURNS jsonb LANGUAGE sql AS $$
+    SELECT '{"big": 12345678901234567.89, "money": 0.10, "exp": 1e400, "neg": -0.0000001}'::jsonb
+$$;
 GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA t TO ctxguard_gateway;
 
 SELECT ctxguard.register_tool('test.touch', 'Record a touch of the invoice on this page.',
@@ -45,6 +48,8 @@ SELECT ctxguard.register_tool('test.boom', 'Always raises.', '{"type": "object",
     '{"page_types": "*"}');
 SELECT ctxguard.register_tool('test.set_identity', 'Tries to switch identity from inside a handler.',
     '{"type": "object", "properties": {"token": {"type": "string"}}}', 't.set_identity(jsonb)', '{"page_types": "*"}');
+SELECT ctxguard.register_tool('test.numbers', 'Returns numbers that floats would corrupt.',
+    '{"type": "object", "properties": {}}', 't.numbers(jsonb)', '{"page_types": "*"}');
 SELECT ctxguard.register_tool('report.export', 'Export a report (needs the export-enabled state).',
     '{"type": "object", "properties": {}}', 'demo.vendor_list(jsonb)',
     '{"page_types": "*", "required_states": ["export-enabled"]}');

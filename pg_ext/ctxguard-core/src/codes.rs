@@ -21,10 +21,16 @@ pub enum Code {
     ToolError,
     /// `approve_call` found no pending, unexpired approval for this user (unknown, used or foreign).
     ApprovalInvalid,
+    /// A document (or other object) does not exist *or* is not visible here (indistinguishable).
+    NotFound,
+    /// The document exists but is still processing (or failed processing).
+    DocumentNotReady,
+    /// A budget or limit would be exceeded; the message names the limit. Nothing was read.
+    RateLimitExceeded,
 }
 
 impl Code {
-    pub const ALL: [Code; 8] = [
+    pub const ALL: [Code; 11] = [
         Code::ContextMissing,
         Code::ToolNotFound,
         Code::ToolNotVisible,
@@ -33,6 +39,9 @@ impl Code {
         Code::ApprovalRequired,
         Code::ToolError,
         Code::ApprovalInvalid,
+        Code::NotFound,
+        Code::DocumentNotReady,
+        Code::RateLimitExceeded,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -45,6 +54,9 @@ impl Code {
             Code::ApprovalRequired => "APPROVAL_REQUIRED",
             Code::ToolError => "TOOL_ERROR",
             Code::ApprovalInvalid => "APPROVAL_INVALID",
+            Code::NotFound => "NOT_FOUND",
+            Code::DocumentNotReady => "DOCUMENT_NOT_READY",
+            Code::RateLimitExceeded => "RATE_LIMIT_EXCEEDED",
         }
     }
 }

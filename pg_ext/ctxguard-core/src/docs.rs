@@ -20,7 +20,10 @@ pub fn trim_to_bytes(text: &str, max_bytes: usize) -> (&str, bool) {
         end -= 1;
     }
     let cut = &text[..end];
-    let at_space = cut.rfind(char::is_whitespace).filter(|&i| i >= end / 2).unwrap_or(end);
+    let at_space = cut
+        .rfind(char::is_whitespace)
+        .filter(|&i| i >= end / 2)
+        .unwrap_or(end);
     (cut[..at_space].trim_end(), true)
 }
 
@@ -57,7 +60,11 @@ fn edge_lines(page: &str) -> impl Iterator<Item = &str> {
     let lines: Vec<&str> = page.lines().filter(|l| !l.trim().is_empty()).collect();
     let head = EDGE_LINES.min(lines.len());
     let tail_start = lines.len().saturating_sub(EDGE_LINES).max(head);
-    let edges: Vec<&str> = lines[..head].iter().chain(&lines[tail_start..]).copied().collect();
+    let edges: Vec<&str> = lines[..head]
+        .iter()
+        .chain(&lines[tail_start..])
+        .copied()
+        .collect();
     edges.into_iter()
 }
 
@@ -68,13 +75,20 @@ pub fn detect_boilerplate<'a>(pages: impl IntoIterator<Item = &'a str>) -> Vec<S
     let mut total = 0usize;
     for page in pages {
         total += 1;
-        let keys: HashSet<String> = edge_lines(page).map(line_key).filter(|k| !k.is_empty()).collect();
+        let keys: HashSet<String> = edge_lines(page)
+            .map(line_key)
+            .filter(|k| !k.is_empty())
+            .collect();
         for k in keys {
             *counts.entry(k).or_default() += 1;
         }
     }
     let threshold = (total / 2).max(3);
-    let mut found: Vec<String> = counts.into_iter().filter(|(_, n)| *n >= threshold).map(|(k, _)| k).collect();
+    let mut found: Vec<String> = counts
+        .into_iter()
+        .filter(|(_, n)| *n >= threshold)
+        .map(|(k, _)| k)
+        .collect();
     found.sort();
     found
 }
@@ -110,7 +124,12 @@ pub enum RangeError {
 }
 
 /// Validate `[start, end]` (1-based, inclusive) against the document and the per-call page limit.
-pub fn check_page_range(start: i64, end: i64, page_count: i64, max_pages: i64) -> Result<(), RangeError> {
+pub fn check_page_range(
+    start: i64,
+    end: i64,
+    page_count: i64,
+    max_pages: i64,
+) -> Result<(), RangeError> {
     if start < 1 || end < start || end > page_count {
         return Err(RangeError::Invalid);
     }
@@ -147,23 +166,42 @@ mod tests {
             })
             .collect();
         let bp = detect_boilerplate(pages.iter().map(String::as_str));
-        assert_eq!(bp, vec!["ACME Admin Guide v#.# — Confidential".to_string(), "Page # of #".to_string()]);
-        assert_eq!(strip_boilerplate(&pages[2], &bp), "Configure quota first.\nThen check the quota status.");
+        assert_eq!(
+            bp,
+            vec![
+                "ACME Admin Guide v#.# — Confidential".to_string(),
+                "Page # of #".to_string()
+            ]
+        );
+        assert_eq!(
+            strip_boilerplate(&pages[2], &bp),
+            "Configure quota first.\nThen check the quota status."
+        );
         // Body lines that merely repeat in the middle are kept.
-        assert_eq!(strip_boilerplate("x\nPage 1 of 10\ny", &bp), "x\nPage 1 of 10\ny");
+        assert_eq!(
+            strip_boilerplate("x\nPage 1 of 10\ny", &bp),
+            "x\nPage 1 of 10\ny"
+        );
     }
 
     #[test]
     fn no_boilerplate_in_small_or_varied_documents() {
         assert!(detect_boilerplate(["a\nb", "c\nd"]).is_empty());
-        let pages: Vec<String> = (1..=8).map(|i| format!("Title {i}\nunique body {i} {}", "x".repeat(i))).collect();
-        assert!(detect_boilerplate(pages.iter().map(String::as_str)).iter().all(|k| k == "Title #"));
+        let pages: Vec<String> = (1..=8)
+            .map(|i| format!("Title {i}\nunique body {i} {}", "x".repeat(i)))
+            .collect();
+        assert!(detect_boilerplate(pages.iter().map(String::as_str))
+            .iter()
+            .all(|k| k == "Title #"));
     }
 
     #[test]
     fn page_ranges() {
         assert_eq!(check_page_range(1, 5, 500, 5), Ok(()));
-        assert_eq!(check_page_range(1, 6, 500, 5), Err(RangeError::TooManyPages));
+        assert_eq!(
+            check_page_range(1, 6, 500, 5),
+            Err(RangeError::TooManyPages)
+        );
         assert_eq!(check_page_range(0, 2, 500, 5), Err(RangeError::Invalid));
         assert_eq!(check_page_range(5, 4, 500, 5), Err(RangeError::Invalid));
         assert_eq!(check_page_range(499, 501, 500, 5), Err(RangeError::Invalid));

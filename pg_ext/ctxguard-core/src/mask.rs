@@ -48,17 +48,41 @@ pub fn default_rules() -> Vec<RuleSpec> {
         validator: validator.map(Into::into),
     };
     vec![
-        r("jwt", r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}", None),
-        r("bearer_token", r"(?i)\bbearer[ :]+[A-Za-z0-9._~+/-]{16,}=*", None),
-        r("openai_key", r"\bsk-(?:proj-|live-|test-|ant-)?[A-Za-z0-9_-]{16,}", None),
-        r("aws_access_key", r"\b(?:AKIA|ASIA)[ -]?(?:[A-Z0-9][ -]?){15}[A-Z0-9]\b", None),
+        r(
+            "jwt",
+            r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}",
+            None,
+        ),
+        r(
+            "bearer_token",
+            r"(?i)\bbearer[ :]+[A-Za-z0-9._~+/-]{16,}=*",
+            None,
+        ),
+        r(
+            "openai_key",
+            r"\bsk-(?:proj-|live-|test-|ant-)?[A-Za-z0-9_-]{16,}",
+            None,
+        ),
+        r(
+            "aws_access_key",
+            r"\b(?:AKIA|ASIA)[ -]?(?:[A-Z0-9][ -]?){15}[A-Z0-9]\b",
+            None,
+        ),
         r(
             "email",
             r"(?i)\b[a-z0-9._%+-]+ ?(?:@|\(at\)|\[at\]) ?[a-z0-9-]+(?: ?(?:\.|\(dot\)|\[dot\]) ?[a-z0-9-]+)*? ?(?:\.|\(dot\)|\[dot\]) ?[a-z]{2,}\b",
             None,
         ),
-        r("iban", r"(?i)\b[a-z]{2}[0-9]{2}(?:[ -]?[a-z0-9]{4}){2,7}(?:[ -]?[a-z0-9]{1,4})?\b", Some("iban")),
-        r("card_number", r"\b[0-9](?:[ -]?[0-9]){12,18}\b", Some("luhn")),
+        r(
+            "iban",
+            r"(?i)\b[a-z]{2}[0-9]{2}(?:[ -]?[a-z0-9]{4}){2,7}(?:[ -]?[a-z0-9]{1,4})?\b",
+            Some("iban"),
+        ),
+        r(
+            "card_number",
+            r"\b[0-9](?:[ -]?[0-9]){12,18}\b",
+            Some("luhn"),
+        ),
         r(
             "phone",
             r"(?:\+|\b00)[1-9][0-9]{0,2}(?:[ .-]?\(?[0-9]{1,4}\)?){2,5}\b|\(?\b[0-9]{3}\)?[ .-][0-9]{3}[ .-][0-9]{4}\b",
@@ -81,22 +105,44 @@ pub fn luhn(s: &str) -> bool {
         .iter()
         .rev()
         .enumerate()
-        .map(|(i, &x)| if i % 2 == 1 { if x * 2 > 9 { x * 2 - 9 } else { x * 2 } } else { x })
+        .map(|(i, &x)| {
+            if i % 2 == 1 {
+                if x * 2 > 9 {
+                    x * 2 - 9
+                } else {
+                    x * 2
+                }
+            } else {
+                x
+            }
+        })
         .sum();
     sum % 10 == 0
 }
 
 /// ISO 13616 mod-97 check of an IBAN (separators ignored).
 pub fn iban(s: &str) -> bool {
-    let compact: Vec<char> = s.chars().filter(|c| c.is_ascii_alphanumeric()).map(|c| c.to_ascii_uppercase()).collect();
+    let compact: Vec<char> = s
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .map(|c| c.to_ascii_uppercase())
+        .collect();
     if compact.len() < 15 || compact.len() > 34 {
         return false;
     }
     let rearranged = compact[4..].iter().chain(compact[..4].iter());
     let mut rem: u32 = 0;
     for c in rearranged {
-        let v = if c.is_ascii_digit() { c.to_digit(10).unwrap_or(0) } else { *c as u32 - 'A' as u32 + 10 };
-        rem = if v >= 10 { (rem * 100 + v) % 97 } else { (rem * 10 + v) % 97 };
+        let v = if c.is_ascii_digit() {
+            c.to_digit(10).unwrap_or(0)
+        } else {
+            *c as u32 - 'A' as u32 + 10
+        };
+        rem = if v >= 10 {
+            (rem * 100 + v) % 97
+        } else {
+            (rem * 10 + v) % 97
+        };
     }
     rem == 1
 }
@@ -125,7 +171,10 @@ impl Masker {
     pub fn new(specs: &[RuleSpec]) -> Result<Masker, RuleError> {
         let mut rules = Vec::with_capacity(specs.len());
         for s in specs {
-            let err = |reason: String| RuleError { name: s.name.clone(), reason };
+            let err = |reason: String| RuleError {
+                name: s.name.clone(),
+                reason,
+            };
             let re = regex::RegexBuilder::new(&s.pattern)
                 .size_limit(1 << 20)
                 .build()
@@ -136,7 +185,11 @@ impl Masker {
                 Some("iban") => Some(iban),
                 Some(_) => return Err(err("validator must be luhn, iban or NULL".into())),
             };
-            rules.push(Rule { name: s.name.clone(), re, validator });
+            rules.push(Rule {
+                name: s.name.clone(),
+                re,
+                validator,
+            });
         }
         Ok(Masker { rules })
     }
@@ -196,7 +249,9 @@ mod tests {
 
     fn mask(s: &str) -> (String, MaskCounts) {
         let mut c = MaskCounts::new();
-        let out = masker().mask_str(s, &mut c).unwrap_or_else(|| s.to_string());
+        let out = masker()
+            .mask_str(s, &mut c)
+            .unwrap_or_else(|| s.to_string());
         (out, c)
     }
 
@@ -261,9 +316,17 @@ mod tests {
 
     #[test]
     fn bad_rules_are_refused() {
-        let bad = RuleSpec { name: "x".into(), pattern: "(".into(), validator: None };
+        let bad = RuleSpec {
+            name: "x".into(),
+            pattern: "(".into(),
+            validator: None,
+        };
         assert!(Masker::new(&[bad]).is_err());
-        let bad = RuleSpec { name: "x".into(), pattern: "a".into(), validator: Some("md5".into()) };
+        let bad = RuleSpec {
+            name: "x".into(),
+            pattern: "a".into(),
+            validator: Some("md5".into()),
+        };
         assert!(Masker::new(&[bad]).is_err());
     }
 }

@@ -95,3 +95,27 @@ CREATE TABLE ctxguard.audit_log (
 CREATE INDEX audit_log_tenant_at_idx ON ctxguard.audit_log (tenant_id, at);
 CREATE INDEX audit_log_call_id_idx ON ctxguard.audit_log (call_id);
 COMMENT ON TABLE ctxguard.audit_log IS 'Every Gate B decision. Hashes and sizes only: never argument values or results.';
+
+-- One counter bumped by any catalog change: each backend caches the catalog (page types, entity
+-- mappings, tools, policies, mask rules) and reloads it when (version, xmin) of this row moves.
+CREATE TABLE ctxguard.catalog_version (
+    singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    version   bigint NOT NULL
+);
+INSERT INTO ctxguard.catalog_version VALUES (true, 1);
+CREATE FUNCTION ctxguard._bump_catalog_version() RETURNS trigger
+    LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    UPDATE ctxguard.catalog_version SET version = version + 1;
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER page_types_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON ctxguard.page_types
+    FOR EACH STATEMENT EXECUTE FUNCTION ctxguard._bump_catalog_version();
+CREATE TRIGGER entity_types_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON ctxguard.entity_types
+    FOR EACH STATEMENT EXECUTE FUNCTION ctxguard._bump_catalog_version();
+CREATE TRIGGER tools_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON ctxguard.tools
+    FOR EACH STATEMENT EXECUTE FUNCTION ctxguard._bump_catalog_version();
+CREATE TRIGGER tool_policies_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON ctxguard.tool_policies
+    FOR EACH STATEMENT EXECUTE FUNCTION ctxguard._bump_catalog_version();

@@ -98,7 +98,7 @@ ALTER TABLE ctxguard.approvals FORCE ROW LEVEL SECURITY;
 CREATE POLICY approvals_owner ON ctxguard.approvals USING (true) WITH CHECK (true);  -- no grants: owner only
 
 GRANT USAGE ON SCHEMA ctxguard TO PUBLIC;
-GRANT SELECT ON ctxguard.page_types, ctxguard.entity_types, ctxguard.tools, ctxguard.tool_policies TO PUBLIC;
+GRANT SELECT ON ctxguard.page_types, ctxguard.entity_types, ctxguard.tools, ctxguard.tool_policies, ctxguard.catalog_version TO PUBLIC;
 GRANT SELECT ON ctxguard.audit_log TO PUBLIC;
 
 REVOKE EXECUTE ON FUNCTION ctxguard.register_page_type(text, text, text) FROM PUBLIC;

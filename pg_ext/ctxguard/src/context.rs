@@ -6,6 +6,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use crate::cache;
 use ctxguard_core::names::is_valid_id;
 use ctxguard_core::page::{self, Entity, PageTypeInfo};
 use ctxguard_core::token::{self, KeyConfig};
@@ -14,7 +15,7 @@ use pgrx::JsonB;
 use serde_json::{json, Value};
 
 use crate::gucs;
-use crate::pgutil::{as_owner, in_transaction_block, raise, set_local};
+use crate::pgutil::{as_owner, in_transaction_block, raise, saved_plan, set_local, TEXT};
 
 pub static PRELOADED: AtomicBool = AtomicBool::new(false);
 /// Set while a tool handler runs: handlers must not be able to switch identity.
@@ -106,20 +107,9 @@ fn deny(
     raise(code, format!("ctxguard: {reason}"))
 }
 
+/// Page-type lookup for validation (from the cached catalog).
 pub fn lookup_page_type(name: &str) -> Option<PageTypeInfo> {
-    Spi::connect(|c| {
-        let mut rows = c
-            .select(
-                "SELECT entity_type FROM ctxguard.page_types WHERE name = $1",
-                Some(1),
-                &[name.into()],
-            )
-            .ok()?;
-        let row = rows.next()?;
-        Some(PageTypeInfo {
-            entity_type: row.get::<String>(1).ok().flatten(),
-        })
-    })
+    cache::catalog().page_type(name)
 }
 
 /// Verify `token`, validate `page`, and make them the context of the current transaction.
@@ -191,18 +181,7 @@ fn set_context(
     };
     let generation = generation.map(|g| uuid::Uuid::from_bytes(*g.as_bytes()).to_string());
     if let Some(g) = &generation {
-        let ok = as_owner(|| {
-            Spi::get_one_with_args::<bool>(
-                "SELECT EXISTS (SELECT 1 FROM ctxguard.generations
-                 WHERE id = $1::uuid AND tenant_id = $2 AND user_id = $3 AND expires_at > now())",
-                &[
-                    g.as_str().into(),
-                    who.tenant_id.as_str().into(),
-                    who.user_id.as_str().into(),
-                ],
-            )
-        });
-        if ok != Ok(Some(true)) {
+        if !generation_valid(g, &who) {
             deny(
                 auth,
                 "unknown, foreign or expired generation",
@@ -257,40 +236,45 @@ fn set_context(
     JsonB(context)
 }
 
+fn generation_valid(generation: &str, who: &token::Identity) -> bool {
+    as_owner(|| {
+        Spi::connect(|c| {
+            let plan = saved_plan(
+                c,
+                "SELECT EXISTS (SELECT 1 FROM ctxguard.generations
+                  WHERE id = $1::uuid AND tenant_id = $2 AND user_id = $3 AND expires_at > now())",
+                &[TEXT, TEXT, TEXT],
+                false,
+            )?;
+            c.select(
+                &*plan,
+                Some(1),
+                &[
+                    generation.into(),
+                    who.tenant_id.as_str().into(),
+                    who.user_id.as_str().into(),
+                ],
+            )?
+            .first()
+            .get_one::<bool>()
+        })
+    }) == Ok(Some(true))
+}
+
 /// If the entity type is mapped to a protected table, is the row visible to the caller under RLS?
 fn entity_visible(e: &Entity) -> bool {
-    let mapping = Spi::connect(|c| {
-        let mut rows = c
-            .select(
-                "SELECT tbl::text, quote_ident(id_column), id_type::text FROM ctxguard.entity_types WHERE name = $1",
-                Some(1),
-                &[e.kind.as_str().into()],
-            )
-            .ok()?;
-        let row = rows.next()?;
-        Some((
-            row.get::<String>(1).ok()??,
-            row.get::<String>(2).ok()??,
-            row.get::<String>(3).ok()??,
-        ))
-    });
-    let Some((table, column, id_type)) = mapping else {
+    let Some(mapping) = cache::catalog().entity(&e.kind) else {
         return true;
     };
-    let cast = match id_type.as_str() {
-        "text" | "character varying" => "",
-        "uuid" if uuid::Uuid::parse_str(&e.id).is_ok() => "::uuid",
-        "bigint" | "integer" | "smallint" if e.id.parse::<i64>().is_ok() => "::bigint",
-        "uuid" | "bigint" | "integer" | "smallint" => return false,
-        _ => "",
-    };
-    let lhs = if cast.is_empty() && !matches!(id_type.as_str(), "text" | "character varying") {
-        format!("{column}::text")
-    } else {
-        column
-    };
-    let sql = format!("SELECT EXISTS (SELECT 1 FROM {table} WHERE {lhs} = $1{cast})");
-    Spi::get_one_with_args::<bool>(&sql, &[e.id.as_str().into()]) == Ok(Some(true))
+    if !mapping.accepts(&e.id) {
+        return false;
+    }
+    Spi::connect(|c| {
+        let plan = saved_plan(c, &mapping.exists_sql, &[TEXT], false)?;
+        c.select(&*plan, Some(1), &[e.id.as_str().into()])?
+            .first()
+            .get_one::<bool>()
+    }) == Ok(Some(true))
 }
 
 /// The whole context as JSON, or NULL.

@@ -1,68 +1,21 @@
 //! Gate A (`visible_tools`, `explain_tools`) and Gate B (`call_tool`, `approve_call`), with audit.
 
-use std::cell::RefCell;
-use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 
-use ctxguard_core::args::{self, ArgError, Limits, Schema};
+use ctxguard_core::args::{self, ArgError, Limits};
 use ctxguard_core::binding;
 use ctxguard_core::names::is_valid_name;
-use ctxguard_core::policy::{evaluate, Danger, Policy, Reason};
+use ctxguard_core::policy::{evaluate, Reason};
 use ctxguard_core::Code;
 use pgrx::prelude::*;
-use pgrx::spi::SpiHeapTupleData;
 use pgrx::JsonB;
 use serde_json::{json, Value};
 
+use crate::cache::{self, ToolEntry};
 use crate::context::{Ctx, IN_HANDLER};
 use crate::gucs;
-use crate::pgutil::{as_owner, call_jsonb_function, in_subtransaction, raise};
-
-const TOOL_COLUMNS: &str = "t.name, t.description, t.input_schema, t.handler::oid, t.xmin::text,
-    p.page_types, p.requires_entity, p.entity_type, p.entity_param, p.roles, p.required_states,
-    p.read_only, p.danger, p.requires_approval, p.enabled, p.tool IS NOT NULL";
-
-/// One catalog row: a tool and, if it has one, its policy.
-struct ToolRow {
-    name: String,
-    description: String,
-    input_schema: Value,
-    handler: Option<pg_sys::Oid>,
-    version: String,
-    policy: Option<Policy>,
-}
-
-fn read_row(row: &SpiHeapTupleData) -> Result<ToolRow, pgrx::spi::Error> {
-    let has_policy = row.get::<bool>(16)?.unwrap_or(false);
-    let policy = if has_policy {
-        Some(Policy {
-            page_types: row.get::<Vec<String>>(6)?.unwrap_or_default(),
-            requires_entity: row.get::<bool>(7)?.unwrap_or(true),
-            entity_type: row.get::<String>(8)?,
-            entity_param: row.get::<String>(9)?,
-            roles: row.get::<Vec<String>>(10)?.unwrap_or_default(),
-            required_states: row.get::<Vec<String>>(11)?.unwrap_or_default(),
-            read_only: row.get::<bool>(12)?.unwrap_or(true),
-            danger: row
-                .get::<String>(13)?
-                .and_then(|d| Danger::parse(&d))
-                .unwrap_or(Danger::Destructive),
-            requires_approval: row.get::<bool>(14)?.unwrap_or(true),
-            enabled: row.get::<bool>(15)?.unwrap_or(false),
-        })
-    } else {
-        None
-    };
-    Ok(ToolRow {
-        name: row.get::<String>(1)?.unwrap_or_default(),
-        description: row.get::<String>(2)?.unwrap_or_default(),
-        input_schema: row.get::<JsonB>(3)?.map(|j| j.0).unwrap_or(Value::Null),
-        handler: row.get::<pg_sys::Oid>(4)?,
-        version: row.get::<String>(5)?.unwrap_or_default(),
-        policy,
-    })
-}
+use crate::pgutil::{as_owner, call_jsonb_function, in_subtransaction, raise, saved_plan, TEXT};
 
 /// Words of a free-text query as an OR tsquery (`w1 | w2`); only `[a-z0-9]` so no tsquery syntax.
 fn or_query(text: &str) -> Option<String> {
@@ -74,6 +27,71 @@ fn or_query(text: &str) -> Option<String> {
         }
     }
     (!words.is_empty()).then(|| words.join(" | "))
+}
+
+/// A tool as Gate A shows it.
+pub struct Visible {
+    pub name: String,
+    pub description: String,
+    pub input_schema: Value,
+    pub read_only: bool,
+    pub danger: &'static str,
+    pub requires_approval: bool,
+}
+
+/// Gate A proper: visible tools for `ctx`, optionally ranked by `query` and cut at `top_k`.
+pub fn visible(ctx: &Ctx, query: Option<&str>, top_k: Option<i32>) -> Vec<Visible> {
+    let catalog = cache::catalog();
+    let view = ctx.view();
+    let mut tools: Vec<&Rc<ToolEntry>> = catalog
+        .tools
+        .iter()
+        .filter(|t| evaluate(t.policy.as_ref(), Some(&view)) == Reason::Visible)
+        .collect();
+    if let Some(tsq) = query.and_then(or_query) {
+        let names: Vec<String> = tools.iter().map(|t| t.name.clone()).collect();
+        let ranks: std::collections::HashMap<String, f32> = Spi::connect(|c| {
+            c.select(
+                "SELECT name, ts_rank(search, to_tsquery('english', $1)) FROM ctxguard.tools WHERE name = ANY($2)",
+                None,
+                &[tsq.as_str().into(), names.into()],
+            )?
+            .map(|r| Ok((r.get::<String>(1)?.unwrap_or_default(), r.get::<f32>(2)?.unwrap_or(0.0))))
+            .collect::<Result<_, pgrx::spi::Error>>()
+        })
+        .unwrap_or_else(|e| raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, format!("ctxguard: {e}")));
+        let rank = |t: &Rc<ToolEntry>| ranks.get(&t.name).copied().unwrap_or(0.0);
+        tools.sort_by(|a, b| {
+            rank(b)
+                .total_cmp(&rank(a))
+                .then_with(|| a.name.cmp(&b.name))
+        });
+    }
+    if let Some(k) = top_k {
+        tools.truncate(k.max(0) as usize);
+    }
+    tools
+        .into_iter()
+        .map(|t| {
+            let p = t.policy.as_ref().expect("visible tools have a policy");
+            let input_schema = match &p.entity_param {
+                Some(param)
+                    if ctx.entity.as_ref().map(|e| e.kind.as_str()) == p.entity_type.as_deref() =>
+                {
+                    binding::strip_param(&t.input_schema, param)
+                }
+                _ => t.input_schema.clone(),
+            };
+            Visible {
+                name: t.name.clone(),
+                description: t.description.clone(),
+                input_schema,
+                read_only: p.read_only,
+                danger: p.danger.as_str(),
+                requires_approval: p.requires_approval,
+            }
+        })
+        .collect()
 }
 
 /// Gate A: the tools the current context allows, bound entity params stripped, optionally ranked.
@@ -95,57 +113,16 @@ fn visible_tools(
     let Some(ctx) = Ctx::current() else {
         return TableIterator::new(Vec::new());
     };
-    let tsq = query.and_then(or_query);
-    let sql = format!(
-        "SELECT {TOOL_COLUMNS}, CASE WHEN $2::text IS NULL THEN 0::real
-                ELSE ts_rank(t.search, to_tsquery('english', $2)) END
-         FROM ctxguard.tools t JOIN ctxguard.tool_policies p ON p.tool = t.name
-         WHERE p.enabled AND p.page_types && ARRAY['*', $1]::text[]"
-    );
-    let mut ranked: Vec<(f32, ToolRow)> = Spi::connect(|c| {
-        let rows = c.select(
-            &sql,
-            None,
-            &[ctx.page_type.as_str().into(), tsq.as_deref().into()],
-        )?;
-        let mut out = Vec::new();
-        for row in rows {
-            let tool = read_row(&row)?;
-            if evaluate(tool.policy.as_ref(), Some(&ctx.view())) == Reason::Visible {
-                out.push((row.get::<f32>(17)?.unwrap_or(0.0), tool));
-            }
-        }
-        Ok::<_, pgrx::spi::Error>(out)
-    })
-    .unwrap_or_else(|e| {
-        raise(
-            PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
-            format!("ctxguard: {e}"),
-        )
-    });
-    ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.name.cmp(&b.1.name)));
-    if let Some(k) = top_k {
-        ranked.truncate(k.max(0) as usize);
-    }
-    let rows: Vec<_> = ranked
+    let rows: Vec<_> = visible(&ctx, query, top_k)
         .into_iter()
-        .map(|(_, t)| {
-            let p = t.policy.expect("visible tools have a policy");
-            let schema = match &p.entity_param {
-                Some(param)
-                    if ctx.entity.as_ref().map(|e| e.kind.as_str()) == p.entity_type.as_deref() =>
-                {
-                    binding::strip_param(&t.input_schema, param)
-                }
-                _ => t.input_schema,
-            };
+        .map(|t| {
             (
                 t.name,
                 t.description,
-                JsonB(schema),
-                p.read_only,
-                p.danger.as_str().to_string(),
-                p.requires_approval,
+                JsonB(t.input_schema),
+                t.read_only,
+                t.danger.to_string(),
+                t.requires_approval,
             )
         })
         .collect();
@@ -163,52 +140,20 @@ fn explain_tools() -> TableIterator<
     ),
 > {
     let ctx = Ctx::current();
-    let sql = format!(
-        "SELECT {TOOL_COLUMNS} FROM ctxguard.tools t LEFT JOIN ctxguard.tool_policies p ON p.tool = t.name
-         ORDER BY t.name"
-    );
-    let rows = Spi::connect(|c| {
-        let mut out = Vec::new();
-        for row in c.select(&sql, None, &[])? {
-            let tool = read_row(&row)?;
-            let reason = evaluate(tool.policy.as_ref(), ctx.as_ref().map(Ctx::view).as_ref());
-            out.push((
-                tool.name,
+    let view = ctx.as_ref().map(Ctx::view);
+    let rows: Vec<_> = cache::catalog()
+        .tools
+        .iter()
+        .map(|t| {
+            let reason = evaluate(t.policy.as_ref(), view.as_ref());
+            (
+                t.name.clone(),
                 reason == Reason::Visible,
                 reason.as_str().to_string(),
-            ));
-        }
-        Ok::<_, pgrx::spi::Error>(out)
-    })
-    .unwrap_or_else(|e| {
-        raise(
-            PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
-            format!("ctxguard: {e}"),
-        )
-    });
+            )
+        })
+        .collect();
     TableIterator::new(rows)
-}
-
-thread_local! {
-    /// Compiled input schemas, keyed by tool name and invalidated by the row version (xmin).
-    static SCHEMAS: RefCell<HashMap<String, (String, Rc<Schema>)>> = RefCell::new(HashMap::new());
-}
-
-fn compiled_schema(tool: &ToolRow) -> Result<Rc<Schema>, ArgError> {
-    if let Some(s) = SCHEMAS.with(|m| {
-        m.borrow()
-            .get(&tool.name)
-            .filter(|(v, _)| *v == tool.version)
-            .map(|(_, s)| s.clone())
-    }) {
-        return Ok(s);
-    }
-    let compiled = Rc::new(args::compile(&tool.input_schema)?);
-    SCHEMAS.with(|m| {
-        m.borrow_mut()
-            .insert(tool.name.clone(), (tool.version.clone(), compiled.clone()))
-    });
-    Ok(compiled)
 }
 
 /// The result of one pass through Gate B.
@@ -225,23 +170,6 @@ struct Call {
     args_hash: Option<String>,
     outcome: Outcome,
     result_bytes: Option<i32>,
-}
-
-fn load_tool(name: &str) -> Option<ToolRow> {
-    let sql = format!(
-        "SELECT {TOOL_COLUMNS} FROM ctxguard.tools t LEFT JOIN ctxguard.tool_policies p ON p.tool = t.name
-         WHERE t.name = $1"
-    );
-    Spi::connect(|c| {
-        let mut rows = c.select(&sql, Some(1), &[name.into()])?;
-        rows.next().map(|r| read_row(&r)).transpose()
-    })
-    .unwrap_or_else(|e| {
-        raise(
-            PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
-            format!("ctxguard: {e}"),
-        )
-    })
 }
 
 fn parse_args(args: Option<&str>) -> Result<(Value, usize), ArgError> {
@@ -286,13 +214,15 @@ fn gate_b(
         call.args_hash = Some(args::args_hash(v));
     }
     // Unknown and policy-less tools are indistinguishable.
-    let Some(tool) = call.tool.as_deref().and_then(load_tool) else {
+    let catalog = cache::catalog();
+    let Some(tool) = call.tool.as_deref().and_then(|n| catalog.tool(n)) else {
         return deny(call, Code::ToolNotFound, "no such tool");
     };
     let Some(policy) = tool.policy.as_ref() else {
         return deny(call, Code::ToolNotFound, "no such tool");
     };
-    let Some(handler) = tool.handler else {
+    // Only SQL tools run a handler here; any other kind without its own dispatch fails closed.
+    let Some(handler) = tool.handler.filter(|_| tool.kind == "sql") else {
         return deny(call, Code::ToolNotFound, "no such tool");
     };
     let reason = evaluate(Some(policy), Some(&ctx.view()));
@@ -328,7 +258,7 @@ fn gate_b(
         }
     }
     let bound = Value::Object(args_obj);
-    let schema = match compiled_schema(&tool) {
+    let schema = match tool.schema() {
         Ok(s) => s,
         Err(e) => return deny(call, Code::InvalidArgument, &e.0),
     };
@@ -408,29 +338,45 @@ fn audit(ctx: Option<&Ctx>, call: &Call) {
         Outcome::Failed(_) => ("error", Some(Code::ToolError.as_str())),
     };
     let entity = ctx.and_then(|c| c.entity.as_ref());
-    as_owner(|| {
-        Spi::run_with_args(
-            "INSERT INTO ctxguard.audit_log (call_id, tenant_id, user_id, page_type, entity_type, entity_id,
-                 tool, decision, code, args_hash, result_bytes, generation, trace_id)
-             VALUES ($1::uuid, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12::uuid, $13)",
-            &[
-                call.call_id.to_string().as_str().into(),
-                ctx.map(|c| c.tenant_id.as_str()).into(),
-                ctx.map(|c| c.user_id.as_str()).into(),
-                ctx.map(|c| c.page_type.as_str()).into(),
-                entity.map(|e| e.kind.as_str()).into(),
-                entity.map(|e| e.id.as_str()).into(),
-                call.tool.as_deref().into(),
-                decision.into(),
-                code.into(),
-                call.args_hash.as_deref().into(),
-                call.result_bytes.into(),
-                ctx.and_then(|c| c.generation.as_deref()).into(),
-                ctx.and_then(|c| c.trace_id.as_deref()).into(),
-            ],
+    let result_bytes = call.result_bytes.map(|b| b.to_string());
+    let written = as_owner(|| {
+        Spi::connect_mut(|c| {
+            let plan = saved_plan(
+                c,
+                "INSERT INTO ctxguard.audit_log (call_id, tenant_id, user_id, page_type, entity_type, entity_id,
+                     tool, decision, code, args_hash, result_bytes, generation, trace_id)
+                 VALUES ($1::uuid, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11::int, $12::uuid, $13)",
+                &[TEXT; 13],
+                true,
+            )?;
+            c.update(
+                &*plan,
+                None,
+                &[
+                    call.call_id.to_string().as_str().into(),
+                    ctx.map(|c| c.tenant_id.as_str()).into(),
+                    ctx.map(|c| c.user_id.as_str()).into(),
+                    ctx.map(|c| c.page_type.as_str()).into(),
+                    entity.map(|e| e.kind.as_str()).into(),
+                    entity.map(|e| e.id.as_str()).into(),
+                    call.tool.as_deref().into(),
+                    decision.into(),
+                    code.into(),
+                    call.args_hash.as_deref().into(),
+                    result_bytes.as_deref().into(),
+                    ctx.and_then(|c| c.generation.as_deref()).into(),
+                    ctx.and_then(|c| c.trace_id.as_deref()).into(),
+                ],
+            )
+            .map(|_| ())
+        })
+    });
+    written.unwrap_or_else(|_| {
+        raise(
+            PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+            "ctxguard: audit write failed; call refused",
         )
-    })
-    .unwrap_or_else(|_| raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, "ctxguard: audit write failed; call refused"));
+    });
 }
 
 fn envelope(call: Call) -> JsonB {

@@ -30,6 +30,13 @@ pub static MAX_ARG_BYTES: GucSetting<i32> = GucSetting::<i32>::new(16 * 1024);
 pub static GENERATION_TTL: GucSetting<i32> = GucSetting::<i32>::new(3600);
 pub static APPROVAL_TTL: GucSetting<i32> = GucSetting::<i32>::new(900);
 
+pub static MAX_PAGES_PER_CALL: GucSetting<i32> = GucSetting::<i32>::new(5);
+pub static MAX_CALLS_PER_DOCUMENT: GucSetting<i32> = GucSetting::<i32>::new(10);
+pub static MAX_BYTES_PER_GENERATION: GucSetting<i32> = GucSetting::<i32>::new(20 * 1024);
+pub static MAX_SECTION_TOKENS: GucSetting<i32> = GucSetting::<i32>::new(2000);
+pub static MAX_SEARCH_RESULTS: GucSetting<i32> = GucSetting::<i32>::new(5);
+pub static MAX_DOCUMENT_COVERAGE: GucSetting<f64> = GucSetting::<f64>::new(0.3);
+
 /// `(setting, GUC name)` of every context setting, in the order `set_context` writes them.
 pub const CONTEXT_GUCS: [(&GucSetting<Option<CString>>, &CStr); 9] = [
     (&TENANT_ID, c"ctxguard.tenant_id"),
@@ -109,6 +116,77 @@ pub fn init() {
         86400,
         GucContext::Suset,
         GucFlags::UNIT_S,
+    );
+    let limits: [(
+        &'static CStr,
+        &'static CStr,
+        &'static GucSetting<i32>,
+        i32,
+        i32,
+        GucFlags,
+    ); 5] = [
+        (
+            c"ctxguard.max_pages_per_call",
+            c"Most pages one read_doc_pages call may return.",
+            &MAX_PAGES_PER_CALL,
+            1,
+            100,
+            GucFlags::default(),
+        ),
+        (
+            c"ctxguard.max_calls_per_document",
+            c"Most document-tool calls per document per generation.",
+            &MAX_CALLS_PER_DOCUMENT,
+            1,
+            1000,
+            GucFlags::default(),
+        ),
+        (
+            c"ctxguard.max_bytes_per_generation",
+            c"Most bytes of tool results returned per generation (all tools).",
+            &MAX_BYTES_PER_GENERATION,
+            256,
+            64 * 1024 * 1024,
+            GucFlags::UNIT_BYTE,
+        ),
+        (
+            c"ctxguard.max_section_tokens",
+            c"Sections longer than this many (estimated) tokens are trimmed.",
+            &MAX_SECTION_TOKENS,
+            16,
+            100_000,
+            GucFlags::default(),
+        ),
+        (
+            c"ctxguard.max_search_results",
+            c"Most results one doc_local_search call may return.",
+            &MAX_SEARCH_RESULTS,
+            1,
+            100,
+            GucFlags::default(),
+        ),
+    ];
+    for (name, desc, setting, min, max, flags) in limits {
+        GucRegistry::define_int_guc(
+            name,
+            desc,
+            c"Per-tenant overrides: ctxguard.tenant_limits.",
+            setting,
+            min,
+            max,
+            GucContext::Suset,
+            flags,
+        );
+    }
+    GucRegistry::define_float_guc(
+        c"ctxguard.max_document_coverage",
+        c"Largest share of a document's pages one user may read per day (0..1].",
+        c"Stops page iteration spread over many generations. Per-tenant overrides: ctxguard.tenant_limits.",
+        &MAX_DOCUMENT_COVERAGE,
+        0.01,
+        1.0,
+        GucContext::Suset,
+        GucFlags::default(),
     );
     GucRegistry::define_int_guc(
         c"ctxguard.approval_ttl",

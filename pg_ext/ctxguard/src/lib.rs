@@ -15,6 +15,7 @@
 
 use pgrx::prelude::*;
 
+mod cache;
 mod catalog;
 mod context;
 mod gates;

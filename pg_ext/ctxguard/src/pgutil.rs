@@ -193,3 +193,32 @@ pub fn reserve_prefix() {
         pg_sys::EmitWarningsOnPlaceholders(c"ctxguard".as_ptr());
     }
 }
+
+thread_local! {
+    /// Saved (SPI_keepplan) statements, by SQL text: parsed and planned once per backend.
+    static PLANS: std::cell::RefCell<std::collections::HashMap<String, std::rc::Rc<pgrx::spi::OwnedPreparedStatement>>> =
+        std::cell::RefCell::new(std::collections::HashMap::new());
+}
+
+/// A saved plan for `sql` with parameter types `types` (prepared on first use in this backend).
+pub fn saved_plan(
+    client: &pgrx::spi::SpiClient<'_>,
+    sql: &str,
+    types: &[pgrx::PgOid],
+    mutating: bool,
+) -> Result<std::rc::Rc<pgrx::spi::OwnedPreparedStatement>, pgrx::spi::Error> {
+    if let Some(p) = PLANS.with(|m| m.borrow().get(sql).cloned()) {
+        return Ok(p);
+    }
+    let stmt = if mutating {
+        client.prepare_mut(sql, types)?
+    } else {
+        client.prepare(sql, types)?
+    };
+    let plan = std::rc::Rc::new(stmt.keep());
+    PLANS.with(|m| m.borrow_mut().insert(sql.to_string(), plan.clone()));
+    Ok(plan)
+}
+
+/// `text` parameter type for [`saved_plan`].
+pub const TEXT: pgrx::PgOid = pgrx::PgOid::BuiltIn(pg_sys::BuiltinOid::TEXTOID);

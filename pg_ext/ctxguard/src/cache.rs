@@ -1,0 +1,215 @@
+//! Per-backend cache of the catalog (page types, entity mappings, tools with policies).
+//!
+//! Gate A and Gate B read the catalog on every call; re-planning and re-reading a thousand rows each
+//! time dominated their cost. The cache is keyed by `(version, xmin)` of `ctxguard.catalog_version`,
+//! which statement triggers bump on any catalog change. Including xmin means a change made and rolled
+//! back by one transaction can never be confused with a later, different change of the same number.
+
+use std::cell::{OnceCell, RefCell};
+use std::collections::HashMap;
+use std::rc::Rc;
+
+use ctxguard_core::args::{self, ArgError, Schema};
+use ctxguard_core::page::PageTypeInfo;
+use ctxguard_core::policy::{Danger, Policy};
+use pgrx::prelude::*;
+use pgrx::spi::SpiHeapTupleData;
+use pgrx::JsonB;
+use serde_json::Value;
+
+use crate::pgutil::{raise, saved_plan};
+
+/// One catalogued tool and, if it has one, its policy.
+pub struct ToolEntry {
+    pub name: String,
+    pub description: String,
+    pub input_schema: Value,
+    pub handler: Option<pg_sys::Oid>,
+    pub kind: String,
+    pub policy: Option<Policy>,
+    compiled: OnceCell<Result<Rc<Schema>, ArgError>>,
+}
+
+impl ToolEntry {
+    /// The compiled input schema (compiled on first use, then reused while the catalog is unchanged).
+    pub fn schema(&self) -> Result<Rc<Schema>, ArgError> {
+        self.compiled
+            .get_or_init(|| args::compile(&self.input_schema).map(Rc::new))
+            .clone()
+    }
+}
+
+/// Where an entity type lives (from `ctxguard.protect_table`).
+pub struct EntityMapping {
+    /// Prepared-statement text checking that an id is visible: `SELECT EXISTS (... WHERE col = $1)`.
+    pub exists_sql: String,
+    /// The id column's type (`text`, `uuid`, `bigint`, ...).
+    pub id_type: String,
+}
+
+impl EntityMapping {
+    /// Can `id` be cast to the id column's type? (Otherwise it cannot exist.)
+    pub fn accepts(&self, id: &str) -> bool {
+        match self.id_type.as_str() {
+            "uuid" => uuid::Uuid::parse_str(id).is_ok(),
+            "bigint" | "integer" | "smallint" => id.parse::<i64>().is_ok(),
+            _ => true,
+        }
+    }
+}
+
+pub struct Catalog {
+    key: (i64, String),
+    pub tools: Vec<Rc<ToolEntry>>,
+    by_name: HashMap<String, usize>,
+    page_types: HashMap<String, Option<String>>,
+    entities: HashMap<String, Rc<EntityMapping>>,
+}
+
+impl Catalog {
+    pub fn tool(&self, name: &str) -> Option<&Rc<ToolEntry>> {
+        self.by_name.get(name).map(|&i| &self.tools[i])
+    }
+
+    pub fn page_type(&self, name: &str) -> Option<PageTypeInfo> {
+        self.page_types.get(name).map(|e| PageTypeInfo {
+            entity_type: e.clone(),
+        })
+    }
+
+    pub fn entity(&self, kind: &str) -> Option<Rc<EntityMapping>> {
+        self.entities.get(kind).cloned()
+    }
+}
+
+thread_local! {
+    static CACHE: RefCell<Option<Rc<Catalog>>> = const { RefCell::new(None) };
+}
+
+fn internal(e: impl std::fmt::Display) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+        format!("ctxguard: catalog: {e}"),
+    )
+}
+
+/// The catalog as of the current snapshot.
+pub fn catalog() -> Rc<Catalog> {
+    let key = Spi::connect(|c| {
+        let plan = saved_plan(
+            c,
+            "SELECT version, xmin::text FROM ctxguard.catalog_version",
+            &[],
+            false,
+        )?;
+        let mut rows = c.select(&*plan, Some(1), &[])?;
+        let r = rows.next().expect("catalog_version has one row");
+        Ok::<_, pgrx::spi::Error>((
+            r.get::<i64>(1)?.unwrap_or(0),
+            r.get::<String>(2)?.unwrap_or_default(),
+        ))
+    })
+    .unwrap_or_else(|e| internal(e));
+    if let Some(c) = CACHE.with(|c| c.borrow().as_ref().filter(|c| c.key == key).cloned()) {
+        return c;
+    }
+    let loaded = Rc::new(load(key).unwrap_or_else(|e| internal(e)));
+    CACHE.with(|c| *c.borrow_mut() = Some(loaded.clone()));
+    loaded
+}
+
+fn policy_from_row(row: &SpiHeapTupleData) -> Result<Option<Policy>, pgrx::spi::Error> {
+    if !row.get::<bool>(16)?.unwrap_or(false) {
+        return Ok(None);
+    }
+    // Missing values fall back to the most restrictive choice.
+    Ok(Some(Policy {
+        page_types: row.get::<Vec<String>>(6)?.unwrap_or_default(),
+        requires_entity: row.get::<bool>(7)?.unwrap_or(true),
+        entity_type: row.get::<String>(8)?,
+        entity_param: row.get::<String>(9)?,
+        roles: row.get::<Vec<String>>(10)?.unwrap_or_default(),
+        required_states: row.get::<Vec<String>>(11)?.unwrap_or_default(),
+        read_only: row.get::<bool>(12)?.unwrap_or(true),
+        danger: row
+            .get::<String>(13)?
+            .and_then(|d| Danger::parse(&d))
+            .unwrap_or(Danger::Destructive),
+        requires_approval: row.get::<bool>(14)?.unwrap_or(true),
+        enabled: row.get::<bool>(15)?.unwrap_or(false),
+    }))
+}
+
+fn load(key: (i64, String)) -> Result<Catalog, pgrx::spi::Error> {
+    Spi::connect(|c| {
+        let mut tools = Vec::new();
+        for row in c.select(
+            "SELECT t.name, t.description, t.input_schema, t.handler::oid, t.kind,
+                    p.page_types, p.requires_entity, p.entity_type, p.entity_param, p.roles, p.required_states,
+                    p.read_only, p.danger, p.requires_approval, p.enabled, p.tool IS NOT NULL
+               FROM ctxguard.tools t LEFT JOIN ctxguard.tool_policies p ON p.tool = t.name
+              ORDER BY t.name",
+            None,
+            &[],
+        )? {
+            tools.push(Rc::new(ToolEntry {
+                name: row.get::<String>(1)?.unwrap_or_default(),
+                description: row.get::<String>(2)?.unwrap_or_default(),
+                input_schema: row.get::<JsonB>(3)?.map(|j| j.0).unwrap_or(Value::Null),
+                handler: row.get::<pg_sys::Oid>(4)?,
+                kind: row.get::<String>(5)?.unwrap_or_default(),
+                policy: policy_from_row(&row)?,
+                compiled: OnceCell::new(),
+            }));
+        }
+        let by_name = tools
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.name.clone(), i))
+            .collect();
+        let mut page_types = HashMap::new();
+        for row in c.select(
+            "SELECT name, entity_type FROM ctxguard.page_types",
+            None,
+            &[],
+        )? {
+            page_types.insert(
+                row.get::<String>(1)?.unwrap_or_default(),
+                row.get::<String>(2)?,
+            );
+        }
+        let mut entities = HashMap::new();
+        for row in c.select(
+            "SELECT name, tbl::text, quote_ident(id_column), id_type::text FROM ctxguard.entity_types",
+            None,
+            &[],
+        )? {
+            let (name, table, column, id_type) = (
+                row.get::<String>(1)?.unwrap_or_default(),
+                row.get::<String>(2)?.unwrap_or_default(),
+                row.get::<String>(3)?.unwrap_or_default(),
+                row.get::<String>(4)?.unwrap_or_default(),
+            );
+            // Compare in the column's own type so its index is used; a malformed id then fails the
+            // cast, which the caller treats as "not found".
+            let rhs = match id_type.as_str() {
+                "text" => "$1".to_string(),
+                other => format!("$1::{other}"),
+            };
+            entities.insert(
+                name,
+                Rc::new(EntityMapping {
+                    exists_sql: format!("SELECT EXISTS (SELECT 1 FROM {table} WHERE {column} = {rhs})"),
+                    id_type,
+                }),
+            );
+        }
+        Ok(Catalog {
+            key,
+            tools,
+            by_name,
+            page_types,
+            entities,
+        })
+    })
+}

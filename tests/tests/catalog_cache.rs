@@ -1,0 +1,97 @@
+//! The per-backend catalog cache must never serve a stale policy: a DBA change is seen by an
+//! already-warm gateway backend in its very next transaction.
+//!
+//! Needs `CTXGUARD_TEST_DATABASE_URL`, `CTXGUARD_TEST_ADMIN_URL` (a superuser on the same database)
+//! and `CTXGUARD_TEST_JWT_SECRET`; `scripts/test.sh` provides them.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use jsonwebtoken::{encode, EncodingKey, Header};
+use postgres::{Client, NoTls};
+use serde_json::{json, Value};
+
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: run scripts/test.sh"))
+}
+
+fn token() -> String {
+    let exp = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        + 600;
+    let claims = json!({"sub": "alice", "tenant_id": "acme", "roles": ["ap_clerk"], "exp": exp, "aud": "ctxguard-tests"});
+    encode(
+        &Header::default(),
+        &claims,
+        &EncodingKey::from_secret(env("CTXGUARD_TEST_JWT_SECRET").as_bytes()),
+    )
+    .unwrap()
+}
+
+fn visible_and_call(c: &mut Client, tok: &str) -> (Vec<String>, Value) {
+    let mut tx = c.transaction().unwrap();
+    tx.execute(
+        "SELECT ctxguard.set_context($1, $2)",
+        &[&tok, &json!({"pageType": "vendor_table"})],
+    )
+    .unwrap();
+    let names = tx
+        .query("SELECT name FROM ctxguard.visible_tools()", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let call: Value = tx
+        .query_one("SELECT ctxguard.call_tool('vendor.list', '{}')", &[])
+        .unwrap()
+        .get(0);
+    tx.commit().unwrap();
+    (names, call)
+}
+
+fn set_vendor_list_enabled(admin: &mut Client, enabled: bool) {
+    admin
+        .execute(
+            "SELECT ctxguard.register_tool('vendor.list', 'List the vendors of the current company (name, country).',
+                 '{\"type\": \"object\", \"properties\": {\"limit\": {\"type\": \"integer\", \"minimum\": 1, \"maximum\": 100}}, \"additionalProperties\": false}',
+                 'demo.vendor_list(jsonb)', jsonb_build_object('page_types', ARRAY['vendor_table'], 'enabled', $1::bool))",
+            &[&enabled],
+        )
+        .unwrap();
+}
+
+#[test]
+fn a_warm_backend_sees_policy_changes_at_once() {
+    let tok = token();
+    let mut gw = Client::connect(&env("CTXGUARD_TEST_DATABASE_URL"), NoTls).unwrap();
+    let mut admin = Client::connect(&env("CTXGUARD_TEST_ADMIN_URL"), NoTls).unwrap();
+
+    let (names, call) = visible_and_call(&mut gw, &tok);
+    assert!(names.contains(&"vendor.list".to_string()));
+    assert_eq!(call["status"], "ok");
+
+    set_vendor_list_enabled(&mut admin, false);
+    let (names, call) = visible_and_call(&mut gw, &tok);
+    assert!(
+        !names.contains(&"vendor.list".to_string()),
+        "stale Gate A: {names:?}"
+    );
+    assert_eq!(call["error"]["code"], "TOOL_NOT_VISIBLE", "stale Gate B");
+
+    // A change rolled back must not leave the warm backend on a phantom version.
+    let mut tx = admin.transaction().unwrap();
+    tx.execute(
+        "UPDATE ctxguard.tool_policies SET enabled = true WHERE tool = 'vendor.list'",
+        &[],
+    )
+    .unwrap();
+    tx.rollback().unwrap();
+    let (names, _) = visible_and_call(&mut gw, &tok);
+    assert!(!names.contains(&"vendor.list".to_string()));
+
+    set_vendor_list_enabled(&mut admin, true);
+    let (names, call) = visible_and_call(&mut gw, &tok);
+    assert!(names.contains(&"vendor.list".to_string()));
+    assert_eq!(call["status"], "ok");
+}
