@@ -101,7 +101,7 @@ pub fn strip_boilerplate(page: &str, boilerplate: &[String]) -> String {
     let lines: Vec<&str> = page.lines().collect();
     let is_bp = |l: &str| {
         let k = line_key(l);
-        !k.is_empty() && boilerplate.iter().any(|b| *b == k)
+        !k.is_empty() && boilerplate.contains(&k)
     };
     let mut start = 0;
     while start < lines.len() && (lines[start].trim().is_empty() || is_bp(lines[start])) {

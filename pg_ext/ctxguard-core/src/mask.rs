@@ -117,7 +117,7 @@ pub fn luhn(s: &str) -> bool {
             }
         })
         .sum();
-    sum % 10 == 0
+    sum.is_multiple_of(10)
 }
 
 /// ISO 13616 mod-97 check of an IBAN (separators ignored).
