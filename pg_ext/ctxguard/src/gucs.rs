@@ -50,6 +50,16 @@ pub const CONTEXT_GUCS: [(&GucSetting<Option<CString>>, &CStr); 9] = [
     (&CONTEXT, c"ctxguard.context"),
 ];
 
+/// (name, description, setting, min, max, flags) of an integer limit.
+type IntGuc = (
+    &'static CStr,
+    &'static CStr,
+    &'static GucSetting<i32>,
+    i32,
+    i32,
+    GucFlags,
+);
+
 pub fn init() {
     let ctx_flags = GucFlags::NO_RESET_ALL | GucFlags::NOT_WHILE_SEC_REST | GucFlags::NO_SHOW_ALL;
     for (setting, name) in CONTEXT_GUCS {
@@ -117,14 +127,7 @@ pub fn init() {
         GucContext::Suset,
         GucFlags::UNIT_S,
     );
-    let limits: [(
-        &'static CStr,
-        &'static CStr,
-        &'static GucSetting<i32>,
-        i32,
-        i32,
-        GucFlags,
-    ); 5] = [
+    let limits: [IntGuc; 5] = [
         (
             c"ctxguard.max_pages_per_call",
             c"Most pages one read_doc_pages call may return.",
