@@ -93,6 +93,9 @@ create_demo_db() {
   local db=$1
   psql_su -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db"
   psql_su -d "$db" -o /dev/null -f "$ROOT/sql/demo/schema.sql"
+  psql_su -d "$db" -o /dev/null -f "$ROOT/sql/demo/documents.sql" \
+    -v tok_ingest_acme="$(mint --sub ingest-bot --tenant acme --roles doc_ingest --aud "${CTXGUARD_AUD:-}")" \
+    -v tok_ingest_globex="$(mint --sub ingest-bot --tenant globex --roles doc_ingest --aud "${CTXGUARD_AUD:-}")"
 }
 
 mint() { /usr/bin/python3 "$ROOT/scripts/mint_token.py" mint --dir "$RUN" "$@"; }

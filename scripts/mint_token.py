@@ -47,7 +47,7 @@ def mint(a) -> str:
         claims["exp"] = now + a.ttl
     if a.nbf_in:
         claims["nbf"] = now + a.nbf_in
-    if a.aud:
+    if a.aud:  # an empty --aud means "no audience"
         claims["aud"] = a.aud
     secret = open(os.path.join(a.dir, "jwt_secret")).read().strip()
     if a.alg == "HS256":

@@ -14,13 +14,15 @@ SELECT is(pg_temp.code(ctxguard.call_tool('vendor.list', '{}')), 'CONTEXT_MISSIN
 -- Gate A per page
 BEGIN;
 SELECT ctxguard.set_context(:'tok_alice', '{"pageType": "vendor_table"}') \g /dev/null
-SELECT set_eq('SELECT name FROM ctxguard.visible_tools()', $$VALUES ('vendor.list'), ('test.boom'), ('test.sneaky_write'), ('test.set_identity'), ('test.numbers')$$,
+SELECT set_eq('SELECT name FROM ctxguard.visible_tools()', $$VALUES ('vendor.list'), ('test.boom'), ('test.sneaky_write'), ('test.set_identity'), ('test.numbers'), ('list_available_tools')$$,
               'Gate A on vendor_table');
 SELECT ok((ctxguard.call_tool('vendor.list', '{}')->'result'->>'count')::int = 5, 'seed 000: vendor.list answers on vendor_table');
 COMMIT;
 BEGIN;
 SELECT ctxguard.set_context(:'tok_alice', :'detail') \g /dev/null
-SELECT set_eq($$SELECT name FROM ctxguard.visible_tools() WHERE name NOT LIKE 'test.%'$$, $$VALUES ('invoice.get'), ('invoice.mark_paid')$$,
+SELECT set_eq($$SELECT name FROM ctxguard.visible_tools() WHERE name NOT LIKE 'test.%'$$,
+              $$VALUES ('invoice.get'), ('invoice.mark_paid'), ('list_available_tools'), ('read_doc_metadata'), ('read_doc_section'),
+                       ('read_doc_pages'), ('doc_local_search')$$,
               'Gate A on invoice_detail');
 SELECT is((SELECT input_schema FROM ctxguard.visible_tools() WHERE name = 'invoice.get'),
           '{"type": "object", "properties": {}, "additionalProperties": false}'::jsonb, 'C.19 bound param stripped from properties and required');

@@ -105,3 +105,35 @@ REVOKE EXECUTE ON FUNCTION ctxguard.register_page_type(text, text, text) FROM PU
 REVOKE EXECUTE ON FUNCTION ctxguard._register_tool(text, text, jsonb, oid, jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION ctxguard.register_tool(text, text, jsonb, regprocedure, jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION ctxguard.protect_table(regclass, name, text, name) FROM PUBLIC;
+
+-- Documents: forced tenant RLS. Metadata and sections are readable (own tenant); page text is not
+-- granted at all: only the document tools read it, under budgets, masking and audit.
+ALTER TABLE ctxguard.documents ENABLE ROW LEVEL SECURITY;
+ALTER TABLE ctxguard.documents FORCE ROW LEVEL SECURITY;
+CREATE POLICY documents_tenant ON ctxguard.documents USING (tenant_id = (SELECT ctxguard.tenant_id()));
+ALTER TABLE ctxguard.document_sections ENABLE ROW LEVEL SECURITY;
+ALTER TABLE ctxguard.document_sections FORCE ROW LEVEL SECURITY;
+CREATE POLICY document_sections_tenant ON ctxguard.document_sections USING (tenant_id = (SELECT ctxguard.tenant_id()));
+ALTER TABLE ctxguard.document_pages ENABLE ROW LEVEL SECURITY;
+ALTER TABLE ctxguard.document_pages FORCE ROW LEVEL SECURITY;
+CREATE POLICY document_pages_tenant ON ctxguard.document_pages USING (tenant_id = (SELECT ctxguard.tenant_id()));
+ALTER TABLE ctxguard.document_calls ENABLE ROW LEVEL SECURITY;
+ALTER TABLE ctxguard.document_calls FORCE ROW LEVEL SECURITY;
+CREATE POLICY document_calls_owner ON ctxguard.document_calls USING (true) WITH CHECK (true);  -- no grants: owner only
+ALTER TABLE ctxguard.document_coverage ENABLE ROW LEVEL SECURITY;
+ALTER TABLE ctxguard.document_coverage FORCE ROW LEVEL SECURITY;
+CREATE POLICY document_coverage_owner ON ctxguard.document_coverage USING (true) WITH CHECK (true);  -- no grants: owner only
+ALTER TABLE ctxguard.tenant_limits ENABLE ROW LEVEL SECURITY;
+ALTER TABLE ctxguard.tenant_limits FORCE ROW LEVEL SECURITY;
+CREATE POLICY tenant_limits_owner ON ctxguard.tenant_limits USING (true) WITH CHECK (true);  -- DBA only
+GRANT SELECT ON ctxguard.documents, ctxguard.document_sections TO PUBLIC;
+
+-- Masking rules: validated on write, seeded from the built-in set.
+ALTER TABLE ctxguard.mask_rules ADD CONSTRAINT mask_rules_compile CHECK (ctxguard._mask_rule_valid(name, pattern, validator));
+INSERT INTO ctxguard.mask_rules (name, pattern, validator, position) SELECT * FROM ctxguard._default_mask_rules();
+GRANT SELECT ON ctxguard.mask_rules TO PUBLIC;
+
+REVOKE EXECUTE ON FUNCTION ctxguard.put_document(text, text, text, text[], text, text, text, text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION ctxguard.put_page(text, integer, text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION ctxguard.put_section(text, text, text, integer, integer) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION ctxguard.set_tool_policy(text, jsonb) FROM PUBLIC;

@@ -67,6 +67,11 @@ pub struct Catalog {
 }
 
 impl Catalog {
+    /// The catalog version (also bumped by mask-rule changes).
+    pub fn version(&self) -> i64 {
+        self.key.0
+    }
+
     pub fn tool(&self, name: &str) -> Option<&Rc<ToolEntry>> {
         self.by_name.get(name).map(|&i| &self.tools[i])
     }
@@ -114,6 +119,7 @@ pub fn catalog() -> Rc<Catalog> {
         return c;
     }
     let loaded = Rc::new(load(key).unwrap_or_else(|e| internal(e)));
+    crate::pgutil::forget_handlers();
     CACHE.with(|c| *c.borrow_mut() = Some(loaded.clone()));
     loaded
 }

@@ -96,7 +96,19 @@ fn _register_tool(
             None,
             &[name.into(), description.into(), JsonB(schema.clone()).into(), handler.into()],
         )?;
-        c.update(
+        upsert_policy(c, name, &p, raw_policy)?;
+        Ok::<_, pgrx::spi::Error>(())
+    })
+    .unwrap_or_else(|e| raise(INVALID, format!("ctxguard: could not register tool: {e}")));
+}
+
+fn upsert_policy(
+    c: &mut pgrx::spi::SpiClient<'_>,
+    name: &str,
+    p: &Policy,
+    raw: serde_json::Value,
+) -> Result<(), pgrx::spi::Error> {
+    c.update(
             "INSERT INTO ctxguard.tool_policies (tool, page_types, requires_entity, entity_type, entity_param,
                  roles, required_states, read_only, danger, requires_approval, enabled, policy)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
@@ -119,10 +131,34 @@ fn _register_tool(
                 p.danger.as_str().into(),
                 p.requires_approval.into(),
                 p.enabled.into(),
-                JsonB(raw_policy).into(),
+                JsonB(raw).into(),
             ],
         )?;
-        Ok::<_, pgrx::spi::Error>(())
+    Ok(())
+}
+
+/// Replace the policy of an existing tool (e.g. a built-in document tool), validated like
+/// `register_tool`'s.
+#[pg_extern(volatile, parallel_unsafe)]
+fn set_tool_policy(name: Option<&str>, policy: Option<JsonB>) {
+    let name = name
+        .filter(|n| is_valid_name(n))
+        .unwrap_or_else(|| raise(INVALID, "ctxguard: invalid tool name"));
+    let schema = Spi::connect(|c| {
+        c.select(
+            "SELECT input_schema FROM ctxguard.tools WHERE name = $1",
+            Some(1),
+            &[name.into()],
+        )?
+        .first()
+        .get_one::<JsonB>()
     })
-    .unwrap_or_else(|e| raise(INVALID, format!("ctxguard: could not register tool: {e}")));
+    .ok()
+    .flatten()
+    .unwrap_or_else(|| raise(INVALID, "ctxguard: no such tool"));
+    let raw_policy = policy.map(|p| p.0).unwrap_or(serde_json::Value::Null);
+    let p = policy::parse_policy(&raw_policy, &schema.0, lookup_page_type)
+        .unwrap_or_else(|e| raise(INVALID, format!("ctxguard: {e}")));
+    Spi::connect_mut(|c| upsert_policy(c, name, &p, raw_policy))
+        .unwrap_or_else(|e| raise(INVALID, format!("ctxguard: could not set policy: {e}")));
 }

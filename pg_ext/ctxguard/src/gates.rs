@@ -5,16 +5,20 @@ use std::sync::atomic::Ordering;
 
 use ctxguard_core::args::{self, ArgError, Limits};
 use ctxguard_core::binding;
-use ctxguard_core::names::is_valid_name;
+use ctxguard_core::mask::MaskCounts;
+use ctxguard_core::names::{is_valid_id, is_valid_name};
 use ctxguard_core::policy::{evaluate, Reason};
 use ctxguard_core::Code;
 use pgrx::prelude::*;
 use pgrx::JsonB;
 use serde_json::{json, Value};
 
+use crate::budget::Budget;
 use crate::cache::{self, ToolEntry};
 use crate::context::{Ctx, IN_HANDLER};
+use crate::documents;
 use crate::gucs;
+use crate::masking;
 use crate::pgutil::{as_owner, call_jsonb_function, in_subtransaction, raise, saved_plan, TEXT};
 
 /// Words of a free-text query as an OR tsquery (`w1 | w2`); only `[a-z0-9]` so no tsquery syntax.
@@ -159,7 +163,8 @@ fn explain_tools() -> TableIterator<
 /// The result of one pass through Gate B.
 enum Outcome {
     Ok(Value),
-    Denied(Code, String),
+    /// Refused: code, message, optional details (e.g. the documents available on this page).
+    Denied(Code, String, Option<Value>),
     Pending,
     Failed(String),
 }
@@ -170,6 +175,26 @@ struct Call {
     args_hash: Option<String>,
     outcome: Outcome,
     result_bytes: Option<i32>,
+    doc_id: Option<String>,
+    tokens: Option<u32>,
+    masked: Option<MaskCounts>,
+    budget: Option<Value>,
+}
+
+impl Call {
+    fn new(call_id: uuid::Uuid) -> Call {
+        Call {
+            call_id,
+            tool: None,
+            args_hash: None,
+            outcome: Outcome::Pending,
+            result_bytes: None,
+            doc_id: None,
+            tokens: None,
+            masked: None,
+            budget: None,
+        }
+    }
 }
 
 fn parse_args(args: Option<&str>) -> Result<(Value, usize), ArgError> {
@@ -188,15 +213,9 @@ fn gate_b(
     approved: bool,
     call_id: uuid::Uuid,
 ) -> Call {
-    let mut call = Call {
-        call_id,
-        tool: None,
-        args_hash: None,
-        outcome: Outcome::Pending,
-        result_bytes: None,
-    };
+    let mut call = Call::new(call_id);
     let deny = |mut call: Call, code: Code, msg: &str| {
-        call.outcome = Outcome::Denied(code, msg.to_string());
+        call.outcome = Outcome::Denied(code, msg.to_string(), None);
         call
     };
     if is_valid_name(name) {
@@ -222,9 +241,11 @@ fn gate_b(
         return deny(call, Code::ToolNotFound, "no such tool");
     };
     // Only SQL tools run a handler here; any other kind without its own dispatch fails closed.
-    let Some(handler) = tool.handler.filter(|_| tool.kind == "sql") else {
+    // SQL tools run their handler; built-ins are dispatched to documents.rs; anything else fails closed.
+    let handler = tool.handler.filter(|_| tool.kind == "sql");
+    if handler.is_none() && tool.kind != "builtin" {
         return deny(call, Code::ToolNotFound, "no such tool");
-    };
+    }
     let reason = evaluate(Some(policy), Some(&ctx.view()));
     if reason != Reason::Visible {
         return deny(
@@ -276,6 +297,93 @@ fn gate_b(
         call.outcome = Outcome::Pending;
         return call;
     }
+    // Budgets: with a generation this locks its row, serialising the generation's calls.
+    let budget = Budget::open(ctx);
+    if budget.remaining() == 0 {
+        call.budget = Some(budget.state(None));
+        call.outcome = Outcome::Denied(
+            Code::RateLimitExceeded,
+            "bytes_per_generation: the generation's byte budget is spent".into(),
+            None,
+        );
+        return call;
+    }
+    let mut doc_calls = None;
+    let produced = match tool.kind.as_str() {
+        "builtin" => {
+            let Value::Object(args) = &bound else {
+                unreachable!("checked above")
+            };
+            match documents::run(&tool.name, ctx, args, &budget) {
+                Ok(out) => {
+                    call.doc_id = out.doc_id;
+                    call.tokens = Some(out.tokens);
+                    doc_calls = out.doc_calls;
+                    Ok(out.value)
+                }
+                Err((code, message, details)) => {
+                    call.doc_id = args
+                        .get("doc_id")
+                        .and_then(Value::as_str)
+                        .filter(|d| is_valid_id(d))
+                        .map(str::to_string);
+                    call.budget = Some(budget.state(None));
+                    call.outcome = Outcome::Denied(code, message, details);
+                    return call;
+                }
+            }
+        }
+        _ => run_handler(
+            handler.expect("sql tools have a handler"),
+            policy.read_only,
+            bound,
+            &tool.name,
+            call_id,
+        ),
+    };
+    let mut value = match produced {
+        Ok(v) => v,
+        Err(message) => {
+            call.outcome = Outcome::Failed(message);
+            return call;
+        }
+    };
+    // Mask secrets and PII in every result, then charge its size to the byte budget.
+    let mut counts = MaskCounts::new();
+    masking::masker(catalog.version()).mask_json(&mut value, &mut counts);
+    let bytes = value.to_string().len() as i64;
+    call.masked = Some(counts);
+    if bytes > budget.remaining() {
+        call.budget = Some(budget.state(doc_calls));
+        call.outcome = Outcome::Denied(
+            Code::RateLimitExceeded,
+            format!(
+                "bytes_per_generation: a {bytes}-byte result exceeds the {} bytes left",
+                budget.remaining()
+            ),
+            None,
+        );
+        return call;
+    }
+    let mut budget = budget;
+    budget.consume(bytes);
+    call.budget = Some(budget.state(doc_calls));
+    call.result_bytes = Some(i32::try_from(bytes).unwrap_or(i32::MAX));
+    if call.tokens.is_none() {
+        call.tokens = Some(ctxguard_core::docs::estimate_tokens(&value.to_string()));
+    }
+    call.outcome = Outcome::Ok(value);
+    call
+}
+
+/// Run a SQL handler as the caller, in a subtransaction (read-only if the policy says so).
+fn run_handler(
+    handler: pg_sys::Oid,
+    read_only: bool,
+    args: Value,
+    tool: &str,
+    call_id: uuid::Uuid,
+) -> Result<Value, String> {
     struct HandlerFlag;
     impl Drop for HandlerFlag {
         fn drop(&mut self) {
@@ -284,30 +392,24 @@ fn gate_b(
     }
     IN_HANDLER.store(true, Ordering::Relaxed);
     let flag = HandlerFlag;
-    let result = in_subtransaction(policy.read_only, || {
-        call_jsonb_function(handler, JsonB(bound))
-    });
+    let result = in_subtransaction(read_only, || call_jsonb_function(handler, JsonB(args)));
     drop(flag);
     match result {
-        Ok(Some(JsonB(v))) => {
-            call.result_bytes = Some(i32::try_from(v.to_string().len()).unwrap_or(i32::MAX));
-            call.outcome = Outcome::Ok(v);
-        }
-        Ok(None) => call.outcome = Outcome::Failed("tool handler returned NULL".into()),
+        Ok(Some(JsonB(v))) => Ok(v),
+        Ok(None) => Err("tool handler returned NULL".into()),
         Err(caught) => {
             pgrx::log!(
                 "ctxguard: tool handler failed tool={} call_id={} sqlstate={}",
-                tool.name,
+                tool,
                 call_id,
                 caught.sqlstate
             );
-            call.outcome = Outcome::Failed(format!(
+            Err(format!(
                 "tool handler failed (SQLSTATE {})",
                 caught.sqlstate
-            ));
+            ))
         }
     }
-    call
 }
 
 fn record_pending_approval(ctx: &Ctx, tool: &str, args: &Value, hash: &str, call_id: uuid::Uuid) {
@@ -333,20 +435,28 @@ fn record_pending_approval(ctx: &Ctx, tool: &str, args: &Value, hash: &str, call
 fn audit(ctx: Option<&Ctx>, call: &Call) {
     let (decision, code) = match &call.outcome {
         Outcome::Ok(_) => ("allow", None),
-        Outcome::Denied(c, _) => ("deny", Some(c.as_str())),
+        Outcome::Denied(c, _, _) => ("deny", Some(c.as_str())),
         Outcome::Pending => ("pending", Some(Code::ApprovalRequired.as_str())),
         Outcome::Failed(_) => ("error", Some(Code::ToolError.as_str())),
     };
     let entity = ctx.and_then(|c| c.entity.as_ref());
     let result_bytes = call.result_bytes.map(|b| b.to_string());
+    let tokens = call.tokens.map(|t| t.to_string());
+    let masked = call
+        .masked
+        .as_ref()
+        .filter(|m| !m.is_empty())
+        .and_then(|m| serde_json::to_string(m).ok());
+    let budget = call.budget.as_ref().map(Value::to_string);
     let written = as_owner(|| {
         Spi::connect_mut(|c| {
             let plan = saved_plan(
                 c,
                 "INSERT INTO ctxguard.audit_log (call_id, tenant_id, user_id, page_type, entity_type, entity_id,
-                     tool, decision, code, args_hash, result_bytes, generation, trace_id)
-                 VALUES ($1::uuid, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11::int, $12::uuid, $13)",
-                &[TEXT; 13],
+                     tool, decision, code, args_hash, result_bytes, generation, trace_id, doc_id, tokens, masked, budget)
+                 VALUES ($1::uuid, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11::int, $12::uuid, $13, $14, $15::int,
+                         $16::jsonb, $17::jsonb)",
+                &[TEXT; 17],
                 true,
             )?;
             c.update(
@@ -366,6 +476,10 @@ fn audit(ctx: Option<&Ctx>, call: &Call) {
                     result_bytes.as_deref().into(),
                     ctx.and_then(|c| c.generation.as_deref()).into(),
                     ctx.and_then(|c| c.trace_id.as_deref()).into(),
+                    call.doc_id.as_deref().into(),
+                    tokens.as_deref().into(),
+                    masked.as_deref().into(),
+                    budget.as_deref().into(),
                 ],
             )
             .map(|_| ())
@@ -383,8 +497,12 @@ fn envelope(call: Call) -> JsonB {
     let id = call.call_id.to_string();
     JsonB(match call.outcome {
         Outcome::Ok(result) => json!({"status": "ok", "result": result, "call_id": id}),
-        Outcome::Denied(code, message) => {
-            json!({"status": "error", "error": {"code": code.as_str(), "message": message}, "call_id": id})
+        Outcome::Denied(code, message, details) => {
+            let mut error = json!({"code": code.as_str(), "message": message});
+            if let Some(d) = details {
+                error["details"] = d;
+            }
+            json!({"status": "error", "error": error, "call_id": id})
         }
         Outcome::Pending => {
             json!({"status": "error", "error": {"code": Code::ApprovalRequired.as_str(),
@@ -419,13 +537,8 @@ fn approve_call(call_id: Option<pgrx::Uuid>) -> JsonB {
         .map(|u| uuid::Uuid::from_bytes(*u.as_bytes()))
         .unwrap_or_default();
     let invalid = |ctx: Option<&Ctx>, code: Code, msg: &str| {
-        let call = Call {
-            call_id: id,
-            tool: None,
-            args_hash: None,
-            outcome: Outcome::Denied(code, msg.into()),
-            result_bytes: None,
-        };
+        let mut call = Call::new(id);
+        call.outcome = Outcome::Denied(code, msg.into(), None);
         audit(ctx, &call);
         envelope(call)
     };

@@ -7,6 +7,10 @@
 //! - `context`: `set_context`, the context readers, `begin_generation`.
 //! - `catalog`: `register_page_type`, `register_tool` (policies are validated there).
 //! - `gates`: Gate A (`visible_tools`, `explain_tools`) and Gate B (`call_tool`, `approve_call`), audit.
+//! - `documents`: document ingestion and the seed-003 built-in document tools.
+//! - `budget`: byte, call, page and coverage limits shared by all backends.
+//! - `masking`: the per-backend masker over `ctxguard.mask_rules`.
+//! - `cache`: per-backend catalog cache.
 //! - `pgutil`: the few `unsafe` Postgres internals (local GUC writes, subtransactions, user switch).
 #![allow(
     unsafe_code,
@@ -15,16 +19,24 @@
 
 use pgrx::prelude::*;
 
+mod budget;
 mod cache;
 mod catalog;
 mod context;
+mod documents;
 mod gates;
 mod gucs;
+mod masking;
 mod pgutil;
 
 pgrx::pg_module_magic!();
 
 pgrx::extension_sql_file!("../sql/bootstrap.sql", name = "bootstrap", bootstrap);
+pgrx::extension_sql_file!(
+    "../sql/documents.sql",
+    name = "documents",
+    requires = ["bootstrap"]
+);
 pgrx::extension_sql_file!("../sql/finalize.sql", name = "finalize", finalize);
 
 #[pg_guard]

@@ -149,6 +149,55 @@ pub fn in_subtransaction<R>(read_only: bool, f: impl FnOnce() -> R) -> Result<R,
     }
 }
 
+thread_local! {
+    /// Looked-up handler functions, allocated in a backend-lifetime memory context so that the
+    /// function's own cache (`fn_extra`: a SQL function's parsed body, PL/pgSQL's compiled function)
+    /// survives between calls instead of being rebuilt each time.
+    static HANDLERS: std::cell::RefCell<(pg_sys::MemoryContext, std::collections::HashMap<pg_sys::Oid, *mut pg_sys::FmgrInfo>)> =
+        std::cell::RefCell::new((std::ptr::null_mut(), std::collections::HashMap::new()));
+}
+
+fn handler_finfo(fn_oid: pg_sys::Oid) -> *mut pg_sys::FmgrInfo {
+    HANDLERS.with(|h| {
+        let mut h = h.borrow_mut();
+        if let Some(f) = h.1.get(&fn_oid) {
+            return *f;
+        }
+        unsafe {
+            if h.0.is_null() {
+                h.0 = pg_sys::AllocSetContextCreateInternal(
+                    pg_sys::TopMemoryContext,
+                    c"ctxguard tool handlers".as_ptr(),
+                    pg_sys::ALLOCSET_DEFAULT_MINSIZE as usize,
+                    pg_sys::ALLOCSET_DEFAULT_INITSIZE as usize,
+                    pg_sys::ALLOCSET_DEFAULT_MAXSIZE as usize,
+                );
+            }
+            let finfo = pg_sys::MemoryContextAllocZero(h.0, std::mem::size_of::<pg_sys::FmgrInfo>())
+                as *mut pg_sys::FmgrInfo;
+            pg_sys::fmgr_info_cxt(fn_oid, finfo, h.0);
+            h.1.insert(fn_oid, finfo);
+            finfo
+        }
+    })
+}
+
+/// Forget cached handler lookups and free their memory (the catalog changed: a handler may have
+/// been replaced). Never while a handler runs: its cache would be freed under it.
+pub fn forget_handlers() {
+    if crate::context::IN_HANDLER.load(std::sync::atomic::Ordering::Relaxed) {
+        return;
+    }
+    HANDLERS.with(|h| {
+        let mut h = h.borrow_mut();
+        h.1.clear();
+        if !h.0.is_null() {
+            unsafe { pg_sys::MemoryContextDelete(h.0) };
+            h.0 = std::ptr::null_mut();
+        }
+    });
+}
+
 /// Call a `(jsonb) RETURNS jsonb` function by OID as the current user (EXECUTE is checked).
 pub fn call_jsonb_function(fn_oid: pg_sys::Oid, arg: pgrx::JsonB) -> Option<pgrx::JsonB> {
     unsafe {
@@ -172,7 +221,7 @@ pub fn call_jsonb_function(fn_oid: pg_sys::Oid, arg: pgrx::JsonB) -> Option<pgrx
             );
         }
         let datum = arg.into_datum().expect("jsonb datum");
-        let out = pg_sys::OidFunctionCall1Coll(fn_oid, pg_sys::InvalidOid, datum);
+        let out = pg_sys::FunctionCall1Coll(handler_finfo(fn_oid), pg_sys::InvalidOid, datum);
         pgrx::JsonB::from_datum(out, false)
     }
 }

@@ -1,0 +1,692 @@
+//! The document store: ingestion (`put_document`, `put_page`, `put_section`) and the seed-003
+//! built-in tools (`read_doc_metadata`, `read_doc_section`, `read_doc_pages`, `doc_local_search`,
+//! `list_available_tools`), which Gate B dispatches here after policy, binding and validation.
+//!
+//! Which documents a call may touch:
+//! - on a page whose entity is a document, Gate B has bound `doc_id` to it;
+//! - on a page whose entity is something else (an invoice, a matter), only documents linked to it;
+//! - elsewhere, any ready document of the tenant.
+//!
+//! Another tenant's document and a nonexistent one give the same `NOT_FOUND`.
+
+use ctxguard_core::docs::{self, RangeError};
+use ctxguard_core::names::{is_valid_id, is_valid_label, is_valid_name};
+use ctxguard_core::Code;
+use pgrx::prelude::*;
+use serde_json::{json, Map, Value};
+
+use crate::budget::Budget;
+use crate::context::Ctx;
+use crate::pgutil::{as_owner, raise};
+
+const MAX_PAGE_BYTES: usize = 1024 * 1024;
+const MAX_PAGES: i32 = 100_000;
+
+/// A refusal: code, message, optional details (e.g. the documents available on this page).
+pub type Refusal = (Code, String, Option<Value>);
+
+/// What a built-in tool returns to Gate B.
+pub struct Out {
+    pub value: Value,
+    pub doc_id: Option<String>,
+    pub tokens: u32,
+    pub doc_calls: Option<i32>,
+}
+
+fn refuse<T>(code: Code, msg: &str) -> Result<T, Refusal> {
+    Err((code, msg.to_string(), None))
+}
+
+fn internal(e: impl std::fmt::Display) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+        format!("ctxguard: documents: {e}"),
+    )
+}
+
+struct Doc {
+    id: String,
+    title: String,
+    status: String,
+    tags: Vec<String>,
+    product_version: Option<String>,
+    language: String,
+    page_count: i64,
+    entity: Option<(String, String)>,
+}
+
+/// Documents linked to the page's (non-document) entity: titles and ids only.
+fn linked_documents(ctx: &Ctx, kind: &str, id: &str) -> Value {
+    Spi::connect(|c| {
+        c.select(
+            "SELECT id, title, status FROM ctxguard.documents
+              WHERE tenant_id = $1 AND entity_type = $2 AND entity_id = $3 ORDER BY title, id LIMIT 50",
+            None,
+            &[ctx.tenant_id.as_str().into(), kind.into(), id.into()],
+        )?
+        .map(|r| {
+            Ok(json!({"doc_id": r.get::<String>(1)?, "title": r.get::<String>(2)?, "status": r.get::<String>(3)?}))
+        })
+        .collect::<Result<Vec<Value>, pgrx::spi::Error>>()
+    })
+    .map(Value::Array)
+    .unwrap_or_else(|e| internal(e))
+}
+
+/// Find the document and check it may be used from this page. Runs as the caller (forced RLS).
+fn resolve(ctx: &Ctx, doc_id: &str) -> Result<Doc, Refusal> {
+    let doc = Spi::connect(|c| {
+        let mut rows = c.select(
+            "SELECT id, title, status, tags, product_version, language::text, page_count, entity_type, entity_id
+               FROM ctxguard.documents WHERE tenant_id = $1 AND id = $2",
+            Some(1),
+            &[ctx.tenant_id.as_str().into(), doc_id.into()],
+        )?;
+        rows.next()
+            .map(|r| {
+                let entity = match (r.get::<String>(8)?, r.get::<String>(9)?) {
+                    (Some(t), Some(i)) => Some((t, i)),
+                    _ => None,
+                };
+                Ok::<_, pgrx::spi::Error>(Doc {
+                    id: r.get::<String>(1)?.unwrap_or_default(),
+                    title: r.get::<String>(2)?.unwrap_or_default(),
+                    status: r.get::<String>(3)?.unwrap_or_default(),
+                    tags: r.get::<Vec<String>>(4)?.unwrap_or_default(),
+                    product_version: r.get::<String>(5)?,
+                    language: r.get::<String>(6)?.unwrap_or_else(|| "simple".into()),
+                    page_count: i64::from(r.get::<i32>(7)?.unwrap_or(0)),
+                    entity,
+                })
+            })
+            .transpose()
+    })
+    .unwrap_or_else(|e| internal(e));
+    // On a page about a non-document entity, only that entity's documents are in scope.
+    if let Some(e) = ctx.entity.as_ref().filter(|e| e.kind != "document") {
+        let linked = doc
+            .as_ref()
+            .is_some_and(|d| d.entity.as_ref() == Some(&(e.kind.clone(), e.id.clone())));
+        if !linked {
+            let available = linked_documents(ctx, &e.kind, &e.id);
+            return Err((
+                Code::NotFound,
+                format!("document not found among the documents of this {}", e.kind),
+                Some(json!({"available_documents": available})),
+            ));
+        }
+    }
+    let Some(doc) = doc else {
+        return refuse(Code::NotFound, "document not found");
+    };
+    match doc.status.as_str() {
+        "ready" => Ok(doc),
+        "failed" => refuse(Code::DocumentNotReady, "document processing failed"),
+        _ => refuse(Code::DocumentNotReady, "document is still processing"),
+    }
+}
+
+fn str_arg<'a>(args: &'a Map<String, Value>, key: &str) -> &'a str {
+    args.get(key).and_then(Value::as_str).unwrap_or_default()
+}
+
+fn int_arg(args: &Map<String, Value>, key: &str) -> Option<i64> {
+    args.get(key).and_then(Value::as_i64)
+}
+
+/// Run a built-in tool. Arguments are already bound and schema-validated by Gate B.
+pub fn run(
+    name: &str,
+    ctx: &Ctx,
+    args: &Map<String, Value>,
+    budget: &Budget,
+) -> Result<Out, Refusal> {
+    if name == "list_available_tools" {
+        let tools: Vec<String> = crate::gates::visible(ctx, None, None)
+            .into_iter()
+            .map(|t| t.name)
+            .collect();
+        return Ok(Out {
+            value: json!({"tools": tools}),
+            doc_id: None,
+            tokens: 0,
+            doc_calls: None,
+        });
+    }
+    if !budget.has_generation() {
+        return refuse(
+            Code::ContextMissing,
+            "document tools need a generation (ctxguard.begin_generation)",
+        );
+    }
+    let doc = resolve(ctx, str_arg(args, "doc_id"))?;
+    let limits = budget.limits;
+    // Cheap argument-level limits first, then the shared counters, then (only then) text.
+    let pages: Option<(i64, i64)> = match name {
+        "read_doc_pages" => {
+            let (start, end) = (
+                int_arg(args, "page_start").unwrap_or(0),
+                int_arg(args, "page_end").unwrap_or(0),
+            );
+            match docs::check_page_range(start, end, doc.page_count, limits.pages_per_call) {
+                Ok(()) => Some((start, end)),
+                Err(RangeError::Invalid) => {
+                    return refuse(
+                        Code::InvalidArgument,
+                        &format!("page range must lie within 1..{}", doc.page_count),
+                    )
+                }
+                Err(RangeError::TooManyPages) => {
+                    return refuse(
+                        Code::RateLimitExceeded,
+                        &format!(
+                            "pages_per_call: at most {} pages per call",
+                            limits.pages_per_call
+                        ),
+                    )
+                }
+            }
+        }
+        "read_doc_section" => {
+            let section = Spi::connect(|c| {
+                let mut rows = c.select(
+                    "SELECT page_start, page_end FROM ctxguard.document_sections
+                      WHERE tenant_id = $1 AND doc_id = $2 AND section_id = $3",
+                    Some(1),
+                    &[
+                        ctx.tenant_id.as_str().into(),
+                        doc.id.as_str().into(),
+                        str_arg(args, "section_id").into(),
+                    ],
+                )?;
+                rows.next()
+                    .map(|r| {
+                        Ok::<_, pgrx::spi::Error>((
+                            i64::from(r.get::<i32>(1)?.unwrap_or(1)),
+                            i64::from(r.get::<i32>(2)?.unwrap_or(1)),
+                        ))
+                    })
+                    .transpose()
+            })
+            .unwrap_or_else(|e| internal(e));
+            match section {
+                Some(range) => Some(range),
+                None => return refuse(Code::NotFound, "section not found in this document"),
+            }
+        }
+        _ => None,
+    };
+    if budget.remaining() == 0 {
+        return refuse(
+            Code::RateLimitExceeded,
+            "bytes_per_generation: the generation's byte budget is spent",
+        );
+    }
+    let Some(doc_calls) = budget.take_document_call(ctx, &doc.id) else {
+        return refuse(
+            Code::RateLimitExceeded,
+            &format!(
+                "calls_per_document: at most {} calls per document per generation",
+                limits.calls_per_document
+            ),
+        );
+    };
+    if let Some((start, end)) = pages {
+        let list: Vec<i32> = (start..=end).map(|p| p as i32).collect();
+        if let Err((read, allowed)) = budget.take_coverage(ctx, &doc.id, doc.page_count, &list) {
+            return Err((
+                Code::RateLimitExceeded,
+                format!("document_coverage: at most {allowed} of {} pages per user per day ({read} read today)", doc.page_count),
+                None,
+            ));
+        }
+    }
+    // Leave room for the JSON envelope around the text.
+    let room = (budget.remaining() - 512).max(0) as usize;
+    let out = match name {
+        "read_doc_metadata" => metadata(ctx, &doc, room),
+        "read_doc_section" => {
+            let (start, end) = pages.expect("section range");
+            let cap = (limits.section_tokens * 4) as usize;
+            section(ctx, &doc, start, end, room.min(cap), room < cap)
+        }
+        "read_doc_pages" => {
+            let (start, end) = pages.expect("page range");
+            read_pages(ctx, &doc, start, end, room)
+        }
+        "doc_local_search" => {
+            let asked = int_arg(args, "max_results").unwrap_or(limits.search_results);
+            search(
+                ctx,
+                &doc,
+                str_arg(args, "query"),
+                asked.min(limits.search_results),
+                asked > limits.search_results,
+                room,
+            )
+        }
+        _ => return refuse(Code::ToolNotFound, "no such tool"),
+    };
+    Ok(Out {
+        doc_calls: Some(doc_calls),
+        doc_id: Some(doc.id),
+        ..out
+    })
+}
+
+fn metadata(ctx: &Ctx, doc: &Doc, _room: usize) -> Out {
+    let sections = Spi::connect(|c| {
+        c.select(
+            "SELECT section_id, title, page_start, page_end FROM ctxguard.document_sections
+              WHERE tenant_id = $1 AND doc_id = $2 ORDER BY page_start, section_id LIMIT 200",
+            None,
+            &[ctx.tenant_id.as_str().into(), doc.id.as_str().into()],
+        )?
+        .map(|r| {
+            Ok(
+                json!({"section_id": r.get::<String>(1)?, "title": r.get::<String>(2)?,
+                      "page_start": r.get::<i32>(3)?, "page_end": r.get::<i32>(4)?}),
+            )
+        })
+        .collect::<Result<Vec<Value>, pgrx::spi::Error>>()
+    })
+    .unwrap_or_else(|e| internal(e));
+    let value = json!({
+        "doc_id": doc.id, "title": doc.title, "status": doc.status, "tags": doc.tags,
+        "product_version": doc.product_version, "page_count": doc.page_count, "sections": sections,
+        "linked_entity": doc.entity.as_ref().map(|(t, i)| json!({"type": t, "id": i})),
+    });
+    let tokens = docs::estimate_tokens(&value.to_string());
+    Out {
+        value,
+        doc_id: None,
+        tokens,
+        doc_calls: None,
+    }
+}
+
+/// Clean (header/footer-stripped) text of pages `start..=end`, read as the extension owner with an
+/// explicit tenant predicate: page text has no grant, so only these tools can read it.
+fn page_texts(ctx: &Ctx, doc: &Doc, start: i64, end: i64) -> Vec<(i32, String)> {
+    as_owner(|| {
+        Spi::connect(|c| {
+            c.select(
+                "SELECT page_no, coalesce(clean, body) FROM ctxguard.document_pages
+                  WHERE tenant_id = $1 AND doc_id = $2 AND page_no BETWEEN $3 AND $4 ORDER BY page_no",
+                None,
+                &[ctx.tenant_id.as_str().into(), doc.id.as_str().into(), (start as i32).into(), (end as i32).into()],
+            )?
+            .map(|r| Ok((r.get::<i32>(1)?.unwrap_or(0), r.get::<String>(2)?.unwrap_or_default())))
+            .collect::<Result<Vec<_>, pgrx::spi::Error>>()
+        })
+    })
+    .unwrap_or_else(|e| internal(e))
+}
+
+fn section(ctx: &Ctx, doc: &Doc, start: i64, end: i64, cap: usize, by_budget: bool) -> Out {
+    let text = page_texts(ctx, doc, start, end)
+        .into_iter()
+        .map(|(_, t)| t)
+        .collect::<Vec<_>>()
+        .join("\n\n");
+    let (kept, trimmed) = docs::trim_to_bytes(&text, cap);
+    let tokens = docs::estimate_tokens(kept);
+    let mut value = json!({"text": kept, "page_start": start, "page_end": end, "tokens": tokens});
+    if trimmed {
+        value["trimmed"] = json!(if by_budget {
+            "bytes_per_generation"
+        } else {
+            "section_tokens"
+        });
+    }
+    Out {
+        value,
+        doc_id: None,
+        tokens,
+        doc_calls: None,
+    }
+}
+
+fn read_pages(ctx: &Ctx, doc: &Doc, start: i64, end: i64, mut room: usize) -> Out {
+    let mut trimmed = false;
+    let mut tokens = 0;
+    let mut pages = Vec::new();
+    for (n, text) in page_texts(ctx, doc, start, end) {
+        let (kept, cut) = docs::trim_to_bytes(&text, room.saturating_sub(32));
+        room = room.saturating_sub(kept.len() + 32);
+        trimmed |= cut;
+        tokens += docs::estimate_tokens(kept);
+        pages.push(json!({"page": n, "text": kept}));
+    }
+    let mut value = json!({"doc_id": doc.id, "page_start": start, "page_end": end, "pages": pages, "tokens": tokens});
+    if trimmed {
+        value["trimmed"] = json!("bytes_per_generation");
+    }
+    Out {
+        value,
+        doc_id: None,
+        tokens,
+        doc_calls: None,
+    }
+}
+
+fn search(ctx: &Ctx, doc: &Doc, query: &str, limit: i64, capped: bool, mut room: usize) -> Out {
+    let hits = as_owner(|| {
+        Spi::connect(|c| {
+            c.select(
+                "SELECT page_no, score, ts_headline(cfg, clean, q,
+                        'MaxFragments=2, MaxWords=24, MinWords=8, FragmentDelimiter=\" … \", StartSel=«, StopSel=»')
+                   FROM (SELECT p.page_no, p.clean, q, $5::regconfig AS cfg, ts_rank_cd(p.tsv, q) AS score
+                           FROM ctxguard.document_pages p, websearch_to_tsquery($5::regconfig, $3) q
+                          WHERE p.tenant_id = $1 AND p.doc_id = $2 AND p.tsv @@ q
+                          ORDER BY score DESC, p.page_no LIMIT $4) top
+                  ORDER BY score DESC, page_no",
+                None,
+                &[
+                    ctx.tenant_id.as_str().into(),
+                    doc.id.as_str().into(),
+                    query.into(),
+                    limit.into(),
+                    doc.language.as_str().into(),
+                ],
+            )?
+            .map(|r| Ok((r.get::<i32>(1)?.unwrap_or(0), r.get::<f32>(2)?.unwrap_or(0.0), r.get::<String>(3)?.unwrap_or_default())))
+            .collect::<Result<Vec<_>, pgrx::spi::Error>>()
+        })
+    })
+    .unwrap_or_else(|e| internal(e));
+    let mut trimmed = false;
+    let mut tokens = 0;
+    let mut results = Vec::new();
+    for (page, score, snippet) in hits {
+        let (kept, cut) = docs::trim_to_bytes(&snippet, room.saturating_sub(64));
+        if kept.is_empty() {
+            trimmed = true;
+            break;
+        }
+        room = room.saturating_sub(kept.len() + 64);
+        trimmed |= cut;
+        tokens += docs::estimate_tokens(kept);
+        results.push(
+            json!({"page": page, "snippet": kept, "score": (score * 1000.0).round() / 1000.0}),
+        );
+    }
+    let mut value = json!({"doc_id": doc.id, "query_results": results.len(), "results": results, "tokens": tokens});
+    if capped {
+        value["max_results_capped_to"] = json!(limit);
+    }
+    if trimmed {
+        value["trimmed"] = json!("bytes_per_generation");
+    }
+    Out {
+        value,
+        doc_id: None,
+        tokens,
+        doc_calls: None,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Ingestion (EXECUTE revoked from PUBLIC; the tenant comes from the caller's context).
+
+const INVALID: PgSqlErrorCode = PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE;
+
+fn ingest_ctx() -> Ctx {
+    Ctx::current().unwrap_or_else(|| {
+        raise(
+            PgSqlErrorCode::ERRCODE_INVALID_AUTHORIZATION_SPECIFICATION,
+            "ctxguard: ingestion needs a context (set_context)",
+        )
+    })
+}
+
+fn check_id(id: Option<&str>, what: &str) -> String {
+    id.filter(|i| is_valid_id(i))
+        .map(str::to_string)
+        .unwrap_or_else(|| {
+            raise(
+                INVALID,
+                format!("ctxguard: {what} must be 1-128 printable ASCII characters"),
+            )
+        })
+}
+
+/// Create or update a document's metadata. Setting status `ready` validates the pages and sections,
+/// detects repeated headers/footers and indexes the cleaned text, atomically.
+#[allow(clippy::too_many_arguments)]
+#[pg_extern(volatile, parallel_unsafe)]
+fn put_document(
+    doc_id: Option<&str>,
+    title: Option<&str>,
+    status: default!(Option<&str>, "'processing'"),
+    tags: default!(Option<Vec<String>>, "'{}'"),
+    product_version: default!(Option<&str>, "NULL"),
+    entity_type: default!(Option<&str>, "NULL"),
+    entity_id: default!(Option<&str>, "NULL"),
+    language: default!(Option<&str>, "'simple'"),
+) -> pgrx::JsonB {
+    let ctx = ingest_ctx();
+    let doc_id = check_id(doc_id, "doc_id");
+    let title = title
+        .map(str::trim)
+        .filter(|t| !t.is_empty() && t.len() <= 500)
+        .unwrap_or_else(|| raise(INVALID, "ctxguard: title must be 1-500 bytes"));
+    let status = status.unwrap_or("processing");
+    if !matches!(status, "processing" | "ready" | "failed") {
+        raise(
+            INVALID,
+            "ctxguard: status must be processing, ready or failed",
+        );
+    }
+    let tags = tags.unwrap_or_default();
+    if tags.len() > 32 || tags.iter().any(|t| !is_valid_label(t)) {
+        raise(INVALID, "ctxguard: tags must be at most 32 short names");
+    }
+    if product_version.is_some_and(|v| !is_valid_label(v)) {
+        raise(INVALID, "ctxguard: product_version must be a short label");
+    }
+    let entity = match (entity_type, entity_id) {
+        (None, None) => None,
+        (Some(t), Some(i)) if is_valid_name(t) && is_valid_id(i) => Some((t, i)),
+        _ => raise(
+            INVALID,
+            "ctxguard: entity_type and entity_id go together and must be valid",
+        ),
+    };
+    let language = language.unwrap_or("simple");
+    let lang_ok = Spi::connect(|c| {
+        c.select(
+            "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_ts_config WHERE cfgname = $1)",
+            Some(1),
+            &[language.into()],
+        )?
+        .first()
+        .get_one::<bool>()
+    });
+    if lang_ok != Ok(Some(true)) {
+        raise(INVALID, "ctxguard: language must be a text search configuration (e.g. simple, english, russian)");
+    }
+    as_owner(|| {
+        Spi::run_with_args(
+            "INSERT INTO ctxguard.documents (tenant_id, id, title, status, tags, product_version, entity_type, entity_id, language)
+             VALUES ($1, $2, $3, 'processing', $4, $5, $6, $7, $8::regconfig)
+             ON CONFLICT (tenant_id, id) DO UPDATE SET title = EXCLUDED.title, tags = EXCLUDED.tags,
+                 product_version = EXCLUDED.product_version, entity_type = EXCLUDED.entity_type,
+                 entity_id = EXCLUDED.entity_id, language = EXCLUDED.language, updated_at = now()",
+            &[
+                ctx.tenant_id.as_str().into(),
+                doc_id.as_str().into(),
+                title.into(),
+                tags.clone().into(),
+                product_version.into(),
+                entity.map(|e| e.0).into(),
+                entity.map(|e| e.1).into(),
+                language.into(),
+            ],
+        )
+    })
+    .unwrap_or_else(|e| internal(e));
+    let summary = if status == "ready" {
+        finalize(&ctx, &doc_id)
+    } else {
+        json!({})
+    };
+    as_owner(|| {
+        Spi::run_with_args(
+            "UPDATE ctxguard.documents SET status = $3 WHERE tenant_id = $1 AND id = $2",
+            &[
+                ctx.tenant_id.as_str().into(),
+                doc_id.as_str().into(),
+                status.into(),
+            ],
+        )
+    })
+    .unwrap_or_else(|e| internal(e));
+    let mut out = json!({"doc_id": doc_id, "status": status});
+    if let (Value::Object(o), Value::Object(s)) = (&mut out, summary) {
+        o.extend(s);
+    }
+    pgrx::JsonB(out)
+}
+
+/// Validate pages 1..n and sections, detect headers/footers, store clean text and its index.
+fn finalize(ctx: &Ctx, doc_id: &str) -> Value {
+    let pages: Vec<(i32, String)> = as_owner(|| {
+        Spi::connect(|c| {
+            c.select(
+                "SELECT page_no, body FROM ctxguard.document_pages WHERE tenant_id = $1 AND doc_id = $2 ORDER BY page_no",
+                None,
+                &[ctx.tenant_id.as_str().into(), doc_id.into()],
+            )?
+            .map(|r| Ok((r.get::<i32>(1)?.unwrap_or(0), r.get::<String>(2)?.unwrap_or_default())))
+            .collect::<Result<Vec<_>, pgrx::spi::Error>>()
+        })
+    })
+    .unwrap_or_else(|e| internal(e));
+    if pages.is_empty()
+        || pages
+            .iter()
+            .enumerate()
+            .any(|(i, (n, _))| *n != i as i32 + 1)
+    {
+        raise(
+            INVALID,
+            "ctxguard: a ready document needs pages numbered 1..n without gaps",
+        );
+    }
+    let n = pages.len() as i32;
+    let bad_sections = Spi::get_one_with_args::<i64>(
+        "SELECT count(*) FROM ctxguard.document_sections WHERE tenant_id = $1 AND doc_id = $2 AND page_end > $3",
+        &[ctx.tenant_id.as_str().into(), doc_id.into(), n.into()],
+    );
+    if bad_sections != Ok(Some(0)) {
+        raise(INVALID, "ctxguard: a section lies beyond the last page");
+    }
+    let boilerplate = docs::detect_boilerplate(pages.iter().map(|(_, b)| b.as_str()));
+    let cleaned: Vec<String> = pages
+        .iter()
+        .map(|(_, b)| docs::strip_boilerplate(b, &boilerplate))
+        .collect();
+    let numbers: Vec<i32> = pages.iter().map(|(n, _)| *n).collect();
+    as_owner(|| {
+        Spi::connect_mut(|c| {
+            c.update(
+                "UPDATE ctxguard.document_pages p SET clean = u.clean, tsv = to_tsvector(d.language, u.clean)
+                   FROM unnest($3::int[], $4::text[]) u(n, clean), ctxguard.documents d
+                  WHERE p.tenant_id = $1 AND p.doc_id = $2 AND p.page_no = u.n AND d.tenant_id = $1 AND d.id = $2",
+                None,
+                &[ctx.tenant_id.as_str().into(), doc_id.into(), numbers.into(), cleaned.into()],
+            )?;
+            c.update(
+                "UPDATE ctxguard.documents SET page_count = $3, boilerplate = $4, updated_at = now()
+                  WHERE tenant_id = $1 AND id = $2",
+                None,
+                &[ctx.tenant_id.as_str().into(), doc_id.into(), n.into(), boilerplate.clone().into()],
+            )?;
+            Ok::<_, pgrx::spi::Error>(())
+        })
+    })
+    .unwrap_or_else(|e| internal(e));
+    json!({"page_count": n, "boilerplate_lines": boilerplate.len()})
+}
+
+fn ensure_document(ctx: &Ctx, doc_id: &str) {
+    let exists = as_owner(|| {
+        Spi::get_one_with_args::<bool>(
+            "SELECT EXISTS (SELECT 1 FROM ctxguard.documents WHERE tenant_id = $1 AND id = $2)",
+            &[ctx.tenant_id.as_str().into(), doc_id.into()],
+        )
+    });
+    if exists != Ok(Some(true)) {
+        raise(INVALID, "ctxguard: document not found (put_document first)");
+    }
+}
+
+/// Store one page's text (idempotent). A ready document goes back to `processing`.
+#[pg_extern(volatile, parallel_unsafe)]
+fn put_page(doc_id: Option<&str>, page_no: Option<i32>, body: Option<&str>) {
+    let ctx = ingest_ctx();
+    let doc_id = check_id(doc_id, "doc_id");
+    let page_no = page_no
+        .filter(|p| (1..=MAX_PAGES).contains(p))
+        .unwrap_or_else(|| raise(INVALID, "ctxguard: page_no must be 1..100000"));
+    let body = body
+        .filter(|b| b.len() <= MAX_PAGE_BYTES)
+        .unwrap_or_else(|| raise(INVALID, "ctxguard: body must be at most 1 MiB"));
+    ensure_document(&ctx, &doc_id);
+    as_owner(|| {
+        Spi::connect_mut(|c| {
+            c.update(
+                "INSERT INTO ctxguard.document_pages (tenant_id, doc_id, page_no, body) VALUES ($1, $2, $3, $4)
+                 ON CONFLICT (tenant_id, doc_id, page_no) DO UPDATE SET body = EXCLUDED.body, clean = NULL, tsv = NULL
+                 WHERE ctxguard.document_pages.body IS DISTINCT FROM EXCLUDED.body",
+                None,
+                &[ctx.tenant_id.as_str().into(), doc_id.as_str().into(), page_no.into(), body.into()],
+            )?;
+            c.update(
+                "UPDATE ctxguard.documents SET status = 'processing' WHERE tenant_id = $1 AND id = $2 AND status = 'ready'
+                    AND EXISTS (SELECT 1 FROM ctxguard.document_pages WHERE tenant_id = $1 AND doc_id = $2 AND page_no = $3 AND clean IS NULL)",
+                None,
+                &[ctx.tenant_id.as_str().into(), doc_id.as_str().into(), page_no.into()],
+            )?;
+            Ok::<_, pgrx::spi::Error>(())
+        })
+    })
+    .unwrap_or_else(|e| internal(e));
+}
+
+/// Store one section (idempotent).
+#[pg_extern(volatile, parallel_unsafe)]
+fn put_section(
+    doc_id: Option<&str>,
+    section_id: Option<&str>,
+    title: Option<&str>,
+    page_start: Option<i32>,
+    page_end: Option<i32>,
+) {
+    let ctx = ingest_ctx();
+    let doc_id = check_id(doc_id, "doc_id");
+    let section_id = check_id(section_id, "section_id");
+    let title = title
+        .map(str::trim)
+        .filter(|t| !t.is_empty() && t.len() <= 500)
+        .unwrap_or_else(|| raise(INVALID, "ctxguard: title must be 1-500 bytes"));
+    let (start, end) = match (page_start, page_end) {
+        (Some(s), Some(e)) if s >= 1 && e >= s && e <= MAX_PAGES => (s, e),
+        _ => raise(
+            INVALID,
+            "ctxguard: section pages must satisfy 1 <= page_start <= page_end",
+        ),
+    };
+    ensure_document(&ctx, &doc_id);
+    as_owner(|| {
+        Spi::run_with_args(
+            "INSERT INTO ctxguard.document_sections (tenant_id, doc_id, section_id, title, page_start, page_end)
+             VALUES ($1, $2, $3, $4, $5, $6)
+             ON CONFLICT (tenant_id, doc_id, section_id) DO UPDATE SET title = EXCLUDED.title,
+                 page_start = EXCLUDED.page_start, page_end = EXCLUDED.page_end",
+            &[ctx.tenant_id.as_str().into(), doc_id.as_str().into(), section_id.as_str().into(), title.into(), start.into(), end.into()],
+        )
+    })
+    .unwrap_or_else(|e| internal(e));
+}

@@ -1,0 +1,96 @@
+//! The masker used on every tool result: compiled once per backend from `ctxguard.mask_rules`,
+//! recompiled when `ctxguard.catalog_version` moves (a trigger bumps it on any rule change).
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use ctxguard_core::mask::{default_rules, Masker, RuleSpec};
+use pgrx::prelude::*;
+
+use crate::pgutil::raise;
+
+thread_local! {
+    static MASKER: RefCell<Option<(i64, Rc<Masker>)>> = const { RefCell::new(None) };
+}
+
+/// The masker for catalog `version` (read by the caller together with the tool row).
+pub fn masker(version: i64) -> Rc<Masker> {
+    if let Some(m) = MASKER.with(|c| {
+        c.borrow()
+            .as_ref()
+            .filter(|(v, _)| *v == version)
+            .map(|(_, m)| m.clone())
+    }) {
+        return m;
+    }
+    let specs: Vec<RuleSpec> = Spi::connect(|c| {
+        c.select(
+            "SELECT name, pattern, validator FROM ctxguard.mask_rules WHERE enabled ORDER BY position, name",
+            None,
+            &[],
+        )?
+        .map(|r| {
+            Ok(RuleSpec {
+                name: r.get::<String>(1)?.unwrap_or_default(),
+                pattern: r.get::<String>(2)?.unwrap_or_default(),
+                validator: r.get::<String>(3)?,
+            })
+        })
+        .collect::<Result<Vec<_>, pgrx::spi::Error>>()
+    })
+    .unwrap_or_else(|e| raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, format!("ctxguard: mask rules: {e}")));
+    // Rules are validated on insert (CHECK constraint), so this only fails if that was bypassed:
+    // fail closed rather than return unmasked text.
+    let m = Rc::new(Masker::new(&specs).unwrap_or_else(|e| {
+        raise(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("ctxguard: {e}"),
+        )
+    }));
+    MASKER.with(|c| *c.borrow_mut() = Some((version, m.clone())));
+    m
+}
+
+/// CHECK constraint of `ctxguard.mask_rules`: does the rule compile?
+#[pg_extern(immutable, parallel_safe)]
+fn _mask_rule_valid(name: &str, pattern: &str, validator: Option<&str>) -> bool {
+    Masker::new(&[RuleSpec {
+        name: name.into(),
+        pattern: pattern.into(),
+        validator: validator.map(Into::into),
+    }])
+    .is_ok()
+}
+
+/// The built-in rules, used to seed `ctxguard.mask_rules` at install time.
+#[pg_extern(immutable, parallel_safe)]
+fn _default_mask_rules() -> TableIterator<
+    'static,
+    (
+        name!(name, String),
+        name!(pattern, String),
+        name!(validator, Option<String>),
+        name!(position, i32),
+    ),
+> {
+    TableIterator::new(
+        default_rules()
+            .into_iter()
+            .enumerate()
+            .map(|(i, r)| (r.name, r.pattern, r.validator, (i as i32 + 1) * 10)),
+    )
+}
+
+/// Mask arbitrary text with the current rules (for DBAs testing a rule).
+#[pg_extern(volatile, parallel_unsafe)]
+fn mask_text(text: &str) -> pgrx::JsonB {
+    let version = Spi::get_one::<i64>("SELECT version FROM ctxguard.catalog_version")
+        .ok()
+        .flatten()
+        .unwrap_or(0);
+    let mut counts = Default::default();
+    let masked = masker(version)
+        .mask_str(text, &mut counts)
+        .unwrap_or_else(|| text.to_string());
+    pgrx::JsonB(serde_json::json!({"text": masked, "masked": counts}))
+}
