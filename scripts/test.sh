@@ -28,6 +28,7 @@ AUD=(--aud ctxguard-tests)
 vars=(
   -S "tok_alice=$(mint --sub alice --tenant acme --roles ap_clerk "${AUD[@]}")"
   -S "tok_bob=$(mint --sub bob --tenant acme --roles viewer "${AUD[@]}")"
+  -S "tok_dave=$(mint --sub dave --tenant acme --roles viewer "${AUD[@]}")"
   -S "tok_carol=$(mint --sub carol --tenant globex --roles ap_clerk "${AUD[@]}")"
   -S "tok_eddsa=$(mint --sub erin --tenant acme --alg EdDSA "${AUD[@]}")"
   -S "tok_forged=$(mint --sub alice --tenant acme --bad-signature "${AUD[@]}")"

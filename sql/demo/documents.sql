@@ -20,10 +20,11 @@ SELECT ctxguard.protect_table('demo.matters', 'tenant_id', 'matter', 'id');
 
 SELECT ctxguard.register_page_type('document_viewer', 'document', 'A document viewer showing the pages of one document.');
 SELECT ctxguard.register_page_type('matter_overview', 'matter', 'A legal matter with its list of documents.');
+SELECT ctxguard.register_page_type('document_library', NULL, 'The document library: every document of the company.');
 
 -- Document tools: on the pages where documents are shown (editable defaults; list_available_tools stays everywhere).
 SELECT ctxguard.set_tool_policy(name,
-         '{"page_types": ["invoice_detail", "document_viewer", "matter_overview"], "entity_type": "document", "entity_param": "doc_id", "requires_entity": false}')
+         '{"page_types": ["invoice_detail", "document_viewer", "matter_overview", "document_library"], "entity_type": "document", "entity_param": "doc_id", "requires_entity": false}')
   FROM ctxguard.tools WHERE kind = 'builtin' AND name <> 'list_available_tools';
 
 -- A generated 500-page administrator guide: running header and footer on every page, ten pages per

@@ -37,6 +37,10 @@ END $$;
 CREATE FUNCTION t.numbers(args jsonb) RETURNS jsonb LANGUAGE sql AS $$
     SELECT '{"big": 12345678901234567.89, "money": 0.10, "exp": 1e400, "neg": -0.0000001}'::jsonb
 $$;
+CREATE FUNCTION t.leaky(args jsonb) RETURNS jsonb LANGUAGE sql AS $$
+    SELECT jsonb_build_object('note', 'mail ops@acme.example, token Bearer abcdefghijklmnop1234567890, aws AKIAIOSFODNN7EXAMPLE')
+$$;
+CREATE FUNCTION t.huge(args jsonb) RETURNS jsonb LANGUAGE sql AS $$ SELECT jsonb_build_object('blob', repeat('x', 30000)) $$;
 GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA t TO ctxguard_gateway;
 
 SELECT ctxguard.register_tool('test.touch', 'Record a touch of the invoice on this page.',
@@ -50,6 +54,10 @@ SELECT ctxguard.register_tool('test.set_identity', 'Tries to switch identity fro
     '{"type": "object", "properties": {"token": {"type": "string"}}}', 't.set_identity(jsonb)', '{"page_types": "*"}');
 SELECT ctxguard.register_tool('test.numbers', 'Returns numbers that floats would corrupt.',
     '{"type": "object", "properties": {}}', 't.numbers(jsonb)', '{"page_types": "*"}');
+SELECT ctxguard.register_tool('test.leaky', 'Returns secrets a registered handler should not leak.',
+    '{"type": "object", "properties": {}}', 't.leaky(jsonb)', '{"page_types": "*"}');
+SELECT ctxguard.register_tool('test.huge', 'Returns more bytes than a generation may.',
+    '{"type": "object", "properties": {}}', 't.huge(jsonb)', '{"page_types": "*"}');
 SELECT ctxguard.register_tool('report.export', 'Export a report (needs the export-enabled state).',
     '{"type": "object", "properties": {}}', 'demo.vendor_list(jsonb)',
     '{"page_types": "*", "required_states": ["export-enabled"]}');

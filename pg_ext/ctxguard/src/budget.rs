@@ -114,12 +114,17 @@ impl Budget {
     pub fn take_document_call(&self, ctx: &Ctx, doc_id: &str) -> Option<i32> {
         let g = self.generation.as_deref()?;
         as_owner(|| {
-            Spi::get_one_with_args::<i32>(
-                "INSERT INTO ctxguard.document_calls AS d (generation, tenant_id, doc_id, calls) VALUES ($1::uuid, $2, $3, 1)
-                 ON CONFLICT (generation, doc_id) DO UPDATE SET calls = d.calls + 1 WHERE d.calls < $4
-                 RETURNING calls",
-                &[g.into(), ctx.tenant_id.as_str().into(), doc_id.into(), self.limits.calls_per_document.into()],
-            )
+            Spi::connect_mut(|c| {
+                // No row comes back when the limit is reached (the conflict update's WHERE fails).
+                let mut rows = c.update(
+                    "INSERT INTO ctxguard.document_calls AS d (generation, tenant_id, doc_id, calls) VALUES ($1::uuid, $2, $3, 1)
+                     ON CONFLICT (generation, doc_id) DO UPDATE SET calls = d.calls + 1 WHERE d.calls < $4
+                     RETURNING calls",
+                    Some(1),
+                    &[g.into(), ctx.tenant_id.as_str().into(), doc_id.into(), self.limits.calls_per_document.into()],
+                )?;
+                rows.next().map(|r| r.get::<i32>(1)).transpose().map(Option::flatten)
+            })
         })
         .unwrap_or_else(|e| internal(e))
     }

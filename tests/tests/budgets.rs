@@ -1,0 +1,193 @@
+//! Budgets under real concurrency (SECURITY_MATRIX D.28, D.29) and audit failure (E.35).
+//!
+//! Needs `CTXGUARD_TEST_DATABASE_URL`, `CTXGUARD_TEST_ADMIN_URL` and `CTXGUARD_TEST_JWT_SECRET`
+//! (`scripts/test.sh` provides them) and the demo documents.
+
+use std::sync::{Arc, Barrier};
+use std::thread;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use jsonwebtoken::{encode, EncodingKey, Header};
+use postgres::{Client, NoTls};
+use serde_json::{json, Value};
+
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: run scripts/test.sh"))
+}
+
+fn connect() -> Client {
+    Client::connect(&env("CTXGUARD_TEST_DATABASE_URL"), NoTls).unwrap()
+}
+
+fn token(sub: &str) -> String {
+    let exp = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        + 600;
+    let claims = json!({"sub": sub, "tenant_id": "acme", "roles": ["viewer"], "exp": exp, "aud": "ctxguard-tests"});
+    encode(
+        &Header::default(),
+        &claims,
+        &EncodingKey::from_secret(env("CTXGUARD_TEST_JWT_SECRET").as_bytes()),
+    )
+    .unwrap()
+}
+
+fn viewer() -> Value {
+    json!({"pageType": "document_viewer", "entity": {"type": "document", "id": "acme_guide"}})
+}
+
+/// Mint a generation (committed, as the gateway does at the start of a turn).
+fn generation(c: &mut Client, tok: &str) -> String {
+    let mut tx = c.transaction().unwrap();
+    tx.execute("SELECT ctxguard.set_context($1, $2)", &[&tok, &viewer()])
+        .unwrap();
+    let g: String = tx
+        .query_one("SELECT ctxguard.begin_generation('budget-test')::text", &[])
+        .unwrap()
+        .get(0);
+    tx.commit().unwrap();
+    g
+}
+
+/// One tool call in its own transaction, bound to the generation.
+fn call(c: &mut Client, tok: &str, g: &str, tool: &str, args: &Value) -> Value {
+    let mut tx = c.transaction().unwrap();
+    tx.execute(
+        "SELECT ctxguard.set_context($1, $2, $3::text::uuid)",
+        &[&tok, &viewer(), &g],
+    )
+    .unwrap();
+    let r: Value = tx
+        .query_one("SELECT ctxguard.call_tool($1, $2)", &[&tool, args])
+        .unwrap()
+        .get(0);
+    tx.commit().unwrap();
+    r
+}
+
+fn code(r: &Value) -> String {
+    r["error"]["code"].as_str().unwrap_or("ok").to_string()
+}
+
+#[test]
+fn concurrent_calls_racing_for_the_last_units_never_exceed_the_limit() {
+    let tok = token("racer");
+    let mut c = connect();
+    let g = generation(&mut c, &tok);
+    // Use 7 of the 10 calls, then let 8 backends race for the last 3.
+    for _ in 0..7 {
+        assert_eq!(
+            code(&call(
+                &mut c,
+                &tok,
+                &g,
+                "doc_local_search",
+                &json!({"query": "zzqq"})
+            )),
+            "ok"
+        );
+    }
+    let racers = 8;
+    let barrier = Arc::new(Barrier::new(racers));
+    let codes: Vec<String> = (0..racers)
+        .map(|_| {
+            let (barrier, tok, g) = (barrier.clone(), tok.clone(), g.clone());
+            thread::spawn(move || {
+                let mut c = connect();
+                let mut tx = c.transaction().unwrap();
+                tx.execute(
+                    "SELECT ctxguard.set_context($1, $2, $3::text::uuid)",
+                    &[&tok, &viewer(), &g],
+                )
+                .unwrap();
+                barrier.wait();
+                let r: Value = tx
+                    .query_one(
+                        "SELECT ctxguard.call_tool('doc_local_search', '{\"query\": \"zzqq\"}')",
+                        &[],
+                    )
+                    .unwrap()
+                    .get(0);
+                tx.commit().unwrap();
+                code(&r)
+            })
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|h| h.join().unwrap())
+        .collect();
+    let ok = codes.iter().filter(|c| *c == "ok").count();
+    let limited = codes.iter().filter(|c| *c == "RATE_LIMIT_EXCEEDED").count();
+    assert_eq!((ok, limited), (3, racers - 3), "{codes:?}");
+}
+
+#[test]
+fn one_generation_across_pooled_backends_shares_one_budget() {
+    let tok = token("pooled");
+    let mut conns: Vec<Client> = (0..3).map(|_| connect()).collect();
+    let g = generation(&mut conns[0], &tok);
+    let mut returned = 0i64;
+    let mut refused_at = None;
+    for i in 0..12 {
+        let c = &mut conns[i % 3];
+        let start = 200 + i * 5 + 1;
+        let r = call(
+            c,
+            &tok,
+            &g,
+            "read_doc_pages",
+            &json!({"page_start": start, "page_end": start + 4}),
+        );
+        match code(&r).as_str() {
+            "ok" => returned += r["result"].to_string().len() as i64,
+            "RATE_LIMIT_EXCEEDED" => {
+                refused_at.get_or_insert(i);
+            }
+            other => panic!("unexpected {other}: {r}"),
+        }
+    }
+    assert!(
+        refused_at.is_some_and(|i| i >= 4),
+        "the byte budget ends the walk, across backends: {refused_at:?}"
+    );
+    assert!(
+        returned <= 20 * 1024,
+        "{returned} bytes returned in one generation"
+    );
+}
+
+#[test]
+fn a_failing_audit_write_fails_the_call() {
+    let tok = token("auditless");
+    let mut admin = Client::connect(&env("CTXGUARD_TEST_ADMIN_URL"), NoTls).unwrap();
+    let mut c = connect();
+    let g = generation(&mut c, &tok);
+    admin
+        .batch_execute(
+            "ALTER TABLE ctxguard.audit_log ADD CONSTRAINT test_audit_down CHECK (user_id <> 'auditless') NOT VALID",
+        )
+        .unwrap();
+    let mut tx = c.transaction().unwrap();
+    tx.execute(
+        "SELECT ctxguard.set_context($1, $2, $3::text::uuid)",
+        &[&tok, &viewer(), &g],
+    )
+    .unwrap();
+    let r = tx.query_one(
+        "SELECT ctxguard.call_tool('read_doc_pages', '{\"page_start\": 1, \"page_end\": 1}')",
+        &[],
+    );
+    drop(tx);
+    admin
+        .batch_execute("ALTER TABLE ctxguard.audit_log DROP CONSTRAINT test_audit_down")
+        .unwrap();
+    let err = r.expect_err("no result may leave without an audit row");
+    // The audit INSERT's own error aborts the call: the caller gets an error, never the pages.
+    assert_eq!(
+        err.code(),
+        Some(&postgres::error::SqlState::CHECK_VIOLATION),
+        "{err:?}"
+    );
+}
