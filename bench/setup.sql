@@ -1,7 +1,7 @@
 -- ctxguard benchmark fixture. Run as a superuser in a database freshly loaded with
 -- sql/demo/schema.sql (bench/gate_bench.sh does both). Idempotent for the bench objects.
 --
--- 1. A realistic catalog: 1,000 extra tools (on top of the 4 demo tools): 900 in 6 namespaced
+-- 1. A realistic catalog: 1,000 extra tools (on top of the demo catalog): 900 in 6 namespaced
 --    domains (crm, hr, support, sales, it, projects) with their own list/detail page types, 94
 --    finance/procurement/ops tools on the demo page types (24 on invoice_detail, the benchmarked
 --    page) and 6 global ("*") help/me tools. All use the trivial demo.vendor_list(jsonb) handler:

@@ -44,6 +44,13 @@ vars=(
 log "SQL security suite (pgTAP) as ctxguard_gateway"
 pg_prove -h "$RUN" -p "$PGPORT" -U ctxguard_gateway -d "$DB" "${vars[@]}" sql/tests/0*.sql
 
+log "server log: set_context refusals are logged with reason and identity, never the token"
+denied=$(grep -F "ctxguard: set_context denied" "$RUN/postgres.log" || true)
+[ -n "$denied" ] || { echo "no set_context refusal was logged" >&2; exit 1; }
+grep -q 'reason="invalid context token: token has expired"' <<<"$denied" || { echo "expired-token refusal not logged" >&2; exit 1; }
+if grep -q "eyJ" <<<"$denied"; then echo "a token reached the refusal log lines" >&2; exit 1; fi
+echo "ok: $(wc -l <<<"$denied") refusals logged without tokens"
+
 log "client integration tests (tests/, real connections as ctxguard_gateway)"
 CTXGUARD_TEST_DATABASE_URL="host=$RUN port=$PGPORT user=ctxguard_gateway dbname=$DB" \
 CTXGUARD_TEST_ADMIN_URL="host=$RUN port=$PGPORT user=postgres dbname=$DB" \

@@ -57,9 +57,41 @@ ROLLBACK;
 SELECT count(*) AS invoices_visible_without_context FROM demo.invoices;
 
 \echo
-\echo '== 6. audit trail for acme (hashes and sizes, never values)'
+\echo '== 6. documents (seed 003): alice views the 500-page guide in one generation'
+BEGIN;
+SELECT ctxguard.set_context(:'tok_alice', '{"pageType": "document_viewer", "entity": {"type": "document", "id": "acme_guide"}}') \g /dev/null
+SELECT ctxguard.begin_generation('demo-conversation') AS gen \gset
+SELECT ctxguard.set_context(:'tok_alice', '{"pageType": "document_viewer", "entity": {"type": "document", "id": "acme_guide"}}', :'gen') \g /dev/null
+\echo '-- page 42 as the model sees it (masked; running header and footer stripped)'
+SELECT ctxguard.call_tool('read_doc_pages', '{"page_start": 42, "page_end": 42}')->'result'->'pages'->0->>'text' AS page_42;
+SELECT label, pg_temp.decision(r) AS decision,
+       coalesce(left(r->'error'->>'message', 60), r->'result'->>'tokens' || ' tokens' || coalesce(', trimmed: ' || (r->'result'->>'trimmed'), '')) AS detail
+  FROM (VALUES ('read_doc_pages 40-44                           ', ctxguard.call_tool('read_doc_pages', '{"page_start": 40, "page_end": 44}')),
+               ('read_doc_pages 1-6                             ', ctxguard.call_tool('read_doc_pages', '{"page_start": 1, "page_end": 6}')),
+               ('doc_local_search "TLS certificate rotation"    ', ctxguard.call_tool('doc_local_search', '{"query": "TLS certificate rotation"}')),
+               ('read_doc_section ch7                           ', ctxguard.call_tool('read_doc_section', '{"section_id": "ch7"}')),
+               ('read_doc_pages 100-104                         ', ctxguard.call_tool('read_doc_pages', '{"page_start": 100, "page_end": 104}')),
+               ('read_doc_pages 105-109                         ', ctxguard.call_tool('read_doc_pages', '{"page_start": 105, "page_end": 109}')),
+               ('read_doc_pages {"doc_id":"acme_inv3_pdf"} spoof', ctxguard.call_tool('read_doc_pages', '{"doc_id": "acme_inv3_pdf", "page_start": 1, "page_end": 1}'))) AS c(label, r);
+COMMIT;
+
+\echo
+\echo '== 7. seed 004: alice on the matter "Smith v. Jones"'
+BEGIN;
+SELECT ctxguard.set_context(:'tok_alice', '{"pageType": "matter_overview", "entity": {"type": "matter", "id": "25e70284-6124-4a2b-9c89-abc123def456"}}') \g /dev/null
+SELECT ctxguard.begin_generation('demo-matter') AS gen \gset
+SELECT ctxguard.set_context(:'tok_alice', '{"pageType": "matter_overview", "entity": {"type": "matter", "id": "25e70284-6124-4a2b-9c89-abc123def456"}}', :'gen') \g /dev/null
+SELECT label, pg_temp.decision(r) AS decision, coalesce(r->'error'->>'message', 'ok') AS detail, r->'error'->'details'->'available_documents' AS available
+  FROM (VALUES ('read_doc_section smith_agreement/termination', ctxguard.call_tool('read_doc_section', '{"doc_id": "smith_agreement", "section_id": "termination"}')),
+               ('read_doc_metadata smith_deposition (processing)', ctxguard.call_tool('read_doc_metadata', '{"doc_id": "smith_deposition"}')),
+               ('read_doc_metadata coyote_complaint (other matter)', ctxguard.call_tool('read_doc_metadata', '{"doc_id": "coyote_complaint"}'))) AS c(label, r);
+COMMIT;
+
+\echo
+\echo '== 8. audit trail for acme (hashes, sizes, mask counts, budget state; never values)'
 BEGIN;
 SELECT ctxguard.set_context(:'tok_alice', '{"pageType": "invoice_table"}') \g /dev/null
-SELECT to_char(at, 'HH24:MI:SS') AS at, user_id, page_type, entity_id, tool, decision, code, left(args_hash, 12) AS args_hash, result_bytes
+SELECT to_char(at, 'HH24:MI:SS') AS at, user_id, page_type, tool, decision, code, doc_id, result_bytes AS bytes, masked,
+       budget->>'bytes_used' AS gen_bytes
   FROM ctxguard.audit_log ORDER BY id;
 COMMIT;

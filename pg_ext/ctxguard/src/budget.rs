@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 
 use crate::context::Ctx;
 use crate::gucs;
-use crate::pgutil::{as_owner, raise};
+use crate::pgutil::{as_owner, raise, saved_plan, TEXT};
 
 /// Limits in force for the caller's tenant (settings, overridden by `ctxguard.tenant_limits`).
 #[derive(Debug, Clone, Copy)]
@@ -53,7 +53,8 @@ impl Budget {
                                FROM (SELECT $2::text AS tenant_id, $1::text AS unused) t
                                LEFT JOIN ctxguard.tenant_limits tl ON tl.tenant_id = t.tenant_id",
                 };
-                let mut rows = c.update(sql, Some(1), &[ctx.generation.as_deref().into(), ctx.tenant_id.as_str().into()])?;
+                let plan = saved_plan(c, sql, &[TEXT, TEXT], true)?;
+                let mut rows = c.update(&*plan, Some(1), &[ctx.generation.as_deref().into(), ctx.tenant_id.as_str().into()])?;
                 let Some(r) = rows.next() else { return Ok((None, [None; 5], None)) };
                 Ok::<_, pgrx::spi::Error>((
                     r.get::<i64>(1)?,
@@ -101,10 +102,15 @@ impl Budget {
         self.bytes_used += bytes;
         if let Some(g) = &self.generation {
             as_owner(|| {
-                Spi::run_with_args(
-                    "UPDATE ctxguard.generations SET bytes_used = bytes_used + $2 WHERE id = $1::uuid",
-                    &[g.as_str().into(), bytes.into()],
-                )
+                Spi::connect_mut(|c| {
+                    let plan = saved_plan(
+                        c,
+                        "UPDATE ctxguard.generations SET bytes_used = bytes_used + $2::bigint WHERE id = $1::uuid",
+                        &[TEXT, TEXT],
+                        true,
+                    )?;
+                    c.update(&*plan, None, &[g.as_str().into(), bytes.to_string().as_str().into()]).map(|_| ())
+                })
             })
             .unwrap_or_else(|e| internal(e));
         }

@@ -21,6 +21,10 @@ use crate::pgutil::{as_owner, raise};
 
 const MAX_PAGE_BYTES: usize = 1024 * 1024;
 const MAX_PAGES: i32 = 100_000;
+/// Bytes reserved for the JSON around returned text.
+const ENVELOPE_BYTES: i64 = 512;
+/// Below this many bytes left, a document call could return nothing useful: refuse it instead.
+const MIN_USEFUL_BYTES: i64 = ENVELOPE_BYTES + 256;
 
 /// A refusal: code, message, optional details (e.g. the documents available on this page).
 pub type Refusal = (Code, String, Option<Value>);
@@ -216,7 +220,9 @@ pub fn run(
         }
         _ => None,
     };
-    if budget.remaining() == 0 {
+    // Leave room for the JSON envelope around the text; with too little left, refuse before
+    // charging any call or coverage.
+    if budget.remaining() < MIN_USEFUL_BYTES {
         return refuse(
             Code::RateLimitExceeded,
             "bytes_per_generation: the generation's byte budget is spent",
@@ -241,8 +247,7 @@ pub fn run(
             ));
         }
     }
-    // Leave room for the JSON envelope around the text.
-    let room = (budget.remaining() - 512).max(0) as usize;
+    let room = (budget.remaining() - ENVELOPE_BYTES).max(0) as usize;
     let out = match name {
         "read_doc_metadata" => metadata(ctx, &doc, room),
         "read_doc_section" => {

@@ -1,0 +1,78 @@
+-- Document tool benchmark fixture. Run as a superuser in a database freshly made by
+-- create_demo_db (sql/demo/schema.sql + sql/demo/documents.sql: the 500-page acme_guide).
+-- bench/doc_bench.sh does both. Nothing here changes how the document tools work.
+\set ON_ERROR_STOP 1
+SET client_min_messages = warning;
+
+BEGIN;
+
+-- 1. Raised limits for the bench tenant, so that every measured call does the full work (read,
+--    mask, audit, charge the budget) instead of being refused after a few calls. The checks
+--    themselves still run on every call: the generation row is locked and charged, the
+--    per-document call counter is incremented, the daily coverage is checked (and recorded for new
+--    pages). Pages per call (5) and search results (5) keep their defaults.
+--    Defaults: 20 KB per generation, 10 calls per document per generation, 30 % of a document's
+--    pages per user per day.
+INSERT INTO ctxguard.tenant_limits (tenant_id, max_bytes_per_generation, max_calls_per_document, max_document_coverage)
+VALUES ('acme', 2147483647, 2147483647, 1.0)
+ON CONFLICT (tenant_id) DO UPDATE
+   SET max_bytes_per_generation = EXCLUDED.max_bytes_per_generation,
+       max_calls_per_document = EXCLUDED.max_calls_per_document,
+       max_document_coverage = EXCLUDED.max_document_coverage;
+
+-- 2. Per pgbench client: its own user token and generation (one conversation per client, as in
+--    production; a shared generation would serialise all clients on its row lock, and a shared
+--    user on the coverage lock). Filled by doc_bench.sh; read by the gateway in set_context's
+--    statement (one primary-key lookup).
+CREATE SCHEMA docbench;
+GRANT USAGE ON SCHEMA docbench TO ctxguard_gateway;
+CREATE TABLE docbench.clients (
+    client_id  integer PRIMARY KEY,
+    token      text NOT NULL,
+    generation uuid NOT NULL
+);
+GRANT SELECT ON docbench.clients TO ctxguard_gateway;
+
+-- 3. In-database latency of the call alone: clock_timestamp() just before and just after
+--    ctxguard.call_tool, recorded (after the second reading) in an unlogged table. Runs as the
+--    caller (SECURITY INVOKER), i.e. as ctxguard_gateway, inside the caller's transaction.
+CREATE UNLOGGED TABLE docbench.call_ms (
+    run     text NOT NULL,
+    tool    text NOT NULL,
+    query   text,
+    ms      float8 NOT NULL,
+    status  text,
+    code    text,
+    items   integer,
+    bytes   integer,
+    trimmed boolean NOT NULL
+);
+GRANT INSERT ON docbench.call_ms TO ctxguard_gateway;
+
+CREATE FUNCTION docbench.timed_call(run text, tool text, args jsonb) RETURNS text
+    LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    t0 timestamptz;
+    t1 timestamptz;
+    r  jsonb;
+BEGIN
+    t0 := clock_timestamp();
+    r := ctxguard.call_tool(tool, args);
+    t1 := clock_timestamp();
+    INSERT INTO docbench.call_ms
+    VALUES (run, tool, args->>'query', extract(epoch FROM t1 - t0) * 1000, r->>'status', r->'error'->>'code',
+            coalesce(jsonb_array_length(r->'result'->'pages'), jsonb_array_length(r->'result'->'results')),
+            octet_length((r->'result')::text), coalesce(r->'result' ? 'trimmed', false));
+    RETURN r->>'status';
+END
+$$;
+REVOKE EXECUTE ON FUNCTION docbench.timed_call(text, text, jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION docbench.timed_call(text, text, jsonb) TO ctxguard_gateway;
+
+COMMIT;
+
+-- Fresh statistics for the planner (the demo data was just loaded).
+ANALYZE ctxguard.documents;
+ANALYZE ctxguard.document_pages;
+ANALYZE ctxguard.document_sections;
