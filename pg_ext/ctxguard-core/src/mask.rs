@@ -148,8 +148,15 @@ pub fn iban(s: &str) -> bool {
 }
 
 /// Map fullwidth ASCII forms (U+FF01..U+FF5E) and U+3000 to ASCII. Returns the normalised text and,
-/// for each byte offset of it, the byte offset in the original (plus one entry for the end).
-fn normalise(s: &str) -> (String, Vec<usize>) {
+/// for each byte offset of it, the byte offset in the original (plus one entry for the end); `None`
+/// when the text has no such forms (then offsets are the identity and nothing is allocated).
+fn normalise(s: &str) -> Option<(String, Vec<usize>)> {
+    if !s
+        .chars()
+        .any(|c| matches!(c as u32, 0xFF01..=0xFF5E | 0x3000))
+    {
+        return None;
+    }
     let mut out = String::with_capacity(s.len());
     let mut map = Vec::with_capacity(s.len() + 1);
     for (i, c) in s.char_indices() {
@@ -164,7 +171,7 @@ fn normalise(s: &str) -> (String, Vec<usize>) {
         out.push(n);
     }
     map.push(s.len());
-    (out, map)
+    Some((out, map))
 }
 
 impl Masker {
@@ -195,33 +202,47 @@ impl Masker {
     }
 
     /// Mask one string; adds to `counts`. Returns `None` when nothing matched (no allocation).
+    ///
+    /// The text is normalised once; rules run in order and a later rule never matches inside a span
+    /// an earlier rule already masked; the output is built in one pass.
     pub fn mask_str(&self, text: &str, counts: &mut MaskCounts) -> Option<String> {
-        let mut current: Option<String> = None;
-        for rule in &self.rules {
-            let src = current.as_deref().unwrap_or(text);
-            let (norm, map) = normalise(src);
-            let mut out = String::with_capacity(src.len());
-            let mut last = 0;
-            let mut hits = 0;
-            for m in rule.re.find_iter(&norm) {
+        let normalised = normalise(text);
+        let (view, map): (&str, Option<&[usize]>) = match &normalised {
+            Some((n, m)) => (n.as_str(), Some(m.as_slice())),
+            None => (text, None),
+        };
+        let to_orig = |i: usize| map.map_or(i, |m| m[i]);
+        // (start, end, rule index) in original byte offsets, non-overlapping.
+        let mut spans: Vec<(usize, usize, usize)> = Vec::new();
+        for (idx, rule) in self.rules.iter().enumerate() {
+            for m in rule.re.find_iter(view) {
+                let (start, end) = (to_orig(m.start()), to_orig(m.end()));
+                if spans.iter().any(|&(s, e, _)| start < e && s < end) {
+                    continue;
+                }
                 if rule.validator.is_some_and(|v| !v(m.as_str())) {
                     continue;
                 }
-                let (start, end) = (map[m.start()], map[m.end()]);
-                out.push_str(&src[last..start]);
-                out.push_str("[REDACTED:");
-                out.push_str(&rule.name);
-                out.push(']');
-                last = end;
-                hits += 1;
-            }
-            if hits > 0 {
-                out.push_str(&src[last..]);
-                *counts.entry(rule.name.clone()).or_default() += hits;
-                current = Some(out);
+                spans.push((start, end, idx));
             }
         }
-        current
+        if spans.is_empty() {
+            return None;
+        }
+        spans.sort_unstable();
+        let mut out = String::with_capacity(text.len());
+        let mut last = 0;
+        for (start, end, idx) in spans {
+            let name = &self.rules[idx].name;
+            out.push_str(&text[last..start]);
+            out.push_str("[REDACTED:");
+            out.push_str(name);
+            out.push(']');
+            last = end;
+            *counts.entry(name.clone()).or_default() += 1;
+        }
+        out.push_str(&text[last..]);
+        Some(out)
     }
 
     /// Mask every string (not keys) inside a JSON value, in place.

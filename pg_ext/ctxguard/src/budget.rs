@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 
 use crate::context::Ctx;
 use crate::gucs;
-use crate::pgutil::{as_owner, raise, saved_plan, TEXT};
+use crate::pgutil::{as_owner, raise, saved_plan, update_saved, TEXT};
 
 /// Limits in force for the caller's tenant (settings, overridden by `ctxguard.tenant_limits`).
 #[derive(Debug, Clone, Copy)]
@@ -122,7 +122,8 @@ impl Budget {
         as_owner(|| {
             Spi::connect_mut(|c| {
                 // No row comes back when the limit is reached (the conflict update's WHERE fails).
-                let mut rows = c.update(
+                let mut rows = update_saved(
+                    c,
                     "INSERT INTO ctxguard.document_calls AS d (generation, tenant_id, doc_id, calls) VALUES ($1::uuid, $2, $3, 1)
                      ON CONFLICT (generation, doc_id) DO UPDATE SET calls = d.calls + 1 WHERE d.calls < $4
                      RETURNING calls",
@@ -150,8 +151,9 @@ impl Budget {
         let (already, fresh) = as_owner(|| {
             Spi::connect_mut(|c| {
                 // Serialise this user's reads of this document (concurrent generations).
-                c.update("SELECT pg_advisory_xact_lock(hashtextextended($1, 7))", None, &[key.as_str().into()])?;
-                let mut rows = c.update(
+                update_saved(c, "SELECT pg_advisory_xact_lock(hashtextextended($1, 7))", None, &[key.as_str().into()])?;
+                let mut rows = update_saved(
+                    c,
                     "SELECT (SELECT count(*) FROM ctxguard.document_coverage
                               WHERE tenant_id = $1 AND user_id = $2 AND doc_id = $3 AND day = current_date),
                             (SELECT count(*) FROM unnest($4::int[]) p(n)
@@ -171,11 +173,16 @@ impl Budget {
         }
         if fresh > 0 {
             as_owner(|| {
-                Spi::run_with_args(
-                    "INSERT INTO ctxguard.document_coverage (tenant_id, user_id, doc_id, day, page_no)
-                     SELECT $1, $2, $3, current_date, n FROM unnest($4::int[]) n ON CONFLICT DO NOTHING",
-                    &[ctx.tenant_id.as_str().into(), ctx.user_id.as_str().into(), doc_id.into(), pages.to_vec().into()],
-                )
+                Spi::connect_mut(|c| {
+                    update_saved(
+                        c,
+                        "INSERT INTO ctxguard.document_coverage (tenant_id, user_id, doc_id, day, page_no)
+                         SELECT $1, $2, $3, current_date, n FROM unnest($4::int[]) n ON CONFLICT DO NOTHING",
+                        None,
+                        &[ctx.tenant_id.as_str().into(), ctx.user_id.as_str().into(), doc_id.into(), pages.to_vec().into()],
+                    )
+                    .map(|_| ())
+                })
             })
             .unwrap_or_else(|e| internal(e));
         }

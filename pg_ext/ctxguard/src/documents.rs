@@ -17,7 +17,7 @@ use serde_json::{json, Map, Value};
 
 use crate::budget::Budget;
 use crate::context::Ctx;
-use crate::pgutil::{as_owner, raise};
+use crate::pgutil::{as_owner, raise, select_saved};
 
 const MAX_PAGE_BYTES: usize = 1024 * 1024;
 const MAX_PAGES: i32 = 100_000;
@@ -62,7 +62,8 @@ struct Doc {
 /// Documents linked to the page's (non-document) entity: titles and ids only.
 fn linked_documents(ctx: &Ctx, kind: &str, id: &str) -> Value {
     Spi::connect(|c| {
-        c.select(
+        select_saved(
+            c,
             "SELECT id, title, status FROM ctxguard.documents
               WHERE tenant_id = $1 AND entity_type = $2 AND entity_id = $3 ORDER BY title, id LIMIT 50",
             None,
@@ -80,7 +81,8 @@ fn linked_documents(ctx: &Ctx, kind: &str, id: &str) -> Value {
 /// Find the document and check it may be used from this page. Runs as the caller (forced RLS).
 fn resolve(ctx: &Ctx, doc_id: &str) -> Result<Doc, Refusal> {
     let doc = Spi::connect(|c| {
-        let mut rows = c.select(
+        let mut rows = select_saved(
+            c,
             "SELECT id, title, status, tags, product_version, language::text, page_count, entity_type, entity_id
                FROM ctxguard.documents WHERE tenant_id = $1 AND id = $2",
             Some(1),
@@ -193,7 +195,8 @@ pub fn run(
         }
         "read_doc_section" => {
             let section = Spi::connect(|c| {
-                let mut rows = c.select(
+                let mut rows = select_saved(
+                    c,
                     "SELECT page_start, page_end FROM ctxguard.document_sections
                       WHERE tenant_id = $1 AND doc_id = $2 AND section_id = $3",
                     Some(1),
@@ -281,7 +284,8 @@ pub fn run(
 
 fn metadata(ctx: &Ctx, doc: &Doc, _room: usize) -> Out {
     let sections = Spi::connect(|c| {
-        c.select(
+        select_saved(
+            c,
             "SELECT section_id, title, page_start, page_end FROM ctxguard.document_sections
               WHERE tenant_id = $1 AND doc_id = $2 ORDER BY page_start, section_id LIMIT 200",
             None,
@@ -315,7 +319,8 @@ fn metadata(ctx: &Ctx, doc: &Doc, _room: usize) -> Out {
 fn page_texts(ctx: &Ctx, doc: &Doc, start: i64, end: i64) -> Vec<(i32, String)> {
     as_owner(|| {
         Spi::connect(|c| {
-            c.select(
+            select_saved(
+            c,
                 "SELECT page_no, coalesce(clean, body) FROM ctxguard.document_pages
                   WHERE tenant_id = $1 AND doc_id = $2 AND page_no BETWEEN $3 AND $4 ORDER BY page_no",
                 None,
@@ -378,7 +383,8 @@ fn read_pages(ctx: &Ctx, doc: &Doc, start: i64, end: i64, mut room: usize) -> Ou
 fn search(ctx: &Ctx, doc: &Doc, query: &str, limit: i64, capped: bool, mut room: usize) -> Out {
     let hits = as_owner(|| {
         Spi::connect(|c| {
-            c.select(
+            select_saved(
+            c,
                 "SELECT page_no, score, ts_headline(cfg, clean, q,
                         'MaxFragments=2, MaxWords=24, MinWords=8, FragmentDelimiter=\" … \", StartSel=«, StopSel=»')
                    FROM (SELECT p.page_no, p.clean, q, $5::regconfig AS cfg, ts_rank_cd(p.tsv, q) AS score

@@ -271,3 +271,27 @@ pub fn saved_plan(
 
 /// `text` parameter type for [`saved_plan`].
 pub const TEXT: pgrx::PgOid = pgrx::PgOid::BuiltIn(pg_sys::BuiltinOid::TEXTOID);
+
+/// Run `sql` through a saved plan whose parameter types are those of `args` (read-only).
+pub fn select_saved<'conn>(
+    client: &pgrx::spi::SpiClient<'conn>,
+    sql: &str,
+    limit: Option<i64>,
+    args: &[pgrx::datum::DatumWithOid<'_>],
+) -> Result<pgrx::spi::SpiTupleTable<'conn>, pgrx::spi::Error> {
+    let types: Vec<pgrx::PgOid> = args.iter().map(|a| pgrx::PgOid::from(a.oid())).collect();
+    let plan = saved_plan(client, sql, &types, false)?;
+    client.select(&*plan, limit, args)
+}
+
+/// Like [`select_saved`], for statements that write.
+pub fn update_saved<'conn>(
+    client: &mut pgrx::spi::SpiClient<'conn>,
+    sql: &str,
+    limit: Option<i64>,
+    args: &[pgrx::datum::DatumWithOid<'_>],
+) -> Result<pgrx::spi::SpiTupleTable<'conn>, pgrx::spi::Error> {
+    let types: Vec<pgrx::PgOid> = args.iter().map(|a| pgrx::PgOid::from(a.oid())).collect();
+    let plan = saved_plan(client, sql, &types, true)?;
+    client.update(&*plan, limit, args)
+}
