@@ -83,7 +83,11 @@ $$;
 CREATE FUNCTION demo.invoice_get(args jsonb) RETURNS jsonb LANGUAGE sql STABLE AS $$
     SELECT coalesce((SELECT jsonb_build_object('id', i.id, 'number', i.number, 'amount', i.amount, 'currency', i.currency,
                                               'status', i.status, 'issued_on', i.issued_on, 'due_on', i.due_on,
-                                              'vendor', jsonb_build_object('id', v.id, 'name', v.name, 'country', v.country))
+                                              'vendor', jsonb_build_object('id', v.id, 'name', v.name, 'country', v.country),
+                                              'documents', (SELECT coalesce(jsonb_agg(jsonb_build_object('doc_id', d.id, 'title', d.title, 'status', d.status)
+                                                                                      ORDER BY d.title), '[]')
+                                                              FROM ctxguard.documents d
+                                                             WHERE d.entity_type = 'invoice' AND d.entity_id = i.id))
                        FROM demo.invoices i JOIN demo.vendors v ON v.tenant_id = i.tenant_id AND v.id = i.vendor_id
                       WHERE i.id = args->>'invoice_id'),
                     jsonb_build_object('found', false))

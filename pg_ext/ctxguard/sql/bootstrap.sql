@@ -119,3 +119,19 @@ CREATE TRIGGER tools_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON ctx
     FOR EACH STATEMENT EXECUTE FUNCTION ctxguard._bump_catalog_version();
 CREATE TRIGGER tool_policies_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON ctxguard.tool_policies
     FOR EACH STATEMENT EXECUTE FUNCTION ctxguard._bump_catalog_version();
+
+-- Conversations (for the gateway): one row per turn with the page context it was asked on.
+CREATE TABLE ctxguard.conversation_turns (
+    tenant_id       text NOT NULL,
+    user_id         text NOT NULL,
+    conversation_id text NOT NULL CHECK (conversation_id ~ '^[!-~]{1,128}$'),
+    turn            integer NOT NULL,
+    page            jsonb NOT NULL,
+    generation      uuid,
+    message         text NOT NULL,
+    answer          text,
+    tool_calls      jsonb NOT NULL DEFAULT '[]',
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (tenant_id, user_id, conversation_id, turn)
+);
+COMMENT ON TABLE ctxguard.conversation_turns IS 'Chat turns, tenant- and user-scoped; written by ctxguard.save_turn.';

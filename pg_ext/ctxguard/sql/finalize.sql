@@ -137,3 +137,40 @@ REVOKE EXECUTE ON FUNCTION ctxguard.put_document(text, text, text, text[], text,
 REVOKE EXECUTE ON FUNCTION ctxguard.put_page(text, integer, text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION ctxguard.put_section(text, text, text, integer, integer) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION ctxguard.set_tool_policy(text, jsonb) FROM PUBLIC;
+
+-- Conversations: each user sees only their own turns; writes go through save_turn (context-bound).
+ALTER TABLE ctxguard.conversation_turns ENABLE ROW LEVEL SECURITY;
+ALTER TABLE ctxguard.conversation_turns FORCE ROW LEVEL SECURITY;
+CREATE POLICY conversation_turns_own ON ctxguard.conversation_turns FOR SELECT
+    USING (tenant_id = (SELECT ctxguard.tenant_id()) AND user_id = (SELECT ctxguard.user_id()));
+CREATE POLICY conversation_turns_owner_insert ON ctxguard.conversation_turns FOR INSERT WITH CHECK (true);  -- no INSERT grant
+GRANT SELECT ON ctxguard.conversation_turns TO PUBLIC;
+
+CREATE FUNCTION ctxguard.save_turn(conversation_id text, message text, answer text, tool_calls jsonb DEFAULT '[]')
+    RETURNS integer LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    ctx jsonb := ctxguard.context();
+    n integer;
+BEGIN
+    IF ctx IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '28000', MESSAGE = 'ctxguard: no context is set';
+    END IF;
+    IF conversation_id IS NULL OR conversation_id !~ '^[!-~]{1,128}$' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'ctxguard: conversation_id must be 1-128 printable ASCII characters';
+    END IF;
+    IF message IS NULL OR octet_length(message) > 32768 OR octet_length(coalesce(answer, '')) > 262144
+       OR jsonb_typeof(coalesce(tool_calls, '[]')) <> 'array' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'ctxguard: turn too large or malformed';
+    END IF;
+    PERFORM pg_advisory_xact_lock(hashtextextended(ctx->>'tenantId' || chr(31) || (ctx->>'userId') || chr(31) || conversation_id, 11));
+    SELECT coalesce(max(t.turn), 0) + 1 INTO n FROM ctxguard.conversation_turns t
+     WHERE t.tenant_id = ctx->>'tenantId' AND t.user_id = ctx->>'userId' AND t.conversation_id = save_turn.conversation_id;
+    INSERT INTO ctxguard.conversation_turns (tenant_id, user_id, conversation_id, turn, page, generation, message, answer, tool_calls)
+    VALUES (ctx->>'tenantId', ctx->>'userId', save_turn.conversation_id, n,
+            jsonb_build_object('pageType', ctx->'pageType', 'entity', ctx->'entity', 'pageState', ctx->'pageState', 'states', ctx->'states'),
+            (ctx->>'generation')::uuid, message, answer, coalesce(tool_calls, '[]'));
+    RETURN n;
+END
+$$;
+COMMENT ON FUNCTION ctxguard.save_turn(text, text, text, jsonb) IS 'Append a chat turn for the context''s tenant and user, with the context''s page.';

@@ -1,0 +1,127 @@
+//! Configuration: environment variables (optionally loaded from a file), validated at startup.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Provider {
+    /// Deterministic, no network: picks among the visible tools from the message and answers only
+    /// from tool results. The default.
+    Offline,
+    /// Any OpenAI-compatible chat completions API with tools (OpenAI, vLLM, Ollama, llama.cpp).
+    Openai,
+    /// Anthropic Messages API.
+    Anthropic,
+}
+
+/// ctxguard gateway settings. Every flag also reads its `CTXGUARD_*` environment variable; a file of
+/// `KEY=value` lines given with `--config` (or `CTXGUARD_CONFIG`) fills in variables not already set.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "ctxguard-gateway", version, about)]
+pub struct Config {
+    /// Optional file of KEY=value lines (environment variables take precedence).
+    #[arg(long, env = "CTXGUARD_CONFIG")]
+    pub config: Option<std::path::PathBuf>,
+    /// PostgreSQL URL; connect as the non-superuser gateway role (e.g. ctxguard_gateway).
+    #[arg(long, env = "CTXGUARD_DATABASE_URL")]
+    pub database_url: String,
+    /// Address to listen on.
+    #[arg(long, env = "CTXGUARD_LISTEN", default_value = "127.0.0.1:8088")]
+    pub listen: SocketAddr,
+    /// LLM provider.
+    #[arg(long, env = "CTXGUARD_PROVIDER", value_enum, default_value = "offline")]
+    pub provider: Provider,
+    /// Model name for the provider.
+    #[arg(long, env = "CTXGUARD_MODEL", default_value = "offline-1")]
+    pub model: String,
+    /// Base URL of the provider API (e.g. https://api.openai.com/v1, http://localhost:11434/v1).
+    #[arg(long, env = "CTXGUARD_LLM_BASE_URL")]
+    pub llm_base_url: Option<String>,
+    /// API key for the provider.
+    #[arg(long, env = "CTXGUARD_LLM_API_KEY", hide_env_values = true)]
+    pub llm_api_key: Option<String>,
+    /// Most model steps (model calls) per turn.
+    #[arg(long, env = "CTXGUARD_MAX_STEPS", default_value_t = 6)]
+    pub max_steps: u32,
+    /// Deadline for one model request, in milliseconds.
+    #[arg(long, env = "CTXGUARD_LLM_TIMEOUT_MS", default_value_t = 60_000)]
+    pub llm_timeout_ms: u64,
+    /// Longest wait for a database connection, in milliseconds.
+    #[arg(long, env = "CTXGUARD_DB_TIMEOUT_MS", default_value_t = 2_000)]
+    pub db_timeout_ms: u64,
+    /// Database connection pool size.
+    #[arg(long, env = "CTXGUARD_POOL_SIZE", default_value_t = 16)]
+    pub pool_size: usize,
+    /// Most visible tools offered to the model per turn (ranked by the message).
+    #[arg(long, env = "CTXGUARD_MAX_TOOLS", default_value_t = 24)]
+    pub max_tools: i32,
+    /// Comma-separated hosts whose links and images may appear in answers.
+    #[arg(long, env = "CTXGUARD_LINK_ALLOWLIST", default_value = "")]
+    pub link_allowlist: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl Config {
+    /// Parse the command line and environment (after loading `--config`), then validate.
+    pub fn load() -> Result<Config, ConfigError> {
+        let file = std::env::args()
+            .skip_while(|a| a != "--config")
+            .nth(1)
+            .or_else(|| std::env::var("CTXGUARD_CONFIG").ok());
+        if let Some(path) = file {
+            dotenvy::from_path(&path)
+                .map_err(|e| ConfigError::Invalid(format!("config file {path}: {e}")))?;
+        }
+        let c = Config::try_parse().map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |m: &str| Err(ConfigError::Invalid(m.to_string()));
+        if !(1..=32).contains(&self.max_steps) {
+            return bad("CTXGUARD_MAX_STEPS must be 1..32");
+        }
+        if !(1..=512).contains(&self.pool_size) {
+            return bad("CTXGUARD_POOL_SIZE must be 1..512");
+        }
+        if self.llm_timeout_ms < 100 || self.db_timeout_ms < 10 {
+            return bad("timeouts are too small");
+        }
+        if self.provider != Provider::Offline {
+            if self.llm_base_url.as_deref().unwrap_or("").is_empty() {
+                return bad(
+                    "CTXGUARD_LLM_BASE_URL is required for the openai and anthropic providers",
+                );
+            }
+            let url = self.llm_base_url.as_deref().unwrap_or("");
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return bad("CTXGUARD_LLM_BASE_URL must be an http(s) URL");
+            }
+        }
+        Ok(())
+    }
+
+    pub fn llm_timeout(&self) -> Duration {
+        Duration::from_millis(self.llm_timeout_ms)
+    }
+
+    pub fn db_timeout(&self) -> Duration {
+        Duration::from_millis(self.db_timeout_ms)
+    }
+
+    pub fn allowed_hosts(&self) -> Vec<String> {
+        self.link_allowlist
+            .split(',')
+            .map(|h| h.trim().to_ascii_lowercase())
+            .filter(|h| !h.is_empty())
+            .collect()
+    }
+}

@@ -1,0 +1,306 @@
+//! Database access. Every step is one short transaction that starts with `ctxguard.set_context`;
+//! no transaction is held while the model thinks. The gateway decides nothing: the database does.
+
+use std::time::Duration;
+
+use deadpool_postgres::{ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime, Timeouts};
+use serde_json::Value;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::NoTls;
+use uuid::Uuid;
+
+use crate::error::ApiError;
+use crate::llm::ToolSpec;
+
+/// Who and where: the caller's token and page, plus the turn's generation and trace id.
+#[derive(Debug, Clone)]
+pub struct Scope {
+    pub token: String,
+    pub page: Value,
+    pub generation: Option<Uuid>,
+    pub trace_id: String,
+}
+
+/// What a turn starts from (read in one transaction).
+#[derive(Debug, Clone)]
+pub struct TurnStart {
+    pub context: Value,
+    pub generation: Uuid,
+    pub page_description: String,
+    pub tools: Vec<ToolSpec>,
+    pub history: Vec<(String, String)>,
+}
+
+#[derive(Clone)]
+pub struct Db {
+    pool: Pool,
+}
+
+pub fn map_pg(e: tokio_postgres::Error) -> ApiError {
+    if let Some(db) = e.as_db_error() {
+        let code = db.code();
+        if *code == SqlState::INVALID_AUTHORIZATION_SPECIFICATION {
+            return ApiError::Unauthorized(
+                db.message().trim_start_matches("ctxguard: ").to_string(),
+            );
+        }
+        if *code == SqlState::INVALID_PARAMETER_VALUE {
+            return ApiError::Unprocessable(
+                db.message().trim_start_matches("ctxguard: ").to_string(),
+            );
+        }
+        if code.code().starts_with("57")
+            || code.code().starts_with("08")
+            || *code == SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE
+        {
+            return ApiError::DatabaseUnavailable;
+        }
+        return ApiError::Internal(format!("{}: {}", code.code(), db.message()));
+    }
+    if e.is_closed() || e.to_string().contains("connection") {
+        return ApiError::DatabaseUnavailable;
+    }
+    ApiError::Internal(e.to_string())
+}
+
+fn map_pool(e: PoolError) -> ApiError {
+    match e {
+        PoolError::Backend(e) => map_pg(e),
+        PoolError::Timeout(_) | PoolError::Closed | PoolError::NoRuntimeSpecified => {
+            ApiError::DatabaseUnavailable
+        }
+        PoolError::PostCreateHook(_) => ApiError::DatabaseUnavailable,
+    }
+}
+
+impl Db {
+    pub fn connect(url: &str, size: usize, timeout: Duration) -> Result<Db, String> {
+        let mut cfg = deadpool_postgres::Config::new();
+        cfg.url = Some(url.to_string());
+        cfg.manager = Some(ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        });
+        let mut pool_cfg = deadpool_postgres::PoolConfig::new(size);
+        pool_cfg.timeouts = Timeouts {
+            wait: Some(timeout),
+            create: Some(timeout),
+            recycle: Some(timeout),
+        };
+        cfg.pool = Some(pool_cfg);
+        let pool = cfg
+            .create_pool(Some(Runtime::Tokio1), NoTls)
+            .map_err(|e| e.to_string())?;
+        Ok(Db { pool })
+    }
+
+    pub fn status(&self) -> (usize, usize) {
+        let s = self.pool.status();
+        (s.size, s.available)
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Object, ApiError> {
+        self.pool.get().await.map_err(map_pool)
+    }
+
+    /// Open a transaction with the scope's context set.
+    async fn begin<'a>(
+        client: &'a mut deadpool_postgres::Object,
+        scope: &Scope,
+    ) -> Result<(deadpool_postgres::Transaction<'a>, Value), ApiError> {
+        let tx = client.transaction().await.map_err(map_pg)?;
+        let stmt = tx
+            .prepare_cached("SELECT ctxguard.set_context($1, $2, $3, $4)")
+            .await
+            .map_err(map_pg)?;
+        let row = tx
+            .query_one(
+                &stmt,
+                &[
+                    &scope.token,
+                    &scope.page,
+                    &scope.generation,
+                    &scope.trace_id,
+                ],
+            )
+            .await
+            .map_err(map_pg)?;
+        Ok((tx, row.get(0)))
+    }
+
+    /// `SELECT extversion` of ctxguard, for readiness.
+    pub async fn extension_version(&self) -> Result<Option<String>, ApiError> {
+        let client = self.client().await?;
+        let row = client
+            .query_opt(
+                "SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'ctxguard'",
+                &[],
+            )
+            .await
+            .map_err(map_pg)?;
+        Ok(row.map(|r| r.get(0)))
+    }
+
+    /// Mint a generation, read Gate A (ranked by the message) and recent history.
+    pub async fn open_turn(
+        &self,
+        scope: &Scope,
+        conversation_id: &str,
+        message: &str,
+        max_tools: i32,
+    ) -> Result<TurnStart, ApiError> {
+        let mut client = self.client().await?;
+        let (tx, _) = Self::begin(&mut client, scope).await?;
+        let generation: Uuid = tx
+            .query_one("SELECT ctxguard.begin_generation($1)", &[&conversation_id])
+            .await
+            .map_err(map_pg)?
+            .get(0);
+        // Re-set the context with the generation so everything below is bound to it.
+        let with_gen = Scope {
+            generation: Some(generation),
+            ..scope.clone()
+        };
+        let context: Value = tx
+            .query_one(
+                "SELECT ctxguard.set_context($1, $2, $3, $4)",
+                &[
+                    &with_gen.token,
+                    &with_gen.page,
+                    &with_gen.generation,
+                    &with_gen.trace_id,
+                ],
+            )
+            .await
+            .map_err(map_pg)?
+            .get(0);
+        let tools = tx
+            .query(
+                "SELECT name, description, input_schema, read_only, danger, requires_approval FROM ctxguard.visible_tools($1, $2)",
+                &[&message, &max_tools],
+            )
+            .await
+            .map_err(map_pg)?
+            .into_iter()
+            .map(|r| ToolSpec {
+                name: r.get(0),
+                description: r.get(1),
+                input_schema: r.get(2),
+                read_only: r.get(3),
+                danger: r.get(4),
+                requires_approval: r.get(5),
+            })
+            .collect();
+        let page_description: String = tx
+            .query_opt(
+                "SELECT description FROM ctxguard.page_types WHERE name = ctxguard.page_type()",
+                &[],
+            )
+            .await
+            .map_err(map_pg)?
+            .map(|r| r.get(0))
+            .unwrap_or_default();
+        let mut history: Vec<(String, String)> = tx
+            .query(
+                "SELECT message, coalesce(answer, '') FROM ctxguard.conversation_turns
+                  WHERE conversation_id = $1 ORDER BY turn DESC LIMIT 6",
+                &[&conversation_id],
+            )
+            .await
+            .map_err(map_pg)?
+            .into_iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        history.reverse();
+        tx.commit().await.map_err(map_pg)?;
+        Ok(TurnStart {
+            context,
+            generation,
+            page_description,
+            tools,
+            history,
+        })
+    }
+
+    /// Gate B for one tool call, in its own transaction. Returns the envelope.
+    pub async fn call_tool(
+        &self,
+        scope: &Scope,
+        name: &str,
+        args: &Value,
+    ) -> Result<Value, ApiError> {
+        let mut client = self.client().await?;
+        let (tx, _) = Self::begin(&mut client, scope).await?;
+        let stmt = tx
+            .prepare_cached("SELECT ctxguard.call_tool($1, $2)")
+            .await
+            .map_err(map_pg)?;
+        let envelope: Value = tx
+            .query_one(&stmt, &[&name, args])
+            .await
+            .map_err(map_pg)?
+            .get(0);
+        tx.commit().await.map_err(map_pg)?;
+        Ok(envelope)
+    }
+
+    /// Run a pending approval exactly once (the database consumes it atomically).
+    pub async fn approve(&self, scope: &Scope, call_id: Uuid) -> Result<Value, ApiError> {
+        let mut client = self.client().await?;
+        let (tx, _) = Self::begin(&mut client, scope).await?;
+        let envelope: Value = tx
+            .query_one("SELECT ctxguard.approve_call($1)", &[&call_id])
+            .await
+            .map_err(map_pg)?
+            .get(0);
+        tx.commit().await.map_err(map_pg)?;
+        Ok(envelope)
+    }
+
+    /// Verify the token and page, returning the context (who the database says the caller is).
+    pub async fn context(&self, scope: &Scope) -> Result<Value, ApiError> {
+        let mut client = self.client().await?;
+        let (tx, context) = Self::begin(&mut client, scope).await?;
+        tx.commit().await.map_err(map_pg)?;
+        Ok(context)
+    }
+
+    /// Mint a generation for a conversation.
+    pub async fn mint_generation(
+        &self,
+        scope: &Scope,
+        conversation_id: &str,
+    ) -> Result<Uuid, ApiError> {
+        let mut client = self.client().await?;
+        let (tx, _) = Self::begin(&mut client, scope).await?;
+        let g: Uuid = tx
+            .query_one("SELECT ctxguard.begin_generation($1)", &[&conversation_id])
+            .await
+            .map_err(map_pg)?
+            .get(0);
+        tx.commit().await.map_err(map_pg)?;
+        Ok(g)
+    }
+
+    /// Persist a finished turn (tenant- and user-scoped, with its page context).
+    pub async fn save_turn(
+        &self,
+        scope: &Scope,
+        conversation_id: &str,
+        message: &str,
+        answer: &str,
+        calls: &Value,
+    ) -> Result<i32, ApiError> {
+        let mut client = self.client().await?;
+        let (tx, _) = Self::begin(&mut client, scope).await?;
+        let n: i32 = tx
+            .query_one(
+                "SELECT ctxguard.save_turn($1, $2, $3, $4)",
+                &[&conversation_id, &message, &answer, calls],
+            )
+            .await
+            .map_err(map_pg)?
+            .get(0);
+        tx.commit().await.map_err(map_pg)?;
+        Ok(n)
+    }
+}

@@ -1,0 +1,80 @@
+//! One error type for every endpoint: `{"error": {"code", "message"}}` with a fitting status.
+//! Internal details are logged, never returned.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    Unprocessable(String),
+    #[error("request body too large")]
+    TooLarge,
+    #[error("{0}")]
+    Unauthorized(String),
+    #[error("{0}")]
+    Forbidden(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("database unavailable")]
+    DatabaseUnavailable,
+    #[error("model upstream failed")]
+    UpstreamFailed,
+    #[error("model upstream timed out")]
+    UpstreamTimeout,
+    #[error("internal error")]
+    Internal(String),
+}
+
+impl ApiError {
+    pub fn code(&self) -> &'static str {
+        match self {
+            ApiError::BadRequest(_) => "BAD_REQUEST",
+            ApiError::Unprocessable(_) => "INVALID_PAGE_CONTEXT",
+            ApiError::TooLarge => "PAYLOAD_TOO_LARGE",
+            ApiError::Unauthorized(_) => "UNAUTHENTICATED",
+            ApiError::Forbidden(_) => "IDENTITY_MISMATCH",
+            ApiError::NotFound(_) => "NOT_FOUND",
+            ApiError::DatabaseUnavailable => "DATABASE_UNAVAILABLE",
+            ApiError::UpstreamFailed => "UPSTREAM_FAILED",
+            ApiError::UpstreamTimeout => "UPSTREAM_TIMEOUT",
+            ApiError::Internal(_) => "INTERNAL",
+        }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::DatabaseUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::UpstreamFailed => StatusCode::BAD_GATEWAY,
+            ApiError::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    pub fn body(&self) -> serde_json::Value {
+        let message = match self {
+            ApiError::Internal(_) => "internal error".to_string(),
+            other => other.to_string(),
+        };
+        json!({"error": {"code": self.code(), "message": message}})
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if let ApiError::Internal(detail) = &self {
+            tracing::error!(%detail, "internal error");
+        }
+        (self.status(), Json(self.body())).into_response()
+    }
+}

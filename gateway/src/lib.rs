@@ -1,0 +1,384 @@
+//! ctxguard gateway: authenticates the caller (by handing the bearer token to the database), sets
+//! the context for each short transaction, runs the LLM loop and reports. Every decision stays in
+//! PostgreSQL. `app(state)` builds the router; `main.rs` only wires config, tracing, pool and serve.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{DefaultBodyLimit, FromRequest, Path, Request, State};
+use axum::http::{header, HeaderMap, HeaderName, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::trace::TraceLayer;
+
+pub mod chat;
+pub mod config;
+pub mod db;
+pub mod error;
+pub mod hygiene;
+pub mod legacy;
+pub mod llm;
+pub mod metrics;
+
+use crate::chat::{ChatRequest, UserClaim};
+use crate::config::{Config, Provider};
+use crate::db::{Db, Scope};
+use crate::error::ApiError;
+use crate::llm::ChatModel;
+use crate::metrics::Metrics;
+
+/// Largest request body accepted (larger: 413 before any database work).
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+pub struct AppState {
+    pub db: Db,
+    pub model: Arc<dyn ChatModel>,
+    pub config: Arc<Config>,
+    pub metrics: Arc<Metrics>,
+}
+
+impl AppState {
+    /// Build the state from config: pool (lazy; no connection is made here) and provider.
+    pub fn from_config(config: Config) -> Result<AppState, String> {
+        let db = Db::connect(&config.database_url, config.pool_size, config.db_timeout())?;
+        let model: Arc<dyn ChatModel> = match config.provider {
+            Provider::Offline => Arc::new(llm::offline::Offline),
+            Provider::Openai => Arc::new(llm::openai::OpenAi::new(
+                config.llm_base_url.as_deref().unwrap_or_default(),
+                config.llm_api_key.clone(),
+                &config.model,
+                config.llm_timeout(),
+            )),
+            Provider::Anthropic => Arc::new(llm::anthropic::Anthropic::new(
+                config.llm_base_url.as_deref().unwrap_or_default(),
+                config.llm_api_key.clone(),
+                &config.model,
+                config.llm_timeout(),
+            )),
+        };
+        Ok(AppState {
+            db,
+            model,
+            config: Arc::new(config),
+            metrics: Arc::new(Metrics::new()),
+        })
+    }
+}
+
+/// JSON body extractor whose rejections use the API's error format (400 / 413 / 415).
+pub struct ApiJson<T>(pub T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequest<S> for ApiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        match Json::<T>::from_request(req, state).await {
+            Ok(Json(v)) => Ok(ApiJson(v)),
+            Err(JsonRejection::BytesRejection(r))
+                if r.status() == StatusCode::PAYLOAD_TOO_LARGE =>
+            {
+                Err(ApiError::TooLarge)
+            }
+            Err(JsonRejection::MissingJsonContentType(_)) => Err(ApiError::BadRequest(
+                "expected Content-Type: application/json".into(),
+            )),
+            Err(e) => Err(ApiError::BadRequest(format!(
+                "invalid JSON body: {}",
+                e.body_text().chars().take(200).collect::<String>()
+            ))),
+        }
+    }
+}
+
+/// The bearer token, required before any database work.
+fn bearer(headers: &HeaderMap) -> Result<String, ApiError> {
+    let value = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    match value.strip_prefix("Bearer ").map(str::trim) {
+        Some(t) if !t.is_empty() && t.len() <= 8192 && t.bytes().all(|b| b.is_ascii_graphic()) => {
+            Ok(t.to_string())
+        }
+        _ => Err(ApiError::Unauthorized("a bearer token is required".into())),
+    }
+}
+
+fn trace_id(headers: &HeaderMap) -> String {
+    headers
+        .get(&REQUEST_ID)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| chat::is_valid_id(v))
+        .map_or_else(|| uuid::Uuid::new_v4().to_string(), str::to_string)
+}
+
+fn page_from(v: Option<Value>) -> Result<Value, ApiError> {
+    match v {
+        Some(p @ Value::Object(_)) => Ok(p),
+        Some(_) => Err(ApiError::Unprocessable(
+            "pageContext must be an object".into(),
+        )),
+        None => Err(ApiError::Unprocessable(
+            "pageContext is required (or a [CONTEXT] message)".into(),
+        )),
+    }
+}
+
+async fn health() -> Json<Value> {
+    Json(json!({"status": "ok"}))
+}
+
+async fn ready(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
+    let want = env!("CARGO_PKG_VERSION");
+    match state.db.extension_version().await? {
+        Some(v) if v == want => Ok(Json(json!({"status": "ready", "extension": v}))),
+        Some(v) => Err(ApiError::Unprocessable(format!(
+            "ctxguard extension is {v}, gateway expects {want}"
+        )))
+        .map_err(|_| ApiError::DatabaseUnavailable),
+        None => Err(ApiError::DatabaseUnavailable),
+    }
+}
+
+async fn metrics_endpoint(State(state): State<Arc<AppState>>) -> impl IntoResponse {
+    let (size, available) = state.db.status();
+    state.metrics.pool_size.set(size as i64);
+    state.metrics.pool_available.set(available as i64);
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        state.metrics.render(),
+    )
+}
+
+async fn chat_endpoint(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    ApiJson(req): ApiJson<ChatRequest>,
+) -> Result<Response, ApiError> {
+    let token = bearer(&headers)?;
+    chat::validate(&req)?;
+    let (page, question) = match legacy::parse(&req.message).map_err(ApiError::BadRequest)? {
+        Some((page, q)) if req.page_context.is_none() => (
+            page,
+            if q.is_empty() {
+                "What is on this page?".to_string()
+            } else {
+                q
+            },
+        ),
+        Some(_) => {
+            return Err(ApiError::BadRequest(
+                "send either pageContext or a [CONTEXT] message, not both".into(),
+            ))
+        }
+        None => (page_from(req.page_context.clone())?, req.message.clone()),
+    };
+    let trace = trace_id(&headers);
+    let wants_stream = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|a| a.contains("text/event-stream"));
+    if !wants_stream {
+        let resp = chat::run_turn(state, token, trace, req, page, question, None).await?;
+        return Ok(Json(resp).into_response());
+    }
+    let (tx, rx) = tokio::sync::mpsc::channel::<chat::Event>(32);
+    let (etx, erx) = tokio::sync::oneshot::channel::<ApiError>();
+    tokio::spawn(async move {
+        if let Err(e) = chat::run_turn(state, token, trace, req, page, question, Some(tx)).await {
+            let _ = etx.send(e);
+        }
+    });
+    let events = futures::stream::unfold((rx, Some(erx)), |(mut rx, erx)| async move {
+        match rx.recv().await {
+            Some(e) => Some((
+                Ok::<_, std::convert::Infallible>(
+                    SseEvent::default()
+                        .event(e.name())
+                        .data(e.data().to_string()),
+                ),
+                (rx, erx),
+            )),
+            None => {
+                let err = erx?.await.ok()?;
+                Some((
+                    Ok(SseEvent::default()
+                        .event("error")
+                        .data(err.body().to_string())),
+                    (rx, None),
+                ))
+            }
+        }
+    });
+    Ok(Sse::new(events)
+        .keep_alive(KeepAlive::default())
+        .into_response())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct ApprovalRequest {
+    page_context: Value,
+}
+
+async fn approve_endpoint(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Path(call_id): Path<String>,
+    ApiJson(req): ApiJson<ApprovalRequest>,
+) -> Result<Json<Value>, ApiError> {
+    let token = bearer(&headers)?;
+    let call_id = uuid::Uuid::parse_str(&call_id)
+        .map_err(|_| ApiError::BadRequest("call_id must be a UUID".into()))?;
+    let scope = Scope {
+        token,
+        page: page_from(Some(req.page_context))?,
+        generation: None,
+        trace_id: trace_id(&headers),
+    };
+    let envelope = state.db.approve(&scope, call_id).await?;
+    Ok(Json(envelope))
+}
+
+/// Seed 003's request: `{tool_name, arguments, user?, trace_id?, pageContext?, generation_id?}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExecuteRequest {
+    tool_name: String,
+    #[serde(default)]
+    arguments: Value,
+    #[serde(default)]
+    user: Option<UserClaim>,
+    #[serde(default)]
+    trace_id: Option<String>,
+    #[serde(default, rename = "pageContext")]
+    page_context: Option<Value>,
+    #[serde(default)]
+    generation_id: Option<uuid::Uuid>,
+}
+
+async fn execute_endpoint(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    ApiJson(req): ApiJson<ExecuteRequest>,
+) -> Result<Json<Value>, ApiError> {
+    let token = bearer(&headers)?;
+    let trace = req
+        .trace_id
+        .clone()
+        .filter(|t| chat::is_valid_id(t))
+        .unwrap_or_else(|| trace_id(&headers));
+    let page = page_from(req.page_context)?;
+    let mut scope = Scope {
+        token,
+        page,
+        generation: req.generation_id,
+        trace_id: trace.clone(),
+    };
+    // Identity comes from the token only: a disagreeing `user` in the body is refused.
+    let context = state.db.context(&scope).await?;
+    chat::check_claim(req.user.as_ref(), &context)?;
+    if scope.generation.is_none() {
+        scope.generation = Some(state.db.mint_generation(&scope, &trace).await?);
+    }
+    let arguments = if req.arguments.is_null() {
+        json!({})
+    } else {
+        req.arguments
+    };
+    let envelope = state
+        .db
+        .call_tool(&scope, &req.tool_name, &arguments)
+        .await?;
+    let code = envelope
+        .pointer("/error/code")
+        .and_then(Value::as_str)
+        .unwrap_or("OK");
+    state
+        .metrics
+        .tool_decisions
+        .with_label_values(&[code])
+        .inc();
+    let mut out = json!({"status": envelope["status"], "trace_id": trace, "generation_id": scope.generation.map(|g| g.to_string())});
+    if envelope["status"] == "ok" {
+        out["result"] = envelope["result"].clone();
+    } else {
+        out["error"] = envelope["error"].clone();
+    }
+    Ok(Json(out))
+}
+
+async fn count_requests(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let route = req
+        .uri()
+        .path()
+        .split('/')
+        .take(3)
+        .collect::<Vec<_>>()
+        .join("/");
+    let resp = next.run(req).await;
+    state
+        .metrics
+        .requests
+        .with_label_values(&[&route, resp.status().as_str()])
+        .inc();
+    resp
+}
+
+async fn not_found() -> ApiError {
+    ApiError::NotFound("no such endpoint".into())
+}
+
+/// The router, with request ids (propagated to audit rows as trace ids), tracing and body limits.
+pub fn app(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/ready", get(ready))
+        .route("/metrics", get(metrics_endpoint))
+        .route("/v1/chat", post(chat_endpoint))
+        .route("/v1/approvals/{call_id}", post(approve_endpoint))
+        .route("/internal/mcp/execute", post(execute_endpoint))
+        .fallback(not_found)
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            count_requests,
+        ))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(PropagateRequestIdLayer::new(REQUEST_ID))
+        .layer(TraceLayer::new_for_http())
+        .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))
+        .with_state(state)
+}
+
+/// Serve until SIGINT/SIGTERM, then drain in-flight requests.
+pub async fn serve(listener: tokio::net::TcpListener, state: Arc<AppState>) -> std::io::Result<()> {
+    axum::serve(listener, app(state))
+        .with_graceful_shutdown(shutdown_signal())
+        .await
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        if let Ok(mut s) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        {
+            s.recv().await;
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+    tracing::info!("shutting down");
+    tokio::time::sleep(Duration::from_millis(10)).await;
+}
