@@ -14,7 +14,7 @@ SELECT is(pg_temp.code(ctxguard.call_tool('vendor.list', '{}')), 'CONTEXT_MISSIN
 -- Gate A per page
 BEGIN;
 SELECT ctxguard.set_context(:'tok_alice', '{"pageType": "vendor_table"}') \g /dev/null
-SELECT set_eq('SELECT name FROM ctxguard.visible_tools()', $$VALUES ('vendor.list'), ('test.boom'), ('test.sneaky_write'), ('test.set_identity'), ('test.numbers'), ('test.leaky'), ('test.huge'), ('list_available_tools')$$,
+SELECT set_eq('SELECT name FROM ctxguard.visible_tools()', $$VALUES ('vendor.list'), ('test.boom'), ('test.sneaky_write'), ('test.set_identity'), ('test.numbers'), ('test.leaky'), ('test.huge'), ('test.slow'), ('test.injector'), ('list_available_tools')$$,
               'Gate A on vendor_table');
 SELECT ok((ctxguard.call_tool('vendor.list', '{}')->'result'->>'count')::int = 5, 'seed 000: vendor.list answers on vendor_table');
 COMMIT;

@@ -75,7 +75,8 @@ pub trait ChatModel: Send + Sync {
 }
 
 /// Tool names as providers accept them (`^[a-zA-Z0-9_-]{1,64}$`): dots become `__`. The mapping back
-/// is looked up per request; a name the model invents maps to itself and the database refuses it.
+/// prefers the offered tools; any other name is decoded the same way and the database judges it
+/// (an invisible tool is audited as TOOL_NOT_VISIBLE, an unknown one as TOOL_NOT_FOUND).
 pub fn wire_name(name: &str) -> String {
     name.replace('.', "__")
 }
@@ -84,8 +85,7 @@ pub fn tool_name_from_wire(wire: &str, tools: &[ToolSpec]) -> String {
     tools
         .iter()
         .find(|t| wire_name(&t.name) == wire)
-        .map(|t| t.name.clone())
-        .unwrap_or_else(|| wire.to_string())
+        .map_or_else(|| wire.replace("__", "."), |t| t.name.clone())
 }
 
 /// Send a request with at most one retry, on 429 or 5xx, honouring `Retry-After` (capped).
@@ -154,7 +154,7 @@ mod tests {
         }];
         assert_eq!(wire_name("invoice.get"), "invoice__get");
         assert_eq!(tool_name_from_wire("invoice__get", &tools), "invoice.get");
-        assert_eq!(tool_name_from_wire("admin__drop", &tools), "admin__drop");
+        assert_eq!(tool_name_from_wire("admin__drop", &tools), "admin.drop");
         assert_eq!(parse_arguments("{\"a\":1}"), serde_json::json!({"a": 1}));
         assert_eq!(
             parse_arguments("not json"),

@@ -1,0 +1,426 @@
+//! The real gateway over HTTP against a real PostgreSQL, with a mock OpenAI-compatible model that
+//! scripts hostile tool calls. Assertions are on the database outcome (audit rows, rows touched),
+//! never on model text. SECURITY_MATRIX F and G.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use support::*;
+
+fn codes(rows: &[(String, Option<String>, Option<String>)]) -> Vec<String> {
+    rows.iter()
+        .map(|(d, c, _)| c.clone().unwrap_or_else(|| d.clone()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_tool_calls_are_refused_by_the_database() {
+    let huge = "x".repeat(20_000);
+    let mock = Mock::new(vec![
+        Step::Tools(vec![
+            ("invoice__get", json!({"invoice_id": "acme_inv4"})),
+            ("invoice__get", json!({"invoice_id": "glx_inv3"})),
+            ("vendor__list", json!({})),
+            ("legacy__export_all", json!({})),
+            ("admin__drop_everything", json!({})),
+            (
+                "invoice__get",
+                json!({"invoice_id": "'; DROP TABLE demo.invoices; --"}),
+            ),
+            ("invoice__get", json!({"tenant_id": "globex"})),
+            ("invoice__get", json!({"note": huge})),
+        ]),
+        Step::Tools(vec![("test__injector", json!({}))]),
+        // The "injected" instruction: the model obeys it; the database does not.
+        Step::Tools(vec![("invoice__get", json!({"invoice_id": "glx_inv3"}))]),
+        Step::Answer(
+            "Here you go ![x](https://evil.example/p.png?d=1) [more](https://evil.example)",
+        ),
+    ]);
+    let base = mock.serve().await;
+    let gw = gateway(&[
+        "--provider",
+        "openai",
+        "--llm-base-url",
+        &base,
+        "--model",
+        "mock",
+    ])
+    .await;
+    let trace = format!("hostile-{}", uuid::Uuid::new_v4());
+    let alice = token("alice", "acme", &["ap_clerk"]);
+    let (status, body) = post_json(
+        gw,
+        "/v1/chat",
+        Some(&alice),
+        &trace,
+        &json!({"message": "summarize this invoice", "pageContext": invoice_page("acme_inv5")}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let rows = audit(&trace).await;
+    assert_eq!(
+        codes(&rows),
+        [
+            "ENTITY_MISMATCH",
+            "ENTITY_MISMATCH",
+            "TOOL_NOT_VISIBLE",
+            "TOOL_NOT_FOUND",
+            "TOOL_NOT_FOUND",
+            "ENTITY_MISMATCH",
+            "INVALID_ARGUMENT",
+            "INVALID_ARGUMENT",
+            "allow",
+            "ENTITY_MISMATCH"
+        ],
+        "{rows:?}"
+    );
+    // The only allowed call was the injector; no invoice was ever read for anyone.
+    assert_eq!(
+        rows.iter()
+            .filter(|r| r.0 == "allow")
+            .map(|r| r.2.clone().unwrap())
+            .collect::<Vec<_>>(),
+        ["test.injector"]
+    );
+    let n: i64 = admin()
+        .await
+        .query_one("SELECT count(*) FROM demo.invoices", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 24, "SQL text in arguments stayed data");
+    let answer = body["answer"].as_str().unwrap();
+    assert!(
+        !answer.contains("evil.example"),
+        "links neutralised: {answer}"
+    );
+    // The model never saw the bound parameter in the tool schema.
+    let first = mock.requests.lock().unwrap()[0].clone();
+    let get = first["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["function"]["name"] == "invoice__get")
+        .unwrap()
+        .clone();
+    assert!(
+        get["function"]["parameters"]["properties"]
+            .get("invoice_id")
+            .is_none(),
+        "{get}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endless_tool_loop_stops_at_the_step_limit() {
+    let mock = Mock::new(vec![]);
+    *mock.repeat.lock().unwrap() = Some(Step::Tools(vec![("vendor__list", json!({}))]));
+    let base = mock.serve().await;
+    let gw = gateway(&[
+        "--provider",
+        "openai",
+        "--llm-base-url",
+        &base,
+        "--max-steps",
+        "3",
+    ])
+    .await;
+    let trace = format!("loop-{}", uuid::Uuid::new_v4());
+    let (status, body) = post_json(
+        gw,
+        "/v1/chat",
+        Some(&token("alice", "acme", &[])),
+        &trace,
+        &json!({"message": "list vendors forever", "pageContext": {"pageType": "vendor_table"}}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(body["stoppedByStepLimit"], true);
+    assert_eq!(mock.request_count(), 3);
+    assert_eq!(
+        audit(&trace).await.len(),
+        3,
+        "one audited call per step, no more"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_errors_retry_once_and_never_rerun_a_tool() {
+    // Step 1: a tool call. Step 2: 503 then (retry) 500 → 502; the tool ran exactly once.
+    let mock = Mock::new(vec![
+        Step::Tools(vec![("vendor__list", json!({}))]),
+        Step::Status(503, Some("0")),
+        Step::Status(500, None),
+    ]);
+    let base = mock.serve().await;
+    let gw = gateway(&["--provider", "openai", "--llm-base-url", &base]).await;
+    let trace = format!("upstream-{}", uuid::Uuid::new_v4());
+    let (status, body) = post_json(
+        gw,
+        "/v1/chat",
+        Some(&token("alice", "acme", &[])),
+        &trace,
+        &json!({"message": "vendors?", "pageContext": {"pageType": "vendor_table"}}),
+    )
+    .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (502, Some("UPSTREAM_FAILED"))
+    );
+    assert_eq!(mock.request_count(), 3, "one retry, not more");
+    assert_eq!(
+        codes(&audit(&trace).await),
+        ["allow"],
+        "the tool call ran and was audited exactly once"
+    );
+
+    // A 429 with Retry-After followed by success recovers.
+    let mock = Mock::new(vec![Step::Status(429, Some("1")), Step::Answer("fine")]);
+    let base = mock.serve().await;
+    let gw = gateway(&["--provider", "openai", "--llm-base-url", &base]).await;
+    let started = Instant::now();
+    let (status, _) = post_json(
+        gw,
+        "/v1/chat",
+        Some(&token("alice", "acme", &[])),
+        "retry-ok",
+        &json!({"message": "hello", "pageContext": {"pageType": "vendor_table"}}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert!(
+        started.elapsed() >= Duration::from_secs(1),
+        "Retry-After honoured"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_upstream_times_out_with_504_after_auditing_once() {
+    let mock = Mock::new(vec![
+        Step::Tools(vec![("vendor__list", json!({}))]),
+        Step::Sleep(Duration::from_secs(3)),
+    ]);
+    let base = mock.serve().await;
+    let gw = gateway(&[
+        "--provider",
+        "openai",
+        "--llm-base-url",
+        &base,
+        "--llm-timeout-ms",
+        "500",
+    ])
+    .await;
+    let trace = format!("slow-{}", uuid::Uuid::new_v4());
+    let (status, body) = post_json(
+        gw,
+        "/v1/chat",
+        Some(&token("alice", "acme", &[])),
+        &trace,
+        &json!({"message": "vendors?", "pageContext": {"pageType": "vendor_table"}}),
+    )
+    .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (504, Some("UPSTREAM_TIMEOUT"))
+    );
+    assert_eq!(codes(&audit(&trace).await), ["allow"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identity_comes_only_from_the_token() {
+    let gw = gateway(&[]).await;
+    let alice = token("alice", "acme", &["ap_clerk"]);
+    let page = invoice_page("acme_inv2");
+    let (status, body) = post_json(gw, "/internal/mcp/execute", Some(&alice), "idm-1",
+        &json!({"tool_name": "invoice.get", "arguments": {}, "user": {"user_id": "carol", "tenant_id": "globex"}, "pageContext": page})).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (403, Some("IDENTITY_MISMATCH"))
+    );
+    assert!(audit("idm-1").await.is_empty(), "nothing was called");
+    let (status, body) = post_json(gw, "/internal/mcp/execute", Some(&alice), "idm-2",
+        &json!({"tool_name": "invoice.get", "arguments": {}, "user": {"user_id": "alice", "tenant_id": "acme"}, "trace_id": "abc-def-123", "pageContext": page})).await;
+    assert_eq!(
+        (status, body["status"].as_str(), body["trace_id"].as_str()),
+        (200, Some("ok"), Some("abc-def-123"))
+    );
+    assert_eq!(body["result"]["id"], "acme_inv2");
+    let (status, _) = post_json(
+        gw,
+        "/v1/chat",
+        None,
+        "nobody",
+        &json!({"message": "hi", "pageContext": page}),
+    )
+    .await;
+    assert_eq!(status, 401);
+    let forged = format!("{}x", alice);
+    let (status, body) = post_json(
+        gw,
+        "/v1/chat",
+        Some(&forged),
+        "forged",
+        &json!({"message": "hi", "pageContext": page}),
+    )
+    .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (401, Some("UNAUTHENTICATED"))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_tenants_interleaved_over_a_pool_of_one_never_mix() {
+    let gw = gateway(&["--pool-size", "1", "--db-timeout-ms", "10000"]).await;
+    let users = [
+        ("alice", "acme", "Northwind Traders"),
+        ("carol", "globex", "Initech Supplies"),
+    ];
+    let tokens: Vec<String> = users.iter().map(|(u, t, _)| token(u, t, &[])).collect();
+    let mut handles = Vec::new();
+    for i in 0..120 {
+        let k = i % 2;
+        let tok = tokens[k].clone();
+        let (_, tenant, marker) = users[k];
+        handles.push(tokio::spawn(async move {
+            let (status, body) = post_json(gw, "/internal/mcp/execute", Some(&tok), &format!("mix-{i}"),
+                &json!({"tool_name": "vendor.list", "arguments": {}, "pageContext": {"pageType": "vendor_table"}})).await;
+            assert_eq!(status, 200, "{body}");
+            let names: Vec<String> = body["result"]["vendors"].as_array().unwrap().iter().map(|v| v["name"].as_str().unwrap().to_string()).collect();
+            assert!(names.iter().any(|n| n == marker), "{tenant} saw {names:?}");
+            let other = users[1 - k].2;
+            assert!(!names.iter().any(|n| n == other), "cross-tenant rows for {tenant}: {names:?}");
+        }));
+    }
+    for h in handles {
+        h.await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exhausted_pool_answers_503_fast_and_bad_requests_take_no_connection() {
+    let mock = Mock::new(vec![
+        Step::Tools(vec![("test__slow", json!({}))]),
+        Step::Answer("ok"),
+    ]);
+    let base = mock.serve().await;
+    let gw = gateway(&[
+        "--provider",
+        "openai",
+        "--llm-base-url",
+        &base,
+        "--pool-size",
+        "1",
+        "--db-timeout-ms",
+        "200",
+    ])
+    .await;
+    let alice = token("alice", "acme", &[]);
+    let holder = {
+        let alice = alice.clone();
+        tokio::spawn(async move {
+            post_json(
+                gw,
+                "/v1/chat",
+                Some(&alice),
+                "holder",
+                &json!({"message": "sleep", "pageContext": {"pageType": "vendor_table"}}),
+            )
+            .await
+        })
+    };
+    // Wait until the slow tool holds the only connection.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let started = Instant::now();
+    let (status, body) = post_json(gw, "/internal/mcp/execute", Some(&alice), "starved",
+        &json!({"tool_name": "vendor.list", "arguments": {}, "pageContext": {"pageType": "vendor_table"}})).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (503, Some("DATABASE_UNAVAILABLE"))
+    );
+    // Fast, never a hang: the refusal came while the slow call still holds the only connection.
+    assert!(
+        !holder.is_finished(),
+        "503 only after the pool freed up ({:?})",
+        started.elapsed()
+    );
+    // Invalid requests never wait for a connection: had they, the pool would have answered 503.
+    let (s1, _) = post_json(
+        gw,
+        "/v1/chat",
+        None,
+        "bad-1",
+        &json!({"message": "x", "pageContext": {}}),
+    )
+    .await;
+    let (s2, _) = post_json(
+        gw,
+        "/v1/chat",
+        Some(&alice),
+        "bad-2",
+        &json!({"pageContext": {}}),
+    )
+    .await;
+    let (s3, _) = post_json(
+        gw,
+        "/v1/chat",
+        Some(&alice),
+        "bad-3",
+        &json!({"message": "x".repeat(70_000), "pageContext": {}}),
+    )
+    .await;
+    assert_eq!((s1, s2, s3), (401, 400, 413));
+    let (status, _) = holder.await.unwrap();
+    assert_eq!(status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_offline_model_answers_seed_000_from_tools() {
+    let gw = gateway(&[]).await;
+    let alice = token("alice", "acme", &["ap_clerk"]);
+    let trace = format!("seed0-{}", uuid::Uuid::new_v4());
+    let (status, body) = post_json(gw, "/v1/chat", Some(&alice), &trace,
+        &json!({"message": "what vendors do I have?", "pageContext": {"pageType": "vendor_table", "entity": null}})).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["toolCalls"][0]["tool"], "vendor.list");
+    let trace2 = format!("seed0b-{}", uuid::Uuid::new_v4());
+    let (_, body) = post_json(gw, "/v1/chat", Some(&alice), &trace2,
+        &json!({"message": "summarize this invoice", "pageContext": invoice_page("acme_inv3"), "conversationId": body["conversationId"]})).await;
+    let tools: Vec<&str> = body["toolCalls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["tool"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        tools,
+        ["invoice.get", "read_doc_pages"],
+        "the invoice, then its PDF"
+    );
+    assert_eq!(codes(&audit(&trace2).await), ["allow", "allow"]);
+    assert_eq!(
+        body["turn"], 2,
+        "the conversation continues on the new page"
+    );
+    let turns: Vec<Value> = admin()
+        .await
+        .query(
+            "SELECT page FROM ctxguard.conversation_turns WHERE conversation_id = $1 ORDER BY turn",
+            &[&body["conversationId"].as_str().unwrap()],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        turns
+            .iter()
+            .map(|p| p["pageType"].as_str().unwrap())
+            .collect::<Vec<_>>(),
+        ["vendor_table", "invoice_detail"]
+    );
+}

@@ -1,0 +1,193 @@
+//! Shared pieces of the gateway integration tests: the real gateway router served on a local port,
+//! a scriptable mock OpenAI-compatible server (a real HTTP server), tokens, and a database client
+//! for asserting outcomes.
+#![allow(dead_code, reason = "each test binary uses a different subset")]
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use clap::Parser;
+use ctxguard_gateway::config::Config;
+use ctxguard_gateway::AppState;
+use jsonwebtoken::{encode, EncodingKey, Header};
+use serde_json::{json, Value};
+
+pub fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: run scripts/test.sh"))
+}
+
+/// A token for a demo user (acme or globex), with the test audience.
+pub fn token(sub: &str, tenant: &str, roles: &[&str]) -> String {
+    let exp = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        + 600;
+    let claims = json!({"sub": sub, "tenant_id": tenant, "roles": roles, "exp": exp, "aud": "ctxguard-tests"});
+    encode(
+        &Header::default(),
+        &claims,
+        &EncodingKey::from_secret(env("CTXGUARD_TEST_JWT_SECRET").as_bytes()),
+    )
+    .unwrap()
+}
+
+/// One scripted answer of the mock model.
+#[derive(Clone)]
+pub enum Step {
+    /// Ask for these tool calls: (wire name, arguments).
+    Tools(Vec<(&'static str, Value)>),
+    Answer(&'static str),
+    Status(u16, Option<&'static str>),
+    Sleep(Duration),
+}
+
+#[derive(Clone, Default)]
+pub struct Mock {
+    script: Arc<Mutex<VecDeque<Step>>>,
+    /// Every request body the mock received.
+    pub requests: Arc<Mutex<Vec<Value>>>,
+    /// When the script is empty, repeat this step forever (for endless loops).
+    pub repeat: Arc<Mutex<Option<Step>>>,
+}
+
+async fn completions(State(mock): State<Mock>, Json(body): Json<Value>) -> Response {
+    mock.requests.lock().unwrap().push(body);
+    let step = mock
+        .script
+        .lock()
+        .unwrap()
+        .pop_front()
+        .or_else(|| mock.repeat.lock().unwrap().clone());
+    match step {
+        Some(Step::Tools(calls)) => {
+            let calls: Vec<Value> = calls
+                .iter()
+                .enumerate()
+                .map(|(i, (name, args))| json!({"id": format!("call_{}_{i}", uuid::Uuid::new_v4().simple()), "type": "function",
+                                                "function": {"name": name, "arguments": args.to_string()}}))
+                .collect();
+            Json(json!({"choices": [{"message": {"role": "assistant", "content": null, "tool_calls": calls}}]})).into_response()
+        }
+        Some(Step::Answer(text)) => {
+            Json(json!({"choices": [{"message": {"role": "assistant", "content": text}}]}))
+                .into_response()
+        }
+        Some(Step::Status(code, retry_after)) => {
+            let mut r = (StatusCode::from_u16(code).unwrap(), "upstream trouble").into_response();
+            if let Some(ra) = retry_after {
+                r.headers_mut().insert("retry-after", ra.parse().unwrap());
+            }
+            r
+        }
+        Some(Step::Sleep(d)) => {
+            tokio::time::sleep(d).await;
+            Json(json!({"choices": [{"message": {"role": "assistant", "content": "too late"}}]}))
+                .into_response()
+        }
+        None => Json(json!({"choices": [{"message": {"role": "assistant", "content": "done"}}]}))
+            .into_response(),
+    }
+}
+
+impl Mock {
+    pub fn new(steps: Vec<Step>) -> Mock {
+        Mock {
+            script: Arc::new(Mutex::new(steps.into())),
+            ..Default::default()
+        }
+    }
+
+    /// Serve on a random local port; returns the base URL (…/v1).
+    pub async fn serve(&self) -> String {
+        let app = Router::new()
+            .route("/v1/chat/completions", post(completions))
+            .with_state(self.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        format!("http://{addr}/v1")
+    }
+
+    pub fn request_count(&self) -> usize {
+        self.requests.lock().unwrap().len()
+    }
+}
+
+/// The real gateway router on a random local port. `extra` are CLI-style overrides.
+pub async fn gateway(extra: &[&str]) -> SocketAddr {
+    let mut args = vec!["ctxguard-gateway", "--database-url"];
+    let url = env("CTXGUARD_TEST_DATABASE_URL");
+    args.push(&url);
+    args.extend_from_slice(extra);
+    let config = Config::try_parse_from(args).unwrap();
+    config.validate().unwrap();
+    let state = Arc::new(AppState::from_config(config).unwrap());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { ctxguard_gateway::serve(listener, state).await.unwrap() });
+    addr
+}
+
+pub fn http() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
+
+/// POST JSON with a bearer token and a request id; returns (status, body).
+pub async fn post_json(
+    addr: SocketAddr,
+    path: &str,
+    token: Option<&str>,
+    trace: &str,
+    body: &Value,
+) -> (u16, Value) {
+    let mut r = http()
+        .post(format!("http://{addr}{path}"))
+        .header("x-request-id", trace)
+        .json(body);
+    if let Some(t) = token {
+        r = r.bearer_auth(t);
+    }
+    let resp = r.send().await.unwrap();
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or(Value::Null))
+}
+
+/// A superuser connection for asserting database outcomes.
+pub async fn admin() -> tokio_postgres::Client {
+    let (client, conn) =
+        tokio_postgres::connect(&env("CTXGUARD_TEST_ADMIN_URL"), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    client
+}
+
+/// `(decision, code)` of every audit row written under this trace id, in order.
+pub async fn audit(trace: &str) -> Vec<(String, Option<String>, Option<String>)> {
+    admin()
+        .await
+        .query(
+            "SELECT decision, code, tool FROM ctxguard.audit_log WHERE trace_id = $1 ORDER BY id",
+            &[&trace],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect()
+}
+
+pub fn invoice_page(id: &str) -> Value {
+    json!({"pageType": "invoice_detail", "entity": {"type": "invoice", "id": id}})
+}
