@@ -18,9 +18,51 @@ psql -X -h "$RUN" -p "$PGPORT" -U ctxguard_gateway -d "$DB" -v ON_ERROR_STOP=1 \
   -v tok_carol="$(mint --sub carol --tenant globex --roles ap_clerk)" \
   -f sql/demo/walkthrough.sql
 
+log "building and starting the gateway (offline model)"
+cargo build --locked --release -p ctxguard-gateway >/dev/null
+GW_PORT=${CTXGUARD_GATEWAY_PORT:-8088}
+if [ -f "$RUN/gateway.pid" ] && kill -0 "$(cat "$RUN/gateway.pid")" 2>/dev/null; then kill "$(cat "$RUN/gateway.pid")"; sleep 0.5; fi
+CTXGUARD_DATABASE_URL="host=$RUN port=$PGPORT user=ctxguard_gateway dbname=$DB" \
+CTXGUARD_LISTEN="127.0.0.1:$GW_PORT" CTXGUARD_PROVIDER=offline \
+  nohup "$CARGO_TARGET_DIR/release/ctxguard-gateway" >"$RUN/gateway.log" 2>&1 &
+echo $! >"$RUN/gateway.pid"
+for _ in $(seq 50); do curl -sf "http://127.0.0.1:$GW_PORT/ready" >/dev/null && break; sleep 0.2; done
+curl -sf "http://127.0.0.1:$GW_PORT/ready" >/dev/null || { cat "$RUN/gateway.log"; exit 1; }
+
+ALICE=$(mint --sub alice --tenant acme --roles ap_clerk --ttl 86400)
+CAROL=$(mint --sub carol --tenant globex --roles ap_clerk --ttl 86400)
+GW="http://127.0.0.1:$GW_PORT"
+log "one request per demo page through the gateway"
+for page in '{"pageType":"vendor_table","entity":null}|what vendors do I have?' \
+            '{"pageType":"invoice_table","pageState":{"tab":"overdue"}}|which invoices are overdue?' \
+            '{"pageType":"invoice_detail","entity":{"type":"invoice","id":"acme_inv3"}}|summarize this invoice' \
+            '{"pageType":"document_viewer","entity":{"type":"document","id":"acme_guide"}}|search for certificate rotation' \
+            '{"pageType":"invoice_detail","entity":{"type":"invoice","id":"glx_inv3"}}|summarize this invoice'; do
+  ctx=${page%%|*} msg=${page#*|}
+  echo; echo "\$ curl -s $GW/v1/chat -H \"Authorization: Bearer \$ALICE\" -H 'content-type: application/json' -d '{\"message\":\"$msg\",\"pageContext\":$ctx}'"
+  curl -s "$GW/v1/chat" -H "Authorization: Bearer $ALICE" -H 'content-type: application/json' \
+    -d "{\"message\":\"$msg\",\"pageContext\":$ctx}" | /usr/bin/python3 -c '
+import json, sys
+r = json.load(sys.stdin)
+if "error" in r: print("  ->", r["error"]["code"], "-", r["error"]["message"]); sys.exit()
+print("  visible tools:", ", ".join(r["visibleTools"]))
+for c in r["toolCalls"]: print("  tool call:", c["tool"], json.dumps(c["arguments"]), "->", c["decision"], c["code"] or "")
+print("  answer:", r["answer"][:400].replace("\n", "\n          "))'
+done
+
 cat <<MSG
 
-PostgreSQL with ctxguard is running: psql -h $RUN -p $PGPORT -U ctxguard_gateway $DB
-Mint a token:  /usr/bin/python3 scripts/mint_token.py mint --dir $RUN --sub alice --tenant acme --roles ap_clerk
-Stop it:       scripts/stop.sh
+Everything is running:
+  gateway     $GW   (log: $RUN/gateway.log; provider: offline)
+  PostgreSQL  psql -h $RUN -p $PGPORT -U ctxguard_gateway $DB
+Tokens (24 h) for the demo users:
+  export ALICE=$ALICE   # acme, ap_clerk
+  export CAROL=$CAROL   # globex, ap_clerk
+  more:  /usr/bin/python3 scripts/mint_token.py mint --dir $RUN --sub bob --tenant acme --roles viewer
+Try:
+  curl -s $GW/v1/chat -H "Authorization: Bearer \$ALICE" -H 'content-type: application/json' \\
+       -d '{"message":"what vendors do I have?","pageContext":{"pageType":"vendor_table","entity":null}}'
+  curl -s $GW/v1/chat -H "Authorization: Bearer \$ALICE" -H 'accept: text/event-stream' -H 'content-type: application/json' \\
+       -d '{"message":"summarize this invoice","pageContext":{"pageType":"invoice_detail","entity":{"type":"invoice","id":"acme_inv3"}}}'
+Stop everything: scripts/stop.sh
 MSG

@@ -55,6 +55,7 @@ log "client integration tests (tests/, real connections as ctxguard_gateway)"
 CTXGUARD_TEST_DATABASE_URL="host=$RUN port=$PGPORT user=ctxguard_gateway dbname=$DB" \
 CTXGUARD_TEST_ADMIN_URL="host=$RUN port=$PGPORT user=postgres dbname=$DB" \
 CTXGUARD_TEST_JWT_SECRET="$(cat "$RUN/jwt_secret")" \
+CTXGUARD_TEST_PGDATA="$PGDATA_DIR" CTXGUARD_TEST_PG_BIN="$PG_BIN" \
   cargo test --locked -p ctxguard-tests
 
 log "fail-closed suite against a second cluster without shared_preload_libraries"

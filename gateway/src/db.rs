@@ -57,10 +57,9 @@ pub fn map_pg(e: tokio_postgres::Error) -> ApiError {
         }
         return ApiError::Internal(format!("{}: {}", code.code(), db.message()));
     }
-    if e.is_closed() || e.to_string().contains("connection") {
-        return ApiError::DatabaseUnavailable;
-    }
-    ApiError::Internal(e.to_string())
+    // No SQLSTATE: the error is the client's own (connection refused or closed, I/O, protocol).
+    tracing::warn!(error = %e, "database connection error");
+    ApiError::DatabaseUnavailable
 }
 
 fn map_pool(e: PoolError) -> ApiError {
