@@ -214,7 +214,13 @@ pub async fn run_turn(
     };
     let start = state
         .db
-        .open_turn(&scope, &conversation_id, &question, state.config.max_tools)
+        .open_turn(
+            &scope,
+            &conversation_id,
+            req.conversation_id.is_some(),
+            &question,
+            state.config.max_tools,
+        )
         .await?;
     check_claim(req.user.as_ref(), &start.context)?;
     scope.generation = Some(start.generation);

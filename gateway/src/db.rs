@@ -139,46 +139,44 @@ impl Db {
         Ok(row.map(|r| r.get(0)))
     }
 
-    /// Mint a generation, read Gate A (ranked by the message) and recent history.
+    /// Mint a generation (it becomes the transaction's context generation), read Gate A (ranked
+    /// by the message), the page description and, for a continuing conversation, recent history.
     pub async fn open_turn(
         &self,
         scope: &Scope,
         conversation_id: &str,
+        continuing: bool,
         message: &str,
         max_tools: i32,
     ) -> Result<TurnStart, ApiError> {
         let mut client = self.client().await?;
         let (tx, _) = Self::begin(&mut client, scope).await?;
-        let generation: Uuid = tx
-            .query_one("SELECT ctxguard.begin_generation($1)", &[&conversation_id])
+        let mint = tx
+            .prepare_cached("SELECT ctxguard.begin_generation($1), ctxguard.context()")
             .await
-            .map_err(map_pg)?
-            .get(0);
-        // Re-set the context with the generation so everything below is bound to it.
-        let with_gen = Scope {
-            generation: Some(generation),
-            ..scope.clone()
-        };
-        let context: Value = tx
-            .query_one(
-                "SELECT ctxguard.set_context($1, $2, $3, $4)",
-                &[
-                    &with_gen.token,
-                    &with_gen.page,
-                    &with_gen.generation,
-                    &with_gen.trace_id,
-                ],
+            .map_err(map_pg)?;
+        let row = tx
+            .query_one(&mint, &[&conversation_id])
+            .await
+            .map_err(map_pg)?;
+        let (generation, context): (Uuid, Value) = (row.get(0), row.get(1));
+        let tools_stmt = tx
+            .prepare_cached(
+                "SELECT name, description, input_schema, read_only, danger, requires_approval,
+                        (SELECT description FROM ctxguard.page_types WHERE name = ctxguard.page_type())
+                   FROM ctxguard.visible_tools($1, $2)",
             )
             .await
-            .map_err(map_pg)?
-            .get(0);
-        let tools = tx
-            .query(
-                "SELECT name, description, input_schema, read_only, danger, requires_approval FROM ctxguard.visible_tools($1, $2)",
-                &[&message, &max_tools],
-            )
+            .map_err(map_pg)?;
+        let rows = tx
+            .query(&tools_stmt, &[&message, &max_tools])
             .await
-            .map_err(map_pg)?
+            .map_err(map_pg)?;
+        let page_description: String = rows
+            .first()
+            .and_then(|r| r.get::<_, Option<String>>(6))
+            .unwrap_or_default();
+        let tools = rows
             .into_iter()
             .map(|r| ToolSpec {
                 name: r.get(0),
@@ -189,27 +187,24 @@ impl Db {
                 requires_approval: r.get(5),
             })
             .collect();
-        let page_description: String = tx
-            .query_opt(
-                "SELECT description FROM ctxguard.page_types WHERE name = ctxguard.page_type()",
-                &[],
-            )
-            .await
-            .map_err(map_pg)?
-            .map(|r| r.get(0))
-            .unwrap_or_default();
-        let mut history: Vec<(String, String)> = tx
-            .query(
-                "SELECT message, coalesce(answer, '') FROM ctxguard.conversation_turns
-                  WHERE conversation_id = $1 ORDER BY turn DESC LIMIT 6",
-                &[&conversation_id],
-            )
-            .await
-            .map_err(map_pg)?
-            .into_iter()
-            .map(|r| (r.get(0), r.get(1)))
-            .collect();
-        history.reverse();
+        let mut history: Vec<(String, String)> = Vec::new();
+        if continuing {
+            let stmt = tx
+                .prepare_cached(
+                    "SELECT message, coalesce(answer, '') FROM ctxguard.conversation_turns
+                      WHERE conversation_id = $1 ORDER BY turn DESC LIMIT 6",
+                )
+                .await
+                .map_err(map_pg)?;
+            history = tx
+                .query(&stmt, &[&conversation_id])
+                .await
+                .map_err(map_pg)?
+                .into_iter()
+                .map(|r| (r.get(0), r.get(1)))
+                .collect();
+            history.reverse();
+        }
         tx.commit().await.map_err(map_pg)?;
         Ok(TurnStart {
             context,
@@ -247,7 +242,12 @@ impl Db {
         let mut client = self.client().await?;
         let (tx, _) = Self::begin(&mut client, scope).await?;
         let envelope: Value = tx
-            .query_one("SELECT ctxguard.approve_call($1)", &[&call_id])
+            .query_one(
+                &tx.prepare_cached("SELECT ctxguard.approve_call($1)")
+                    .await
+                    .map_err(map_pg)?,
+                &[&call_id],
+            )
             .await
             .map_err(map_pg)?
             .get(0);
@@ -272,7 +272,12 @@ impl Db {
         let mut client = self.client().await?;
         let (tx, _) = Self::begin(&mut client, scope).await?;
         let g: Uuid = tx
-            .query_one("SELECT ctxguard.begin_generation($1)", &[&conversation_id])
+            .query_one(
+                &tx.prepare_cached("SELECT ctxguard.begin_generation($1)")
+                    .await
+                    .map_err(map_pg)?,
+                &[&conversation_id],
+            )
             .await
             .map_err(map_pg)?
             .get(0);

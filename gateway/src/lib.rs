@@ -136,16 +136,21 @@ async fn health() -> Json<Value> {
     Json(json!({"status": "ok"}))
 }
 
-async fn ready(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
+async fn ready(State(state): State<Arc<AppState>>) -> Response {
     let want = env!("CARGO_PKG_VERSION");
-    match state.db.extension_version().await? {
-        Some(v) if v == want => Ok(Json(json!({"status": "ready", "extension": v}))),
-        Some(v) => Err(ApiError::Unprocessable(format!(
-            "ctxguard extension is {v}, gateway expects {want}"
-        )))
-        .map_err(|_| ApiError::DatabaseUnavailable),
-        None => Err(ApiError::DatabaseUnavailable),
-    }
+    let (status, body) = match state.db.extension_version().await {
+        Ok(Some(v)) if v == want => (StatusCode::OK, json!({"status": "ready", "extension": v})),
+        Ok(Some(v)) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({"error": {"code": "EXTENSION_VERSION", "message": format!("ctxguard extension is {v}, the gateway expects {want}")}}),
+        ),
+        Ok(None) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({"error": {"code": "EXTENSION_MISSING", "message": "ctxguard is not installed"}}),
+        ),
+        Err(e) => (e.status(), e.body()),
+    };
+    (status, Json(body)).into_response()
 }
 
 async fn metrics_endpoint(State(state): State<Arc<AppState>>) -> impl IntoResponse {

@@ -115,6 +115,8 @@ COMMIT;
 BEGIN;
 SELECT ctxguard.set_context(:'tok_alice', :'table_page') \g /dev/null
 SELECT ctxguard.begin_generation('conv-1') AS gen \gset
+SELECT is(ctxguard.generation()::text, :'gen', 'B.15 the minted generation becomes the context''s at once');
+SELECT is(ctxguard.context()->>'generation', :'gen', 'B.15 and context() shows it');
 SELECT lives_ok(format('SELECT ctxguard.set_context(%L, %L, %L)', :'tok_alice', :'table_page', :'gen'), 'B.15 own generation accepted');
 SELECT is(ctxguard.generation()::text, :'gen', 'B.15 generation reader');
 SELECT throws_ok(format('SELECT ctxguard.set_context(%L, %L, %L)', :'tok_carol', :'table_page', :'gen'), '28000', NULL, 'B.15 foreign generation refused');

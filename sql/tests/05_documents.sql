@@ -59,6 +59,10 @@ SELECT alike(:'hits'::jsonb->'result'->'results'->0->>'snippet', '%«%»%', 'sea
 SELECT is(jsonb_array_length(ctxguard.call_tool('doc_local_search', '{"query": "VOLCANO"}')->'result'->'results'), 0,
           'search is scoped to the one document (another tenant''s term finds nothing)');
 SELECT is(pg_temp.code(ctxguard.call_tool('read_doc_section', '{"section_id": "nope"}')), 'NOT_FOUND', 'unknown section');
+SELECT ctxguard.call_tool('doc_local_search', '{"query": "search for certificate rotation"}') AS anyword \gset
+SELECT is(:'anyword'::jsonb->'result'->>'matched', 'any_word', 'search: with no page holding every word, any word may match');
+SELECT ok(jsonb_array_length(:'anyword'::jsonb->'result'->'results') > 0, 'search: the fallback finds pages');
+SELECT is(ctxguard.call_tool('doc_local_search', '{"query": "certificate rotation"}')->'result'->>'matched', 'all_words', 'search: all words first');
 SELECT ok(ctxguard.call_tool('list_available_tools', '{}')->'result'->'tools' ? 'read_doc_pages', 'list_available_tools');
 COMMIT;
 

@@ -3,35 +3,17 @@
 //! Needs `CTXGUARD_TEST_DATABASE_URL`, `CTXGUARD_TEST_ADMIN_URL` and `CTXGUARD_TEST_JWT_SECRET`
 //! (`scripts/test.sh` provides them) and the demo documents.
 
+mod support;
+
 use std::sync::{Arc, Barrier};
 use std::thread;
-use std::time::{SystemTime, UNIX_EPOCH};
 
-use jsonwebtoken::{encode, EncodingKey, Header};
 use postgres::{Client, NoTls};
 use serde_json::{json, Value};
-
-fn env(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: run scripts/test.sh"))
-}
+use support::{env, token};
 
 fn connect() -> Client {
     Client::connect(&env("CTXGUARD_TEST_DATABASE_URL"), NoTls).unwrap()
-}
-
-fn token(sub: &str) -> String {
-    let exp = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-        + 600;
-    let claims = json!({"sub": sub, "tenant_id": "acme", "roles": ["viewer"], "exp": exp, "aud": "ctxguard-tests"});
-    encode(
-        &Header::default(),
-        &claims,
-        &EncodingKey::from_secret(env("CTXGUARD_TEST_JWT_SECRET").as_bytes()),
-    )
-    .unwrap()
 }
 
 fn viewer() -> Value {
@@ -73,7 +55,7 @@ fn code(r: &Value) -> String {
 
 #[test]
 fn concurrent_calls_racing_for_the_last_units_never_exceed_the_limit() {
-    let tok = token("racer");
+    let tok = token("racer", "acme", &["viewer"]);
     let mut c = connect();
     let g = generation(&mut c, &tok);
     // Use 7 of the 10 calls, then let 8 backends race for the last 3.
@@ -125,7 +107,7 @@ fn concurrent_calls_racing_for_the_last_units_never_exceed_the_limit() {
 
 #[test]
 fn one_generation_across_pooled_backends_shares_one_budget() {
-    let tok = token("pooled");
+    let tok = token("pooled", "acme", &["viewer"]);
     let mut conns: Vec<Client> = (0..3).map(|_| connect()).collect();
     let g = generation(&mut conns[0], &tok);
     let mut returned = 0i64;
@@ -160,7 +142,7 @@ fn one_generation_across_pooled_backends_shares_one_budget() {
 
 #[test]
 fn a_failing_audit_write_fails_the_call() {
-    let tok = token("auditless");
+    let tok = token("auditless", "acme", &["viewer"]);
     let mut admin = Client::connect(&env("CTXGUARD_TEST_ADMIN_URL"), NoTls).unwrap();
     let mut c = connect();
     let g = generation(&mut c, &tok);

@@ -4,30 +4,11 @@
 //! Needs `CTXGUARD_TEST_DATABASE_URL`, `CTXGUARD_TEST_ADMIN_URL` (a superuser on the same database)
 //! and `CTXGUARD_TEST_JWT_SECRET`; `scripts/test.sh` provides them.
 
-use std::time::{SystemTime, UNIX_EPOCH};
+mod support;
 
-use jsonwebtoken::{encode, EncodingKey, Header};
 use postgres::{Client, NoTls};
 use serde_json::{json, Value};
-
-fn env(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: run scripts/test.sh"))
-}
-
-fn token() -> String {
-    let exp = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-        + 600;
-    let claims = json!({"sub": "alice", "tenant_id": "acme", "roles": ["ap_clerk"], "exp": exp, "aud": "ctxguard-tests"});
-    encode(
-        &Header::default(),
-        &claims,
-        &EncodingKey::from_secret(env("CTXGUARD_TEST_JWT_SECRET").as_bytes()),
-    )
-    .unwrap()
-}
+use support::{env, token};
 
 fn visible_and_call(c: &mut Client, tok: &str) -> (Vec<String>, Value) {
     let mut tx = c.transaction().unwrap();
@@ -63,7 +44,7 @@ fn set_vendor_list_enabled(admin: &mut Client, enabled: bool) {
 
 #[test]
 fn a_warm_backend_sees_policy_changes_at_once() {
-    let tok = token();
+    let tok = token("alice", "acme", &["ap_clerk"]);
     let mut gw = Client::connect(&env("CTXGUARD_TEST_DATABASE_URL"), NoTls).unwrap();
     let mut admin = Client::connect(&env("CTXGUARD_TEST_ADMIN_URL"), NoTls).unwrap();
 

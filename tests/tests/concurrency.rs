@@ -3,35 +3,17 @@
 //! Needs `CTXGUARD_TEST_DATABASE_URL` (a database loaded with `sql/demo/schema.sql`, connecting as
 //! `ctxguard_gateway`) and `CTXGUARD_TEST_JWT_SECRET`; `scripts/test.sh` provides both.
 
+mod support;
+
 use std::sync::{Arc, Barrier};
 use std::thread;
-use std::time::{SystemTime, UNIX_EPOCH};
 
-use jsonwebtoken::{encode, EncodingKey, Header};
 use postgres::{Client, NoTls};
 use serde_json::{json, Value};
-
-fn env(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: run scripts/test.sh"))
-}
+use support::{env, token};
 
 fn connect() -> Client {
     Client::connect(&env("CTXGUARD_TEST_DATABASE_URL"), NoTls).expect("connect as ctxguard_gateway")
-}
-
-fn token(sub: &str, tenant: &str, roles: &[&str]) -> String {
-    let exp = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-        + 600;
-    let claims = json!({"sub": sub, "tenant_id": tenant, "roles": roles, "exp": exp, "aud": "ctxguard-tests"});
-    encode(
-        &Header::default(),
-        &claims,
-        &EncodingKey::from_secret(env("CTXGUARD_TEST_JWT_SECRET").as_bytes()),
-    )
-    .unwrap()
 }
 
 fn detail(invoice: &str) -> Value {

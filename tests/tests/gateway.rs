@@ -280,24 +280,27 @@ async fn two_tenants_interleaved_over_a_pool_of_one_never_mix() {
         ("carol", "globex", "Initech Supplies"),
     ];
     let tokens: Vec<String> = users.iter().map(|(u, t, _)| token(u, t, &[])).collect();
-    let mut handles = Vec::new();
-    for i in 0..120 {
-        let k = i % 2;
-        let tok = tokens[k].clone();
-        let (_, tenant, marker) = users[k];
-        handles.push(tokio::spawn(async move {
-            let (status, body) = post_json(gw, "/internal/mcp/execute", Some(&tok), &format!("mix-{i}"),
-                &json!({"tool_name": "vendor.list", "arguments": {}, "pageContext": {"pageType": "vendor_table"}})).await;
-            assert_eq!(status, 200, "{body}");
-            let names: Vec<String> = body["result"]["vendors"].as_array().unwrap().iter().map(|v| v["name"].as_str().unwrap().to_string()).collect();
-            assert!(names.iter().any(|n| n == marker), "{tenant} saw {names:?}");
-            let other = users[1 - k].2;
-            assert!(!names.iter().any(|n| n == other), "cross-tenant rows for {tenant}: {names:?}");
-        }));
-    }
-    for h in handles {
-        h.await.unwrap();
-    }
+    // 1,000 requests, alternating tenants, 16 in flight over the single connection.
+    use futures::StreamExt;
+    futures::stream::iter(0..1000)
+        .map(|i| {
+            let k = i % 2;
+            let tok = tokens[k].clone();
+            async move {
+                let (_, tenant, marker) = users[k];
+                let (status, body) = post_json(gw, "/internal/mcp/execute", Some(&tok), &format!("mix-{i}"),
+                    &json!({"tool_name": "vendor.list", "arguments": {}, "pageContext": {"pageType": "vendor_table"}})).await;
+                assert_eq!(status, 200, "{body}");
+                let names: Vec<String> =
+                    body["result"]["vendors"].as_array().unwrap().iter().map(|v| v["name"].as_str().unwrap().to_string()).collect();
+                assert!(names.iter().any(|n| n == marker), "{tenant} saw {names:?}");
+                let other = users[1 - k].2;
+                assert!(!names.iter().any(|n| n == other), "cross-tenant rows for {tenant}: {names:?}");
+            }
+        })
+        .buffer_unordered(16)
+        .collect::<Vec<()>>()
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -423,4 +426,56 @@ async fn the_offline_model_answers_seed_000_from_tools() {
             .collect::<Vec<_>>(),
         ["vendor_table", "invoice_detail"]
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_anthropic_provider_goes_through_the_same_gates() {
+    let mock = Mock::new(vec![
+        Step::Tools(vec![
+            ("invoice__get", json!({})),
+            ("invoice__get", json!({"invoice_id": "acme_inv9"})),
+        ]),
+        Step::Answer("The invoice is ACME-2026-0002."),
+    ]);
+    let base = mock.serve().await;
+    let root = base.trim_end_matches("/v1").to_string();
+    let gw = gateway(&[
+        "--provider",
+        "anthropic",
+        "--llm-base-url",
+        &root,
+        "--model",
+        "claude-test",
+    ])
+    .await;
+    let trace = format!("anthropic-{}", uuid::Uuid::new_v4());
+    let (status, body) = post_json(
+        gw,
+        "/v1/chat",
+        Some(&token("alice", "acme", &[])),
+        &trace,
+        &json!({"message": "summarize this invoice", "pageContext": invoice_page("acme_inv2")}),
+    )
+    .await;
+    assert_eq!(
+        status,
+        200,
+        "{body} after {} mock requests: {:?}",
+        mock.request_count(),
+        mock.requests.lock().unwrap()
+    );
+    assert_eq!(codes(&audit(&trace).await), ["allow", "ENTITY_MISMATCH"]);
+    let first = mock.requests.lock().unwrap()[0].clone();
+    assert!(
+        first["system"].as_str().unwrap().contains("invoice_detail"),
+        "page in the system prompt"
+    );
+    assert!(first["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|t| t["name"] == "invoice__get"));
+    // The second request carries the tool results back as tool_result blocks.
+    let second = mock.requests.lock().unwrap()[1].clone();
+    assert!(second.to_string().contains("tool_result"), "{second}");
 }

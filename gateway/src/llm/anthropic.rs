@@ -6,17 +6,11 @@ use async_trait::async_trait;
 use serde_json::{json, Value};
 
 use super::{
-    send_with_retry, tool_name_from_wire, wire_name, ChatModel, Completion, LlmError, Message,
-    ToolCall, ToolSpec,
+    send_with_retry, tool_name_from_wire, wire_name, ChatModel, Completion, Endpoint, LlmError,
+    Message, ToolCall, ToolSpec,
 };
 
-pub struct Anthropic {
-    client: reqwest::Client,
-    base_url: String,
-    api_key: Option<String>,
-    model: String,
-    timeout: Duration,
-}
+pub struct Anthropic(pub Endpoint);
 
 impl Anthropic {
     pub fn new(
@@ -25,16 +19,7 @@ impl Anthropic {
         model: &str,
         timeout: Duration,
     ) -> Anthropic {
-        Anthropic {
-            client: reqwest::Client::builder()
-                .timeout(timeout)
-                .build()
-                .expect("http client"),
-            base_url: base_url.trim_end_matches('/').to_string(),
-            api_key,
-            model: model.to_string(),
-            timeout,
-        }
+        Anthropic(Endpoint::new(base_url, api_key, model, timeout))
     }
 }
 
@@ -78,27 +63,28 @@ impl ChatModel for Anthropic {
                     {"type": "tool_result", "tool_use_id": call_id, "content": content}]})),
             })
             .collect();
-        let mut body = json!({"model": self.model, "max_tokens": 1024, "system": system.join("\n\n"), "messages": wire});
+        let mut body = json!({"model": self.0.model, "max_tokens": 1024, "system": system.join("\n\n"), "messages": wire});
         if !tools.is_empty() {
             body["tools"] = tools
                 .iter()
                 .map(|t| json!({"name": wire_name(&t.name), "description": t.description, "input_schema": t.input_schema}))
                 .collect();
         }
-        let url = format!("{}/v1/messages", self.base_url);
+        let url = format!("{}/v1/messages", self.0.base_url);
         let resp = send_with_retry(
             || {
                 let r = self
+                    .0
                     .client
                     .post(&url)
                     .header("anthropic-version", "2023-06-01")
                     .json(&body);
-                match &self.api_key {
+                match &self.0.api_key {
                     Some(k) => r.header("x-api-key", k),
                     None => r,
                 }
             },
-            self.timeout,
+            self.0.timeout,
         )
         .await?;
         let blocks = resp

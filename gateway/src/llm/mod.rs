@@ -74,6 +74,35 @@ pub trait ChatModel: Send + Sync {
     ) -> Result<Completion, LlmError>;
 }
 
+/// Where and how to reach a hosted model (shared by the HTTP providers).
+pub struct Endpoint {
+    pub client: reqwest::Client,
+    pub base_url: String,
+    pub api_key: Option<String>,
+    pub model: String,
+    pub timeout: Duration,
+}
+
+impl Endpoint {
+    pub fn new(
+        base_url: &str,
+        api_key: Option<String>,
+        model: &str,
+        timeout: Duration,
+    ) -> Endpoint {
+        Endpoint {
+            client: reqwest::Client::builder()
+                .timeout(timeout)
+                .build()
+                .expect("http client"),
+            base_url: base_url.trim_end_matches('/').to_string(),
+            api_key,
+            model: model.to_string(),
+            timeout,
+        }
+    }
+}
+
 /// Tool names as providers accept them (`^[a-zA-Z0-9_-]{1,64}$`): dots become `__`. The mapping back
 /// prefers the offered tools; any other name is decoded the same way and the database judges it
 /// (an invisible tool is audited as TOOL_NOT_VISIBLE, an unknown one as TOOL_NOT_FOUND).

@@ -7,29 +7,14 @@ use serde_json::{json, Value};
 
 use super::{
     parse_arguments, send_with_retry, tool_name_from_wire, wire_name, ChatModel, Completion,
-    LlmError, Message, ToolCall, ToolSpec,
+    Endpoint, LlmError, Message, ToolCall, ToolSpec,
 };
 
-pub struct OpenAi {
-    client: reqwest::Client,
-    base_url: String,
-    api_key: Option<String>,
-    model: String,
-    timeout: Duration,
-}
+pub struct OpenAi(pub Endpoint);
 
 impl OpenAi {
     pub fn new(base_url: &str, api_key: Option<String>, model: &str, timeout: Duration) -> OpenAi {
-        OpenAi {
-            client: reqwest::Client::builder()
-                .timeout(timeout)
-                .build()
-                .expect("http client"),
-            base_url: base_url.trim_end_matches('/').to_string(),
-            api_key,
-            model: model.to_string(),
-            timeout,
-        }
+        OpenAi(Endpoint::new(base_url, api_key, model, timeout))
     }
 }
 
@@ -68,7 +53,7 @@ impl ChatModel for OpenAi {
         messages: &[Message],
         tools: &[ToolSpec],
     ) -> Result<Completion, LlmError> {
-        let mut body = json!({"model": self.model, "messages": wire_messages(messages)});
+        let mut body = json!({"model": self.0.model, "messages": wire_messages(messages)});
         if !tools.is_empty() {
             body["tools"] = tools
                 .iter()
@@ -76,16 +61,16 @@ impl ChatModel for OpenAi {
                     "name": wire_name(&t.name), "description": t.description, "parameters": t.input_schema}}))
                 .collect();
         }
-        let url = format!("{}/chat/completions", self.base_url);
+        let url = format!("{}/chat/completions", self.0.base_url);
         let resp = send_with_retry(
             || {
-                let r = self.client.post(&url).json(&body);
-                match &self.api_key {
+                let r = self.0.client.post(&url).json(&body);
+                match &self.0.api_key {
                     Some(k) => r.bearer_auth(k),
                     None => r,
                 }
             },
-            self.timeout,
+            self.0.timeout,
         )
         .await?;
         let msg = resp

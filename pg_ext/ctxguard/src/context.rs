@@ -328,6 +328,7 @@ fn generation() -> Option<pgrx::Uuid> {
 }
 
 /// Mint a generation id bound to the current tenant and user (expires after `ctxguard.generation_ttl`).
+/// It also becomes the current context's generation for the rest of the transaction.
 #[pg_extern(volatile, parallel_unsafe)]
 fn begin_generation(conversation_id: Option<&str>) -> pgrx::Uuid {
     let Some(ctx) = Ctx::current() else {
@@ -363,5 +364,15 @@ fn begin_generation(conversation_id: Option<&str>) -> pgrx::Uuid {
             "ctxguard: could not record generation",
         )
     });
+    // The new generation becomes the current context's for the rest of this transaction (as if
+    // set_context had been called again with it), saving a second token and page check.
+    let id_text = id.to_string();
+    set_local(c"ctxguard.generation", &id_text);
+    if let Some(mut context) =
+        reader(&gucs::CONTEXT).and_then(|s| serde_json::from_str::<Value>(&s).ok())
+    {
+        context["generation"] = Value::String(id_text);
+        set_local(c"ctxguard.context", &context.to_string());
+    }
     pgrx::Uuid::from_bytes(*id.as_bytes())
 }

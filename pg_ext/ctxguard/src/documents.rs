@@ -380,18 +380,33 @@ fn read_pages(ctx: &Ctx, doc: &Doc, start: i64, end: i64, mut room: usize) -> Ou
     }
 }
 
-fn search(ctx: &Ctx, doc: &Doc, query: &str, limit: i64, capped: bool, mut room: usize) -> Out {
-    let hits = as_owner(|| {
+/// All query words must match (websearch syntax); with no hit, any word may (quoted lexemes).
+const SEARCH_ALL: &str = "websearch_to_tsquery($5::regconfig, $3) q";
+const SEARCH_ANY: &str = "(SELECT to_tsquery($5::regconfig, coalesce(nullif(array_to_string(ARRAY(
+        SELECT '''' || replace(l, '''', '''''') || '''' FROM unnest(tsvector_to_array(to_tsvector($5::regconfig, $3))) l),
+        ' | '), ''), '''''')) AS q) qs";
+
+fn search_hits(
+    ctx: &Ctx,
+    doc: &Doc,
+    query: &str,
+    limit: i64,
+    tsquery: &str,
+) -> Vec<(i32, f32, String)> {
+    let sql = format!(
+        "SELECT page_no, score, ts_headline(cfg, clean, q,
+                'MaxFragments=2, MaxWords=24, MinWords=8, FragmentDelimiter=\" … \", StartSel=«, StopSel=»')
+           FROM (SELECT p.page_no, p.clean, q, $5::regconfig AS cfg, ts_rank_cd(p.tsv, q) AS score
+                   FROM ctxguard.document_pages p, {tsquery}
+                  WHERE p.tenant_id = $1 AND p.doc_id = $2 AND p.tsv @@ q
+                  ORDER BY score DESC, p.page_no LIMIT $4) top
+          ORDER BY score DESC, page_no"
+    );
+    as_owner(|| {
         Spi::connect(|c| {
             select_saved(
-            c,
-                "SELECT page_no, score, ts_headline(cfg, clean, q,
-                        'MaxFragments=2, MaxWords=24, MinWords=8, FragmentDelimiter=\" … \", StartSel=«, StopSel=»')
-                   FROM (SELECT p.page_no, p.clean, q, $5::regconfig AS cfg, ts_rank_cd(p.tsv, q) AS score
-                           FROM ctxguard.document_pages p, websearch_to_tsquery($5::regconfig, $3) q
-                          WHERE p.tenant_id = $1 AND p.doc_id = $2 AND p.tsv @@ q
-                          ORDER BY score DESC, p.page_no LIMIT $4) top
-                  ORDER BY score DESC, page_no",
+                c,
+                &sql,
                 None,
                 &[
                     ctx.tenant_id.as_str().into(),
@@ -401,11 +416,26 @@ fn search(ctx: &Ctx, doc: &Doc, query: &str, limit: i64, capped: bool, mut room:
                     doc.language.as_str().into(),
                 ],
             )?
-            .map(|r| Ok((r.get::<i32>(1)?.unwrap_or(0), r.get::<f32>(2)?.unwrap_or(0.0), r.get::<String>(3)?.unwrap_or_default())))
+            .map(|r| {
+                Ok((
+                    r.get::<i32>(1)?.unwrap_or(0),
+                    r.get::<f32>(2)?.unwrap_or(0.0),
+                    r.get::<String>(3)?.unwrap_or_default(),
+                ))
+            })
             .collect::<Result<Vec<_>, pgrx::spi::Error>>()
         })
     })
-    .unwrap_or_else(|e| internal(e));
+    .unwrap_or_else(|e| internal(e))
+}
+
+fn search(ctx: &Ctx, doc: &Doc, query: &str, limit: i64, capped: bool, mut room: usize) -> Out {
+    let mut matched = "all_words";
+    let mut hits = search_hits(ctx, doc, query, limit, SEARCH_ALL);
+    if hits.is_empty() {
+        matched = "any_word";
+        hits = search_hits(ctx, doc, query, limit, SEARCH_ANY);
+    }
     let mut trimmed = false;
     let mut tokens = 0;
     let mut results = Vec::new();
@@ -422,7 +452,7 @@ fn search(ctx: &Ctx, doc: &Doc, query: &str, limit: i64, capped: bool, mut room:
             json!({"page": page, "snippet": kept, "score": (score * 1000.0).round() / 1000.0}),
         );
     }
-    let mut value = json!({"doc_id": doc.id, "query_results": results.len(), "results": results, "tokens": tokens});
+    let mut value = json!({"doc_id": doc.id, "query_results": results.len(), "matched": matched, "results": results, "tokens": tokens});
     if capped {
         value["max_results_capped_to"] = json!(limit);
     }

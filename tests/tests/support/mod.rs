@@ -97,6 +97,38 @@ async fn completions(State(mock): State<Mock>, Json(body): Json<Value>) -> Respo
     }
 }
 
+/// The same script, spoken as the Anthropic Messages API.
+async fn messages(State(mock): State<Mock>, Json(body): Json<Value>) -> Response {
+    mock.requests.lock().unwrap().push(body);
+    let step = mock
+        .script
+        .lock()
+        .unwrap()
+        .pop_front()
+        .or_else(|| mock.repeat.lock().unwrap().clone());
+    match step {
+        Some(Step::Tools(calls)) => {
+            let content: Vec<Value> = calls
+                .iter()
+                .map(|(name, args)| json!({"type": "tool_use", "id": format!("toolu_{}", uuid::Uuid::new_v4().simple()), "name": name, "input": args}))
+                .collect();
+            Json(json!({"content": content, "stop_reason": "tool_use"})).into_response()
+        }
+        Some(Step::Answer(text)) => {
+            Json(json!({"content": [{"type": "text", "text": text}], "stop_reason": "end_turn"}))
+                .into_response()
+        }
+        Some(Step::Status(code, _)) => {
+            (StatusCode::from_u16(code).unwrap(), "upstream trouble").into_response()
+        }
+        Some(Step::Sleep(d)) => {
+            tokio::time::sleep(d).await;
+            Json(json!({"content": [{"type": "text", "text": "too late"}]})).into_response()
+        }
+        None => Json(json!({"content": [{"type": "text", "text": "done"}]})).into_response(),
+    }
+}
+
 impl Mock {
     pub fn new(steps: Vec<Step>) -> Mock {
         Mock {
@@ -109,6 +141,7 @@ impl Mock {
     pub async fn serve(&self) -> String {
         let app = Router::new()
             .route("/v1/chat/completions", post(completions))
+            .route("/v1/messages", post(messages))
             .with_state(self.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();

@@ -1,0 +1,399 @@
+#!/usr/bin/env bash
+# Latency the gateway adds per turn (one tool call) against calling the mock model directly (wrk).
+#
+#   bench/gateway_bench.sh            # build (release), set up, verify, measure, print a table
+#   bench/gateway_bench.sh --write    # ... and rewrite the gateway_bench results block of BENCHMARKS.md
+#
+# Environment:
+#   BENCH_SECONDS      duration of each wrk/pgbench run (default 10; 11 runs, so ~2.5 min in all)
+#   BENCH_CONNECTIONS  connections of the loaded runs (default 8, wrk -t2); the others use 1 (-t1)
+#   BENCH_PORT         first of three loopback ports: mock, gateway (mock provider), gateway
+#                      (offline provider) (default 18391)
+#   BENCH_RUN          cluster directory (default /tmp/ctxguard-bench, shared with gate_bench.sh)
+#   BENCH_PGPORT       cluster port (default 54339)
+#   CTXGUARD_PROFILE   build profile (default release)
+#
+# What runs: the dedicated bench cluster (database ctxguard_gwbench: the demo schema), the mock
+# OpenAI-compatible server `mock_openai` (tests/src/bin/mock_openai.rs: step 1 answers one tool
+# call `vendor__list`, step 2 a short text; no sleeps), a gateway with CTXGUARD_PROVIDER=openai
+# pointed at the mock and a gateway with CTXGUARD_PROVIDER=offline. One turn is
+# `POST /v1/chat {"message": "what vendors do I have?", "pageContext": {"pageType": "vendor_table"}}`
+# as alice (tenant acme, role ap_clerk): open_turn transaction, model step 1, call_tool transaction
+# (vendor.list), model step 2, save_turn transaction. The direct baseline POSTs to the mock the two
+# bodies the gateway sent it for that turn (captured by the mock), one wrk run per body. Diagnostic:
+# the turn's database statements alone (bench/gateway_turn_db.sql, pgbench), right after the
+# gateway runs at the same connection count.
+#
+# Only loopback traffic; every wrk run is bounded by BENCH_SECONDS. The mock and both gateways are
+# stopped on exit; the bench cluster is left running (as gate_bench.sh does).
+set -euo pipefail
+
+BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+DEFAULT_RUN=/tmp/ctxguard-bench
+export CTXGUARD_RUN=${BENCH_RUN:-$DEFAULT_RUN}
+export CTXGUARD_PGPORT=${BENCH_PGPORT:-54339}
+# shellcheck source-path=SCRIPTDIR source=../scripts/lib.sh
+source "$BENCH_DIR/../scripts/lib.sh"
+
+DB=ctxguard_gwbench
+SECONDS_PER_RUN=${BENCH_SECONDS:-10}
+LOAD=${BENCH_CONNECTIONS:-8}
+PORT=${BENCH_PORT:-18391}
+MOCK_ADDR=127.0.0.1:$PORT
+GW_MOCK_ADDR=127.0.0.1:$((PORT + 1))
+GW_OFF_ADDR=127.0.0.1:$((PORT + 2))
+MESSAGE='what vendors do I have?'
+WRITE=0
+case "${1:-}" in
+  --write) WRITE=1 ;;
+  "") ;;
+  *) echo "usage: $0 [--write]" >&2; exit 2 ;;
+esac
+
+die() { printf 'gateway_bench: %s\n' "$*" >&2; exit 1; }
+command -v pgbench >/dev/null || PATH=$PG_BIN:$PATH
+command -v pgbench >/dev/null || die "pgbench not found (Debian: postgresql-client-$PG_MAJOR)"
+if ! command -v wrk >/dev/null; then
+  [ "$(id -u)" = 0 ] || die "wrk not found (Debian: apt-get install wrk)"
+  log "installing wrk (Debian package)"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null 2>&1 ||
+    { apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null; } ||
+    die "could not install wrk"
+fi
+command -v curl >/dev/null || die "curl not found"
+for addr in "$MOCK_ADDR" "$GW_MOCK_ADDR" "$GW_OFF_ADDR"; do
+  if (exec 3<>"/dev/tcp/${addr%:*}/${addr#*:}") 2>/dev/null; then
+    die "something already listens on $addr (set BENCH_PORT)"
+  fi
+done
+
+OUT=$(mktemp -d "${TMPDIR:-/tmp}/ctxguard-gwbench.XXXXXX")
+mkdir -p "$OUT/capture"
+
+# Processes this script starts (pids), stopped on exit.
+PIDS=()
+cleanup() {
+  local pid
+  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+}
+trap cleanup EXIT
+
+# ------------------------------------------------------------------------------------------------
+# 1. Build, install, cluster, database, binaries.
+# ------------------------------------------------------------------------------------------------
+install_extension
+SO=$("$PG_BIN/pg_config" --pkglibdir)/ctxguard.so
+if [ "$PROFILE" = release ] && ! cmp -s "$SO" "$CARGO_TARGET_DIR/release/libctxguard.so"; then
+  die "$SO is not the release build just made (installed concurrently by someone else?)"
+fi
+start_cluster
+# A preloaded library is read once, at postmaster start: restart the dedicated bench cluster if the
+# library is newer than the server. Never restart anyone else's cluster; just say what it runs.
+started=$(psql_su -d postgres -Atc "SELECT extract(epoch FROM pg_postmaster_start_time())::bigint")
+if [ "$(stat -c %Y "$SO")" -gt "$started" ]; then
+  if [ "$RUN" = "$DEFAULT_RUN" ]; then
+    log "restarting the dedicated bench cluster to load the new build"
+    stop_cluster
+    start_cluster
+  else
+    log "WARNING: the cluster at $RUN started before this install; it runs the ctxguard.so it preloaded then"
+  fi
+fi
+log "creating $DB (demo schema)"
+create_demo_db "$DB" >/dev/null
+
+log "building ctxguard-gateway and mock_openai ($PROFILE)"
+flag=()
+bindir=$CARGO_TARGET_DIR/debug
+[ "$PROFILE" = release ] && { flag=(--release); bindir=$CARGO_TARGET_DIR/release; }
+(cd "$ROOT" && cargo build -q "${flag[@]}" -p ctxguard-gateway --bin ctxguard-gateway &&
+  cargo build -q "${flag[@]}" -p ctxguard-tests --bin mock_openai)
+
+TOKEN=$(mint --sub alice --tenant acme --roles ap_clerk --ttl 7200)
+DB_URL="host=$RUN port=$PGPORT user=ctxguard_gateway dbname=$DB"
+
+# ------------------------------------------------------------------------------------------------
+# 2. Start the mock and the two gateways (clean environments: nothing inherited but PATH/HOME).
+# ------------------------------------------------------------------------------------------------
+log "starting mock_openai on $MOCK_ADDR and gateways on $GW_MOCK_ADDR (openai -> mock), $GW_OFF_ADDR (offline)"
+env -i PATH="$PATH" HOME="${HOME:-/root}" MOCK_OPENAI_CAPTURE="$OUT/capture" \
+  "$bindir/mock_openai" "$MOCK_ADDR" >"$OUT/mock.log" 2>&1 &
+PIDS+=($!)
+gateway() { # ADDR PROVIDER [VAR=value...]
+  local addr=$1 provider=$2
+  shift 2
+  env -i PATH="$PATH" HOME="${HOME:-/root}" RUST_LOG=info \
+    CTXGUARD_DATABASE_URL="$DB_URL" CTXGUARD_LISTEN="$addr" CTXGUARD_PROVIDER="$provider" \
+    CTXGUARD_POOL_SIZE="$LOAD" "$@" \
+    "$bindir/ctxguard-gateway" >"$OUT/gateway-$provider.log" 2>&1 &
+  PIDS+=($!)
+}
+gateway "$GW_MOCK_ADDR" openai CTXGUARD_LLM_BASE_URL="http://$MOCK_ADDR/v1" CTXGUARD_MODEL=mock
+gateway "$GW_OFF_ADDR" offline
+# wait_ok URL: until it answers 200 (at most ~20 s)
+wait_ok() {
+  local _
+  for _ in $(seq 1 100); do
+    [ "$(curl -s -o /dev/null -w '%{http_code}' "$1" 2>/dev/null)" = 200 ] && return 0
+    sleep 0.2
+  done
+  die "$1 did not answer 200 (logs in $OUT)"
+}
+wait_ok "http://$MOCK_ADDR/health"
+wait_ok "http://$GW_MOCK_ADDR/ready"
+wait_ok "http://$GW_OFF_ADDR/ready"
+
+# ------------------------------------------------------------------------------------------------
+# 3. Correctness before speed: one turn through each gateway, checked field by field.
+# ------------------------------------------------------------------------------------------------
+python3 -c 'import json, sys; print(json.dumps({"message": sys.argv[1], "pageContext": {"pageType": "vendor_table", "entity": None}}))' \
+  "$MESSAGE" >"$OUT/chat.json"
+# check_turn ADDR PROVIDER STEPS: POST one turn, check it, print the answer
+check_turn() {
+  local addr=$1 provider=$2 steps=$3 trace code
+  trace="gwbench-check-$provider-$$"
+  code=$(curl -s -o "$OUT/check-$provider.json" -w '%{http_code}' "http://$addr/v1/chat" \
+    -H "Authorization: Bearer $TOKEN" -H 'content-type: application/json' -H "x-request-id: $trace" \
+    --data-binary "@$OUT/chat.json")
+  [ "$code" = 200 ] || die "$provider gateway: POST /v1/chat returned $code: $(cat "$OUT/check-$provider.json")"
+  python3 - "$OUT/check-$provider.json" "$steps" <<'PY' || die "$provider gateway: unexpected turn: $(cat "$OUT/check-$provider.json")"
+import json, sys
+r = json.load(open(sys.argv[1]))
+calls = r["toolCalls"]
+assert len(calls) == 1, calls
+assert calls[0]["tool"] == "vendor.list" and calls[0]["decision"] == "allow", calls
+assert r["steps"] == int(sys.argv[2]) and not r["stoppedByStepLimit"], r
+assert r["pageType"] == "vendor_table" and r["turn"] == 1 and r["answer"], r
+assert "vendor.list" in r["visibleTools"], r
+print(r["answer"].replace("\n", " ")[:120])
+PY
+  local audit
+  audit=$(psql_su -d "$DB" -Atc "SELECT string_agg(tool || ':' || decision, ',') FROM ctxguard.audit_log WHERE trace_id = '$trace'")
+  [ "$audit" = "vendor.list:allow" ] || die "$provider gateway: audit rows for the turn: '$audit'"
+}
+log "verifying one turn through each gateway"
+answer_mock=$(check_turn "$GW_MOCK_ADDR" openai 2)
+answer_off=$(check_turn "$GW_OFF_ADDR" offline 2)
+if [ ! -s "$OUT/capture/step1.json" ] || [ ! -s "$OUT/capture/step2.json" ]; then
+  die "the mock did not capture both request bodies of the turn"
+fi
+python3 - "$OUT/capture/step1.json" "$OUT/capture/step2.json" <<'PY' || die "captured model requests are not as expected"
+import json, sys
+s1, s2 = (json.load(open(p)) for p in sys.argv[1:3])
+assert [m["role"] for m in s1["messages"]] == ["system", "user"], s1["messages"]
+assert "vendor__list" in [t["function"]["name"] for t in s1["tools"]], s1["tools"]
+roles = [m["role"] for m in s2["messages"]]
+assert roles == ["system", "user", "assistant", "tool"], roles
+assert json.loads(s2["messages"][3]["content"])["status"] == "ok", s2["messages"][3]
+PY
+step1_bytes=$(stat -c %s "$OUT/capture/step1.json")
+step2_bytes=$(stat -c %s "$OUT/capture/step2.json")
+n_vendors=$(python3 -c 'import json,sys; m=json.load(open(sys.argv[1]))["messages"][3]; print(len(json.loads(m["content"])["result"]["vendors"]))' "$OUT/capture/step2.json")
+n_offered=$(python3 -c 'import json,sys; print(len(json.load(open(sys.argv[1]))["tools"]))' "$OUT/capture/step1.json")
+log "ok: mock provider answered '$answer_mock'; offline answered '${answer_off:0:60}...'"
+log "ok: the gateway sent the mock $step1_bytes + $step2_bytes bytes ($n_offered tools offered, $n_vendors vendors in the tool result)"
+
+# ------------------------------------------------------------------------------------------------
+# 4. Measure.
+# ------------------------------------------------------------------------------------------------
+# bench NAME URL BODY TOKEN CONNECTIONS [SECONDS]: one wrk run, its result line kept in $OUT/NAME-cN.txt
+bench() {
+  local name=$1 url=$2 body=$3 token=$4 c=$5 secs=${6:-$SECONDS_PER_RUN}
+  local t=$(( c > 1 ? 2 : 1 )) out="$OUT/$name-c$c.txt"
+  log "wrk $name -c $c -t $t -d ${secs}s"
+  WRK_BODY=$body WRK_TOKEN=$token wrk -c "$c" -t "$t" -d "${secs}s" --latency -s "$BENCH_DIR/wrk_post.lua" "$url" \
+    >"$out" 2>&1 || { cat "$out" >&2; die "wrk $name failed"; }
+  grep -q '^WRK_RESULT ' "$out" || { cat "$out" >&2; die "wrk $name printed no result"; }
+  grep -q ' connect=0 read=0 write=0 status=0 timeout=0$' "$out" ||
+    { cat "$out" >&2; die "wrk $name had errors (4xx/5xx responses, timeouts or socket errors)"; }
+}
+# val NAME C KEY: one field of a run's result line
+val() { sed -n 's/^WRK_RESULT .*\<'"$3"'=\([0-9.]*\).*/\1/p' "$OUT/$1-c$2.txt"; }
+# metric ADDR NAME: sum of a Prometheus series over its labels
+metric() { curl -s "http://$1/metrics" | awk -v n="$2" '$1 ~ "^"n"($|\\{)" {s += $2} END {printf "%.9f", s}'; }
+
+MOCK_URL=http://$MOCK_ADDR/v1/chat/completions
+log "warm-up (discarded)"
+bench warm-step1 "$MOCK_URL" "$OUT/capture/step1.json" "" 1 2
+bench warm-step2 "$MOCK_URL" "$OUT/capture/step2.json" "" 1 2
+bench warm-gw-mock "http://$GW_MOCK_ADDR/v1/chat" "$OUT/chat.json" "$TOKEN" "$LOAD" 3
+bench warm-gw-offline "http://$GW_OFF_ADDR/v1/chat" "$OUT/chat.json" "$TOKEN" "$LOAD" 3
+
+# The same database work without HTTP or model (pgbench): prepared (every statement one round trip
+# with a saved plan), and at 1 client also extended (parsed and planned on every execution, as the
+# gateway does for the statements it does not cache).
+TURN_SQL=$BENCH_DIR/gateway_turn_db.sql
+# pg_run MODE CLIENTS: one pgbench run; output in $OUT/db-MODE-cN.txt, transaction log db-MODE-cN.log.*
+pg_run() {
+  local mode=$1 c=$2 j out
+  j=$(( $2 > 1 ? 2 : 1 )); out=$OUT/db-$mode-c$c.txt
+  log "pgbench gateway_turn_db.sql -M $mode -c $c -j $j -T $SECONDS_PER_RUN"
+  pgbench -n -M "$mode" -r -c "$c" -j "$j" -T "$SECONDS_PER_RUN" --log --log-prefix="$OUT/db-$mode-c$c.log" \
+    -h "$RUN" -p "$PGPORT" -U ctxguard_gateway -D token="$TOKEN" -f "$TURN_SQL" "$DB" >"$out" 2>&1 ||
+    { cat "$out" >&2; die "pgbench -M $mode -c $c failed"; }
+  grep -q '^number of failed transactions: 0 ' "$out" ||
+    { cat "$out" >&2; die "pgbench -M $mode -c $c had failed transactions"; }
+}
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
+audit_before=$(psql_su -d "$DB" -Atc "SELECT coalesce(max(id), 0) FROM ctxguard.audit_log")
+for c in 1 "$LOAD"; do
+  bench step1 "$MOCK_URL" "$OUT/capture/step1.json" "" "$c"
+  bench step2 "$MOCK_URL" "$OUT/capture/step2.json" "" "$c"
+  if [ "$c" = 1 ]; then
+    llm_sum0=$(metric "$GW_MOCK_ADDR" ctxguard_llm_request_seconds_sum)
+    llm_n0=$(metric "$GW_MOCK_ADDR" ctxguard_llm_request_seconds_count)
+  fi
+  bench gw-mock "http://$GW_MOCK_ADDR/v1/chat" "$OUT/chat.json" "$TOKEN" "$c"
+  if [ "$c" = 1 ]; then
+    llm_sum1=$(metric "$GW_MOCK_ADDR" ctxguard_llm_request_seconds_sum)
+    llm_n1=$(metric "$GW_MOCK_ADDR" ctxguard_llm_request_seconds_count)
+  fi
+  bench gw-offline "http://$GW_OFF_ADDR/v1/chat" "$OUT/chat.json" "$TOKEN" "$c"
+  pg_run prepared "$c"
+  if [ "$c" = 1 ]; then pg_run extended 1; fi
+done
+
+# Every tool call of the runs must have been allowed, and there must be one per measured turn.
+turns=0
+for c in 1 "$LOAD"; do
+  turns=$(( turns + $(val gw-mock "$c" requests) + $(val gw-offline "$c" requests) ))
+done
+# (pgbench's rows carry trace ids gwbench-N; the gateways' carry generated UUIDs.)
+audit=$(psql_su -d "$DB" -At -F '|' -c "SELECT count(*) FILTER (WHERE decision <> 'allow' OR tool <> 'vendor.list'),
+                                                count(*) FILTER (WHERE trace_id NOT LIKE 'gwbench-%'), count(*)
+                                         FROM ctxguard.audit_log WHERE id > $audit_before")
+IFS='|' read -r audit_bad audit_gw audit_rows <<<"$audit"
+[ "$audit_bad" = 0 ] || die "audit_log holds $audit_bad rows of the runs that are not vendor.list:allow"
+[ "$audit_gw" -ge "$turns" ] || die "only $audit_gw gateway audit rows for $turns measured turns"
+for a in "$GW_MOCK_ADDR" "$GW_OFF_ADDR"; do
+  bad=$(curl -s "http://$a/metrics" | awk '/^ctxguard_http_requests_total\{/ && !/status="200"/ {s += $2} END {print s + 0}')
+  [ "$bad" = 0 ] || die "gateway $a answered $bad requests with a status other than 200"
+done
+
+# ------------------------------------------------------------------------------------------------
+# 5. Report.
+# ------------------------------------------------------------------------------------------------
+ms() { awk -v u="$1" 'BEGIN {printf "%.3f", u / 1000}'; }
+# db_row MODE C: "tps|p50|p90|p99|mean" (ms) of a pgbench run, percentiles by nearest rank from its log
+db_row() {
+  local tps mean
+  tps=$(awk '/^tps = / {printf "%.0f", $3}' "$OUT/db-$1-c$2.txt")
+  mean=$(awk '/^latency average = / {printf "%.3f", $4}' "$OUT/db-$1-c$2.txt")
+  cat "$OUT/db-$1-c$2.log".* | awk '{print $3}' | sort -n | awk -v tps="$tps" -v mean="$mean" '
+    {v[NR] = $1}
+    END {
+      printf "%s", tps
+      split("0.50 0.90 0.99", q, " ")
+      for (i = 1; i <= 3; i++) { r = int(q[i] * NR + 0.999999); if (r < 1) r = 1; printf "|%.3f", v[r] / 1000 }
+      printf "|%s", mean
+    }'
+}
+rps() { awk -v n="$(val "$1" "$2" requests)" -v d="$(val "$1" "$2" duration_us)" 'BEGIN {printf "%.0f", n / (d / 1e6)}'; }
+# The backticks below are Markdown code spans, not command substitutions.
+# shellcheck disable=SC2016
+report() {
+  local c label name p row
+  printf '| scenario | connections | turns/s | p50 ms | p90 ms | p99 ms | mean ms | non-2xx / errors |\n'
+  printf '|---|---:|---:|---:|---:|---:|---:|---:|\n'
+  for c in 1 "$LOAD"; do
+    local names="step1 step2 direct gw-mock gw-offline db-prepared"
+    [ "$c" = 1 ] && names="$names db-extended"
+    for name in $names; do
+      case $name in
+        step1) label='mock direct: step 1 request (answers the tool call), req/s' ;;
+        step2) label='mock direct: step 2 request (answers the text), req/s' ;;
+        direct) label='**mock direct: one turn** (step 1 + step 2)' ;;
+        gw-mock) label='**gateway, mock provider: one turn** (2 model calls, 1 tool call, 3 DB transactions)' ;;
+        gw-offline) label='gateway, offline provider: one turn (no model I/O, 1 tool call, 3 DB transactions)' ;;
+        db-prepared) label='the turn'"'"'s database work alone (pgbench `-M prepared`, `bench/gateway_turn_db.sql`)' ;;
+        db-extended) label='the turn'"'"'s database work alone, parsed and planned each time (pgbench `-M extended`)' ;;
+      esac
+      if [ "${name#db-}" != "$name" ]; then
+        IFS='|' read -r -a row <<<"$(db_row "${name#db-}" "$c")"
+        printf '| %s | %s | %s | %s | %s | %s | %s | 0 |\n' "$label" "$c" "${row[@]}"
+        continue
+      fi
+      if [ "$name" = direct ]; then
+        # Sequential sum: p50 etc. of step 1 plus those of step 2; turns/s = 1 / (1/r1 + 1/r2).
+        printf '| %s | %s | %s' "$label" "$c" \
+          "$(awk -v a="$(rps step1 "$c")" -v b="$(rps step2 "$c")" 'BEGIN {printf "%.0f", 1 / (1 / a + 1 / b)}')"
+        for p in p50_us p90_us p99_us mean_us; do
+          printf ' | %s' "$(ms "$(awk -v a="$(val step1 "$c" "$p")" -v b="$(val step2 "$c" "$p")" 'BEGIN {print a + b}')")"
+        done
+        printf ' | 0 |\n'
+        continue
+      fi
+      printf '| %s | %s | %s' "$label" "$c" "$(rps "$name" "$c")"
+      for p in p50_us p90_us p99_us mean_us; do printf ' | %s' "$(ms "$(val "$name" "$c" "$p")")"; done
+      printf ' | %s |\n' "$(val "$name" "$c" status)"
+    done
+  done
+  local added added_load direct1 gw1 llm_turn
+  direct1=$(( $(val step1 1 p50_us) + $(val step2 1 p50_us) ))
+  gw1=$(val gw-mock 1 p50_us)
+  added=$(( gw1 - direct1 ))
+  added_load=$(( $(val gw-mock "$LOAD" p50_us) - $(val step1 "$LOAD" p50_us) - $(val step2 "$LOAD" p50_us) ))
+  printf '\n**Added per turn at p50, 1 connection: %s ms** (gateway %s ms − direct %s ms; aim ≤ 2 ms: **%s**). ' \
+    "$(ms "$added")" "$(ms "$gw1")" "$(ms "$direct1")" "$( [ "$added" -le 2000 ] && echo met || echo 'not met')"
+  printf 'At p90 %s ms, p99 %s ms (differences of percentiles). With %s connections: %s ms at p50; throughput %s turns/s through the gateway against %s direct (%s), all with zero non-2xx responses and zero socket errors or timeouts.\n' \
+    "$(ms "$(( $(val gw-mock 1 p90_us) - $(val step1 1 p90_us) - $(val step2 1 p90_us) ))")" \
+    "$(ms "$(( $(val gw-mock 1 p99_us) - $(val step1 1 p99_us) - $(val step2 1 p99_us) ))")" \
+    "$LOAD" "$(ms "$added_load")" "$(rps gw-mock "$LOAD")" \
+    "$(awk -v a="$(rps step1 "$LOAD")" -v b="$(rps step2 "$LOAD")" 'BEGIN {printf "%.0f", 1 / (1 / a + 1 / b)}')" \
+    "$(awk -v g="$(rps gw-mock "$LOAD")" -v a="$(rps step1 "$LOAD")" -v b="$(rps step2 "$LOAD")" 'BEGIN {printf "%.2f×", g * (1 / a + 1 / b)}')"
+  local dbp dbe
+  dbp=$(db_row prepared 1 | cut -d'|' -f2)
+  dbe=$(db_row extended 1 | cut -d'|' -f2)
+  printf '\nAt 1 connection, p50: a turn through the offline gateway %s ms; the same database work from pgbench %s ms prepared, %s ms parsed and planned each time. Difference (HTTP in and out, JSON, the offline model, the pool, and the gateway'"'"'s extra round trips): %s ms against the prepared run, %s ms against the extended one.\n' \
+    "$(ms "$(val gw-offline 1 p50_us)")" "$dbp" "$dbe" \
+    "$(awk -v g="$(val gw-offline 1 p50_us)" -v d="$dbp" 'BEGIN {printf "%+.3f", g / 1000 - d}')" \
+    "$(awk -v g="$(val gw-offline 1 p50_us)" -v d="$dbe" 'BEGIN {printf "%+.3f", g / 1000 - d}')"
+  llm_turn=$(awk -v s0="$llm_sum0" -v s1="$llm_sum1" -v n0="$llm_n0" -v n1="$llm_n1" \
+    'BEGIN {printf "%.3f", (s1 - s0) / (n1 - n0) * 2 * 1000}')
+  printf '\nInside the gateway at 1 connection (its `ctxguard_llm_request_seconds`, mean): the two model calls take %s ms per turn as the gateway sees them (request built, sent, answer parsed), against a mean turn of %s ms.\n' \
+    "$llm_turn" "$(ms "$(val gw-mock 1 mean_us)")"
+  printf '\nThe turn'"'"'s database work alone at 1 client, per statement (pgbench `-M prepared -r`, mean ms):'
+  awk 'BEGIN {name[1] = "open_turn"; name[2] = "call_tool"; name[3] = "save_turn"}
+       /^statement latencies/ {f = 1; next}
+       f && $1 ~ /^[0-9.]+$/ && $3 != "\\set" {
+         k = "?"
+         if ($0 ~ /BEGIN;/) { k = "BEGIN"; t++; out = out sprintf("%s %s:", (t > 1 ? ";" : ""), name[t]) }
+         else if ($0 ~ /COMMIT;/) k = "COMMIT"
+         else if ($0 ~ /set_context/) k = "`set_context`"
+         else if ($0 ~ /begin_generation/) k = "`begin_generation`"
+         else if ($0 ~ /visible_tools/) k = "`visible_tools`"
+         else if ($0 ~ /page_types/) k = "page description"
+         else if ($0 ~ /conversation_turns/) k = "history"
+         else if ($0 ~ /call_tool/) k = "`call_tool`"
+         else if ($0 ~ /save_turn/) k = "`save_turn`"
+         out = out sprintf("%s %s %s", (k == "BEGIN" ? "" : ","), k, $1)
+       }
+       END {print out "."}' "$OUT/db-prepared-c1.txt"
+  local rev
+  rev=$(cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null || echo unknown)
+  (cd "$ROOT" && GIT_OPTIONAL_LOCKS=0 git diff --quiet HEAD -- pg_ext gateway 2>/dev/null) || rev="$rev+uncommitted"
+  printf '\nRun: %s, commit %s, %s build, wrk %s s per run (`-c 1 -t 1` and `-c %s -t 2`, keep-alive, after a short warm-up), gateway pool %s connections, %s tools offered to the model (%s + %s request bytes), %s audit rows written by the gateway and pgbench runs (all `vendor.list` `allow`), load average before: %s.\n' \
+    "$(date -u +%Y-%m-%dT%H:%MZ)" "$rev" "$PROFILE" "$SECONDS_PER_RUN" "$LOAD" "$LOAD" "$n_offered" \
+    "$step1_bytes" "$step2_bytes" "$audit_rows" "$load_before"
+  printf '\nMachine: %s cores (%s), %s, %s; wrk, the mock, the gateways and PostgreSQL share the cores.\n' "$(nproc)" \
+    "$(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)" \
+    "$(psql_su -d postgres -Atc "SELECT split_part(version(), ' on ', 1)")" "$(wrk --version 2>&1 | head -1 | cut -d' ' -f1-2)"
+}
+
+report | tee "$OUT/results.md"
+log "raw output: $OUT"
+
+if [ "$WRITE" = 1 ]; then
+  # Replace everything between the two markers in BENCHMARKS.md with the new results.
+  md=$ROOT/BENCHMARKS.md
+  if ! grep -q '^<!-- gateway_bench:begin -->$' "$md" || ! grep -q '^<!-- gateway_bench:end -->$' "$md"; then
+    die "$md lacks the <!-- gateway_bench:begin/end --> markers"
+  fi
+  awk -v res="$OUT/results.md" '
+    /^<!-- gateway_bench:begin -->$/ {print; while ((getline line < res) > 0) print line; skip = 1; next}
+    /^<!-- gateway_bench:end -->$/ {skip = 0}
+    !skip {print}' "$md" >"$OUT/BENCHMARKS.md"
+  cat "$OUT/BENCHMARKS.md" >"$md"
+  log "rewrote the gateway_bench results block of $md (update the reading paragraph by hand)"
+fi

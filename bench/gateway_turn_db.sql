@@ -1,0 +1,23 @@
+-- The database work of one gateway turn with one tool call (page vendor_table, tool vendor.list),
+-- statement for statement as gateway/src/db.rs sends it: open_turn, call_tool and save_turn, each
+-- its own transaction. Diagnostic for bench/gateway_bench.sh: what the turn's database round trips
+-- cost without HTTP, JSON or the model.
+-- :token is a pgbench variable (-D token=...). A new conversation per turn, as when the gateway is
+-- called without a conversationId; :conv doubles as the trace id.
+\set conv random(1, 9000000000000000000)
+BEGIN;
+SELECT ctxguard.set_context(:token, '{"pageType": "vendor_table", "entity": null}', NULL, 'gwbench-' || :conv);
+SELECT ctxguard.begin_generation('gwbench-' || :conv) AS gen \gset
+SELECT ctxguard.set_context(:token, '{"pageType": "vendor_table", "entity": null}', :gen, 'gwbench-' || :conv);
+SELECT name, description, input_schema, read_only, danger, requires_approval FROM ctxguard.visible_tools('what vendors do I have?', 24);
+SELECT description FROM ctxguard.page_types WHERE name = ctxguard.page_type();
+SELECT message, coalesce(answer, '') FROM ctxguard.conversation_turns WHERE conversation_id = 'gwbench-' || :conv ORDER BY turn DESC LIMIT 6;
+COMMIT;
+BEGIN;
+SELECT ctxguard.set_context(:token, '{"pageType": "vendor_table", "entity": null}', :gen, 'gwbench-' || :conv);
+SELECT ctxguard.call_tool('vendor.list', '{}');
+COMMIT;
+BEGIN;
+SELECT ctxguard.set_context(:token, '{"pageType": "vendor_table", "entity": null}', :gen, 'gwbench-' || :conv);
+SELECT ctxguard.save_turn('gwbench-' || :conv, 'what vendors do I have?', 'Here is what the tool returned.', '[{"id": "call_mock_0", "tool": "vendor.list", "arguments": {}, "decision": "allow", "code": null, "callId": null}]');
+COMMIT;
