@@ -7,11 +7,10 @@
 \set conv random(1, 9000000000000000000)
 BEGIN;
 SELECT ctxguard.set_context(:token, '{"pageType": "vendor_table", "entity": null}', NULL, 'gwbench-' || :conv);
-SELECT ctxguard.begin_generation('gwbench-' || :conv) AS gen \gset
-SELECT ctxguard.set_context(:token, '{"pageType": "vendor_table", "entity": null}', :gen, 'gwbench-' || :conv);
-SELECT name, description, input_schema, read_only, danger, requires_approval FROM ctxguard.visible_tools('what vendors do I have?', 24);
-SELECT description FROM ctxguard.page_types WHERE name = ctxguard.page_type();
-SELECT message, coalesce(answer, '') FROM ctxguard.conversation_turns WHERE conversation_id = 'gwbench-' || :conv ORDER BY turn DESC LIMIT 6;
+SELECT ctxguard.begin_generation('gwbench-' || :conv) AS gen, ctxguard.context() \gset
+SELECT name, description, input_schema, read_only, danger, requires_approval,
+       (SELECT description FROM ctxguard.page_types WHERE name = ctxguard.page_type())
+  FROM ctxguard.visible_tools('what vendors do I have?', 24);
 COMMIT;
 BEGIN;
 SELECT ctxguard.set_context(:token, '{"pageType": "vendor_table", "entity": null}', :gen, 'gwbench-' || :conv);

@@ -76,3 +76,49 @@ fn a_warm_backend_sees_policy_changes_at_once() {
     assert!(names.contains(&"vendor.list".to_string()));
     assert_eq!(call["status"], "ok");
 }
+
+#[test]
+fn a_viewer_page_confines_document_tools_even_without_the_binding() {
+    let tok = token("alice", "acme", &["ap_clerk"]);
+    let mut gw = Client::connect(&env("CTXGUARD_TEST_DATABASE_URL"), NoTls).unwrap();
+    let mut admin = Client::connect(&env("CTXGUARD_TEST_ADMIN_URL"), NoTls).unwrap();
+    let set_policy = |admin: &mut Client, policy: Value| {
+        admin
+            .execute(
+                "SELECT ctxguard.set_tool_policy('read_doc_metadata', $1)",
+                &[&policy],
+            )
+            .unwrap();
+    };
+    // A DBA loosens the policy: no entity binding at all.
+    set_policy(&mut admin, json!({"page_types": "*"}));
+    let viewer =
+        json!({"pageType": "document_viewer", "entity": {"type": "document", "id": "acme_guide"}});
+    let mut tx = gw.transaction().unwrap();
+    tx.execute("SELECT ctxguard.set_context($1, $2)", &[&tok, &viewer])
+        .unwrap();
+    tx.execute("SELECT ctxguard.begin_generation('loose')", &[])
+        .unwrap();
+    let other: Value = tx
+        .query_one(
+            "SELECT ctxguard.call_tool('read_doc_metadata', '{\"doc_id\": \"acme_inv3_pdf\"}')",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    let own: Value = tx
+        .query_one(
+            "SELECT ctxguard.call_tool('read_doc_metadata', '{\"doc_id\": \"acme_guide\"}')",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    tx.commit().unwrap();
+    set_policy(
+        &mut admin,
+        json!({"page_types": ["invoice_detail", "document_viewer", "matter_overview", "document_library"],
+               "entity_type": "document", "entity_param": "doc_id", "requires_entity": false}),
+    );
+    assert_eq!(other["error"]["code"], "ENTITY_MISMATCH", "{other}");
+    assert_eq!(own["status"], "ok", "{own}");
+}

@@ -108,6 +108,18 @@ fn resolve(ctx: &Ctx, doc_id: &str) -> Result<Doc, Refusal> {
             .transpose()
     })
     .unwrap_or_else(|e| internal(e));
+    // On a document's own page only that document is in scope, even if a DBA's policy edit removed
+    // the doc_id binding (defence in depth: Gate B normally refuses the spoof first).
+    if ctx
+        .entity
+        .as_ref()
+        .is_some_and(|e| e.kind == "document" && e.id != doc_id)
+    {
+        return refuse(
+            Code::EntityMismatch,
+            "the entity argument does not match the entity on this page",
+        );
+    }
     // On a page about a non-document entity, only that entity's documents are in scope.
     if let Some(e) = ctx.entity.as_ref().filter(|e| e.kind != "document") {
         let linked = doc
