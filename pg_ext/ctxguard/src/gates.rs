@@ -240,7 +240,6 @@ fn gate_b(
     let Some(policy) = tool.policy.as_ref() else {
         return deny(call, Code::ToolNotFound, "no such tool");
     };
-    // Only SQL tools run a handler here; any other kind without its own dispatch fails closed.
     // SQL tools run their handler; built-ins are dispatched to documents.rs; anything else fails closed.
     let handler = tool.handler.filter(|_| tool.kind == "sql");
     if handler.is_none() && tool.kind != "builtin" {
@@ -351,7 +350,8 @@ fn gate_b(
     // Mask secrets and PII in every result, then charge its size to the byte budget.
     let mut counts = MaskCounts::new();
     masking::masker(catalog.version()).mask_json(&mut value, &mut counts);
-    let bytes = value.to_string().len() as i64;
+    let text = value.to_string();
+    let bytes = text.len() as i64;
     call.masked = Some(counts);
     if bytes > budget.remaining() {
         call.budget = Some(budget.state(doc_calls));
@@ -370,7 +370,7 @@ fn gate_b(
     call.budget = Some(budget.state(doc_calls));
     call.result_bytes = Some(i32::try_from(bytes).unwrap_or(i32::MAX));
     if call.tokens.is_none() {
-        call.tokens = Some(ctxguard_core::docs::estimate_tokens(&value.to_string()));
+        call.tokens = Some(ctxguard_core::docs::estimate_tokens(&text));
     }
     call.outcome = Outcome::Ok(value);
     call
