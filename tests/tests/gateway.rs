@@ -335,8 +335,23 @@ async fn an_exhausted_pool_answers_503_fast_and_bad_requests_take_no_connection(
             .await
         })
     };
-    // Wait until the slow tool holds the only connection.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Wait until the slow tool holds the only connection (its pg_sleep is running).
+    let db = admin().await;
+    for _ in 0..200 {
+        let busy: i64 = db
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE usename = 'ctxguard_gateway' AND state = 'active'
+                   AND query LIKE '%call_tool%' AND wait_event = 'PgSleep'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if busy > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
     let started = Instant::now();
     let (status, body) = post_json(gw, "/internal/mcp/execute", Some(&alice), "starved",
         &json!({"tool_name": "vendor.list", "arguments": {}, "pageContext": {"pageType": "vendor_table"}})).await;
