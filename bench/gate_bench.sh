@@ -15,24 +15,14 @@
 # Only talks to the local cluster. Idempotent: the database ctxguard_bench is recreated each run.
 set -euo pipefail
 
-BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-DEFAULT_RUN=/tmp/ctxguard-bench
-export CTXGUARD_RUN=${BENCH_RUN:-$DEFAULT_RUN}
-export CTXGUARD_PGPORT=${BENCH_PGPORT:-54339}
-# shellcheck source-path=SCRIPTDIR source=../scripts/lib.sh
-source "$BENCH_DIR/../scripts/lib.sh"
+BENCH_NAME=gate_bench
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 DB=ctxguard_bench
 SECONDS_PER_RUN=${BENCH_SECONDS:-12}
 PAGE='{"pageType": "invoice_detail", "entity": {"type": "invoice", "id": "acme_inv3"}}'
-WRITE=0
-case "${1:-}" in
-  --write) WRITE=1 ;;
-  "") ;;
-  *) echo "usage: $0 [--write]" >&2; exit 2 ;;
-esac
+bench_args "$@"
 
-die() { printf 'gate_bench: %s\n' "$*" >&2; exit 1; }
 command -v pgbench >/dev/null || PATH=$PG_BIN:$PATH
 command -v pgbench >/dev/null || die "pgbench not found (Debian: postgresql-client-$PG_MAJOR)"
 
@@ -44,25 +34,7 @@ OUT=$(mktemp -d "${TMPDIR:-/tmp}/ctxguard-bench.XXXXXX")
 # ------------------------------------------------------------------------------------------------
 # 1. Build, install, cluster, database.
 # ------------------------------------------------------------------------------------------------
-install_extension
-SO=$("$PG_BIN/pg_config" --pkglibdir)/ctxguard.so
-if [ "$PROFILE" = release ] && ! cmp -s "$SO" "$CARGO_TARGET_DIR/release/libctxguard.so"; then
-  die "$SO is not the release build just made (installed concurrently by someone else?)"
-fi
-start_cluster
-# A preloaded library is read once, at postmaster start, and `cargo pgrx install` always replaces
-# the file: restart the dedicated bench cluster so that it runs the build just installed. Never
-# restart anyone else's cluster; just say what it is running.
-started=$(psql_su -d postgres -Atc "SELECT extract(epoch FROM pg_postmaster_start_time())::bigint")
-if [ "$(stat -c %Y "$SO")" -gt "$started" ]; then
-  if [ "$RUN" = "$DEFAULT_RUN" ]; then
-    log "restarting the dedicated bench cluster to load the new build"
-    stop_cluster
-    start_cluster
-  else
-    log "WARNING: the cluster at $RUN started before this install; it runs the ctxguard.so it preloaded then"
-  fi
-fi
+bench_cluster
 create_demo_db "$DB"
 # The demo catalog (demo tools plus the built-in document tools), before the 1,000 bench tools.
 n_demo=$(psql_su -d "$DB" -Atc "SELECT count(*) FROM ctxguard.tools")
@@ -210,15 +182,5 @@ report | tee "$OUT/results.md"
 log "raw pgbench output: $OUT"
 
 if [ "$WRITE" = 1 ]; then
-  # Replace everything between the two markers in BENCHMARKS.md with the new results.
-  md=$ROOT/BENCHMARKS.md
-  if ! grep -q '^<!-- gate_bench:begin -->$' "$md" || ! grep -q '^<!-- gate_bench:end -->$' "$md"; then
-    die "$md lacks the <!-- gate_bench:begin/end --> markers"
-  fi
-  awk -v res="$OUT/results.md" '
-    /^<!-- gate_bench:begin -->$/ {print; while ((getline line < res) > 0) print line; skip = 1; next}
-    /^<!-- gate_bench:end -->$/ {skip = 0}
-    !skip {print}' "$md" >"$OUT/BENCHMARKS.md"
-  cat "$OUT/BENCHMARKS.md" >"$md"
-  log "rewrote the results block of $md (update the reading paragraph by hand)"
+  bench_write_results "$OUT/results.md"
 fi

@@ -28,12 +28,8 @@
 # stopped on exit; the bench cluster is left running (as gate_bench.sh does).
 set -euo pipefail
 
-BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-DEFAULT_RUN=/tmp/ctxguard-bench
-export CTXGUARD_RUN=${BENCH_RUN:-$DEFAULT_RUN}
-export CTXGUARD_PGPORT=${BENCH_PGPORT:-54339}
-# shellcheck source-path=SCRIPTDIR source=../scripts/lib.sh
-source "$BENCH_DIR/../scripts/lib.sh"
+BENCH_NAME=gateway_bench
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 DB=ctxguard_gwbench
 SECONDS_PER_RUN=${BENCH_SECONDS:-10}
@@ -43,14 +39,8 @@ MOCK_ADDR=127.0.0.1:$PORT
 GW_MOCK_ADDR=127.0.0.1:$((PORT + 1))
 GW_OFF_ADDR=127.0.0.1:$((PORT + 2))
 MESSAGE='what vendors do I have?'
-WRITE=0
-case "${1:-}" in
-  --write) WRITE=1 ;;
-  "") ;;
-  *) echo "usage: $0 [--write]" >&2; exit 2 ;;
-esac
+bench_args "$@"
 
-die() { printf 'gateway_bench: %s\n' "$*" >&2; exit 1; }
 command -v pgbench >/dev/null || PATH=$PG_BIN:$PATH
 command -v pgbench >/dev/null || die "pgbench not found (Debian: postgresql-client-$PG_MAJOR)"
 if ! command -v wrk >/dev/null; then
@@ -82,24 +72,7 @@ trap cleanup EXIT
 # ------------------------------------------------------------------------------------------------
 # 1. Build, install, cluster, database, binaries.
 # ------------------------------------------------------------------------------------------------
-install_extension
-SO=$("$PG_BIN/pg_config" --pkglibdir)/ctxguard.so
-if [ "$PROFILE" = release ] && ! cmp -s "$SO" "$CARGO_TARGET_DIR/release/libctxguard.so"; then
-  die "$SO is not the release build just made (installed concurrently by someone else?)"
-fi
-start_cluster
-# A preloaded library is read once, at postmaster start: restart the dedicated bench cluster if the
-# library is newer than the server. Never restart anyone else's cluster; just say what it runs.
-started=$(psql_su -d postgres -Atc "SELECT extract(epoch FROM pg_postmaster_start_time())::bigint")
-if [ "$(stat -c %Y "$SO")" -gt "$started" ]; then
-  if [ "$RUN" = "$DEFAULT_RUN" ]; then
-    log "restarting the dedicated bench cluster to load the new build"
-    stop_cluster
-    start_cluster
-  else
-    log "WARNING: the cluster at $RUN started before this install; it runs the ctxguard.so it preloaded then"
-  fi
-fi
+bench_cluster
 log "creating $DB (demo schema)"
 create_demo_db "$DB" >/dev/null
 
@@ -385,15 +358,5 @@ report | tee "$OUT/results.md"
 log "raw output: $OUT"
 
 if [ "$WRITE" = 1 ]; then
-  # Replace everything between the two markers in BENCHMARKS.md with the new results.
-  md=$ROOT/BENCHMARKS.md
-  if ! grep -q '^<!-- gateway_bench:begin -->$' "$md" || ! grep -q '^<!-- gateway_bench:end -->$' "$md"; then
-    die "$md lacks the <!-- gateway_bench:begin/end --> markers"
-  fi
-  awk -v res="$OUT/results.md" '
-    /^<!-- gateway_bench:begin -->$/ {print; while ((getline line < res) > 0) print line; skip = 1; next}
-    /^<!-- gateway_bench:end -->$/ {skip = 0}
-    !skip {print}' "$md" >"$OUT/BENCHMARKS.md"
-  cat "$OUT/BENCHMARKS.md" >"$md"
-  log "rewrote the gateway_bench results block of $md (update the reading paragraph by hand)"
+  bench_write_results "$OUT/results.md"
 fi

@@ -1,0 +1,51 @@
+# Shared by bench/*.sh: the dedicated bench cluster, argument parsing and the BENCHMARKS.md results
+# block. Source it after setting BENCH_NAME (the script's name, used in messages and the markers).
+set -euo pipefail
+
+BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+DEFAULT_RUN=/tmp/ctxguard-bench
+export CTXGUARD_RUN=${BENCH_RUN:-$DEFAULT_RUN}
+export CTXGUARD_PGPORT=${BENCH_PGPORT:-54339}
+# Never restart someone else's cluster: only the dedicated one is restarted to load a new build.
+[ "$CTXGUARD_RUN" = "$DEFAULT_RUN" ] || export CTXGUARD_KEEP_RUNNING=1
+source "$BENCH_DIR/../scripts/lib.sh"
+
+die() { printf '%s: %s\n' "$BENCH_NAME" "$*" >&2; exit 1; }
+
+# `--write` rewrites this script's results block in BENCHMARKS.md; no argument only prints.
+bench_args() {
+  WRITE=0
+  case "${1:-}" in
+    --write) WRITE=1 ;;
+    "") ;;
+    *) echo "usage: $0 [--write]" >&2; exit 2 ;;
+  esac
+}
+
+# Build and install the extension, then (re)start the bench cluster so it preloads that build.
+bench_cluster() {
+  install_extension
+  SO=$("$PG_BIN/pg_config" --pkglibdir)/ctxguard.so
+  if [ "$PROFILE" = release ] && ! cmp -s "$SO" "$CARGO_TARGET_DIR/release/libctxguard.so"; then
+    die "$SO is not the release build just made (installed concurrently by someone else?)"
+  fi
+  start_cluster
+  [ "$CTXGUARD_RUN" = "$DEFAULT_RUN" ] ||
+    log "WARNING: the cluster at $RUN was not restarted; it runs the ctxguard.so it preloaded at its start"
+}
+
+# Replace the block between <!-- $BENCH_NAME:begin/end --> in BENCHMARKS.md with file $1.
+bench_write_results() {
+  local md=$ROOT/BENCHMARKS.md tmp
+  if ! grep -q "^<!-- $BENCH_NAME:begin -->\$" "$md" || ! grep -q "^<!-- $BENCH_NAME:end -->\$" "$md"; then
+    die "$md lacks the <!-- $BENCH_NAME:begin/end --> markers"
+  fi
+  tmp=$(mktemp)
+  awk -v res="$1" -v begin="<!-- $BENCH_NAME:begin -->" -v end="<!-- $BENCH_NAME:end -->" '
+    $0 == begin {print; while ((getline line < res) > 0) print line; skip = 1; next}
+    $0 == end {skip = 0}
+    !skip {print}' "$md" >"$tmp"
+  cat "$tmp" >"$md"
+  rm -f "$tmp"
+  log "rewrote the $BENCH_NAME results block of $md (update the reading by hand)"
+}
