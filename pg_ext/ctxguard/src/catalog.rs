@@ -7,7 +7,7 @@ use ctxguard_core::policy::{self, Policy};
 use pgrx::prelude::*;
 use pgrx::JsonB;
 
-use crate::context::lookup_page_type;
+use crate::cache;
 use crate::pgutil::raise;
 
 const INVALID: PgSqlErrorCode = PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE;
@@ -84,7 +84,8 @@ fn _register_tool(
         );
     }
     let raw_policy = policy.map(|p| p.0).unwrap_or(serde_json::Value::Null);
-    let p: Policy = policy::parse_policy(&raw_policy, &schema, lookup_page_type)
+    let catalog = cache::catalog();
+    let p: Policy = policy::parse_policy(&raw_policy, &schema, |n| catalog.page_type(n))
         .unwrap_or_else(|e| raise(INVALID, format!("ctxguard: {e}")));
     Spi::connect_mut(|c| {
         c.update(
@@ -157,7 +158,8 @@ fn set_tool_policy(name: Option<&str>, policy: Option<JsonB>) {
     .flatten()
     .unwrap_or_else(|| raise(INVALID, "ctxguard: no such tool"));
     let raw_policy = policy.map(|p| p.0).unwrap_or(serde_json::Value::Null);
-    let p = policy::parse_policy(&raw_policy, &schema.0, lookup_page_type)
+    let catalog = cache::catalog();
+    let p = policy::parse_policy(&raw_policy, &schema.0, |n| catalog.page_type(n))
         .unwrap_or_else(|e| raise(INVALID, format!("ctxguard: {e}")));
     Spi::connect_mut(|c| upsert_policy(c, name, &p, raw_policy))
         .unwrap_or_else(|e| raise(INVALID, format!("ctxguard: could not set policy: {e}")));

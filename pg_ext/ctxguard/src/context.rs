@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::cache;
 use ctxguard_core::names::is_valid_id;
-use ctxguard_core::page::{self, Entity, PageTypeInfo};
+use ctxguard_core::page::{self, Entity};
 use ctxguard_core::token::{self, KeyConfig};
 use pgrx::prelude::*;
 use pgrx::JsonB;
@@ -107,11 +107,6 @@ fn deny(
     raise(code, format!("ctxguard: {reason}"))
 }
 
-/// Page-type lookup for validation (from the cached catalog).
-pub fn lookup_page_type(name: &str) -> Option<PageTypeInfo> {
-    cache::catalog().page_type(name)
-}
-
 /// Verify `token`, validate `page`, and make them the context of the current transaction.
 #[pg_extern(volatile, parallel_unsafe)]
 fn set_context(
@@ -165,7 +160,9 @@ fn set_context(
             None,
         )
     };
-    let page = match page::parse_page(&page_json, lookup_page_type) {
+    // One catalog read serves the page-type lookup and the entity check.
+    let catalog = cache::catalog();
+    let page = match page::parse_page(&page_json, |n| catalog.page_type(n)) {
         Ok(p) => p,
         Err(e) => deny(invalid, &e.to_string(), Some(&who), None),
     };
@@ -223,7 +220,7 @@ fn set_context(
         set_local(name, value);
     }
     if let Some(e) = &page.entity {
-        if !entity_visible(e) {
+        if !entity_visible(&catalog, e) {
             // Same message whether the row is in another tenant or does not exist at all.
             deny(
                 invalid,
@@ -262,8 +259,8 @@ fn generation_valid(generation: &str, who: &token::Identity) -> bool {
 }
 
 /// If the entity type is mapped to a protected table, is the row visible to the caller under RLS?
-fn entity_visible(e: &Entity) -> bool {
-    let Some(mapping) = cache::catalog().entity(&e.kind) else {
+fn entity_visible(catalog: &cache::Catalog, e: &Entity) -> bool {
+    let Some(mapping) = catalog.entity(&e.kind) else {
         return true;
     };
     if !mapping.accepts(&e.id) {
