@@ -39,16 +39,7 @@ async fn hostile_tool_calls_are_refused_by_the_database() {
             "Here you go ![x](https://evil.example/p.png?d=1) [more](https://evil.example)",
         ),
     ]);
-    let base = mock.serve().await;
-    let gw = gateway(&[
-        "--provider",
-        "openai",
-        "--llm-base-url",
-        &base,
-        "--model",
-        "mock",
-    ])
-    .await;
+    let gw = openai_gateway(&mock, &["--model", "mock"]).await;
     let trace = format!("hostile-{}", uuid::Uuid::new_v4());
     let alice = token("alice", "acme", &["ap_clerk"]);
     let (status, body) = post_json(
@@ -118,16 +109,7 @@ async fn hostile_tool_calls_are_refused_by_the_database() {
 async fn an_endless_tool_loop_stops_at_the_step_limit() {
     let mock = Mock::new(vec![]);
     *mock.repeat.lock().unwrap() = Some(Step::Tools(vec![("vendor__list", json!({}))]));
-    let base = mock.serve().await;
-    let gw = gateway(&[
-        "--provider",
-        "openai",
-        "--llm-base-url",
-        &base,
-        "--max-steps",
-        "3",
-    ])
-    .await;
+    let gw = openai_gateway(&mock, &["--max-steps", "3"]).await;
     let trace = format!("loop-{}", uuid::Uuid::new_v4());
     let (status, body) = post_json(
         gw,
@@ -155,8 +137,7 @@ async fn upstream_errors_retry_once_and_never_rerun_a_tool() {
         Step::Status(503, Some("0")),
         Step::Status(500, None),
     ]);
-    let base = mock.serve().await;
-    let gw = gateway(&["--provider", "openai", "--llm-base-url", &base]).await;
+    let gw = openai_gateway(&mock, &[]).await;
     let trace = format!("upstream-{}", uuid::Uuid::new_v4());
     let (status, body) = post_json(
         gw,
@@ -179,8 +160,7 @@ async fn upstream_errors_retry_once_and_never_rerun_a_tool() {
 
     // A 429 with Retry-After followed by success recovers.
     let mock = Mock::new(vec![Step::Status(429, Some("1")), Step::Answer("fine")]);
-    let base = mock.serve().await;
-    let gw = gateway(&["--provider", "openai", "--llm-base-url", &base]).await;
+    let gw = openai_gateway(&mock, &[]).await;
     let started = Instant::now();
     let (status, _) = post_json(
         gw,
@@ -203,16 +183,7 @@ async fn a_slow_upstream_times_out_with_504_after_auditing_once() {
         Step::Tools(vec![("vendor__list", json!({}))]),
         Step::Sleep(Duration::from_secs(3)),
     ]);
-    let base = mock.serve().await;
-    let gw = gateway(&[
-        "--provider",
-        "openai",
-        "--llm-base-url",
-        &base,
-        "--llm-timeout-ms",
-        "500",
-    ])
-    .await;
+    let gw = openai_gateway(&mock, &["--llm-timeout-ms", "500"]).await;
     let trace = format!("slow-{}", uuid::Uuid::new_v4());
     let (status, body) = post_json(
         gw,
@@ -309,18 +280,7 @@ async fn an_exhausted_pool_answers_503_fast_and_bad_requests_take_no_connection(
         Step::Tools(vec![("test__slow", json!({}))]),
         Step::Answer("ok"),
     ]);
-    let base = mock.serve().await;
-    let gw = gateway(&[
-        "--provider",
-        "openai",
-        "--llm-base-url",
-        &base,
-        "--pool-size",
-        "1",
-        "--db-timeout-ms",
-        "200",
-    ])
-    .await;
+    let gw = openai_gateway(&mock, &["--pool-size", "1", "--db-timeout-ms", "200"]).await;
     let alice = token("alice", "acme", &[]);
     let holder = {
         let alice = alice.clone();

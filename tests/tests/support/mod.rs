@@ -60,12 +60,7 @@ pub struct Mock {
 
 async fn completions(State(mock): State<Mock>, Json(body): Json<Value>) -> Response {
     mock.requests.lock().unwrap().push(body);
-    let step = mock
-        .script
-        .lock()
-        .unwrap()
-        .pop_front()
-        .or_else(|| mock.repeat.lock().unwrap().clone());
+    let step = mock.next_step();
     match step {
         Some(Step::Tools(calls)) => {
             let calls: Vec<Value> = calls
@@ -100,12 +95,7 @@ async fn completions(State(mock): State<Mock>, Json(body): Json<Value>) -> Respo
 /// The same script, spoken as the Anthropic Messages API.
 async fn messages(State(mock): State<Mock>, Json(body): Json<Value>) -> Response {
     mock.requests.lock().unwrap().push(body);
-    let step = mock
-        .script
-        .lock()
-        .unwrap()
-        .pop_front()
-        .or_else(|| mock.repeat.lock().unwrap().clone());
+    let step = mock.next_step();
     match step {
         Some(Step::Tools(calls)) => {
             let content: Vec<Value> = calls
@@ -130,6 +120,15 @@ async fn messages(State(mock): State<Mock>, Json(body): Json<Value>) -> Response
 }
 
 impl Mock {
+    /// The next scripted step, or the repeated one once the script is spent.
+    fn next_step(&self) -> Option<Step> {
+        self.script
+            .lock()
+            .unwrap()
+            .pop_front()
+            .or_else(|| self.repeat.lock().unwrap().clone())
+    }
+
     pub fn new(steps: Vec<Step>) -> Mock {
         Mock {
             script: Arc::new(Mutex::new(steps.into())),
@@ -152,6 +151,14 @@ impl Mock {
     pub fn request_count(&self) -> usize {
         self.requests.lock().unwrap().len()
     }
+}
+
+/// A gateway whose OpenAI-compatible provider is `mock` (served here), plus CLI-style overrides.
+pub async fn openai_gateway(mock: &Mock, extra: &[&str]) -> SocketAddr {
+    let base = mock.serve().await;
+    let mut args = vec!["--provider", "openai", "--llm-base-url", base.as_str()];
+    args.extend_from_slice(extra);
+    gateway(&args).await
 }
 
 /// The real gateway router on a random local port. `extra` are CLI-style overrides.
