@@ -16,6 +16,7 @@ pub mod binding;
 pub mod codes;
 pub mod docs;
 pub mod mask;
+pub mod mcp;
 pub mod names;
 pub mod page;
 pub mod policy;

@@ -250,6 +250,8 @@ pub enum Reason {
     MissingState,
     EntityRequired,
     WrongEntityType,
+    /// An upstream MCP tool whose server the caller may not use (per-server RBAC).
+    ServerNotAllowed,
 }
 
 impl Reason {
@@ -264,6 +266,7 @@ impl Reason {
             Reason::MissingState => "missing_state",
             Reason::EntityRequired => "entity_required",
             Reason::WrongEntityType => "wrong_entity_type",
+            Reason::ServerNotAllowed => "server_not_allowed",
         }
     }
 }

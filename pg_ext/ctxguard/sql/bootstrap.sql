@@ -85,7 +85,7 @@ CREATE TABLE ctxguard.audit_log (
     entity_type  text,
     entity_id    text,
     tool         text,
-    decision     text NOT NULL CHECK (decision IN ('allow', 'deny', 'pending', 'error')),
+    decision     text NOT NULL CHECK (decision IN ('allow', 'deny', 'pending', 'error', 'authorized')),
     code         text,
     args_hash    text,
     result_bytes integer,

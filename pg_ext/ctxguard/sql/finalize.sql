@@ -61,6 +61,7 @@ AS $$
     UNION ALL
     SELECT 'tool_without_policy', t.name, 'catalogued but invisible and uncallable until a policy is registered'
       FROM ctxguard.tools t WHERE NOT EXISTS (SELECT 1 FROM ctxguard.tool_policies p WHERE p.tool = t.name)
+       AND NOT EXISTS (SELECT 1 FROM ctxguard.mcp_servers s WHERE s.name = t.server AND s.default_policy IS NOT NULL)
     UNION ALL
     SELECT 'definer_without_search_path', p.oid::regprocedure::text, 'SECURITY DEFINER without SET search_path'
       FROM pg_proc p
@@ -174,3 +175,17 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION ctxguard.save_turn(text, text, text, jsonb) IS 'Append a chat turn for the context''s tenant and user, with the context''s page.';
+
+-- Upstream MCP servers: the registry is readable (it holds no secrets: bearer tokens come from the
+-- gateway's environment); only the DBA writes it. Discovery and server policies are DBA functions;
+-- grant sync_mcp_tools to the gateway's role so it can record what it discovers.
+GRANT SELECT ON ctxguard.mcp_servers TO PUBLIC;
+-- Grants name users of every tenant: owner only (the catalog cache reads them as the owner).
+ALTER TABLE ctxguard.mcp_server_grants ENABLE ROW LEVEL SECURITY;
+ALTER TABLE ctxguard.mcp_server_grants FORCE ROW LEVEL SECURITY;
+CREATE POLICY mcp_server_grants_owner ON ctxguard.mcp_server_grants USING (true) WITH CHECK (true);  -- no grants: owner only
+ALTER TABLE ctxguard.external_calls ENABLE ROW LEVEL SECURITY;
+ALTER TABLE ctxguard.external_calls FORCE ROW LEVEL SECURITY;
+CREATE POLICY external_calls_owner ON ctxguard.external_calls USING (true) WITH CHECK (true);  -- no grants: owner only
+REVOKE EXECUTE ON FUNCTION ctxguard.sync_mcp_tools(text, jsonb) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION ctxguard.set_server_policy(text, jsonb) FROM PUBLIC;

@@ -10,8 +10,9 @@ use std::collections::HashMap;
 use std::rc::Rc;
 
 use ctxguard_core::args::{self, ArgError, Schema};
+use ctxguard_core::mcp::{Caller, Grant, Principal, ServerAccess};
 use ctxguard_core::page::PageTypeInfo;
-use ctxguard_core::policy::{Danger, Policy};
+use ctxguard_core::policy::{parse_policy, Danger, Policy};
 use pgrx::prelude::*;
 use pgrx::spi::SpiHeapTupleData;
 use pgrx::JsonB;
@@ -26,7 +27,11 @@ pub struct ToolEntry {
     pub input_schema: Value,
     pub handler: Option<pg_sys::Oid>,
     pub kind: String,
+    /// The tool's own policy, or for an upstream tool without one, its server's default policy.
     pub policy: Option<Policy>,
+    /// Upstream MCP server and the tool's name there (external tools only).
+    pub server: Option<String>,
+    pub upstream_name: Option<String>,
     compiled: OnceCell<Result<Rc<Schema>, ArgError>>,
 }
 
@@ -64,6 +69,7 @@ pub struct Catalog {
     by_name: HashMap<String, usize>,
     page_types: HashMap<String, Option<String>>,
     entities: HashMap<String, Rc<EntityMapping>>,
+    servers: HashMap<String, ServerAccess>,
 }
 
 impl Catalog {
@@ -84,6 +90,38 @@ impl Catalog {
 
     pub fn entity(&self, kind: &str) -> Option<Rc<EntityMapping>> {
         self.entities.get(kind).cloned()
+    }
+
+    /// May the caller of `ctx` use upstream MCP server `server`? (Unknown servers: no.)
+    pub fn server_allows(&self, server: &str, ctx: &crate::context::Ctx) -> bool {
+        let admin = crate::gucs::get(&crate::gucs::MCP_ADMIN_ROLE);
+        self.servers.get(server).is_some_and(|s| {
+            s.allows(&Caller {
+                tenant_id: &ctx.tenant_id,
+                user_id: &ctx.user_id,
+                roles: &ctx.roles,
+                admin_role: admin.as_deref(),
+            })
+        })
+    }
+
+    /// Is `tool` usable by the caller of `ctx` as far as its upstream server is concerned?
+    pub fn tool_server_allows(&self, tool: &ToolEntry, ctx: &crate::context::Ctx) -> bool {
+        tool.server
+            .as_deref()
+            .is_none_or(|s| self.server_allows(s, ctx))
+    }
+
+    /// Names of the enabled upstream servers the caller of `ctx` may use.
+    pub fn allowed_servers(&self, ctx: &crate::context::Ctx) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .servers
+            .keys()
+            .filter(|s| self.server_allows(s, ctx))
+            .cloned()
+            .collect();
+        names.sort();
+        names
     }
 }
 
@@ -148,31 +186,6 @@ fn policy_from_row(row: &SpiHeapTupleData) -> Result<Option<Policy>, pgrx::spi::
 
 fn load(key: (i64, String)) -> Result<Catalog, pgrx::spi::Error> {
     Spi::connect(|c| {
-        let mut tools = Vec::new();
-        for row in c.select(
-            "SELECT t.name, t.description, t.input_schema, t.handler::oid, t.kind,
-                    p.page_types, p.requires_entity, p.entity_type, p.entity_param, p.roles, p.required_states,
-                    p.read_only, p.danger, p.requires_approval, p.enabled, p.tool IS NOT NULL
-               FROM ctxguard.tools t LEFT JOIN ctxguard.tool_policies p ON p.tool = t.name
-              ORDER BY t.name",
-            None,
-            &[],
-        )? {
-            tools.push(Rc::new(ToolEntry {
-                name: row.get::<String>(1)?.unwrap_or_default(),
-                description: row.get::<String>(2)?.unwrap_or_default(),
-                input_schema: row.get::<JsonB>(3)?.map(|j| j.0).unwrap_or(Value::Null),
-                handler: row.get::<pg_sys::Oid>(4)?,
-                kind: row.get::<String>(5)?.unwrap_or_default(),
-                policy: policy_from_row(&row)?,
-                compiled: OnceCell::new(),
-            }));
-        }
-        let by_name = tools
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (t.name.clone(), i))
-            .collect();
         let mut page_types = HashMap::new();
         for row in c.select(
             "SELECT name, entity_type FROM ctxguard.page_types",
@@ -184,6 +197,49 @@ fn load(key: (i64, String)) -> Result<Catalog, pgrx::spi::Error> {
                 row.get::<String>(2)?,
             );
         }
+        let mut tools = Vec::new();
+        for row in c.select(
+            "SELECT t.name, t.description, t.input_schema, t.handler::oid, t.kind,
+                    p.page_types, p.requires_entity, p.entity_type, p.entity_param, p.roles, p.required_states,
+                    p.read_only, p.danger, p.requires_approval, p.enabled, p.tool IS NOT NULL,
+                    t.server, t.upstream_name, s.default_policy
+               FROM ctxguard.tools t LEFT JOIN ctxguard.tool_policies p ON p.tool = t.name
+                    LEFT JOIN ctxguard.mcp_servers s ON s.name = t.server
+              ORDER BY t.name",
+            None,
+            &[],
+        )? {
+            let input_schema = row.get::<JsonB>(3)?.map(|j| j.0).unwrap_or(Value::Null);
+            let mut policy = policy_from_row(&row)?;
+            if policy.is_none() {
+                // A server's default policy covers its tools without one, if it fits the tool's
+                // schema (an entity_param the tool lacks leaves it without a policy: invisible).
+                if let Some(JsonB(default)) = row.get::<JsonB>(19)? {
+                    policy = parse_policy(&default, &input_schema, |n| {
+                        page_types.get(n).map(|e: &Option<String>| PageTypeInfo {
+                            entity_type: e.clone(),
+                        })
+                    })
+                    .ok();
+                }
+            }
+            tools.push(Rc::new(ToolEntry {
+                name: row.get::<String>(1)?.unwrap_or_default(),
+                description: row.get::<String>(2)?.unwrap_or_default(),
+                input_schema,
+                handler: row.get::<pg_sys::Oid>(4)?,
+                kind: row.get::<String>(5)?.unwrap_or_default(),
+                policy,
+                server: row.get::<String>(17)?,
+                upstream_name: row.get::<String>(18)?,
+                compiled: OnceCell::new(),
+            }));
+        }
+        let by_name = tools
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.name.clone(), i))
+            .collect();
         let mut entities = HashMap::new();
         for row in c.select(
             "SELECT name, tbl::text, quote_ident(id_column), id_type::text FROM ctxguard.entity_types",
@@ -210,12 +266,55 @@ fn load(key: (i64, String)) -> Result<Catalog, pgrx::spi::Error> {
                 }),
             );
         }
+        let mut servers: HashMap<String, ServerAccess> = HashMap::new();
+        for row in c.select(
+            "SELECT name, enabled, default_access = 'allow' FROM ctxguard.mcp_servers",
+            None,
+            &[],
+        )? {
+            servers.insert(
+                row.get::<String>(1)?.unwrap_or_default(),
+                ServerAccess {
+                    enabled: row.get::<bool>(2)?.unwrap_or(false),
+                    default_allow: row.get::<bool>(3)?.unwrap_or(false),
+                    grants: Vec::new(),
+                },
+            );
+        }
+        // Grants name users of every tenant, so only the owner reads them; all of them are loaded
+        // whoever the caller is, as the cache is shared by every context of this backend.
+        let grants = crate::pgutil::as_owner(|| {
+            c.select(
+                "SELECT server, tenant_id, split_part(principal, ':', 1), substr(principal, strpos(principal, ':') + 1),
+                        access = 'allow'
+                   FROM ctxguard.mcp_server_grants",
+                None,
+                &[],
+            )
+        })?;
+        for row in grants {
+            let principal = match (
+                row.get::<String>(3)?.as_deref(),
+                row.get::<String>(4)?.unwrap_or_default(),
+            ) {
+                (Some("user"), id) => Principal::User(id),
+                (_, role) => Principal::Role(role),
+            };
+            if let Some(s) = servers.get_mut(&row.get::<String>(1)?.unwrap_or_default()) {
+                s.grants.push(Grant {
+                    tenant_id: row.get::<String>(2)?,
+                    principal,
+                    allow: row.get::<bool>(5)?.unwrap_or(false),
+                });
+            }
+        }
         Ok(Catalog {
             key,
             tools,
             by_name,
             page_types,
             entities,
+            servers,
         })
     })
 }

@@ -107,6 +107,35 @@ fn deny(
     raise(code, format!("ctxguard: {reason}"))
 }
 
+/// Verify a context token against the configured keys.
+fn verify(token: Option<&str>) -> Result<token::Identity, token::TokenError> {
+    let secret = gucs::get(&gucs::JWT_SECRET);
+    let public_key = gucs::get(&gucs::JWT_PUBLIC_KEY);
+    let audience = gucs::get(&gucs::JWT_AUDIENCE);
+    let keys = KeyConfig {
+        hs256_secret: secret.as_deref(),
+        ed25519_public_key: public_key.as_deref(),
+        audience: audience.as_deref(),
+        leeway_secs: gucs::JWT_LEEWAY.get().max(0) as u64,
+    };
+    token::verify(token.unwrap_or_default(), &keys)
+}
+
+/// Verify a context token without setting a context: its identity, or SQLSTATE 28000.
+/// Lets the gateway authenticate a request (e.g. an MCP POST) before it knows the page.
+#[pg_extern(stable, parallel_safe)]
+fn verify_token(token: Option<&str>) -> JsonB {
+    match verify(token) {
+        Ok(who) => JsonB(json!({"tenantId": who.tenant_id, "userId": who.user_id, "roles": who.roles})),
+        Err(e) => deny(
+            PgSqlErrorCode::ERRCODE_INVALID_AUTHORIZATION_SPECIFICATION,
+            &format!("invalid context token: {e}"),
+            None,
+            None,
+        ),
+    }
+}
+
 /// Verify `token`, validate `page`, and make them the context of the current transaction.
 #[pg_extern(volatile, parallel_unsafe)]
 fn set_context(
@@ -139,16 +168,7 @@ fn set_context(
             None,
         );
     }
-    let secret = gucs::get(&gucs::JWT_SECRET);
-    let public_key = gucs::get(&gucs::JWT_PUBLIC_KEY);
-    let audience = gucs::get(&gucs::JWT_AUDIENCE);
-    let keys = KeyConfig {
-        hs256_secret: secret.as_deref(),
-        ed25519_public_key: public_key.as_deref(),
-        audience: audience.as_deref(),
-        leeway_secs: gucs::JWT_LEEWAY.get().max(0) as u64,
-    };
-    let who = match token::verify(token.unwrap_or_default(), &keys) {
+    let who = match verify(token) {
         Ok(who) => who,
         Err(e) => deny(auth, &format!("invalid context token: {e}"), None, None),
     };

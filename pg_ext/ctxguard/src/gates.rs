@@ -41,6 +41,8 @@ pub struct Visible {
     pub read_only: bool,
     pub danger: &'static str,
     pub requires_approval: bool,
+    /// The upstream MCP server of an external tool.
+    pub server: Option<String>,
 }
 
 /// Gate A proper: visible tools for `ctx`, optionally ranked by `query` and cut at `top_k`.
@@ -50,7 +52,10 @@ pub fn visible(ctx: &Ctx, query: Option<&str>, top_k: Option<i32>) -> Vec<Visibl
     let mut tools: Vec<&Rc<ToolEntry>> = catalog
         .tools
         .iter()
-        .filter(|t| evaluate(t.policy.as_ref(), Some(&view)) == Reason::Visible)
+        .filter(|t| {
+            evaluate(t.policy.as_ref(), Some(&view)) == Reason::Visible
+                && catalog.tool_server_allows(t, ctx)
+        })
         .collect();
     if let Some(tsq) = query.and_then(or_query) {
         let names: Vec<String> = tools.iter().map(|t| t.name.clone()).collect();
@@ -93,6 +98,7 @@ pub fn visible(ctx: &Ctx, query: Option<&str>, top_k: Option<i32>) -> Vec<Visibl
                 read_only: p.read_only,
                 danger: p.danger.as_str(),
                 requires_approval: p.requires_approval,
+                server: t.server.clone(),
             }
         })
         .collect()
@@ -112,6 +118,7 @@ fn visible_tools(
         name!(read_only, bool),
         name!(danger, String),
         name!(requires_approval, bool),
+        name!(server, Option<String>),
     ),
 > {
     let Some(ctx) = Ctx::current() else {
@@ -127,6 +134,7 @@ fn visible_tools(
                 t.read_only,
                 t.danger.to_string(),
                 t.requires_approval,
+                t.server,
             )
         })
         .collect();
@@ -145,11 +153,21 @@ fn explain_tools() -> TableIterator<
 > {
     let ctx = Ctx::current();
     let view = ctx.as_ref().map(Ctx::view);
-    let rows: Vec<_> = cache::catalog()
+    let catalog = cache::catalog();
+    let rows: Vec<_> = catalog
         .tools
         .iter()
         .map(|t| {
-            let reason = evaluate(t.policy.as_ref(), view.as_ref());
+            let reason = match evaluate(t.policy.as_ref(), view.as_ref()) {
+                Reason::Visible
+                    if !ctx
+                        .as_ref()
+                        .is_some_and(|c| catalog.tool_server_allows(t, c)) =>
+                {
+                    Reason::ServerNotAllowed
+                }
+                r => r,
+            };
             (
                 t.name.clone(),
                 reason == Reason::Visible,
@@ -167,6 +185,12 @@ enum Outcome {
     Denied(Code, String, Option<Value>),
     Pending,
     Failed(String),
+    /// An upstream MCP call Gate B allows: the gateway forwards it, then calls `complete_call`.
+    Authorized {
+        server: String,
+        upstream_name: String,
+        args: Value,
+    },
 }
 
 struct Call {
@@ -240,12 +264,20 @@ fn gate_b(
     let Some(policy) = tool.policy.as_ref() else {
         return deny(call, Code::ToolNotFound, "no such tool");
     };
-    // SQL tools run their handler; built-ins are dispatched to documents.rs; anything else fails closed.
+    // SQL tools run their handler; built-ins are dispatched to documents.rs; external tools are
+    // authorized for the gateway to forward; anything else fails closed.
     let handler = tool.handler.filter(|_| tool.kind == "sql");
-    if handler.is_none() && tool.kind != "builtin" {
+    let upstream = match (&tool.server, &tool.upstream_name) {
+        (Some(s), Some(u)) if tool.kind == "external" => Some((s.clone(), u.clone())),
+        _ => None,
+    };
+    if handler.is_none() && tool.kind != "builtin" && upstream.is_none() {
         return deny(call, Code::ToolNotFound, "no such tool");
     }
-    let reason = evaluate(Some(policy), Some(&ctx.view()));
+    let mut reason = evaluate(Some(policy), Some(&ctx.view()));
+    if reason == Reason::Visible && !catalog.tool_server_allows(tool, ctx) {
+        reason = Reason::ServerNotAllowed;
+    }
     if reason != Reason::Visible {
         return deny(
             call,
@@ -307,6 +339,16 @@ fn gate_b(
         );
         return call;
     }
+    if let Some((server, upstream_name)) = upstream {
+        record_external_call(ctx, &tool.name, call_id);
+        call.budget = Some(budget.state(None));
+        call.outcome = Outcome::Authorized {
+            server,
+            upstream_name,
+            args: bound,
+        };
+        return call;
+    }
     let mut doc_calls = None;
     let produced = match tool.kind.as_str() {
         "builtin" => {
@@ -340,16 +382,21 @@ fn gate_b(
             call_id,
         ),
     };
-    let mut value = match produced {
+    let value = match produced {
         Ok(v) => v,
         Err(message) => {
             call.outcome = Outcome::Failed(message);
             return call;
         }
     };
-    // Mask secrets and PII in every result, then charge its size to the byte budget.
+    finish(&mut call, value, budget, doc_calls, catalog.version());
+    call
+}
+
+/// Mask secrets and PII in a result, then charge its size to the byte budget.
+fn finish(call: &mut Call, mut value: Value, budget: Budget, doc_calls: Option<i32>, version: i64) {
     let mut counts = MaskCounts::new();
-    masking::masker(catalog.version()).mask_json(&mut value, &mut counts);
+    masking::masker(version).mask_json(&mut value, &mut counts);
     let text = value.to_string();
     let bytes = text.len() as i64;
     call.masked = Some(counts);
@@ -363,7 +410,7 @@ fn gate_b(
             ),
             None,
         );
-        return call;
+        return;
     }
     let mut budget = budget;
     budget.consume(bytes);
@@ -373,7 +420,6 @@ fn gate_b(
         call.tokens = Some(ctxguard_core::docs::estimate_tokens(&text));
     }
     call.outcome = Outcome::Ok(value);
-    call
 }
 
 /// Run a SQL handler as the caller, in a subtransaction (read-only if the policy says so).
@@ -412,6 +458,23 @@ fn run_handler(
     }
 }
 
+fn record_external_call(ctx: &Ctx, tool: &str, call_id: uuid::Uuid) {
+    as_owner(|| {
+        Spi::run_with_args(
+            "INSERT INTO ctxguard.external_calls (call_id, tenant_id, user_id, tool, expires_at)
+             VALUES ($1::uuid, $2, $3, $4, now() + make_interval(secs => $5))",
+            &[
+                call_id.to_string().as_str().into(),
+                ctx.tenant_id.as_str().into(),
+                ctx.user_id.as_str().into(),
+                tool.into(),
+                f64::from(gucs::EXTERNAL_CALL_TTL.get()).into(),
+            ],
+        )
+    })
+    .unwrap_or_else(|_| raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, "ctxguard: could not record the authorized call"));
+}
+
 fn record_pending_approval(ctx: &Ctx, tool: &str, args: &Value, hash: &str, call_id: uuid::Uuid) {
     as_owner(|| {
         Spi::run_with_args(
@@ -438,6 +501,7 @@ fn audit(ctx: Option<&Ctx>, call: &Call) {
         Outcome::Denied(c, _, _) => ("deny", Some(c.as_str())),
         Outcome::Pending => ("pending", Some(Code::ApprovalRequired.as_str())),
         Outcome::Failed(_) => ("error", Some(Code::ToolError.as_str())),
+        Outcome::Authorized { .. } => ("authorized", None),
     };
     let entity = ctx.and_then(|c| c.entity.as_ref());
     let result_bytes = call.result_bytes.map(|b| b.to_string());
@@ -510,6 +574,13 @@ fn envelope(call: Call) -> JsonB {
         }
         Outcome::Failed(message) => {
             json!({"status": "error", "error": {"code": Code::ToolError.as_str(), "message": message}, "call_id": id})
+        }
+        Outcome::Authorized {
+            server,
+            upstream_name,
+            args,
+        } => {
+            json!({"status": "authorized", "call_id": id, "server": server, "tool": upstream_name, "args": args})
         }
     })
 }
@@ -587,6 +658,83 @@ fn approve_call(call_id: Option<pgrx::Uuid>) -> JsonB {
         );
     };
     let call = gate_b(ctx.as_ref(), &tool, Some(&args), true, id);
+    audit(ctx.as_ref(), &call);
+    envelope(call)
+}
+
+/// Second half of an upstream MCP call authorized by `call_tool`: mask the upstream result, charge
+/// it to the byte budget and audit it. Each authorized call completes exactly once, for the same
+/// tenant and user, within `ctxguard.external_call_ttl`.
+#[pg_extern(volatile, parallel_unsafe)]
+fn complete_call(
+    call_id: Option<pgrx::Uuid>,
+    result: Option<JsonB>,
+    is_error: default!(bool, false),
+) -> JsonB {
+    let ctx = Ctx::current();
+    let id = call_id
+        .map(|u| uuid::Uuid::from_bytes(*u.as_bytes()))
+        .unwrap_or_default();
+    let mut call = Call::new(id);
+    let Some(c) = ctx.as_ref() else {
+        call.outcome = Outcome::Denied(
+            Code::ContextMissing,
+            "no context is set for this transaction".into(),
+            None,
+        );
+        audit(None, &call);
+        return envelope(call);
+    };
+    let claimed = as_owner(|| {
+        Spi::connect_mut(|client| {
+            let mut rows = client.update(
+                "UPDATE ctxguard.external_calls SET completed_at = now()
+                 WHERE call_id = $1::uuid AND tenant_id = $2 AND user_id = $3
+                   AND completed_at IS NULL AND expires_at > now()
+                 RETURNING tool",
+                Some(1),
+                &[
+                    id.to_string().as_str().into(),
+                    c.tenant_id.as_str().into(),
+                    c.user_id.as_str().into(),
+                ],
+            )?;
+            rows.next()
+                .map(|r| r.get::<String>(1))
+                .transpose()
+                .map(Option::flatten)
+        })
+    })
+    .unwrap_or_else(|e| {
+        raise(
+            PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+            format!("ctxguard: {e}"),
+        )
+    });
+    let Some(tool) = claimed else {
+        // Unknown, foreign, expired and already-completed ids are indistinguishable.
+        call.outcome = Outcome::Denied(
+            Code::NotFound,
+            "no authorized call with this id is awaiting completion".into(),
+            None,
+        );
+        audit(ctx.as_ref(), &call);
+        return envelope(call);
+    };
+    call.tool = Some(tool);
+    let value = result.map(|j| j.0).unwrap_or(Value::Null);
+    let catalog = cache::catalog();
+    finish(&mut call, value, Budget::open(c), None, catalog.version());
+    if is_error {
+        if let Outcome::Ok(v) = &call.outcome {
+            let masked = v.clone();
+            call.outcome = Outcome::Failed("the upstream tool reported an error".into());
+            audit(ctx.as_ref(), &call);
+            let mut env = envelope(call);
+            env.0["result"] = masked;
+            return env;
+        }
+    }
     audit(ctx.as_ref(), &call);
     envelope(call)
 }

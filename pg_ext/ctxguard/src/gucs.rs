@@ -29,6 +29,9 @@ pub static JWT_LEEWAY: GucSetting<i32> = GucSetting::<i32>::new(30);
 pub static MAX_ARG_BYTES: GucSetting<i32> = GucSetting::<i32>::new(16 * 1024);
 pub static GENERATION_TTL: GucSetting<i32> = GucSetting::<i32>::new(3600);
 pub static APPROVAL_TTL: GucSetting<i32> = GucSetting::<i32>::new(900);
+pub static EXTERNAL_CALL_TTL: GucSetting<i32> = GucSetting::<i32>::new(300);
+pub static MCP_ADMIN_ROLE: GucSetting<Option<CString>> =
+    GucSetting::<Option<CString>>::new(Some(c"admin"));
 
 pub static MAX_PAGES_PER_CALL: GucSetting<i32> = GucSetting::<i32>::new(5);
 pub static MAX_CALLS_PER_DOCUMENT: GucSetting<i32> = GucSetting::<i32>::new(10);
@@ -200,6 +203,24 @@ pub fn init() {
         86400,
         GucContext::Suset,
         GucFlags::UNIT_S,
+    );
+    GucRegistry::define_int_guc(
+        c"ctxguard.external_call_ttl",
+        c"Time an upstream MCP call authorized by Gate B has to be completed, in seconds.",
+        c"",
+        &EXTERNAL_CALL_TTL,
+        5,
+        3600,
+        GucContext::Suset,
+        GucFlags::UNIT_S,
+    );
+    GucRegistry::define_string_guc(
+        c"ctxguard.mcp_admin_role",
+        c"Context role that may use every enabled upstream MCP server; empty disables it.",
+        c"",
+        &MCP_ADMIN_ROLE,
+        GucContext::Suset,
+        GucFlags::default(),
     );
 }
 

@@ -9,6 +9,7 @@
 //! - `gates`: Gate A (`visible_tools`, `explain_tools`) and Gate B (`call_tool`, `approve_call`), audit.
 //! - `documents`: document ingestion and the seed-003 built-in document tools.
 //! - `budget`: byte, call, page and coverage limits shared by all backends.
+//! - `mcp`: upstream MCP servers: tool discovery (`sync_mcp_tools`), server policies, `complete_call`.
 //! - `masking`: the per-backend masker over `ctxguard.mask_rules`.
 //! - `cache`: per-backend catalog cache.
 //! - `pgutil`: the few `unsafe` Postgres internals (local GUC writes, subtransactions, user switch).
@@ -27,6 +28,7 @@ mod documents;
 mod gates;
 mod gucs;
 mod masking;
+mod mcp;
 mod pgutil;
 
 pgrx::pg_module_magic!();
@@ -35,6 +37,11 @@ pgrx::extension_sql_file!("../sql/bootstrap.sql", name = "bootstrap", bootstrap)
 pgrx::extension_sql_file!(
     "../sql/documents.sql",
     name = "documents",
+    requires = ["bootstrap"]
+);
+pgrx::extension_sql_file!(
+    "../sql/mcp.sql",
+    name = "mcp",
     requires = ["bootstrap"]
 );
 pgrx::extension_sql_file!("../sql/finalize.sql", name = "finalize", finalize);

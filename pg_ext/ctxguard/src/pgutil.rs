@@ -72,8 +72,8 @@ impl Drop for RestoreUser {
 }
 
 /// Run `f` with the privileges of the extension owner, as a SECURITY DEFINER function would.
-/// Used only for writes to extension-owned bookkeeping tables (audit, generations, approvals)
-/// that the calling role must not be able to forge.
+/// Used for writes to extension-owned bookkeeping tables (audit, generations, approvals) that the
+/// calling role must not be able to forge, and to read the owner-only MCP server grants.
 pub fn as_owner<R>(f: impl FnOnce() -> R) -> R {
     let owner = extension_owner();
     let (mut uid, mut sec) = (pg_sys::InvalidOid, 0i32);

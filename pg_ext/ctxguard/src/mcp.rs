@@ -1,0 +1,201 @@
+//! Upstream MCP servers: tool discovery (`sync_mcp_tools`), per-server default policies
+//! (`set_server_policy`) and the caller's usable servers (`usable_mcp_servers`).
+//!
+//! Discovered tools enter the catalog as `external` tools named `server.tool` with no policy, so
+//! they stay invisible and uncallable until the DBA gives them one (per tool with `set_tool_policy`,
+//! or per server with `set_server_policy`). Calls go through `call_tool` (status `authorized`) and
+//! `complete_call` in `gates.rs`.
+
+use std::collections::{BTreeMap, HashMap};
+
+use ctxguard_core::args;
+use ctxguard_core::mcp::{catalog_name, is_valid_server_name};
+use ctxguard_core::policy;
+use pgrx::prelude::*;
+use pgrx::JsonB;
+use serde_json::{json, Value};
+
+use crate::cache;
+use crate::catalog::MAX_DESCRIPTION;
+use crate::context::Ctx;
+use crate::pgutil::{as_owner, raise};
+
+const INVALID: PgSqlErrorCode = PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE;
+
+fn server_exists(server: &str) -> bool {
+    Spi::get_one_with_args::<bool>(
+        "SELECT EXISTS (SELECT 1 FROM ctxguard.mcp_servers WHERE name = $1)",
+        &[server.into()],
+    ) == Ok(Some(true))
+}
+
+/// One discovered tool as it will be stored.
+#[derive(PartialEq)]
+struct Discovered {
+    upstream_name: String,
+    description: String,
+    input_schema: Value,
+}
+
+/// Cut `s` to at most `max` bytes on a character boundary.
+fn truncate(s: &str, max: usize) -> &str {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// Record the tools an upstream server offers (as returned by its `tools/list`): new tools are
+/// added without a policy, changed ones updated, vanished ones removed (with their policies).
+/// Nothing is written when nothing changed, so the catalog caches stay warm.
+#[pg_extern(volatile, parallel_unsafe)]
+fn sync_mcp_tools(server: Option<&str>, tools: Option<JsonB>) -> JsonB {
+    let server = server
+        .filter(|s| is_valid_server_name(s))
+        .unwrap_or_else(|| raise(INVALID, "ctxguard: invalid MCP server name"));
+    let Some(JsonB(Value::Array(list))) = tools else {
+        raise(INVALID, "ctxguard: tools must be a JSON array");
+    };
+    as_owner(|| {
+        if !server_exists(server) {
+            raise(INVALID, "ctxguard: no such MCP server");
+        }
+        let mut wanted: BTreeMap<String, Discovered> = BTreeMap::new();
+        let mut skipped: Vec<Value> = Vec::new();
+        for t in &list {
+            let upstream = t.get("name").and_then(Value::as_str).unwrap_or_default();
+            let Some(name) = catalog_name(server, upstream) else {
+                skipped.push(json!({"tool": truncate(upstream, 128), "reason": "name cannot be catalogued"}));
+                continue;
+            };
+            if wanted.contains_key(&name) {
+                skipped.push(json!({"tool": truncate(upstream, 128), "reason": "name collides with another tool"}));
+                continue;
+            }
+            let schema = t
+                .get("inputSchema")
+                .cloned()
+                .unwrap_or_else(|| json!({"type": "object"}));
+            if args::compile(&schema).is_err() || !schema.is_object() {
+                skipped.push(json!({"tool": truncate(upstream, 128), "reason": "invalid input schema"}));
+                continue;
+            }
+            let description = t
+                .get("description")
+                .and_then(Value::as_str)
+                .map(str::trim)
+                .filter(|d| !d.is_empty())
+                .unwrap_or("(no description)");
+            wanted.insert(
+                name,
+                Discovered {
+                    upstream_name: upstream.to_string(),
+                    description: truncate(description, MAX_DESCRIPTION).to_string(),
+                    input_schema: schema,
+                },
+            );
+        }
+        let result = Spi::connect_mut(|c| {
+            let mut existing: HashMap<String, (Option<String>, Discovered)> = HashMap::new();
+            for r in c.select(
+                "SELECT name, server, upstream_name, description, input_schema FROM ctxguard.tools
+                  WHERE server = $1 OR name = ANY($2)",
+                None,
+                &[server.into(), wanted.keys().cloned().collect::<Vec<_>>().into()],
+            )? {
+                existing.insert(
+                    r.get::<String>(1)?.unwrap_or_default(),
+                    (
+                        r.get::<String>(2)?,
+                        Discovered {
+                            upstream_name: r.get::<String>(3)?.unwrap_or_default(),
+                            description: r.get::<String>(4)?.unwrap_or_default(),
+                            input_schema: r.get::<JsonB>(5)?.map(|j| j.0).unwrap_or(Value::Null),
+                        },
+                    ),
+                );
+            }
+            let (mut added, mut updated) = (0, 0);
+            for (name, d) in &wanted {
+                match existing.get(name) {
+                    Some((Some(s), old)) if s == server && old == d => continue,
+                    Some((s, _)) if s.as_deref() != Some(server) => {
+                        skipped.push(json!({"tool": d.upstream_name, "reason": "name taken by another tool"}));
+                        continue;
+                    }
+                    Some(_) => updated += 1,
+                    None => added += 1,
+                }
+                c.update(
+                    "INSERT INTO ctxguard.tools (name, description, input_schema, kind, server, upstream_name)
+                     VALUES ($1, $2, $3, 'external', $4, $5)
+                     ON CONFLICT (name) DO UPDATE SET description = EXCLUDED.description,
+                         input_schema = EXCLUDED.input_schema, upstream_name = EXCLUDED.upstream_name,
+                         version = ctxguard.tools.version + 1, updated_at = now()",
+                    None,
+                    &[
+                        name.as_str().into(),
+                        d.description.as_str().into(),
+                        JsonB(d.input_schema.clone()).into(),
+                        server.into(),
+                        d.upstream_name.as_str().into(),
+                    ],
+                )?;
+            }
+            let gone: Vec<String> = existing
+                .iter()
+                .filter(|(n, (s, _))| s.as_deref() == Some(server) && !wanted.contains_key(*n))
+                .map(|(n, _)| n.clone())
+                .collect();
+            if !gone.is_empty() {
+                c.update(
+                    "DELETE FROM ctxguard.tools WHERE server = $1 AND name = ANY($2)",
+                    None,
+                    &[server.into(), gone.clone().into()],
+                )?;
+            }
+            Ok::<_, pgrx::spi::Error>(json!({
+                "added": added, "updated": updated, "removed": gone.len(), "skipped": skipped,
+            }))
+        });
+        JsonB(result.unwrap_or_else(|e| {
+            raise(INVALID, format!("ctxguard: could not sync MCP tools: {e}"))
+        }))
+    })
+}
+
+/// Attach (or with NULL, clear) a server-wide default policy: every tool of `server` without a
+/// policy of its own gets it, including tools discovered later. Validated like `set_tool_policy`.
+#[pg_extern(volatile, parallel_unsafe)]
+fn set_server_policy(server: Option<&str>, policy: Option<JsonB>) {
+    let server = server
+        .filter(|s| is_valid_server_name(s) && server_exists(s))
+        .unwrap_or_else(|| raise(INVALID, "ctxguard: no such MCP server"));
+    if let Some(JsonB(p)) = &policy {
+        // Entity binding needs the parameter in the schema; the real check is per tool at load.
+        let param = p.get("entity_param").and_then(Value::as_str);
+        let schema = match param {
+            Some(param) => json!({"type": "object", "properties": {param: {"type": "string"}}}),
+            None => json!({"type": "object"}),
+        };
+        let catalog = cache::catalog();
+        if let Err(e) = policy::parse_policy(p, &schema, |n| catalog.page_type(n)) {
+            raise(INVALID, format!("ctxguard: {e}"));
+        }
+    }
+    Spi::run_with_args(
+        "UPDATE ctxguard.mcp_servers SET default_policy = $2, updated_at = now() WHERE name = $1",
+        &[server.into(), policy.into()],
+    )
+    .unwrap_or_else(|e| raise(INVALID, format!("ctxguard: could not set server policy: {e}")));
+}
+
+/// The enabled upstream MCP servers the current context's caller may use (none without a context).
+#[pg_extern(stable, parallel_safe)]
+fn usable_mcp_servers() -> SetOfIterator<'static, String> {
+    let names = Ctx::current()
+        .map(|ctx| cache::catalog().allowed_servers(&ctx))
+        .unwrap_or_default();
+    SetOfIterator::new(names)
+}
