@@ -30,6 +30,7 @@ vars=(
   -S "tok_bob=$(mint --sub bob --tenant acme --roles viewer "${AUD[@]}")"
   -S "tok_dave=$(mint --sub dave --tenant acme --roles viewer "${AUD[@]}")"
   -S "tok_carol=$(mint --sub carol --tenant globex --roles ap_clerk "${AUD[@]}")"
+  -S "tok_root=$(mint --sub root --tenant acme --roles admin "${AUD[@]}")"
   -S "tok_eddsa=$(mint --sub erin --tenant acme --alg EdDSA "${AUD[@]}")"
   -S "tok_forged=$(mint --sub alice --tenant acme --bad-signature "${AUD[@]}")"
   -S "tok_none=$(mint --sub alice --tenant acme --alg none "${AUD[@]}")"

@@ -103,6 +103,9 @@ END $$;
 
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA demo FROM PUBLIC;
 GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA demo TO ctxguard_gateway;
+-- The gateway records the tools it discovers on upstream MCP servers (they stay invisible until
+-- the DBA gives them a policy).
+GRANT EXECUTE ON FUNCTION ctxguard.sync_mcp_tools(text, jsonb) TO ctxguard_gateway;
 
 SELECT ctxguard.register_page_type('vendor_table', NULL, 'The vendor table: a list of the tenant''s vendors.');
 SELECT ctxguard.register_page_type('invoice_table', NULL, 'The invoice table: a filterable list of invoices with tabs (open, paid, overdue).');

@@ -85,3 +85,21 @@ CREATE TABLE lintme.unprotected (tenant_id text, secret text);
 CREATE VIEW lintme.leaky_view AS SELECT * FROM demo.invoices;
 CREATE FUNCTION lintme.definer_no_path() RETURNS int LANGUAGE sql SECURITY DEFINER AS 'SELECT 1';
 CREATE FUNCTION lintme.cached_tenant() RETURNS text LANGUAGE sql IMMUTABLE AS 'SELECT ctxguard.tenant_id()';
+
+-- 06_mcp.sql: an upstream MCP registry. files: default deny, open to the ap_clerk role;
+-- crm: default allow, closed to dave in acme; off: disabled.
+INSERT INTO ctxguard.mcp_servers (name, transport, url, description, default_access)
+VALUES ('files', 'http', 'http://127.0.0.1:9/mcp', 'Scanned invoice files', 'deny');
+INSERT INTO ctxguard.mcp_servers (name, transport, command, args, description, default_access, enabled)
+VALUES ('crm', 'stdio', 'python3', '{crm.py}', 'CRM contacts', 'allow', true),
+       ('off', 'stdio', 'true', '{}', 'Switched off', 'allow', false);
+INSERT INTO ctxguard.mcp_server_grants (server, tenant_id, principal, access)
+VALUES ('files', NULL, 'role:ap_clerk', 'allow'), ('crm', 'acme', 'user:dave', 'deny');
+-- Stands in for the DBA inside a test that runs as the gateway role.
+CREATE FUNCTION t.dba_server_policy(server text, policy jsonb) RETURNS void
+    LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+    RETURN ctxguard.set_server_policy(server, policy);
+CREATE FUNCTION t.dba_tool_policy(tool text, policy jsonb) RETURNS void
+    LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+    RETURN ctxguard.set_tool_policy(tool, policy);
+GRANT EXECUTE ON FUNCTION t.dba_server_policy(text, jsonb), t.dba_tool_policy(text, jsonb) TO ctxguard_gateway;
