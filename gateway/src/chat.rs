@@ -212,7 +212,7 @@ pub async fn run_turn(
         generation: None,
         trace_id,
     };
-    let start = state
+    let mut start = state
         .db
         .open_turn(
             &scope,
@@ -224,6 +224,7 @@ pub async fn run_turn(
         .await?;
     check_claim(req.user.as_ref(), &start.context)?;
     scope.generation = Some(start.generation);
+    start.tools = crate::tools::reachable(&state, std::mem::take(&mut start.tools)).await;
     let visible: Vec<String> = start.tools.iter().map(|t| t.name.clone()).collect();
     emit(
         &events,
@@ -273,10 +274,7 @@ pub async fn run_turn(
             tool_calls: calls.clone(),
         });
         for call in calls {
-            let envelope = state
-                .db
-                .call_tool(&scope, &call.name, &call.arguments)
-                .await?;
+            let envelope = crate::tools::call(&state, &scope, &call.name, &call.arguments).await?;
             let (decision, code) = decision_of(&envelope);
             state
                 .metrics

@@ -60,6 +60,20 @@ pub struct Config {
     /// Comma-separated hosts whose links and images may appear in answers.
     #[arg(long, env = "CTXGUARD_LINK_ALLOWLIST", default_value = "")]
     pub link_allowlist: String,
+
+    /// Host names (or host:port) the MCP endpoint answers to (DNS-rebinding protection).
+    #[arg(long, env = "CTXGUARD_MCP_ALLOWED_HOSTS", default_value = "localhost,127.0.0.1,::1")]
+    pub mcp_allowed_hosts: String,
+
+    /// Connect to every enabled upstream MCP server at start-up and record its tools.
+    #[arg(long, env = "CTXGUARD_MCP_DISCOVER", default_value_t = true, action = clap::ArgAction::Set)]
+    pub mcp_discover: bool,
+
+    #[arg(long, env = "CTXGUARD_MCP_CONNECT_TIMEOUT_MS", default_value_t = 5_000)]
+    pub mcp_connect_timeout_ms: u64,
+
+    #[arg(long, env = "CTXGUARD_MCP_CALL_TIMEOUT_MS", default_value_t = 30_000)]
+    pub mcp_call_timeout_ms: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -115,6 +129,22 @@ impl Config {
 
     pub fn db_timeout(&self) -> Duration {
         Duration::from_millis(self.db_timeout_ms)
+    }
+
+    pub fn mcp_connect_timeout(&self) -> Duration {
+        Duration::from_millis(self.mcp_connect_timeout_ms)
+    }
+
+    pub fn mcp_call_timeout(&self) -> Duration {
+        Duration::from_millis(self.mcp_call_timeout_ms)
+    }
+
+    pub fn mcp_allowed_hosts(&self) -> Vec<String> {
+        self.mcp_allowed_hosts
+            .split(',')
+            .map(|h| h.trim().to_string())
+            .filter(|h| !h.is_empty())
+            .collect()
     }
 
     pub fn allowed_hosts(&self) -> Vec<String> {

@@ -11,6 +11,7 @@ use uuid::Uuid;
 
 use crate::error::ApiError;
 use crate::llm::ToolSpec;
+use crate::upstream::ServerConfig;
 
 /// Who and where: the caller's token and page, plus the turn's generation and trace id.
 #[derive(Debug, Clone)]
@@ -163,7 +164,7 @@ impl Db {
         let tools_stmt = tx
             .prepare_cached(
                 "SELECT name, description, input_schema, read_only, danger, requires_approval,
-                        (SELECT description FROM ctxguard.page_types WHERE name = ctxguard.page_type())
+                        (SELECT description FROM ctxguard.page_types WHERE name = ctxguard.page_type()), server
                    FROM ctxguard.visible_tools($1, $2)",
             )
             .await
@@ -185,6 +186,7 @@ impl Db {
                 read_only: r.get(3),
                 danger: r.get(4),
                 requires_approval: r.get(5),
+                server: r.get(7),
             })
             .collect();
         let mut history: Vec<(String, String)> = Vec::new();
@@ -306,5 +308,127 @@ impl Db {
             .get(0);
         tx.commit().await.map_err(map_pg)?;
         Ok(n)
+    }
+
+    /// Verify a bearer token without a page (for MCP requests): the identity, or 401.
+    pub async fn verify_token(&self, token: &str) -> Result<Value, ApiError> {
+        let client = self.client().await?;
+        let stmt = client
+            .prepare_cached("SELECT ctxguard.verify_token($1)")
+            .await
+            .map_err(map_pg)?;
+        Ok(client
+            .query_one(&stmt, &[&token])
+            .await
+            .map_err(map_pg)?
+            .get(0))
+    }
+
+    /// Gate A for a page (no generation, no ranking) and the page type's description.
+    pub async fn visible_tools(&self, scope: &Scope) -> Result<(Vec<ToolSpec>, String), ApiError> {
+        let mut client = self.client().await?;
+        let (tx, _) = Self::begin(&mut client, scope).await?;
+        let stmt = tx
+            .prepare_cached(
+                "SELECT name, description, input_schema, read_only, danger, requires_approval, server,
+                        (SELECT description FROM ctxguard.page_types WHERE name = ctxguard.page_type())
+                   FROM ctxguard.visible_tools()
+                 UNION ALL
+                 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+                        (SELECT description FROM ctxguard.page_types WHERE name = ctxguard.page_type())",
+            )
+            .await
+            .map_err(map_pg)?;
+        let rows = tx.query(&stmt, &[]).await.map_err(map_pg)?;
+        tx.commit().await.map_err(map_pg)?;
+        let description = rows
+            .last()
+            .and_then(|r| r.get::<_, Option<String>>(7))
+            .unwrap_or_default();
+        let tools = rows
+            .iter()
+            .filter(|r| r.get::<_, Option<String>>(0).is_some())
+            .map(|r| ToolSpec {
+                name: r.get(0),
+                description: r.get(1),
+                input_schema: r.get(2),
+                read_only: r.get(3),
+                danger: r.get(4),
+                requires_approval: r.get(5),
+                server: r.get(6),
+            })
+            .collect();
+        Ok((tools, description))
+    }
+
+    /// Second half of a forwarded upstream call: mask, charge and audit the result.
+    pub async fn complete_call(
+        &self,
+        scope: &Scope,
+        call_id: Uuid,
+        result: &Value,
+        is_error: bool,
+    ) -> Result<Value, ApiError> {
+        let mut client = self.client().await?;
+        let (tx, _) = Self::begin(&mut client, scope).await?;
+        let stmt = tx
+            .prepare_cached("SELECT ctxguard.complete_call($1, $2, $3)")
+            .await
+            .map_err(map_pg)?;
+        let envelope: Value = tx
+            .query_one(&stmt, &[&call_id, result, &is_error])
+            .await
+            .map_err(map_pg)?
+            .get(0);
+        tx.commit().await.map_err(map_pg)?;
+        Ok(envelope)
+    }
+
+    /// Enabled upstream servers from the registry (all, or those named).
+    pub async fn mcp_servers(&self, names: Option<&[String]>) -> Result<Vec<ServerConfig>, ApiError> {
+        let client = self.client().await?;
+        let names: Option<Vec<String>> = names.map(<[String]>::to_vec);
+        let rows = client
+            .query(
+                "SELECT name, transport, url, command, args, env, cwd, headers, bearer_token_env
+                   FROM ctxguard.mcp_servers WHERE enabled AND ($1::text[] IS NULL OR name = ANY($1))
+                  ORDER BY name",
+                &[&names],
+            )
+            .await
+            .map_err(map_pg)?;
+        let strings = |v: Value| -> std::collections::HashMap<String, String> {
+            v.as_object()
+                .map(|o| {
+                    o.iter()
+                        .filter_map(|(k, v)| v.as_str().map(|s| (k.clone(), s.to_string())))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        Ok(rows
+            .into_iter()
+            .map(|r| ServerConfig {
+                name: r.get(0),
+                transport: r.get(1),
+                url: r.get(2),
+                command: r.get(3),
+                args: r.get(4),
+                env: strings(r.get(5)),
+                cwd: r.get(6),
+                headers: strings(r.get(7)),
+                bearer_token_env: r.get(8),
+            })
+            .collect())
+    }
+
+    /// Record a server's discovered tools in the catalog (as the gateway's role, no context).
+    pub async fn sync_mcp_tools(&self, server: &str, tools: &Value) -> Result<Value, ApiError> {
+        let client = self.client().await?;
+        Ok(client
+            .query_one("SELECT ctxguard.sync_mcp_tools($1, $2)", &[&server, tools])
+            .await
+            .map_err(map_pg)?
+            .get(0))
     }
 }

@@ -25,7 +25,10 @@ pub mod error;
 pub mod hygiene;
 pub mod legacy;
 pub mod llm;
+pub mod mcp;
 pub mod metrics;
+pub mod tools;
+pub mod upstream;
 
 use crate::chat::{ChatRequest, UserClaim};
 use crate::config::{Config, Provider};
@@ -43,6 +46,10 @@ pub struct AppState {
     pub model: Arc<dyn ChatModel>,
     pub config: Arc<Config>,
     pub metrics: Arc<Metrics>,
+    /// Connections to upstream MCP servers.
+    pub upstreams: Arc<upstream::Upstreams>,
+    /// Each user's current page, for MCP sessions.
+    pub pages: Arc<mcp::PageHub>,
 }
 
 impl AppState {
@@ -67,8 +74,13 @@ impl AppState {
         Ok(AppState {
             db,
             model,
-            config: Arc::new(config),
+            config: Arc::new(config.clone()),
             metrics: Arc::new(Metrics::new()),
+            upstreams: Arc::new(upstream::Upstreams::new(
+                config.mcp_connect_timeout(),
+                config.mcp_call_timeout(),
+            )),
+            pages: Arc::new(mcp::PageHub::default()),
         })
     }
 }
@@ -99,7 +111,7 @@ impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequest<S> for ApiJson<
 }
 
 /// The bearer token, required before any database work.
-fn bearer(headers: &HeaderMap) -> Result<String, ApiError> {
+pub(crate) fn bearer(headers: &HeaderMap) -> Result<String, ApiError> {
     let value = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -249,7 +261,7 @@ async fn approve_endpoint(
         generation: None,
         trace_id: trace_id(&headers),
     };
-    let envelope = state.db.approve(&scope, call_id).await?;
+    let envelope = tools::approve(&state, &scope, call_id).await?;
     Ok(Json(envelope))
 }
 
@@ -299,10 +311,7 @@ async fn execute_endpoint(
     } else {
         req.arguments
     };
-    let envelope = state
-        .db
-        .call_tool(&scope, &req.tool_name, &arguments)
-        .await?;
+    let envelope = tools::call(&state, &scope, &req.tool_name, &arguments).await?;
     let code = envelope
         .pointer("/error/code")
         .and_then(Value::as_str)
@@ -351,6 +360,21 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/v1/chat", post(chat_endpoint))
         .route("/v1/approvals/{call_id}", post(approve_endpoint))
         .route("/internal/mcp/execute", post(execute_endpoint))
+        .route("/v1/context", axum::routing::put(mcp::put_context))
+        .route(
+            "/.well-known/oauth-protected-resource",
+            get(mcp::protected_resource),
+        )
+        .route(
+            "/.well-known/oauth-protected-resource/mcp",
+            get(mcp::protected_resource),
+        )
+        .nest_service(
+            "/mcp",
+            tower::ServiceBuilder::new()
+                .layer(middleware::from_fn_with_state(state.clone(), mcp::authenticate))
+                .service(mcp::service(state.clone())),
+        )
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(
             state.clone(),

@@ -37,6 +37,14 @@ async fn main() {
         }
     };
     tracing::info!(%listen, ?provider, "ctxguard gateway listening");
+    if state.config.mcp_discover {
+        // In the background: a slow or dead upstream server never delays serving.
+        let state = state.clone();
+        tokio::spawn(async move {
+            let up = state.upstreams.discover(&state.db).await;
+            tracing::info!(servers = ?up, "upstream MCP discovery done");
+        });
+    }
     if let Err(e) = serve(listener, state).await {
         eprintln!("ctxguard-gateway: {e}");
         std::process::exit(1);

@@ -20,6 +20,9 @@ pub struct ToolSpec {
     pub read_only: bool,
     pub danger: String,
     pub requires_approval: bool,
+    /// The upstream MCP server of an external tool (`None` for database tools).
+    #[serde(skip)]
+    pub server: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -180,6 +183,7 @@ mod tests {
             read_only: true,
             danger: "safe".into(),
             requires_approval: false,
+            server: None,
         }];
         assert_eq!(wire_name("invoice.get"), "invoice__get");
         assert_eq!(tool_name_from_wire("invoice__get", &tools), "invoice.get");

@@ -310,6 +310,7 @@ mod tests {
             read_only: true,
             danger: "safe".into(),
             requires_approval: false,
+            server: None,
         }
     }
 

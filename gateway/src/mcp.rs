@@ -1,0 +1,488 @@
+//! ctxguard as an MCP server (Streamable HTTP at `/mcp`, via `rmcp`).
+//!
+//! - **Auth**: every request carries `Authorization: Bearer <context token>`; the database verifies
+//!   it (`ctxguard.verify_token`) before rmcp sees the request. A missing or bad token is a 401 with
+//!   `WWW-Authenticate` pointing at the protected-resource metadata, as the MCP authorization spec
+//!   expects. The token is never passed to upstream servers.
+//! - **Page context**: the `X-Ctxguard-Page` header (a JSON page context, or base64url of one) on
+//!   any request sets the caller's current page; `PUT /v1/context` sets it out of band (e.g. from
+//!   the app the user is looking at). The page is kept per (tenant, user), so every MCP session of
+//!   that user follows the screen. When it changes, each of the user's sessions (and
+//!   `subscriptions/listen` streams) gets `notifications/tools/list_changed`.
+//! - **tools/list** is Gate A for the current page; **tools/call** is Gate B (denials come back as
+//!   tool errors carrying the ctxguard code). Without a page nothing is listed and nothing runs.
+//!   Each page view gets its own generation, so byte and document budgets apply per page view.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, HeaderValue};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use base64::Engine;
+use rmcp::model::{
+    CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock,
+    Implementation, InitializeRequestParams, InitializeResult, ListToolsResult,
+    PaginatedRequestParams, ServerCapabilities, ServerConfig, SubscriptionFilter, Tool,
+    ToolAnnotations,
+};
+use rmcp::service::{NotificationContext, RequestContext, SubscriptionContext, SubscriptionSink};
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use rmcp::{ErrorData as McpError, Peer, RoleServer, ServerHandler};
+use serde_json::{json, Map, Value};
+use uuid::Uuid;
+
+use crate::db::Scope;
+use crate::error::ApiError;
+use crate::llm::{wire_name, ToolSpec};
+use crate::{bearer, AppState};
+
+/// The header carrying the page context on MCP requests.
+pub const PAGE_HEADER: &str = "x-ctxguard-page";
+/// A page view's generation is renewed before `ctxguard.generation_ttl` (default 1 h) runs out.
+const GENERATION_RENEW: Duration = Duration::from_secs(45 * 60);
+
+/// The verified caller of an MCP request (inserted by [`authenticate`]).
+#[derive(Clone, Debug)]
+pub struct Caller {
+    token: String,
+    who: Who,
+}
+
+/// (tenant, user): whose screen a page belongs to.
+type Who = (String, String);
+
+#[derive(Clone)]
+enum Listener {
+    Session(Peer<RoleServer>),
+    Subscription(SubscriptionSink),
+}
+
+#[derive(Default)]
+struct Entry {
+    page: Option<Value>,
+    generation: Option<(Uuid, Instant)>,
+    listeners: Vec<(u64, Listener)>,
+}
+
+/// The current page of each user, and who to tell when it changes.
+#[derive(Default)]
+pub struct PageHub {
+    entries: Mutex<HashMap<Who, Entry>>,
+    next_id: AtomicU64,
+}
+
+impl PageHub {
+    /// Record `page` (if given) as `who`'s current page; returns the page now in effect.
+    fn observe(self: &Arc<Self>, who: &Who, page: Option<Value>) -> Option<Value> {
+        let mut entries = self.entries.lock().expect("page hub lock");
+        let entry = entries.entry(who.clone()).or_default();
+        if let Some(page) = page {
+            if entry.page.as_ref() != Some(&page) {
+                entry.page = Some(page);
+                entry.generation = None;
+                let listeners = entry.listeners.clone();
+                if !listeners.is_empty() {
+                    tokio::spawn(self.clone().notify(who.clone(), listeners));
+                }
+            }
+        }
+        entry.page.clone()
+    }
+
+    /// Set `who`'s page out of band (`PUT /v1/context`).
+    pub fn set(self: &Arc<Self>, who: Who, page: Value) {
+        self.observe(&who, Some(page));
+    }
+
+    async fn notify(self: Arc<Self>, who: Who, listeners: Vec<(u64, Listener)>) {
+        let mut gone = Vec::new();
+        for (id, l) in listeners {
+            let ok = match l {
+                Listener::Session(peer) => peer.notify_tool_list_changed().await.is_ok(),
+                Listener::Subscription(sink) => sink.notify_tool_list_changed().await.is_ok(),
+            };
+            if !ok {
+                gone.push(id);
+            }
+        }
+        if !gone.is_empty() {
+            self.remove(&who, &gone);
+        }
+    }
+
+    fn listen(&self, who: &Who, l: Listener) -> u64 {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let mut entries = self.entries.lock().expect("page hub lock");
+        let entry = entries.entry(who.clone()).or_default();
+        entry.listeners.retain(|(_, l)| match l {
+            Listener::Session(p) => !p.is_transport_closed(),
+            Listener::Subscription(_) => true,
+        });
+        entry.listeners.push((id, l));
+        id
+    }
+
+    fn remove(&self, who: &Who, ids: &[u64]) {
+        if let Some(e) = self.entries.lock().expect("page hub lock").get_mut(who) {
+            e.listeners.retain(|(id, _)| !ids.contains(id));
+        }
+    }
+
+    fn generation(&self, who: &Who, page: &Value) -> Option<Uuid> {
+        let entries = self.entries.lock().expect("page hub lock");
+        let e = entries.get(who)?;
+        match e.generation {
+            Some((g, at)) if e.page.as_ref() == Some(page) && at.elapsed() < GENERATION_RENEW => {
+                Some(g)
+            }
+            _ => None,
+        }
+    }
+
+    fn set_generation(&self, who: &Who, page: &Value, g: Uuid) {
+        if let Some(e) = self.entries.lock().expect("page hub lock").get_mut(who) {
+            if e.page.as_ref() == Some(page) {
+                e.generation = Some((g, Instant::now()));
+            }
+        }
+    }
+}
+
+/// Parse the page header: a JSON object, or base64url (no padding) of one.
+pub fn parse_page_header(headers: &HeaderMap) -> Result<Option<Value>, String> {
+    let Some(raw) = headers.get(PAGE_HEADER) else {
+        return Ok(None);
+    };
+    let text = raw.to_str().map_err(|_| "X-Ctxguard-Page must be ASCII")?.trim();
+    let json = if text.starts_with('{') {
+        text.to_string()
+    } else {
+        let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(text.trim_end_matches('='))
+            .map_err(|_| "X-Ctxguard-Page must be a JSON object or base64url of one")?;
+        String::from_utf8(bytes).map_err(|_| "X-Ctxguard-Page is not UTF-8")?
+    };
+    match serde_json::from_str::<Value>(&json) {
+        Ok(v @ Value::Object(_)) => Ok(Some(v)),
+        _ => Err("X-Ctxguard-Page must be a JSON object or base64url of one".into()),
+    }
+}
+
+fn unauthorized(headers: &HeaderMap, message: &str) -> Response {
+    let host = headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("localhost");
+    let challenge = format!(
+        "Bearer realm=\"ctxguard\", error=\"invalid_token\", resource_metadata=\"http://{host}/.well-known/oauth-protected-resource/mcp\""
+    );
+    let mut resp = ApiError::Unauthorized(message.into()).into_response();
+    if let Ok(v) = HeaderValue::from_str(&challenge) {
+        resp.headers_mut().insert(header::WWW_AUTHENTICATE, v);
+    }
+    resp
+}
+
+/// Middleware on `/mcp`: verify the bearer token in the database, then hand the caller to rmcp.
+pub async fn authenticate(State(state): State<Arc<AppState>>, mut req: Request, next: Next) -> Response {
+    let headers = req.headers().clone();
+    let token = match bearer(&headers) {
+        Ok(t) => t,
+        Err(_) => return unauthorized(&headers, "a bearer token is required"),
+    };
+    let identity = match state.db.verify_token(&token).await {
+        Ok(v) => v,
+        Err(ApiError::Unauthorized(m)) => return unauthorized(&headers, &m),
+        Err(e) => return e.into_response(),
+    };
+    let who = (
+        identity["tenantId"].as_str().unwrap_or_default().to_string(),
+        identity["userId"].as_str().unwrap_or_default().to_string(),
+    );
+    req.extensions_mut().insert(Caller { token, who });
+    next.run(req).await
+}
+
+/// `GET /.well-known/oauth-protected-resource[/mcp]` (RFC 9728): how to authenticate to `/mcp`.
+pub async fn protected_resource(headers: HeaderMap) -> Json<Value> {
+    let host = headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("localhost");
+    Json(json!({
+        "resource": format!("http://{host}/mcp"),
+        "bearer_methods_supported": ["header"],
+        "authorization_servers": [],
+        "resource_documentation": "Context tokens (HS256 or EdDSA JWTs with sub, tenant_id, roles) are minted by your application; see the ctxguard README.",
+    }))
+}
+
+/// `PUT /v1/context`: set the caller's current page for their MCP sessions (body: a page context).
+pub async fn put_context(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    crate::ApiJson(page): crate::ApiJson<Value>,
+) -> Result<Json<Value>, ApiError> {
+    let token = bearer(&headers)?;
+    if !page.is_object() {
+        return Err(ApiError::Unprocessable("the page context must be an object".into()));
+    }
+    // Validate the page (and the token) in the database before anyone is notified.
+    let scope = Scope {
+        token,
+        page: page.clone(),
+        generation: None,
+        trace_id: Uuid::new_v4().to_string(),
+    };
+    let context = state.db.context(&scope).await?;
+    let who = (
+        context["tenantId"].as_str().unwrap_or_default().to_string(),
+        context["userId"].as_str().unwrap_or_default().to_string(),
+    );
+    state.pages.set(who, page);
+    Ok(Json(json!({"status": "ok", "pageType": context["pageType"]})))
+}
+
+/// The rmcp service at `/mcp`.
+pub fn service(state: Arc<AppState>) -> StreamableHttpService<Server, LocalSessionManager> {
+    let config = StreamableHttpServerConfig::default()
+        .with_legacy_session_mode(true)
+        .with_allowed_hosts(state.config.mcp_allowed_hosts());
+    StreamableHttpService::new(
+        move || Ok(Server { state: state.clone() }),
+        Arc::new(LocalSessionManager::default()),
+        config,
+    )
+}
+
+#[derive(Clone)]
+pub struct Server {
+    state: Arc<AppState>,
+}
+
+const INSTRUCTIONS: &str = "ctxguard tools follow the page the user is on: the list changes with \
+the page (you will get notifications/tools/list_changed), ids of the entity on the page are filled \
+in for you, and every call is re-checked, masked, budgeted and audited by the database. A refused \
+call is a tool error carrying a stable code (e.g. TOOL_NOT_VISIBLE, ENTITY_MISMATCH, \
+APPROVAL_REQUIRED, RATE_LIMIT_EXCEEDED).";
+
+fn caller_of(ext: &rmcp::model::Extensions) -> Result<(Caller, Option<Value>), McpError> {
+    let parts = ext
+        .get::<axum::http::request::Parts>()
+        .ok_or_else(|| McpError::internal_error("no HTTP request", None))?;
+    let caller = parts
+        .extensions
+        .get::<Caller>()
+        .cloned()
+        .ok_or_else(|| McpError::invalid_request("not authenticated", None))?;
+    let page = parse_page_header(&parts.headers).map_err(|m| McpError::invalid_params(m, None))?;
+    Ok((caller, page))
+}
+
+fn api_error(e: ApiError) -> McpError {
+    match e {
+        ApiError::Unauthorized(m) | ApiError::Unprocessable(m) | ApiError::BadRequest(m) => {
+            McpError::invalid_params(m, None)
+        }
+        other => McpError::internal_error(other.to_string(), None),
+    }
+}
+
+fn to_tool(t: &ToolSpec) -> Tool {
+    let schema: Map<String, Value> = match &t.input_schema {
+        Value::Object(o) => o.clone(),
+        _ => Map::new(),
+    };
+    let mut annotations = ToolAnnotations::new();
+    annotations.title = Some(t.name.clone());
+    annotations.read_only_hint = Some(t.read_only);
+    annotations.destructive_hint = Some(t.danger == "destructive");
+    let mut description = t.description.clone();
+    if t.requires_approval {
+        description.push_str(" (Runs only after the user approves the call.)");
+    }
+    Tool::new(wire_name(&t.name), description, Arc::new(schema)).annotate(annotations)
+}
+
+fn tool_error(code: &str, message: &str, extra: Value) -> CallToolResult {
+    let mut error = json!({"code": code, "message": message});
+    if let Value::Object(m) = extra {
+        error.as_object_mut().expect("object").extend(m);
+    }
+    let mut r = CallToolResult::error(vec![ContentBlock::text(format!("{code}: {message}"))]);
+    r.structured_content = Some(json!({"error": error}));
+    r
+}
+
+impl Server {
+    /// The scope of a request: the verified caller and the page in effect (None: no page yet).
+    fn scope(&self, ext: &rmcp::model::Extensions) -> Result<(Caller, Option<Scope>), McpError> {
+        let (caller, header_page) = caller_of(ext)?;
+        let page = self.state.pages.observe(&caller.who, header_page);
+        let scope = page.map(|page| Scope {
+            token: caller.token.clone(),
+            page,
+            generation: None,
+            trace_id: Uuid::new_v4().to_string(),
+        });
+        Ok((caller, scope))
+    }
+
+    async fn run_call(&self, caller: &Caller, mut scope: Scope, request: CallToolRequestParams) -> Result<CallToolResult, ApiError> {
+        let state = &self.state;
+        scope.generation = match state.pages.generation(&caller.who, &scope.page) {
+            Some(g) => Some(g),
+            None => {
+                let g = state.db.mint_generation(&scope, "mcp").await?;
+                state.pages.set_generation(&caller.who, &scope.page, g);
+                Some(g)
+            }
+        };
+        // Accept both the wire name (`invoice__get`) and the catalog name (`invoice.get`).
+        let name = request.name.replace("__", ".");
+        let args = Value::Object(request.arguments.unwrap_or_default());
+        let envelope = crate::tools::call(state, &scope, &name, &args).await?;
+        let code = envelope.pointer("/error/code").and_then(Value::as_str);
+        state
+            .metrics
+            .tool_decisions
+            .with_label_values(&[code.unwrap_or("OK")])
+            .inc();
+        let call_id = envelope["call_id"].clone();
+        if envelope["status"] == "ok" {
+            let result = envelope["result"].clone();
+            // An upstream tool's result is already an MCP CallToolResult (masked by the database).
+            if let Ok(r) = serde_json::from_value::<CallToolResult>(result.clone()) {
+                if result.get("content").is_some() {
+                    return Ok(r);
+                }
+            }
+            let mut r = CallToolResult::success(vec![ContentBlock::text(result.to_string())]);
+            if result.is_object() {
+                r.structured_content = Some(result);
+            }
+            return Ok(r);
+        }
+        let error = &envelope["error"];
+        let mut extra = json!({"call_id": call_id});
+        if let Some(d) = error.get("details") {
+            extra["details"] = d.clone();
+        }
+        if let Some(r) = envelope.get("result") {
+            extra["result"] = r.clone();
+        }
+        Ok(tool_error(
+            error["code"].as_str().unwrap_or("TOOL_ERROR"),
+            error["message"].as_str().unwrap_or("the call was refused"),
+            extra,
+        ))
+    }
+}
+
+impl ServerHandler for Server {
+    fn get_info(&self) -> ServerConfig {
+        InitializeResult::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_tool_list_changed()
+                .build(),
+        )
+        .with_server_info(Implementation::new("ctxguard", env!("CARGO_PKG_VERSION")))
+        .with_instructions(INSTRUCTIONS)
+    }
+
+    async fn initialize(
+        &self,
+        request: InitializeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<InitializeResult, McpError> {
+        context.peer.set_peer_info(request.clone());
+        let mut result = self.negotiate_initialize(&request)?;
+        // Name the page in the instructions when the client already says where the user is.
+        if let Ok((_, Some(scope))) = self.scope(&context.extensions) {
+            if let Ok((_, description)) = self.state.db.visible_tools(&scope).await {
+                let page = scope.page["pageType"].as_str().unwrap_or_default().to_string();
+                result.instructions = Some(format!(
+                    "{INSTRUCTIONS}\n\nThe user is on the page \"{page}\": {description}"
+                ));
+            }
+        }
+        Ok(result)
+    }
+
+    async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
+        if let Ok((caller, _)) = caller_of(&context.extensions) {
+            self.state
+                .pages
+                .listen(&caller.who, Listener::Session(context.peer.clone()));
+        }
+    }
+
+    fn accepted_subscription_filter(&self, _requested: &SubscriptionFilter) -> Option<SubscriptionFilter> {
+        Some(SubscriptionFilter::builder().tools_list_changed().build())
+    }
+
+    async fn listen(&self, context: SubscriptionContext) -> Result<(), McpError> {
+        let (caller, _) = self.scope(&context.request_context().extensions)?;
+        let id = self
+            .state
+            .pages
+            .listen(&caller.who, Listener::Subscription(context.sink().clone()));
+        context.cancelled().await;
+        self.state.pages.remove(&caller.who, &[id]);
+        Ok(())
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, McpError> {
+        let (_, scope) = self.scope(&context.extensions)?;
+        let tools = match scope {
+            // Fail closed: without a page there is nothing to show.
+            None => Vec::new(),
+            Some(scope) => {
+                let (specs, _) = self.state.db.visible_tools(&scope).await.map_err(api_error)?;
+                crate::tools::reachable(&self.state, specs)
+                    .await
+                    .iter()
+                    .map(to_tool)
+                    .collect()
+            }
+        };
+        // Never cacheable across page changes or users.
+        Ok(ListToolsResult::with_all_items(tools)
+            .with_ttl_ms(0)
+            .with_cache_scope(CacheScope::Private))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        let (caller, scope) = self.scope(&context.extensions)?;
+        let Some(scope) = scope else {
+            return Ok(tool_error(
+                "CONTEXT_MISSING",
+                "no page context: send the X-Ctxguard-Page header or PUT /v1/context first",
+                json!({}),
+            )
+            .into());
+        };
+        match self.run_call(&caller, scope, request).await {
+            Ok(r) => Ok(r.into()),
+            Err(ApiError::Unauthorized(m)) | Err(ApiError::Unprocessable(m)) => {
+                Ok(tool_error("CONTEXT_INVALID", &m, json!({})).into())
+            }
+            Err(e) => Err(api_error(e)),
+        }
+    }
+}

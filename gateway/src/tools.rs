@@ -1,0 +1,64 @@
+//! Tool calls as the gateway runs them: Gate B in the database, and for upstream MCP tools the
+//! forward between `call_tool` (which answers `authorized`) and `complete_call`.
+
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+use crate::db::Scope;
+use crate::error::ApiError;
+use crate::llm::ToolSpec;
+use crate::AppState;
+
+/// Gate B for one call; upstream tools are forwarded and completed.
+pub async fn call(state: &AppState, scope: &Scope, name: &str, args: &Value) -> Result<Value, ApiError> {
+    let envelope = state.db.call_tool(scope, name, args).await?;
+    settle(state, scope, envelope).await
+}
+
+/// Run a pending approval once; an approved upstream call is forwarded and completed.
+pub async fn approve(state: &AppState, scope: &Scope, call_id: Uuid) -> Result<Value, ApiError> {
+    let envelope = state.db.approve(scope, call_id).await?;
+    settle(state, scope, envelope).await
+}
+
+async fn settle(state: &AppState, scope: &Scope, envelope: Value) -> Result<Value, ApiError> {
+    if envelope["status"] != "authorized" {
+        return Ok(envelope);
+    }
+    let call_id = envelope["call_id"]
+        .as_str()
+        .and_then(|c| Uuid::parse_str(c).ok())
+        .ok_or_else(|| ApiError::Internal("authorized call without call_id".into()))?;
+    let server = envelope["server"].as_str().unwrap_or_default();
+    let tool = envelope["tool"].as_str().unwrap_or_default();
+    let (result, is_error) = match state
+        .upstreams
+        .forward(server, tool, envelope["args"].clone())
+        .await
+    {
+        Ok(result) => {
+            let failed = result["isError"] == true;
+            (result, failed)
+        }
+        Err(e) => (
+            json!({"content": [{"type": "text", "text": e.to_string()}], "isError": true}),
+            true,
+        ),
+    };
+    state.db.complete_call(scope, call_id, &result, is_error).await
+}
+
+/// Drop upstream tools whose server is not reachable now (with a warning, once per failure).
+pub async fn reachable(state: &AppState, tools: Vec<ToolSpec>) -> Vec<ToolSpec> {
+    let mut servers: Vec<String> = tools.iter().filter_map(|t| t.server.clone()).collect();
+    if servers.is_empty() {
+        return tools;
+    }
+    servers.sort();
+    servers.dedup();
+    let up = state.upstreams.ensure(&state.db, &servers).await;
+    tools
+        .into_iter()
+        .filter(|t| t.server.as_ref().is_none_or(|s| up.contains(s)))
+        .collect()
+}

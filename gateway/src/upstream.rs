@@ -1,0 +1,245 @@
+//! Upstream MCP servers (seed 002), as an MCP client.
+//!
+//! The registry and the per-server access rules live in the database (`ctxguard.mcp_servers`,
+//! `ctxguard.mcp_server_grants`); this module only keeps connections. A connection is opened
+//! lazily, the first time a caller who may use the server needs it (or for every enabled server
+//! at start-up, when discovery is on), and each (re)connection re-reads the server's tools into
+//! the catalog with `ctxguard.sync_mcp_tools`. A server that fails is excluded with a warning
+//! and retried after a back-off; the others keep working. The caller's token is never sent
+//! upstream: HTTP servers get the server's own bearer token from the gateway's environment.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rmcp::model::{CallToolRequestParams, Tool};
+use rmcp::service::RunningService;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
+use rmcp::{RoleClient, ServiceExt};
+use serde_json::Value;
+use tokio::sync::Mutex;
+
+use crate::db::Db;
+
+/// One row of `ctxguard.mcp_servers`.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub name: String,
+    pub transport: String,
+    pub url: Option<String>,
+    pub command: Option<String>,
+    pub args: Vec<String>,
+    pub env: HashMap<String, String>,
+    pub cwd: Option<String>,
+    pub headers: HashMap<String, String>,
+    pub bearer_token_env: Option<String>,
+}
+
+type Client = RunningService<RoleClient, ()>;
+
+#[derive(Default)]
+struct Slot {
+    client: Option<Arc<Client>>,
+    retry_after: Option<Instant>,
+}
+
+pub struct Upstreams {
+    slots: Mutex<HashMap<String, Slot>>,
+    connect_timeout: Duration,
+    call_timeout: Duration,
+    retry_backoff: Duration,
+}
+
+/// Why a forwarded call produced no upstream result. Messages are fixed: no upstream detail.
+#[derive(Debug, thiserror::Error)]
+pub enum ForwardError {
+    #[error("the upstream MCP server is unavailable")]
+    Unavailable,
+    #[error("the upstream MCP server did not answer in time")]
+    Timeout,
+}
+
+impl Upstreams {
+    pub fn new(connect_timeout: Duration, call_timeout: Duration) -> Upstreams {
+        Upstreams {
+            slots: Mutex::new(HashMap::new()),
+            connect_timeout,
+            call_timeout,
+            retry_backoff: Duration::from_secs(10),
+        }
+    }
+
+    /// Connect to every enabled server (start-up discovery). Returns the names that answered.
+    pub async fn discover(&self, db: &Db) -> HashSet<String> {
+        match db.mcp_servers(None).await {
+            Ok(configs) => {
+                let names: Vec<String> = configs.iter().map(|c| c.name.clone()).collect();
+                self.connect_all(db, configs).await;
+                self.healthy(&names).await
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "could not read the MCP server registry");
+                HashSet::new()
+            }
+        }
+    }
+
+    /// Of `names` (servers the caller may use, per the database), the ones that are connected,
+    /// connecting those that are not (unless they failed within the back-off).
+    pub async fn ensure(&self, db: &Db, names: &[String]) -> HashSet<String> {
+        if names.is_empty() {
+            return HashSet::new();
+        }
+        let missing: Vec<String> = {
+            let slots = self.slots.lock().await;
+            let now = Instant::now();
+            names
+                .iter()
+                .filter(|n| {
+                    slots.get(*n).is_none_or(|s| {
+                        s.client.is_none() && s.retry_after.is_none_or(|t| t <= now)
+                    })
+                })
+                .cloned()
+                .collect()
+        };
+        if !missing.is_empty() {
+            match db.mcp_servers(Some(&missing)).await {
+                Ok(configs) => self.connect_all(db, configs).await,
+                Err(e) => tracing::warn!(error = %e, "could not read the MCP server registry"),
+            }
+        }
+        self.healthy(names).await
+    }
+
+    async fn healthy(&self, names: &[String]) -> HashSet<String> {
+        let slots = self.slots.lock().await;
+        names
+            .iter()
+            .filter(|n| slots.get(*n).is_some_and(|s| s.client.is_some()))
+            .cloned()
+            .collect()
+    }
+
+    async fn connect_all(&self, db: &Db, configs: Vec<ServerConfig>) {
+        let attempts = configs.into_iter().map(|cfg| async move {
+            let result = tokio::time::timeout(self.connect_timeout, connect(&cfg)).await;
+            let client = match result {
+                Ok(Ok(c)) => c,
+                Ok(Err(e)) => {
+                    tracing::warn!(server = %cfg.name, error = %e, "MCP server excluded: connection failed");
+                    return (cfg.name, None);
+                }
+                Err(_) => {
+                    tracing::warn!(server = %cfg.name, "MCP server excluded: connection timed out");
+                    return (cfg.name, None);
+                }
+            };
+            match tokio::time::timeout(self.call_timeout, client.list_all_tools()).await {
+                Ok(Ok(tools)) => {
+                    if let Err(e) = db.sync_mcp_tools(&cfg.name, &tools_json(&tools)).await {
+                        tracing::warn!(server = %cfg.name, error = %e, "could not record the server's tools");
+                    }
+                    (cfg.name, Some(Arc::new(client)))
+                }
+                _ => {
+                    tracing::warn!(server = %cfg.name, "MCP server excluded: tools/list failed");
+                    (cfg.name, None)
+                }
+            }
+        });
+        let results = futures::future::join_all(attempts).await;
+        let mut slots = self.slots.lock().await;
+        for (name, client) in results {
+            if client.is_some() {
+                tracing::info!(server = %name, "MCP server connected");
+            }
+            let slot = slots.entry(name).or_default();
+            slot.retry_after = client
+                .is_none()
+                .then(|| Instant::now() + self.retry_backoff);
+            slot.client = client;
+        }
+    }
+
+    /// Forward one authorized call. A transport failure drops the connection (reconnected on the
+    /// next `ensure`); the upstream's own tool errors come back as results with `isError`.
+    pub async fn forward(&self, server: &str, tool: &str, args: Value) -> Result<Value, ForwardError> {
+        let client = {
+            let slots = self.slots.lock().await;
+            slots.get(server).and_then(|s| s.client.clone())
+        };
+        let Some(client) = client else {
+            return Err(ForwardError::Unavailable);
+        };
+        let mut params = CallToolRequestParams::new(tool.to_string());
+        if let Value::Object(map) = args {
+            params = params.with_arguments(map);
+        }
+        match tokio::time::timeout(self.call_timeout, client.call_tool(params)).await {
+            Ok(Ok(result)) => Ok(serde_json::to_value(result).unwrap_or(Value::Null)),
+            Ok(Err(e)) => {
+                tracing::warn!(server, error = %e, "upstream call failed; dropping the connection");
+                self.drop_client(server).await;
+                Err(ForwardError::Unavailable)
+            }
+            Err(_) => Err(ForwardError::Timeout),
+        }
+    }
+
+    async fn drop_client(&self, server: &str) {
+        let mut slots = self.slots.lock().await;
+        if let Some(s) = slots.get_mut(server) {
+            s.client = None;
+            s.retry_after = None;
+        }
+    }
+}
+
+/// The tools as `ctxguard.sync_mcp_tools` expects them (the MCP `tools/list` shape).
+fn tools_json(tools: &[Tool]) -> Value {
+    serde_json::to_value(tools).unwrap_or(Value::Array(Vec::new()))
+}
+
+async fn connect(cfg: &ServerConfig) -> Result<Client, String> {
+    match cfg.transport.as_str() {
+        "http" => {
+            let url = cfg.url.clone().ok_or("http server without url")?;
+            let mut config = StreamableHttpClientTransportConfig::with_uri(url);
+            if let Some(var) = &cfg.bearer_token_env {
+                match std::env::var(var) {
+                    Ok(token) if !token.is_empty() => config = config.auth_header(token),
+                    _ => return Err(format!("environment variable {var} is not set")),
+                }
+            }
+            let mut headers = HashMap::new();
+            for (k, v) in &cfg.headers {
+                let name = axum::http::HeaderName::from_bytes(k.as_bytes())
+                    .map_err(|_| "invalid header name".to_string())?;
+                let value = axum::http::HeaderValue::from_str(v)
+                    .map_err(|_| "invalid header value".to_string())?;
+                headers.insert(name, value);
+            }
+            config.custom_headers = headers;
+            let transport = StreamableHttpClientTransport::from_config(config);
+            ().serve(transport).await.map_err(|e| e.to_string())
+        }
+        "stdio" => {
+            let program = cfg.command.clone().ok_or("stdio server without command")?;
+            let mut cmd = tokio::process::Command::new(program);
+            // The child gets only PATH and its configured variables: never the gateway's secrets.
+            cmd.env_clear();
+            if let Ok(path) = std::env::var("PATH") {
+                cmd.env("PATH", path);
+            }
+            cmd.args(&cfg.args).envs(&cfg.env).kill_on_drop(true);
+            if let Some(dir) = &cfg.cwd {
+                cmd.current_dir(dir);
+            }
+            let transport = TokioChildProcess::new(cmd).map_err(|e| e.to_string())?;
+            ().serve(transport).await.map_err(|e| e.to_string())
+        }
+        other => Err(format!("unknown transport {other}")),
+    }
+}
