@@ -10,7 +10,7 @@ PG_MAJOR=${PG_MAJOR:-15}
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
 need_apt=()
-for pkg in postgresql-$PG_MAJOR postgresql-server-dev-$PG_MAJOR postgresql-$PG_MAJOR-pgtap libtap-parser-sourcehandler-pgtap-perl postgresql-contrib clang libclang-dev sudo pkg-config libssl-dev python3-jwt python3-cryptography; do
+for pkg in postgresql-$PG_MAJOR postgresql-server-dev-$PG_MAJOR postgresql-$PG_MAJOR-pgtap libtap-parser-sourcehandler-pgtap-perl postgresql-contrib clang libclang-dev sudo pkg-config libssl-dev python3-jwt python3-cryptography python3-venv; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need_apt+=("$pkg")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then

@@ -62,7 +62,11 @@ pub struct Config {
     pub link_allowlist: String,
 
     /// Host names (or host:port) the MCP endpoint answers to (DNS-rebinding protection).
-    #[arg(long, env = "CTXGUARD_MCP_ALLOWED_HOSTS", default_value = "localhost,127.0.0.1,::1")]
+    #[arg(
+        long,
+        env = "CTXGUARD_MCP_ALLOWED_HOSTS",
+        default_value = "localhost,127.0.0.1,::1"
+    )]
     pub mcp_allowed_hosts: String,
 
     /// Connect to every enabled upstream MCP server at start-up and record its tools.

@@ -385,7 +385,10 @@ impl Db {
     }
 
     /// Enabled upstream servers from the registry (all, or those named).
-    pub async fn mcp_servers(&self, names: Option<&[String]>) -> Result<Vec<ServerConfig>, ApiError> {
+    pub async fn mcp_servers(
+        &self,
+        names: Option<&[String]>,
+    ) -> Result<Vec<ServerConfig>, ApiError> {
         let client = self.client().await?;
         let names: Option<Vec<String>> = names.map(<[String]>::to_vec);
         let rows = client

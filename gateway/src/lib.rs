@@ -372,7 +372,10 @@ pub fn app(state: Arc<AppState>) -> Router {
         .nest_service(
             "/mcp",
             tower::ServiceBuilder::new()
-                .layer(middleware::from_fn_with_state(state.clone(), mcp::authenticate))
+                .layer(middleware::from_fn_with_state(
+                    state.clone(),
+                    mcp::authenticate,
+                ))
                 .service(mcp::service(state.clone())),
         )
         .fallback(not_found)

@@ -159,7 +159,10 @@ pub fn parse_page_header(headers: &HeaderMap) -> Result<Option<Value>, String> {
     let Some(raw) = headers.get(PAGE_HEADER) else {
         return Ok(None);
     };
-    let text = raw.to_str().map_err(|_| "X-Ctxguard-Page must be ASCII")?.trim();
+    let text = raw
+        .to_str()
+        .map_err(|_| "X-Ctxguard-Page must be ASCII")?
+        .trim();
     let json = if text.starts_with('{') {
         text.to_string()
     } else {
@@ -190,7 +193,11 @@ fn unauthorized(headers: &HeaderMap, message: &str) -> Response {
 }
 
 /// Middleware on `/mcp`: verify the bearer token in the database, then hand the caller to rmcp.
-pub async fn authenticate(State(state): State<Arc<AppState>>, mut req: Request, next: Next) -> Response {
+pub async fn authenticate(
+    State(state): State<Arc<AppState>>,
+    mut req: Request,
+    next: Next,
+) -> Response {
     let headers = req.headers().clone();
     let token = match bearer(&headers) {
         Ok(t) => t,
@@ -202,7 +209,10 @@ pub async fn authenticate(State(state): State<Arc<AppState>>, mut req: Request, 
         Err(e) => return e.into_response(),
     };
     let who = (
-        identity["tenantId"].as_str().unwrap_or_default().to_string(),
+        identity["tenantId"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
         identity["userId"].as_str().unwrap_or_default().to_string(),
     );
     req.extensions_mut().insert(Caller { token, who });
@@ -231,7 +241,9 @@ pub async fn put_context(
 ) -> Result<Json<Value>, ApiError> {
     let token = bearer(&headers)?;
     if !page.is_object() {
-        return Err(ApiError::Unprocessable("the page context must be an object".into()));
+        return Err(ApiError::Unprocessable(
+            "the page context must be an object".into(),
+        ));
     }
     // Validate the page (and the token) in the database before anyone is notified.
     let scope = Scope {
@@ -246,7 +258,9 @@ pub async fn put_context(
         context["userId"].as_str().unwrap_or_default().to_string(),
     );
     state.pages.set(who, page);
-    Ok(Json(json!({"status": "ok", "pageType": context["pageType"]})))
+    Ok(Json(
+        json!({"status": "ok", "pageType": context["pageType"]}),
+    ))
 }
 
 /// The rmcp service at `/mcp`.
@@ -255,7 +269,11 @@ pub fn service(state: Arc<AppState>) -> StreamableHttpService<Server, LocalSessi
         .with_legacy_session_mode(true)
         .with_allowed_hosts(state.config.mcp_allowed_hosts());
     StreamableHttpService::new(
-        move || Ok(Server { state: state.clone() }),
+        move || {
+            Ok(Server {
+                state: state.clone(),
+            })
+        },
         Arc::new(LocalSessionManager::default()),
         config,
     )
@@ -334,7 +352,12 @@ impl Server {
         Ok((caller, scope))
     }
 
-    async fn run_call(&self, caller: &Caller, mut scope: Scope, request: CallToolRequestParams) -> Result<CallToolResult, ApiError> {
+    async fn run_call(
+        &self,
+        caller: &Caller,
+        mut scope: Scope,
+        request: CallToolRequestParams,
+    ) -> Result<CallToolResult, ApiError> {
         let state = &self.state;
         scope.generation = match state.pages.generation(&caller.who, &scope.page) {
             Some(g) => Some(g),
@@ -407,7 +430,10 @@ impl ServerHandler for Server {
         // Name the page in the instructions when the client already says where the user is.
         if let Ok((_, Some(scope))) = self.scope(&context.extensions) {
             if let Ok((_, description)) = self.state.db.visible_tools(&scope).await {
-                let page = scope.page["pageType"].as_str().unwrap_or_default().to_string();
+                let page = scope.page["pageType"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
                 result.instructions = Some(format!(
                     "{INSTRUCTIONS}\n\nThe user is on the page \"{page}\": {description}"
                 ));
@@ -424,7 +450,10 @@ impl ServerHandler for Server {
         }
     }
 
-    fn accepted_subscription_filter(&self, _requested: &SubscriptionFilter) -> Option<SubscriptionFilter> {
+    fn accepted_subscription_filter(
+        &self,
+        _requested: &SubscriptionFilter,
+    ) -> Option<SubscriptionFilter> {
         Some(SubscriptionFilter::builder().tools_list_changed().build())
     }
 
@@ -449,7 +478,12 @@ impl ServerHandler for Server {
             // Fail closed: without a page there is nothing to show.
             None => Vec::new(),
             Some(scope) => {
-                let (specs, _) = self.state.db.visible_tools(&scope).await.map_err(api_error)?;
+                let (specs, _) = self
+                    .state
+                    .db
+                    .visible_tools(&scope)
+                    .await
+                    .map_err(api_error)?;
                 crate::tools::reachable(&self.state, specs)
                     .await
                     .iter()

@@ -10,7 +10,12 @@ use crate::llm::ToolSpec;
 use crate::AppState;
 
 /// Gate B for one call; upstream tools are forwarded and completed.
-pub async fn call(state: &AppState, scope: &Scope, name: &str, args: &Value) -> Result<Value, ApiError> {
+pub async fn call(
+    state: &AppState,
+    scope: &Scope,
+    name: &str,
+    args: &Value,
+) -> Result<Value, ApiError> {
     let envelope = state.db.call_tool(scope, name, args).await?;
     settle(state, scope, envelope).await
 }
@@ -45,7 +50,10 @@ async fn settle(state: &AppState, scope: &Scope, envelope: Value) -> Result<Valu
             true,
         ),
     };
-    state.db.complete_call(scope, call_id, &result, is_error).await
+    state
+        .db
+        .complete_call(scope, call_id, &result, is_error)
+        .await
 }
 
 /// Drop upstream tools whose server is not reachable now (with a warning, once per failure).

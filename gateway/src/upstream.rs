@@ -165,7 +165,12 @@ impl Upstreams {
 
     /// Forward one authorized call. A transport failure drops the connection (reconnected on the
     /// next `ensure`); the upstream's own tool errors come back as results with `isError`.
-    pub async fn forward(&self, server: &str, tool: &str, args: Value) -> Result<Value, ForwardError> {
+    pub async fn forward(
+        &self,
+        server: &str,
+        tool: &str,
+        args: Value,
+    ) -> Result<Value, ForwardError> {
         let client = {
             let slots = self.slots.lock().await;
             slots.get(server).and_then(|s| s.client.clone())

@@ -153,7 +153,10 @@ mod tests {
             ],
             ..s
         };
-        assert!(!s2.allows(&caller("u1", &r)), "a role deny beats a user allow");
+        assert!(
+            !s2.allows(&caller("u1", &r)),
+            "a role deny beats a user allow"
+        );
     }
 
     #[test]
@@ -196,7 +199,10 @@ mod tests {
 
     #[test]
     fn catalog_names() {
-        assert_eq!(catalog_name("docs", "search").as_deref(), Some("docs.search"));
+        assert_eq!(
+            catalog_name("docs", "search").as_deref(),
+            Some("docs.search")
+        );
         assert_eq!(
             catalog_name("docs", "getPage.v2").as_deref(),
             Some("docs.getpage_v2")

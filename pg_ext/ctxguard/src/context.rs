@@ -126,7 +126,9 @@ fn verify(token: Option<&str>) -> Result<token::Identity, token::TokenError> {
 #[pg_extern(stable, parallel_safe)]
 fn verify_token(token: Option<&str>) -> JsonB {
     match verify(token) {
-        Ok(who) => JsonB(json!({"tenantId": who.tenant_id, "userId": who.user_id, "roles": who.roles})),
+        Ok(who) => {
+            JsonB(json!({"tenantId": who.tenant_id, "userId": who.user_id, "roles": who.roles}))
+        }
         Err(e) => deny(
             PgSqlErrorCode::ERRCODE_INVALID_AUTHORIZATION_SPECIFICATION,
             &format!("invalid context token: {e}"),

@@ -106,6 +106,10 @@ pub fn visible(ctx: &Ctx, query: Option<&str>, top_k: Option<i32>) -> Vec<Visibl
 
 /// Gate A: the tools the current context allows, bound entity params stripped, optionally ranked.
 #[pg_extern(stable, parallel_safe)]
+#[expect(
+    clippy::type_complexity,
+    reason = "pgrx reads the column names from the name! entries of this signature"
+)]
 fn visible_tools(
     query: default!(Option<&str>, "NULL"),
     top_k: default!(Option<i32>, "NULL"),
@@ -472,7 +476,12 @@ fn record_external_call(ctx: &Ctx, tool: &str, call_id: uuid::Uuid) {
             ],
         )
     })
-    .unwrap_or_else(|_| raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, "ctxguard: could not record the authorized call"));
+    .unwrap_or_else(|_| {
+        raise(
+            PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+            "ctxguard: could not record the authorized call",
+        )
+    });
 }
 
 fn record_pending_approval(ctx: &Ctx, tool: &str, args: &Value, hash: &str, call_id: uuid::Uuid) {

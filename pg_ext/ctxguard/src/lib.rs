@@ -39,11 +39,7 @@ pgrx::extension_sql_file!(
     name = "documents",
     requires = ["bootstrap"]
 );
-pgrx::extension_sql_file!(
-    "../sql/mcp.sql",
-    name = "mcp",
-    requires = ["bootstrap"]
-);
+pgrx::extension_sql_file!("../sql/mcp.sql", name = "mcp", requires = ["bootstrap"]);
 pgrx::extension_sql_file!("../sql/finalize.sql", name = "finalize", finalize);
 
 #[pg_guard]

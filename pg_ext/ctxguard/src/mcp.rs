@@ -66,7 +66,9 @@ fn sync_mcp_tools(server: Option<&str>, tools: Option<JsonB>) -> JsonB {
         for t in &list {
             let upstream = t.get("name").and_then(Value::as_str).unwrap_or_default();
             let Some(name) = catalog_name(server, upstream) else {
-                skipped.push(json!({"tool": truncate(upstream, 128), "reason": "name cannot be catalogued"}));
+                skipped.push(
+                    json!({"tool": truncate(upstream, 128), "reason": "name cannot be catalogued"}),
+                );
                 continue;
             };
             if wanted.contains_key(&name) {
@@ -78,7 +80,9 @@ fn sync_mcp_tools(server: Option<&str>, tools: Option<JsonB>) -> JsonB {
                 .cloned()
                 .unwrap_or_else(|| json!({"type": "object"}));
             if args::compile(&schema).is_err() || !schema.is_object() {
-                skipped.push(json!({"tool": truncate(upstream, 128), "reason": "invalid input schema"}));
+                skipped.push(
+                    json!({"tool": truncate(upstream, 128), "reason": "invalid input schema"}),
+                );
                 continue;
             }
             let description = t
@@ -102,7 +106,10 @@ fn sync_mcp_tools(server: Option<&str>, tools: Option<JsonB>) -> JsonB {
                 "SELECT name, server, upstream_name, description, input_schema FROM ctxguard.tools
                   WHERE server = $1 OR name = ANY($2)",
                 None,
-                &[server.into(), wanted.keys().cloned().collect::<Vec<_>>().into()],
+                &[
+                    server.into(),
+                    wanted.keys().cloned().collect::<Vec<_>>().into(),
+                ],
             )? {
                 existing.insert(
                     r.get::<String>(1)?.unwrap_or_default(),
@@ -159,9 +166,11 @@ fn sync_mcp_tools(server: Option<&str>, tools: Option<JsonB>) -> JsonB {
                 "added": added, "updated": updated, "removed": gone.len(), "skipped": skipped,
             }))
         });
-        JsonB(result.unwrap_or_else(|e| {
-            raise(INVALID, format!("ctxguard: could not sync MCP tools: {e}"))
-        }))
+        JsonB(
+            result.unwrap_or_else(|e| {
+                raise(INVALID, format!("ctxguard: could not sync MCP tools: {e}"))
+            }),
+        )
     })
 }
 
@@ -188,7 +197,12 @@ fn set_server_policy(server: Option<&str>, policy: Option<JsonB>) {
         "UPDATE ctxguard.mcp_servers SET default_policy = $2, updated_at = now() WHERE name = $1",
         &[server.into(), policy.into()],
     )
-    .unwrap_or_else(|e| raise(INVALID, format!("ctxguard: could not set server policy: {e}")));
+    .unwrap_or_else(|e| {
+        raise(
+            INVALID,
+            format!("ctxguard: could not set server policy: {e}"),
+        )
+    });
 }
 
 /// The enabled upstream MCP servers the current context's caller may use (none without a context).
