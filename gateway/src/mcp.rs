@@ -520,3 +520,43 @@ impl ServerHandler for Server {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(v: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(PAGE_HEADER, HeaderValue::from_str(v).unwrap());
+        h
+    }
+
+    #[test]
+    fn page_header_accepts_json_and_base64url_json() {
+        let page =
+            json!({"pageType": "invoice_detail", "entity": {"type": "invoice", "id": "acme_inv3"}});
+        let raw = page.to_string();
+        assert_eq!(
+            parse_page_header(&headers(&raw)).unwrap(),
+            Some(page.clone())
+        );
+        let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(raw.as_bytes());
+        assert_eq!(
+            parse_page_header(&headers(&b64)).unwrap(),
+            Some(page.clone())
+        );
+        assert_eq!(
+            parse_page_header(&headers(&format!("{b64}=="))).unwrap(),
+            Some(page)
+        );
+        assert_eq!(parse_page_header(&HeaderMap::new()).unwrap(), None);
+    }
+
+    #[test]
+    fn page_header_refuses_non_objects_and_garbage_without_echoing_it() {
+        for bad in ["[1,2]", "\"x\"", "{not json", "%%%", "bnVsbA"] {
+            let err = parse_page_header(&headers(bad)).unwrap_err();
+            assert!(!err.contains(bad), "{err}");
+        }
+    }
+}
