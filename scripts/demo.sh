@@ -64,5 +64,10 @@ Try:
        -d '{"message":"what vendors do I have?","pageContext":{"pageType":"vendor_table","entity":null}}'
   curl -s $GW/v1/chat -H "Authorization: Bearer \$ALICE" -H 'accept: text/event-stream' -H 'content-type: application/json' \\
        -d '{"message":"summarize this invoice","pageContext":{"pageType":"invoice_detail","entity":{"type":"invoice","id":"acme_inv3"}}}'
+MCP (Streamable HTTP at $GW/mcp; the page rides in a header, or set it with PUT $GW/v1/context):
+  curl -s $GW/mcp -H "Authorization: Bearer \$ALICE" -H 'accept: application/json, text/event-stream' \\
+       -H 'content-type: application/json' -H 'mcp-protocol-version: 2025-11-25' \\
+       -H 'x-ctxguard-page: {"pageType":"invoice_detail","entity":{"type":"invoice","id":"acme_inv3"}}' \\
+       -d '{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"curl","version":"1"}}}'
 Stop everything: scripts/stop.sh
 MSG

@@ -95,6 +95,15 @@ impl PageHub {
         entry.page.clone()
     }
 
+    /// `who`'s current page, if any.
+    fn current(&self, who: &Who) -> Option<Value> {
+        self.entries
+            .lock()
+            .expect("page hub lock")
+            .get(who)
+            .and_then(|e| e.page.clone())
+    }
+
     /// Set `who`'s page out of band (`PUT /v1/context`).
     pub fn set(self: &Arc<Self>, who: Who, page: Value) {
         self.observe(&who, Some(page));
@@ -177,13 +186,19 @@ pub fn parse_page_header(headers: &HeaderMap) -> Result<Option<Value>, String> {
     }
 }
 
-fn unauthorized(headers: &HeaderMap, message: &str) -> Response {
+/// 401 with a bearer challenge (RFC 6750: `error="invalid_token"` only when a token was sent).
+fn unauthorized(headers: &HeaderMap, message: &str, token_sent: bool) -> Response {
     let host = headers
         .get(header::HOST)
         .and_then(|h| h.to_str().ok())
         .unwrap_or("localhost");
+    let error = if token_sent {
+        ", error=\"invalid_token\""
+    } else {
+        ""
+    };
     let challenge = format!(
-        "Bearer realm=\"ctxguard\", error=\"invalid_token\", resource_metadata=\"http://{host}/.well-known/oauth-protected-resource/mcp\""
+        "Bearer realm=\"ctxguard\"{error}, resource_metadata=\"http://{host}/.well-known/oauth-protected-resource/mcp\""
     );
     let mut resp = ApiError::Unauthorized(message.into()).into_response();
     if let Ok(v) = HeaderValue::from_str(&challenge) {
@@ -201,11 +216,11 @@ pub async fn authenticate(
     let headers = req.headers().clone();
     let token = match bearer(&headers) {
         Ok(t) => t,
-        Err(_) => return unauthorized(&headers, "a bearer token is required"),
+        Err(_) => return unauthorized(&headers, "a bearer token is required", false),
     };
     let identity = match state.db.verify_token(&token).await {
         Ok(v) => v,
-        Err(ApiError::Unauthorized(m)) => return unauthorized(&headers, &m),
+        Err(ApiError::Unauthorized(m)) => return unauthorized(&headers, &m, true),
         Err(e) => return e.into_response(),
     };
     let who = (
@@ -340,15 +355,33 @@ fn tool_error(code: &str, message: &str, extra: Value) -> CallToolResult {
 
 impl Server {
     /// The scope of a request: the verified caller and the page in effect (None: no page yet).
-    fn scope(&self, ext: &rmcp::model::Extensions) -> Result<(Caller, Option<Scope>), McpError> {
+    /// A new page from the header is checked by the database (`set_context`) before it replaces
+    /// the user's page and the user's sessions are told, so a bad page changes nothing.
+    async fn scope(
+        &self,
+        ext: &rmcp::model::Extensions,
+    ) -> Result<(Caller, Option<Scope>), McpError> {
         let (caller, header_page) = caller_of(ext)?;
-        let page = self.state.pages.observe(&caller.who, header_page);
-        let scope = page.map(|page| Scope {
+        let scope_for = |page: Value| Scope {
             token: caller.token.clone(),
             page,
             generation: None,
             trace_id: Uuid::new_v4().to_string(),
-        });
+        };
+        let pages = &self.state.pages;
+        let page = match header_page {
+            Some(p) if pages.current(&caller.who).as_ref() != Some(&p) => {
+                self.state
+                    .db
+                    .context(&scope_for(p.clone()))
+                    .await
+                    .map_err(api_error)?;
+                pages.observe(&caller.who, Some(p))
+            }
+            Some(p) => Some(p),
+            None => pages.current(&caller.who),
+        };
+        let scope = page.map(scope_for);
         Ok((caller, scope))
     }
 
@@ -428,7 +461,7 @@ impl ServerHandler for Server {
         context.peer.set_peer_info(request.clone());
         let mut result = self.negotiate_initialize(&request)?;
         // Name the page in the instructions when the client already says where the user is.
-        if let Ok((_, Some(scope))) = self.scope(&context.extensions) {
+        if let Ok((_, Some(scope))) = self.scope(&context.extensions).await {
             if let Ok((_, description)) = self.state.db.visible_tools(&scope).await {
                 let page = scope.page["pageType"]
                     .as_str()
@@ -458,7 +491,7 @@ impl ServerHandler for Server {
     }
 
     async fn listen(&self, context: SubscriptionContext) -> Result<(), McpError> {
-        let (caller, _) = self.scope(&context.request_context().extensions)?;
+        let (caller, _) = self.scope(&context.request_context().extensions).await?;
         let id = self
             .state
             .pages
@@ -473,7 +506,7 @@ impl ServerHandler for Server {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        let (_, scope) = self.scope(&context.extensions)?;
+        let (_, scope) = self.scope(&context.extensions).await?;
         let tools = match scope {
             // Fail closed: without a page there is nothing to show.
             None => Vec::new(),
@@ -502,7 +535,7 @@ impl ServerHandler for Server {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
-        let (caller, scope) = self.scope(&context.extensions)?;
+        let (caller, scope) = self.scope(&context.extensions).await?;
         let Some(scope) = scope else {
             return Ok(tool_error(
                 "CONTEXT_MISSING",

@@ -122,11 +122,16 @@ async def test_without_a_page_nothing_is_listed_and_nothing_runs():
         assert error_code(r) == "CONTEXT_MISSING"
 
 
-async def test_an_invalid_page_is_refused():
+async def test_an_invalid_page_is_refused_and_changes_nothing():
     async with connect(ALICE, INV3) as (client, http):
-        http.headers["X-Ctxguard-Page"] = page_header({"pageType": "no_such_page"})
-        with pytest.raises(Exception):
-            await client.list_tools()
+        assert "invoice__get" in await names(client)
+        for bad in ({"pageType": "no_such_page"}, GLX3, {"pageType": "invoice_detail"}):
+            http.headers["X-Ctxguard-Page"] = page_header(bad)
+            with pytest.raises(Exception):
+                await client.list_tools()
+        del http.headers["X-Ctxguard-Page"]
+        assert "invoice__get" in await names(client), "the user's page is still the last valid one"
+        assert (await client.call_tool("invoice__get", {})).structured_content["id"] == "acme_inv3"
 
 
 # --- tools/call = Gate B --------------------------------------------------------------------
@@ -148,7 +153,7 @@ async def test_calls_bind_the_entity_and_denials_carry_codes():
 
 
 async def test_another_tenants_entity_cannot_become_the_page():
-    async with connect(ALICE, GLX3) as (client, _):
+    async with connect(CAROL, INV3) as (client, _):
         with pytest.raises(Exception):
             await client.list_tools()
 
