@@ -86,6 +86,7 @@ async def test_bad_tokens_get_401_with_a_bearer_challenge(token):
         assert r.status_code == 401
         assert r.headers["www-authenticate"].startswith("Bearer ")
         assert "resource_metadata=" in r.headers["www-authenticate"]
+        assert ('error="invalid_token"' in r.headers["www-authenticate"]) == (token is not None)
         meta = (await http.get(f"{GW}/.well-known/oauth-protected-resource/mcp")).json()
         assert meta["resource"].endswith("/mcp") and meta["bearer_methods_supported"] == ["header"]
 
