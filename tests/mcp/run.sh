@@ -39,16 +39,16 @@ trap cleanup EXIT
 "$VENV/bin/python" tests/mcp/upstream_server.py http "$UP_PORT" "$WORK/scans" >"$WORK/scans.log" 2>&1 & PIDS+=($!)
 "$VENV/bin/python" tests/mcp/upstream_server.py http "$FLAKY_PORT" "$WORK/flaky" >"$WORK/flaky.log" 2>&1 & FLAKY_PID=$!; PIDS+=($!)
 for port in "$UP_PORT" "$FLAKY_PORT"; do
-  for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.1; done
+  for _ in $(seq 300); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.1; done
 done
 
 log "gateway on :$GW_PORT"
 cargo build --locked --release -p ctxguard-gateway >/dev/null
 SCANS_TOKEN=server-secret-for-scans \
 CTXGUARD_DATABASE_URL="host=$RUN port=$PGPORT user=ctxguard_gateway dbname=$DB" \
-CTXGUARD_LISTEN="127.0.0.1:$GW_PORT" CTXGUARD_PROVIDER=offline CTXGUARD_MCP_CONNECT_TIMEOUT_MS=3000 \
+CTXGUARD_LISTEN="127.0.0.1:$GW_PORT" CTXGUARD_PROVIDER=offline CTXGUARD_MCP_CONNECT_TIMEOUT_MS=15000 \
   "$CARGO_TARGET_DIR/release/ctxguard-gateway" >"$WORK/gateway.log" 2>&1 & PIDS+=($!)
-for _ in $(seq 100); do grep -q "upstream MCP discovery done" "$WORK/gateway.log" && break; sleep 0.1; done
+for _ in $(seq 300); do grep -q "upstream MCP discovery done" "$WORK/gateway.log" && break; sleep 0.1; done
 grep -q "upstream MCP discovery done" "$WORK/gateway.log" || { cat "$WORK/gateway.log"; exit 1; }
 kill "$FLAKY_PID"  # discovered, then gone
 
