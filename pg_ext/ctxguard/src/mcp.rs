@@ -9,6 +9,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use ctxguard_core::args;
+use ctxguard_core::docs;
 use ctxguard_core::mcp::{catalog_name, is_valid_server_name};
 use ctxguard_core::policy;
 use pgrx::prelude::*;
@@ -37,13 +38,9 @@ struct Discovered {
     input_schema: Value,
 }
 
-/// Cut `s` to at most `max` bytes on a character boundary.
+/// Cut `s` to at most `max` bytes (on a character boundary).
 fn truncate(s: &str, max: usize) -> &str {
-    let mut end = s.len().min(max);
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
+    docs::trim_to_bytes(s, max).0
 }
 
 /// Record the tools an upstream server offers (as returned by its `tools/list`): new tools are
