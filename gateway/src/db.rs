@@ -161,34 +161,8 @@ impl Db {
             .await
             .map_err(map_pg)?;
         let (generation, context): (Uuid, Value) = (row.get(0), row.get(1));
-        let tools_stmt = tx
-            .prepare_cached(
-                "SELECT name, description, input_schema, read_only, danger, requires_approval,
-                        (SELECT description FROM ctxguard.page_types WHERE name = ctxguard.page_type()), server
-                   FROM ctxguard.visible_tools($1, $2)",
-            )
-            .await
-            .map_err(map_pg)?;
-        let rows = tx
-            .query(&tools_stmt, &[&message, &max_tools])
-            .await
-            .map_err(map_pg)?;
-        let page_description: String = rows
-            .first()
-            .and_then(|r| r.get::<_, Option<String>>(6))
-            .unwrap_or_default();
-        let tools = rows
-            .into_iter()
-            .map(|r| ToolSpec {
-                name: r.get(0),
-                description: r.get(1),
-                input_schema: r.get(2),
-                read_only: r.get(3),
-                danger: r.get(4),
-                requires_approval: r.get(5),
-                server: r.get(7),
-            })
-            .collect();
+        let (tools, page_description) =
+            Self::page_tools_in(&tx, Some(message), Some(max_tools)).await?;
         let mut history: Vec<(String, String)> = Vec::new();
         if continuing {
             let stmt = tx
@@ -217,6 +191,24 @@ impl Db {
         })
     }
 
+    /// One statement returning one value, in its own transaction with the scope's context.
+    async fn one<T>(
+        &self,
+        scope: &Scope,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<T, ApiError>
+    where
+        T: for<'r> tokio_postgres::types::FromSql<'r>,
+    {
+        let mut client = self.client().await?;
+        let (tx, _) = Self::begin(&mut client, scope).await?;
+        let stmt = tx.prepare_cached(sql).await.map_err(map_pg)?;
+        let value: T = tx.query_one(&stmt, params).await.map_err(map_pg)?.get(0);
+        tx.commit().await.map_err(map_pg)?;
+        Ok(value)
+    }
+
     /// Gate B for one tool call, in its own transaction. Returns the envelope.
     pub async fn call_tool(
         &self,
@@ -224,37 +216,14 @@ impl Db {
         name: &str,
         args: &Value,
     ) -> Result<Value, ApiError> {
-        let mut client = self.client().await?;
-        let (tx, _) = Self::begin(&mut client, scope).await?;
-        let stmt = tx
-            .prepare_cached("SELECT ctxguard.call_tool($1, $2)")
+        self.one(scope, "SELECT ctxguard.call_tool($1, $2)", &[&name, args])
             .await
-            .map_err(map_pg)?;
-        let envelope: Value = tx
-            .query_one(&stmt, &[&name, args])
-            .await
-            .map_err(map_pg)?
-            .get(0);
-        tx.commit().await.map_err(map_pg)?;
-        Ok(envelope)
     }
 
     /// Run a pending approval exactly once (the database consumes it atomically).
     pub async fn approve(&self, scope: &Scope, call_id: Uuid) -> Result<Value, ApiError> {
-        let mut client = self.client().await?;
-        let (tx, _) = Self::begin(&mut client, scope).await?;
-        let envelope: Value = tx
-            .query_one(
-                &tx.prepare_cached("SELECT ctxguard.approve_call($1)")
-                    .await
-                    .map_err(map_pg)?,
-                &[&call_id],
-            )
+        self.one(scope, "SELECT ctxguard.approve_call($1)", &[&call_id])
             .await
-            .map_err(map_pg)?
-            .get(0);
-        tx.commit().await.map_err(map_pg)?;
-        Ok(envelope)
     }
 
     /// Verify the token and page, returning the context (who the database says the caller is).
@@ -271,20 +240,12 @@ impl Db {
         scope: &Scope,
         conversation_id: &str,
     ) -> Result<Uuid, ApiError> {
-        let mut client = self.client().await?;
-        let (tx, _) = Self::begin(&mut client, scope).await?;
-        let g: Uuid = tx
-            .query_one(
-                &tx.prepare_cached("SELECT ctxguard.begin_generation($1)")
-                    .await
-                    .map_err(map_pg)?,
-                &[&conversation_id],
-            )
-            .await
-            .map_err(map_pg)?
-            .get(0);
-        tx.commit().await.map_err(map_pg)?;
-        Ok(g)
+        self.one(
+            scope,
+            "SELECT ctxguard.begin_generation($1)",
+            &[&conversation_id],
+        )
+        .await
     }
 
     /// Persist a finished turn (tenant- and user-scoped, with its page context).
@@ -296,18 +257,12 @@ impl Db {
         answer: &str,
         calls: &Value,
     ) -> Result<i32, ApiError> {
-        let mut client = self.client().await?;
-        let (tx, _) = Self::begin(&mut client, scope).await?;
-        let n: i32 = tx
-            .query_one(
-                "SELECT ctxguard.save_turn($1, $2, $3, $4)",
-                &[&conversation_id, &message, &answer, calls],
-            )
-            .await
-            .map_err(map_pg)?
-            .get(0);
-        tx.commit().await.map_err(map_pg)?;
-        Ok(n)
+        self.one(
+            scope,
+            "SELECT ctxguard.save_turn($1, $2, $3, $4)",
+            &[&conversation_id, &message, &answer, calls],
+        )
+        .await
     }
 
     /// Verify a bearer token without a page (for MCP requests): the identity, or 401.
@@ -324,38 +279,54 @@ impl Db {
             .get(0))
     }
 
-    /// Gate A for a page (no generation, no ranking) and the page type's description.
-    pub async fn visible_tools(&self, scope: &Scope) -> Result<(Vec<ToolSpec>, String), ApiError> {
+    /// Gate A (optionally ranked by `query` and cut at `top_k`) and the page type's description.
+    pub async fn page_tools(
+        &self,
+        scope: &Scope,
+        query: Option<&str>,
+        top_k: Option<i32>,
+    ) -> Result<(Vec<ToolSpec>, String), ApiError> {
         let mut client = self.client().await?;
         let (tx, _) = Self::begin(&mut client, scope).await?;
+        let out = Self::page_tools_in(&tx, query, top_k).await?;
+        tx.commit().await.map_err(map_pg)?;
+        Ok(out)
+    }
+
+    /// Gate A and the page description in one statement of an open transaction. The page type's
+    /// row comes out once even when no tool is visible.
+    async fn page_tools_in(
+        tx: &deadpool_postgres::Transaction<'_>,
+        query: Option<&str>,
+        top_k: Option<i32>,
+    ) -> Result<(Vec<ToolSpec>, String), ApiError> {
         let stmt = tx
             .prepare_cached(
-                "SELECT name, description, input_schema, read_only, danger, requires_approval, server,
-                        (SELECT description FROM ctxguard.page_types WHERE name = ctxguard.page_type())
-                   FROM ctxguard.visible_tools()
-                 UNION ALL
-                 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-                        (SELECT description FROM ctxguard.page_types WHERE name = ctxguard.page_type())",
+                "SELECT pt.description, v.name, v.description, v.input_schema, v.read_only, v.danger,
+                        v.requires_approval, v.server
+                   FROM ctxguard.page_types pt
+                   LEFT JOIN LATERAL ctxguard.visible_tools($1, $2) WITH ORDINALITY v ON true
+                  WHERE pt.name = ctxguard.page_type()
+                  ORDER BY v.ordinality",
             )
             .await
             .map_err(map_pg)?;
-        let rows = tx.query(&stmt, &[]).await.map_err(map_pg)?;
-        tx.commit().await.map_err(map_pg)?;
+        let rows = tx.query(&stmt, &[&query, &top_k]).await.map_err(map_pg)?;
         let description = rows
-            .last()
-            .and_then(|r| r.get::<_, Option<String>>(7))
+            .first()
+            .map(|r| r.get::<_, String>(0))
             .unwrap_or_default();
         let tools = rows
             .iter()
-            .filter(|r| r.get::<_, Option<String>>(0).is_some())
+            .filter(|r| r.get::<_, Option<String>>(1).is_some())
             .map(|r| ToolSpec {
-                name: r.get(0),
-                description: r.get(1),
-                input_schema: r.get(2),
-                read_only: r.get(3),
-                danger: r.get(4),
-                requires_approval: r.get(5),
-                server: r.get(6),
+                name: r.get(1),
+                description: r.get(2),
+                input_schema: r.get(3),
+                read_only: r.get(4),
+                danger: r.get(5),
+                requires_approval: r.get(6),
+                server: r.get(7),
             })
             .collect();
         Ok((tools, description))
@@ -369,19 +340,12 @@ impl Db {
         result: &Value,
         is_error: bool,
     ) -> Result<Value, ApiError> {
-        let mut client = self.client().await?;
-        let (tx, _) = Self::begin(&mut client, scope).await?;
-        let stmt = tx
-            .prepare_cached("SELECT ctxguard.complete_call($1, $2, $3)")
-            .await
-            .map_err(map_pg)?;
-        let envelope: Value = tx
-            .query_one(&stmt, &[&call_id, result, &is_error])
-            .await
-            .map_err(map_pg)?
-            .get(0);
-        tx.commit().await.map_err(map_pg)?;
-        Ok(envelope)
+        self.one(
+            scope,
+            "SELECT ctxguard.complete_call($1, $2, $3)",
+            &[&call_id, result, &is_error],
+        )
+        .await
     }
 
     /// Enabled upstream servers from the registry (all, or those named).

@@ -462,7 +462,7 @@ impl ServerHandler for Server {
         let mut result = self.negotiate_initialize(&request)?;
         // Name the page in the instructions when the client already says where the user is.
         if let Ok((_, Some(scope))) = self.scope(&context.extensions).await {
-            if let Ok((_, description)) = self.state.db.visible_tools(&scope).await {
+            if let Ok((_, description)) = self.state.db.page_tools(&scope, None, Some(0)).await {
                 let page = scope.page["pageType"]
                     .as_str()
                     .unwrap_or_default()
@@ -514,7 +514,7 @@ impl ServerHandler for Server {
                 let (specs, _) = self
                     .state
                     .db
-                    .visible_tools(&scope)
+                    .page_tools(&scope, None, None)
                     .await
                     .map_err(api_error)?;
                 crate::tools::reachable(&self.state, specs)
