@@ -161,13 +161,19 @@ async def test_another_tenants_entity_cannot_become_the_page():
 
 # --- notifications/tools/list_changed ------------------------------------------------------
 
-async def test_list_changed_after_a_page_change_on_a_session():
+def list_changed_watch():
+    """An event set by `notifications/tools/list_changed`, and the message handler that sets it."""
     changed = anyio.Event()
 
     async def on_message(msg):
         if isinstance(msg, types.ToolListChangedNotification):
             changed.set()
 
+    return changed, on_message
+
+
+async def test_list_changed_after_a_page_change_on_a_session():
+    changed, on_message = list_changed_watch()
     async with connect(CAROL, {"pageType": "invoice_table"}, on_message=on_message) as (client, http):
         before = await names(client)
         assert "invoice__list" in before and "invoice__get" not in before
@@ -180,12 +186,7 @@ async def test_list_changed_after_a_page_change_on_a_session():
 
 
 async def test_list_changed_when_the_app_sets_the_page_out_of_band():
-    changed = anyio.Event()
-
-    async def on_message(msg):
-        if isinstance(msg, types.ToolListChangedNotification):
-            changed.set()
-
+    changed, on_message = list_changed_watch()
     async with connect(BOB, {"pageType": "vendor_table"}, on_message=on_message) as (client, http):
         assert "vendor__list" in await names(client)
         await anyio.sleep(0.5)
