@@ -17,7 +17,7 @@ VENV=${CTXGUARD_VENV:-$HOME/.cache/ctxguard/venv}
 cargo build --locked --release -p ctxguard-gateway -p ctxguard-tests --bin ctxguard-gateway --bin count_tokens >/dev/null
 
 WORK=$(mktemp -d)
-GW_PORT=$((PGPORT + 103))
+GW_PORT=${BENCH_GATEWAY_PORT:-31910}  # below the ephemeral port range
 CTXGUARD_DATABASE_URL="host=$RUN port=$PGPORT user=ctxguard_gateway dbname=$DB" CTXGUARD_LISTEN="127.0.0.1:$GW_PORT" \
   "$CARGO_TARGET_DIR/release/ctxguard-gateway" >"$WORK/gateway.log" 2>&1 &
 GW_PID=$!
