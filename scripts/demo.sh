@@ -24,6 +24,7 @@ GW_PORT=${CTXGUARD_GATEWAY_PORT:-8088}
 if [ -f "$RUN/gateway.pid" ] && kill -0 "$(cat "$RUN/gateway.pid")" 2>/dev/null; then kill "$(cat "$RUN/gateway.pid")"; sleep 0.5; fi
 CTXGUARD_DATABASE_URL="host=$RUN port=$PGPORT user=ctxguard_gateway dbname=$DB" \
 CTXGUARD_LISTEN="127.0.0.1:$GW_PORT" CTXGUARD_PROVIDER=offline \
+CTXGUARD_DEMO=true CTXGUARD_DEMO_JWT_SECRET_FILE="$RUN/jwt_secret" \
   nohup "$CARGO_TARGET_DIR/release/ctxguard-gateway" >"$RUN/gateway.log" 2>&1 &
 echo $! >"$RUN/gateway.pid"
 for _ in $(seq 50); do curl -sf "http://127.0.0.1:$GW_PORT/ready" >/dev/null && break; sleep 0.2; done
@@ -53,7 +54,8 @@ done
 cat <<MSG
 
 Everything is running:
-  gateway     $GW   (log: $RUN/gateway.log; provider: offline)
+  demo app    $GW/   (open it in a browser; switch users at the top right)
+  gateway     $GW   (log: $RUN/gateway.log; provider: offline; demo mode)
   PostgreSQL  psql -h $RUN -p $PGPORT -U ctxguard_gateway $DB
 Tokens (24 h) for the demo users:
   export ALICE=$ALICE   # acme, ap_clerk

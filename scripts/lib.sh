@@ -96,6 +96,7 @@ create_demo_db() {
   psql_su -d "$db" -o /dev/null -f "$ROOT/sql/demo/documents.sql" \
     -v tok_ingest_acme="$(mint --sub ingest-bot --tenant acme --roles doc_ingest --aud "${CTXGUARD_AUD:-}")" \
     -v tok_ingest_globex="$(mint --sub ingest-bot --tenant globex --roles doc_ingest --aud "${CTXGUARD_AUD:-}")"
+  psql_su -d "$db" -o /dev/null -f "$ROOT/sql/demo/app.sql"
 }
 
 mint() { /usr/bin/python3 "$ROOT/scripts/mint_token.py" mint --dir "$RUN" "$@"; }

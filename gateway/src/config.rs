@@ -78,6 +78,21 @@ pub struct Config {
 
     #[arg(long, env = "CTXGUARD_MCP_CALL_TIMEOUT_MS", default_value_t = 30_000)]
     pub mcp_call_timeout_ms: u64,
+
+    /// Demo mode: serve the screen-aware demo app at `/` and mint tokens for its demo users.
+    /// Never in production: anyone who reaches the gateway can then act as a demo user. Only
+    /// allowed on a loopback address.
+    #[arg(long, env = "CTXGUARD_DEMO", default_value_t = false, action = clap::ArgAction::Set)]
+    pub demo: bool,
+
+    /// Demo mode only: file holding the HS256 secret the database verifies tokens with
+    /// (`ctxguard.jwt_secret`).
+    #[arg(long, env = "CTXGUARD_DEMO_JWT_SECRET_FILE")]
+    pub demo_jwt_secret_file: Option<std::path::PathBuf>,
+
+    /// Demo mode only: the `aud` claim of minted tokens (`ctxguard.jwt_audience`), if any.
+    #[arg(long, env = "CTXGUARD_DEMO_JWT_AUDIENCE")]
+    pub demo_jwt_audience: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -123,6 +138,20 @@ impl Config {
             if !(url.starts_with("http://") || url.starts_with("https://")) {
                 return bad("CTXGUARD_LLM_BASE_URL must be an http(s) URL");
             }
+        }
+        if self.demo {
+            if !self.listen.ip().is_loopback() {
+                return bad(
+                    "CTXGUARD_DEMO mints tokens for anyone: it needs a loopback CTXGUARD_LISTEN",
+                );
+            }
+            if self.demo_jwt_secret_file.is_none() {
+                return bad("CTXGUARD_DEMO needs CTXGUARD_DEMO_JWT_SECRET_FILE");
+            }
+        } else if self.demo_jwt_secret_file.is_some() {
+            return bad(
+                "CTXGUARD_DEMO_JWT_SECRET_FILE is only read in demo mode (CTXGUARD_DEMO=true)",
+            );
         }
         Ok(())
     }

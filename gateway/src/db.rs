@@ -192,7 +192,7 @@ impl Db {
     }
 
     /// One statement returning one value, in its own transaction with the scope's context.
-    async fn one<T>(
+    pub(crate) async fn one<T>(
         &self,
         scope: &Scope,
         sql: &str,
@@ -207,6 +207,28 @@ impl Db {
         let value: T = tx.query_one(&stmt, params).await.map_err(map_pg)?.get(0);
         tx.commit().await.map_err(map_pg)?;
         Ok(value)
+    }
+
+    /// The validated context, the page description, and every catalogued tool with Gate A's
+    /// verdict (`explain_tools`) and, for the visible ones, their policy flags. Visible first.
+    pub async fn explain_page(&self, scope: &Scope) -> Result<Value, ApiError> {
+        self.one(
+            scope,
+            "SELECT jsonb_build_object(
+                 'context', ctxguard.context(),
+                 'page', (SELECT jsonb_build_object('type', pt.name, 'description', pt.description)
+                            FROM ctxguard.page_types pt WHERE pt.name = ctxguard.page_type()),
+                 'tools', (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                                      'name', e.name, 'visible', e.visible, 'reason', e.reason,
+                                      'description', t.description, 'readOnly', v.read_only,
+                                      'danger', v.danger, 'requiresApproval', v.requires_approval)
+                                      ORDER BY NOT e.visible, e.name), '[]')
+                             FROM ctxguard.explain_tools() e
+                             JOIN ctxguard.tools t ON t.name = e.name
+                             LEFT JOIN ctxguard.visible_tools() v ON v.name = e.name))",
+            &[],
+        )
+        .await
     }
 
     /// Gate B for one tool call, in its own transaction. Returns the envelope.

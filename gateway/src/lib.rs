@@ -21,6 +21,7 @@ use tower_http::trace::TraceLayer;
 pub mod chat;
 pub mod config;
 pub mod db;
+pub mod demo;
 pub mod error;
 pub mod hygiene;
 pub mod legacy;
@@ -50,6 +51,8 @@ pub struct AppState {
     pub upstreams: Arc<upstream::Upstreams>,
     /// Each user's current page, for MCP sessions.
     pub pages: Arc<mcp::PageHub>,
+    /// Demo mode's token minting (`None` unless `CTXGUARD_DEMO=true`).
+    pub demo: Option<demo::Demo>,
 }
 
 impl AppState {
@@ -71,7 +74,9 @@ impl AppState {
                 config.llm_timeout(),
             )),
         };
+        let demo = demo::Demo::from_config(&config)?;
         Ok(AppState {
+            demo,
             db,
             model,
             config: Arc::new(config.clone()),
@@ -124,7 +129,7 @@ pub(crate) fn bearer(headers: &HeaderMap) -> Result<String, ApiError> {
     }
 }
 
-fn trace_id(headers: &HeaderMap) -> String {
+pub(crate) fn trace_id(headers: &HeaderMap) -> String {
     headers
         .get(&REQUEST_ID)
         .and_then(|v| v.to_str().ok())
@@ -132,7 +137,7 @@ fn trace_id(headers: &HeaderMap) -> String {
         .map_or_else(|| uuid::Uuid::new_v4().to_string(), str::to_string)
 }
 
-fn page_from(v: Option<Value>) -> Result<Value, ApiError> {
+pub(crate) fn page_from(v: Option<Value>) -> Result<Value, ApiError> {
     match v {
         Some(p @ Value::Object(_)) => Ok(p),
         Some(_) => Err(ApiError::Unprocessable(
@@ -240,17 +245,34 @@ async fn chat_endpoint(
         .into_response())
 }
 
+/// A body that names only a page: `{"pageContext": {...}}`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct ApprovalRequest {
-    page_context: Value,
+pub(crate) struct PageRequest {
+    pub page_context: Value,
+}
+
+/// `POST /v1/tools`: what the assistant can do on a page, and why not the rest: the validated
+/// context, the page description, and every catalogued tool with Gate A's verdict and reason.
+async fn tools_endpoint(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    ApiJson(req): ApiJson<PageRequest>,
+) -> Result<Json<Value>, ApiError> {
+    let scope = Scope {
+        token: bearer(&headers)?,
+        page: page_from(Some(req.page_context))?,
+        generation: None,
+        trace_id: trace_id(&headers),
+    };
+    Ok(Json(state.db.explain_page(&scope).await?))
 }
 
 async fn approve_endpoint(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
     Path(call_id): Path<String>,
-    ApiJson(req): ApiJson<ApprovalRequest>,
+    ApiJson(req): ApiJson<PageRequest>,
 ) -> Result<Json<Value>, ApiError> {
     let token = bearer(&headers)?;
     let call_id = uuid::Uuid::parse_str(&call_id)
@@ -353,11 +375,18 @@ async fn not_found() -> ApiError {
 
 /// The router, with request ids (propagated to audit rows as trace ids), tracing and body limits.
 pub fn app(state: Arc<AppState>) -> Router {
+    let demo = if state.demo.is_some() {
+        demo::routes()
+    } else {
+        Router::new()
+    };
     Router::new()
+        .merge(demo)
         .route("/health", get(health))
         .route("/ready", get(ready))
         .route("/metrics", get(metrics_endpoint))
         .route("/v1/chat", post(chat_endpoint))
+        .route("/v1/tools", post(tools_endpoint))
         .route("/v1/approvals/{call_id}", post(approve_endpoint))
         .route("/internal/mcp/execute", post(execute_endpoint))
         .route("/v1/context", axum::routing::put(mcp::put_context))

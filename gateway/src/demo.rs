@@ -1,0 +1,213 @@
+//! Demo mode (`CTXGUARD_DEMO=true`, loopback only): the screen-aware demo app at `/`, the data of
+//! its screens, and tokens for its demo users. Without demo mode none of these routes exist.
+//!
+//! The app is three static files compiled into the binary (no build step, no dependencies). Its
+//! screens read their data through `demo.page_data()` inside the same `set_context` transaction
+//! the assistant uses, so a screen shows exactly what the page context it sends allows.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::{header, HeaderMap, HeaderValue};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use jsonwebtoken::{EncodingKey, Header};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::db::Scope;
+use crate::error::ApiError;
+use crate::{bearer, trace_id, ApiJson, AppState, PageRequest};
+
+/// Lifetime of a minted demo token.
+const TOKEN_TTL_SECS: u64 = 3600;
+
+/// A demo user: who the switcher offers. Tokens carry exactly these claims.
+struct DemoUser {
+    id: &'static str,
+    name: &'static str,
+    tenant: &'static str,
+    roles: &'static [&'static str],
+}
+
+const USERS: &[DemoUser] = &[
+    DemoUser {
+        id: "alice",
+        name: "Alice (Acme, AP clerk)",
+        tenant: "acme",
+        roles: &["ap_clerk"],
+    },
+    DemoUser {
+        id: "bob",
+        name: "Bob (Acme, viewer)",
+        tenant: "acme",
+        roles: &["viewer"],
+    },
+    DemoUser {
+        id: "carol",
+        name: "Carol (Globex, AP clerk)",
+        tenant: "globex",
+        roles: &["ap_clerk"],
+    },
+];
+
+/// The signing side of demo mode: the database's HS256 secret, read once at start-up.
+pub struct Demo {
+    key: EncodingKey,
+    audience: Option<String>,
+}
+
+impl Demo {
+    pub fn from_config(config: &crate::config::Config) -> Result<Option<Demo>, String> {
+        if !config.demo {
+            return Ok(None);
+        }
+        let path = config
+            .demo_jwt_secret_file
+            .as_ref()
+            .ok_or("CTXGUARD_DEMO needs CTXGUARD_DEMO_JWT_SECRET_FILE")?;
+        let secret = std::fs::read_to_string(path)
+            .map_err(|e| format!("CTXGUARD_DEMO_JWT_SECRET_FILE {}: {e}", path.display()))?;
+        let secret = secret.trim();
+        if secret.len() < 32 {
+            return Err("CTXGUARD_DEMO_JWT_SECRET_FILE holds fewer than 32 bytes".into());
+        }
+        Ok(Some(Demo {
+            key: EncodingKey::from_secret(secret.as_bytes()),
+            audience: config.demo_jwt_audience.clone().filter(|a| !a.is_empty()),
+        }))
+    }
+
+    fn mint(&self, user: &DemoUser) -> Result<String, ApiError> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_err(|e| ApiError::Internal(e.to_string()))?
+            .as_secs();
+        let mut claims = json!({
+            "sub": user.id,
+            "tenant_id": user.tenant,
+            "roles": user.roles,
+            "iat": now,
+            "exp": now + TOKEN_TTL_SECS,
+        });
+        if let Some(aud) = &self.audience {
+            claims["aud"] = json!(aud);
+        }
+        jsonwebtoken::encode(&Header::default(), &claims, &self.key)
+            .map_err(|e| ApiError::Internal(format!("minting a demo token: {e}")))
+    }
+}
+
+fn user_json(u: &DemoUser) -> Value {
+    json!({"id": u.id, "name": u.name, "tenant": u.tenant, "roles": u.roles})
+}
+
+async fn users() -> Json<Value> {
+    Json(json!({"users": USERS.iter().map(user_json).collect::<Vec<_>>()}))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokenRequest {
+    user: String,
+}
+
+async fn token(
+    State(state): State<Arc<AppState>>,
+    ApiJson(req): ApiJson<TokenRequest>,
+) -> Result<Json<Value>, ApiError> {
+    let demo = state
+        .demo
+        .as_ref()
+        .ok_or_else(|| ApiError::NotFound("no such endpoint".into()))?;
+    let user = USERS
+        .iter()
+        .find(|u| u.id == req.user)
+        .ok_or_else(|| ApiError::NotFound("no such demo user".into()))?;
+    Ok(Json(json!({
+        "token": demo.mint(user)?,
+        "expiresIn": TOKEN_TTL_SECS,
+        "user": user_json(user),
+    })))
+}
+
+/// `POST /demo/page`: the validated context and the data of the screen it names.
+async fn page(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    ApiJson(req): ApiJson<PageRequest>,
+) -> Result<Json<Value>, ApiError> {
+    let scope = Scope {
+        token: bearer(&headers)?,
+        page: crate::page_from(Some(req.page_context))?,
+        generation: None,
+        trace_id: trace_id(&headers),
+    };
+    let out: Value = state
+        .db
+        .one(
+            &scope,
+            "SELECT jsonb_build_object('context', ctxguard.context(), 'data', demo.page_data())",
+            &[],
+        )
+        .await?;
+    Ok(Json(out))
+}
+
+const INDEX_HTML: &str = include_str!("../demo/index.html");
+const APP_JS: &str = include_str!("../demo/app.js");
+const APP_CSS: &str = include_str!("../demo/app.css");
+
+/// Static responses: no caching (the binary is the version), a strict CSP (the app renders every
+/// answer as text, and nothing may load from elsewhere), no sniffing, no framing.
+fn asset(content_type: &'static str, body: &'static str) -> Response {
+    let mut resp = body.into_response();
+    let h = resp.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(
+            "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; \
+             img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+        ),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    resp
+}
+
+async fn index() -> Response {
+    asset("text/html; charset=utf-8", INDEX_HTML)
+}
+
+/// The demo routes, merged into the router only in demo mode. Every screen URL serves the app;
+/// the app's router reads the path.
+pub fn routes() -> Router<Arc<AppState>> {
+    Router::new()
+        .route("/", get(index))
+        .route("/vendors", get(index))
+        .route("/invoices", get(index))
+        .route("/invoices/{id}", get(index))
+        .route("/documents", get(index))
+        .route("/documents/{id}", get(index))
+        .route("/matters/{id}", get(index))
+        .route(
+            "/demo/app.js",
+            get(|| async { asset("text/javascript; charset=utf-8", APP_JS) }),
+        )
+        .route(
+            "/demo/app.css",
+            get(|| async { asset("text/css; charset=utf-8", APP_CSS) }),
+        )
+        .route("/demo/users", get(users))
+        .route("/demo/token", post(token))
+        .route("/demo/page", post(page))
+}

@@ -1,0 +1,369 @@
+// The demo app in a real browser: Debian's chromium, headless, driven by Playwright.
+// Run by tests/ui/run.sh, which starts PostgreSQL, a fresh demo database and the gateway in demo
+// mode, and passes CTXGUARD_UI_URL. Every test opens a fresh browser context (its own session).
+import { after, before, describe, test } from "node:test";
+import assert from "node:assert/strict";
+import { mkdirSync } from "node:fs";
+import { join } from "node:path";
+import { chromium } from "playwright-core";
+
+const BASE = process.env.CTXGUARD_UI_URL ?? "http://127.0.0.1:31920";
+const SHOTS = process.env.CTXGUARD_UI_SCREENSHOTS;
+const TIMEOUT = 15_000;
+
+let browser;
+
+before(async () => {
+  browser = await chromium.launch({
+    executablePath: process.env.CHROMIUM ?? "/usr/bin/chromium",
+    headless: true,
+    // Flags for a closed network and a root user (see the machine notes in the README).
+    args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+      "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+  });
+  if (SHOTS) mkdirSync(SHOTS, { recursive: true });
+});
+
+after(async () => {
+  await browser?.close();
+});
+
+// A fresh session as `user`; fails the test on any script error or console error (a CSP
+// violation included) once the test is over.
+async function open(t, user = "alice") {
+  const context = await browser.newContext({ viewport: { width: 1360, height: 900 }, baseURL: BASE });
+  // The first user of the session; the switcher changes it from then on.
+  await context.addInitScript((u) => {
+    if (!sessionStorage.getItem("ctxguard-demo-user")) sessionStorage.setItem("ctxguard-demo-user", u);
+  }, user);
+  const page = await context.newPage();
+  page.setDefaultTimeout(TIMEOUT);
+  const problems = [];
+  page.on("pageerror", (e) => problems.push(`page error: ${e.message}`));
+  page.on("console", (m) => {
+    // The browser logs every non-2xx response; the tests provoke those on purpose.
+    if (m.type() === "error" && !/Failed to load resource/.test(m.text())) problems.push(`console: ${m.text()}`);
+  });
+  t.after(async () => {
+    await context.close();
+    assert.deepEqual(problems, [], "the page logged errors");
+  });
+  return page;
+}
+
+// Wait until the screen and the tool panel of the current URL are drawn.
+async function ready(page, state = "1") {
+  await page.waitForSelector(`body[data-ready="${state}"]`);
+}
+
+async function go(page, path) {
+  await page.goto(path);
+  await ready(page);
+}
+
+const visibleTools = (page) => page.$$eval("#tools-visible li", (li) => li.map((l) => l.dataset.tool));
+const hiddenTools = (page) =>
+  page.$$eval("#tools-hidden li", (li) => Object.fromEntries(li.map((l) => [l.dataset.tool, l.dataset.reason])));
+const pageContext = async (page) => JSON.parse(await page.textContent("#page-context"));
+
+async function shot(page, name) {
+  if (SHOTS) await page.screenshot({ path: join(SHOTS, `${name}.png`) });
+}
+
+// Requests made from inside the page (same origin), as a given demo user.
+async function asUser(page, user, path, body) {
+  return page.evaluate(async ({ user, path, body }) => {
+    const post = (url, b, headers = {}) =>
+      fetch(url, { method: "POST", headers: { "content-type": "application/json", ...headers }, body: JSON.stringify(b) });
+    const { token } = await (await post("/demo/token", { user })).json();
+    const res = await post(path, body, { authorization: `Bearer ${token}` });
+    return { status: res.status, body: await res.json() };
+  }, { user, path, body });
+}
+
+const invoicePage = (id) => ({ pageType: "invoice_detail", entity: { type: "invoice", id } });
+
+async function invoiceStatus(page, user, id) {
+  const r = await asUser(page, user, "/demo/page", { pageContext: invoicePage(id) });
+  return r.body.data.invoice.status;
+}
+
+const approveAs = (page, user, callId, id) =>
+  asUser(page, user, `/v1/approvals/${callId}`, { pageContext: invoicePage(id) });
+
+// Ask a question through the chat panel; resolves when its turn has finished streaming.
+async function ask(page, question) {
+  const turns = await page.$$eval("#messages > li", (l) => l.length);
+  const request = page.waitForRequest((r) => r.url().endsWith("/v1/chat") && r.method() === "POST");
+  await page.fill("#chat-input", question);
+  await page.click("#chat-send");
+  const sent = JSON.parse((await request).postData());
+  const turn = page.locator("#messages > li").nth(turns);
+  await page.waitForFunction((n) => {
+    const li = document.querySelectorAll("#messages > li")[n];
+    return li && li.dataset.state !== "streaming";
+  }, turns);
+  const calls = await turn.locator(".call").evaluateAll((l) =>
+    l.map((c) => ({ tool: c.dataset.tool, decision: c.dataset.decision, code: c.dataset.code })));
+  return { sent, turn, calls, state: await turn.getAttribute("data-state"), answer: await turn.locator(".answer").textContent() };
+}
+
+describe("navigation", () => {
+  test("table → detail → viewer and back: URL, screen, page context and tools follow the page", async (t) => {
+    const page = await open(t);
+    await go(page, "/invoices");
+    assert.equal(await page.textContent("h1"), "Invoices");
+    const rows = await page.$$eval("#invoice-table tbody tr", (r) => r.map((x) => x.dataset.id));
+    assert.equal(rows.length, 12);
+    let ctx = await pageContext(page);
+    assert.equal(ctx.pageType, "invoice_table");
+    assert.equal(ctx.entity, null);
+    assert.deepEqual(ctx.pageState.visibleIds, rows, "the page state lists exactly the rows on screen");
+    assert.ok((await visibleTools(page)).includes("invoice.list"));
+    assert.equal((await hiddenTools(page))["invoice.get"], "wrong_page");
+    await shot(page, "invoice-table");
+
+    // Tabs and filters are page state: the URL, the screen and the context agree.
+    await page.click('[data-tab="overdue"]');
+    await ready(page);
+    assert.match(page.url(), /\/invoices\?tab=overdue$/);
+    const statuses = await page.$$eval("#invoice-table tbody tr .badge", (b) => b.map((x) => x.textContent));
+    assert.ok(statuses.length > 0 && statuses.every((s) => s === "overdue"), `statuses: ${statuses}`);
+    ctx = await pageContext(page);
+    assert.equal(ctx.pageState.tab, "overdue");
+    assert.equal(ctx.pageState.counts.shown, statuses.length);
+    await page.selectOption("#vendor-filter", "acme_v4");
+    await ready(page);
+    assert.match(page.url(), /vendor=acme_v4/);
+    assert.deepEqual((await pageContext(page)).pageState.filters, { vendor: "acme_v4" });
+    const vendors = await page.$$eval("#invoice-table tbody tr td:nth-child(2)", (c) => c.map((x) => x.textContent));
+    assert.ok(vendors.every((v) => v === "Tailspin Freight"), `vendors: ${vendors}`);
+
+    await go(page, "/invoices");
+    await page.click('#invoice-table a:text("ACME-2026-0003")');
+    await ready(page);
+    assert.match(page.url(), /\/invoices\/acme_inv3$/);
+    assert.equal(await page.textContent("h1"), "Invoice ACME-2026-0003");
+    ctx = await pageContext(page);
+    assert.deepEqual(ctx.entity, { type: "invoice", id: "acme_inv3" });
+    let tools = await visibleTools(page);
+    assert.ok(tools.includes("invoice.get") && tools.includes("invoice.mark_paid"), `tools: ${tools}`);
+    assert.equal((await hiddenTools(page))["invoice.list"], "wrong_page");
+    await shot(page, "invoice-detail");
+
+    await page.click('a:text("Invoice ACME-2026-0003.pdf")');
+    await ready(page);
+    assert.match(page.url(), /\/documents\/acme_inv3_pdf$/);
+    assert.equal((await pageContext(page)).pageType, "document_viewer");
+    assert.match(await page.textContent("#page-text"), /Total 1,257\.00 EUR/);
+    tools = await visibleTools(page);
+    assert.ok(tools.includes("read_doc_pages") && !tools.includes("invoice.get"), `tools: ${tools}`);
+    assert.equal((await hiddenTools(page))["invoice.get"], "wrong_page");
+
+    await page.goBack();
+    await ready(page);
+    assert.match(page.url(), /\/invoices\/acme_inv3$/);
+    assert.ok((await visibleTools(page)).includes("invoice.get"));
+    await page.goBack();
+    await ready(page);
+    assert.match(page.url(), /\/invoices$/);
+    assert.equal((await pageContext(page)).pageType, "invoice_table");
+    assert.ok(!(await visibleTools(page)).includes("invoice.get"));
+  });
+
+  test("document viewer pages through a long document; matters and the library link to it", async (t) => {
+    const page = await open(t);
+    await go(page, "/documents");
+    assert.ok((await page.$$eval("#document-table tbody tr", (r) => r.map((x) => x.dataset.id))).includes("acme_guide"));
+    await shot(page, "document-library");
+    await page.click('#matter-list a:text("Smith v. Jones")');
+    await ready(page);
+    assert.match(page.url(), /\/matters\/25e70284-6124-4a2b-9c89-abc123def456$/);
+    const ctx = await pageContext(page);
+    assert.deepEqual(ctx.entity, { type: "matter", id: "25e70284-6124-4a2b-9c89-abc123def456" });
+    const docs = await page.$$eval("#matter-docs tbody tr", (r) => r.map((x) => x.dataset.id));
+    assert.deepEqual(docs.sort(), ["smith_agreement", "smith_deposition"]);
+    assert.deepEqual(ctx.pageState.visibleIds.sort(), docs);
+    await shot(page, "matter-overview");
+
+    await go(page, "/documents/acme_guide?page=41");
+    assert.equal(await page.textContent("#page-no"), "Page 41 of 500");
+    await page.click("#next-page");
+    await ready(page);
+    assert.match(page.url(), /page=42$/);
+    assert.equal(await page.textContent("#page-no"), "Page 42 of 500");
+    assert.deepEqual((await pageContext(page)).pageState.filters, { page: 42 });
+    // The human viewer shows the page as it is; the assistant's reads are masked.
+    assert.match(await page.textContent("#page-text"), /ivan\.petrov@orion-support\.example/);
+    await shot(page, "document-viewer");
+  });
+
+  test("an address that is no page of the app has no context and no tools", async (t) => {
+    const page = await open(t);
+    const resp = await page.goto("/invoices/acme_inv3/edit");
+    assert.equal(resp.status(), 404);
+    await go(page, "/");
+    assert.match(page.url(), /\/invoices$/);
+  });
+});
+
+describe("assistant", () => {
+  test("seed 000's questions get tool-backed answers, streamed, with the page context of the page", async (t) => {
+    const page = await open(t);
+    const streamed = [];
+    page.on("response", (r) => {
+      if (r.url().endsWith("/v1/chat")) streamed.push(r.headers()["content-type"]);
+    });
+
+    await go(page, "/vendors");
+    let r = await ask(page, "what vendors do I have?");
+    assert.equal(r.sent.pageContext.pageType, "vendor_table");
+    assert.equal(r.sent.pageContext.entity, null);
+    assert.equal(r.sent.pageContext.pageState.visibleIds.length, 5);
+    assert.deepEqual(r.calls, [{ tool: "vendor.list", decision: "allow", code: "" }]);
+    assert.equal(r.state, "done");
+    for (const v of ["Northwind Traders", "Contoso Paper", "Tailspin Freight"]) assert.ok(r.answer.includes(v), r.answer);
+    await shot(page, "vendor-table");
+
+    // Navigating changes the next turn's context and tools at once (seed 000 §7).
+    await page.click('nav a:text("Invoices")');
+    await ready(page);
+    r = await ask(page, "which invoices are overdue?");
+    assert.equal(r.sent.pageContext.pageType, "invoice_table");
+    assert.deepEqual(r.calls.map((c) => [c.tool, c.decision]), [["invoice.list", "allow"]]);
+    assert.match(r.answer, /ACME-2026-\d{4}/);
+    assert.ok(!/Northwind Traders, Contoso Paper/.test(r.answer));
+
+    await go(page, "/invoices/acme_inv3");
+    r = await ask(page, "summarize this invoice");
+    assert.deepEqual(r.sent.pageContext.entity, { type: "invoice", id: "acme_inv3" });
+    const tools = r.calls.map((c) => c.tool);
+    assert.ok(tools.includes("invoice.get"), `calls: ${tools}`);
+    assert.ok(r.calls.every((c) => c.decision === "allow"), JSON.stringify(r.calls));
+    assert.match(r.answer, /ACME-2026-0003/);
+    assert.match(r.answer, /Tailspin Freight/);
+    // The PDF text the assistant read is masked (the IBAN never reaches the answer).
+    assert.ok(!r.answer.includes("DE89 3704"), r.answer);
+    await shot(page, "invoice-detail-chat");
+
+    await go(page, "/documents/acme_guide");
+    r = await ask(page, "search for certificate rotation");
+    assert.deepEqual(r.calls.map((c) => [c.tool, c.decision]), [["doc_local_search", "allow"]]);
+    assert.match(r.answer, /«certificate» «rotation»/, "the answer quotes the matching pages");
+
+    assert.ok(streamed.length >= 4 && streamed.every((c) => c.startsWith("text/event-stream")), `content types: ${streamed}`);
+  });
+
+  test("a question no visible tool answers is answered without inventing data", async (t) => {
+    const page = await open(t);
+    await go(page, "/vendors");
+    const r = await ask(page, "summarize invoice acme_inv3");
+    assert.ok(!r.calls.some((c) => c.tool === "invoice.get"), "invoice.get is not visible on the vendor table");
+    assert.ok(!r.answer.includes("1,257") && !r.answer.includes("1257"), r.answer);
+  });
+});
+
+describe("security", () => {
+  test("spoofed requests are shown denied", async (t) => {
+    const page = await open(t);
+    await go(page, "/invoices/acme_inv3");
+    // A call naming another invoice than the page's.
+    await page.fill("#spoof-id", "acme_inv1");
+    await page.click("#spoof-call");
+    const first = page.locator("#probe-results > li").nth(0);
+    await first.waitFor();
+    assert.equal(await first.getAttribute("data-decision"), "deny");
+    assert.equal(await first.getAttribute("data-code"), "ENTITY_MISMATCH");
+    // The same call with the page's own id is allowed: the denial is about the id, not the tool.
+    await page.fill("#spoof-id", "acme_inv3");
+    await page.click("#spoof-call");
+    const second = page.locator("#probe-results > li").nth(1);
+    await second.waitFor();
+    assert.equal(await second.getAttribute("data-decision"), "allow");
+    // A page context naming another tenant's invoice.
+    await page.click("#spoof-context");
+    const third = page.locator("#probe-results > li").nth(2);
+    await third.waitFor();
+    assert.equal(await third.getAttribute("data-decision"), "deny");
+    assert.equal(await third.getAttribute("data-code"), "INVALID_PAGE_CONTEXT");
+    assert.ok(!(await third.textContent()).includes("Globex"), "the refusal does not reveal the other tenant's row");
+    await shot(page, "spoof-denied");
+
+    // Opening another tenant's invoice by URL: the database refuses the page itself.
+    await page.goto("/invoices/glx_inv3");
+    await ready(page, "error");
+    assert.match(await page.textContent("#screen-error"), /INVALID_PAGE_CONTEXT/);
+    assert.deepEqual(await visibleTools(page), []);
+
+    // The same refusal for a document of another tenant in the viewer.
+    await go(page, "/documents/acme_guide");
+    await page.fill("#spoof-id", "glx_handbook");
+    await page.click("#spoof-call");
+    const doc = page.locator("#probe-results > li").last();
+    await page.waitForFunction(() => document.querySelectorAll("#probe-results > li").length === 1);
+    assert.equal(await doc.getAttribute("data-decision"), "deny");
+    assert.equal(await doc.getAttribute("data-code"), "ENTITY_MISMATCH");
+  });
+
+  test("switching users switches tenant, data and tools", async (t) => {
+    const page = await open(t);
+    await go(page, "/vendors");
+    const names = () => page.$$eval("#vendor-table tbody tr td:first-child", (c) => c.map((x) => x.textContent));
+    assert.ok((await names()).includes("Northwind Traders"));
+    await page.selectOption("#user", "carol");
+    await ready(page);
+    const carol = await names();
+    assert.ok(carol.includes("Initech Supplies"), `carol sees ${carol}`);
+    assert.ok(!carol.includes("Northwind Traders"), "no acme vendor for globex");
+    const r = await ask(page, "what vendors do I have?");
+    assert.ok(r.answer.includes("Initech Supplies") && !r.answer.includes("Northwind"), r.answer);
+    await shot(page, "vendor-table-globex");
+
+    // Carol on Acme's invoice: refused by the database, same message as a missing record.
+    await go(page, "/invoices");
+    await page.goto("/invoices/acme_inv3");
+    await ready(page, "error");
+    assert.match(await page.textContent("#screen-error"), /entity not found/);
+
+    // Bob (viewer, Acme) sees the invoice but cannot be offered mark_paid: the role says why.
+    await page.selectOption("#user", "bob");
+    await ready(page);
+    assert.equal(await page.textContent("h1"), "Invoice ACME-2026-0003");
+    assert.ok((await visibleTools(page)).includes("invoice.get"));
+    assert.equal((await hiddenTools(page))["invoice.mark_paid"], "missing_role");
+  });
+
+  test("an approval runs once", async (t) => {
+    const page = await open(t);
+    await go(page, "/invoices/acme_inv6");
+    assert.equal(await page.textContent("#invoice-fields .badge"), "open");
+    const r = await ask(page, "mark this invoice as paid");
+    assert.deepEqual(r.calls, [{ tool: "invoice.mark_paid", decision: "pending", code: "APPROVAL_REQUIRED" }]);
+    // Nothing changed before the approval.
+    assert.equal(await invoiceStatus(page, "alice", "acme_inv6"), "open");
+    await shot(page, "approval-pending");
+
+    const card = page.locator(".approval").first();
+    const callId = await card.getAttribute("data-call-id");
+    await card.locator("button.approve").click();
+    await page.waitForFunction(() => document.querySelector(".approval")?.dataset.state !== "pending");
+    assert.equal(await card.getAttribute("data-state"), "done");
+    assert.match(await card.textContent(), /"updated": 1/);
+    assert.ok(await card.locator("button.approve").isDisabled());
+    await ready(page);
+    assert.equal(await page.textContent("#invoice-fields .badge"), "paid");
+
+    // A second approval of the same call is refused by the database: it ran exactly once.
+    const again = await approveAs(page, "alice", callId, "acme_inv6");
+    assert.equal(again.body.error?.code, "APPROVAL_INVALID", JSON.stringify(again));
+
+    // Nobody else can approve Alice's pending call: not Bob of the same tenant.
+    await go(page, "/invoices/acme_inv9");
+    const r2 = await ask(page, "mark this invoice as paid");
+    assert.equal(r2.calls[0]?.decision, "pending");
+    const pending = await page.locator(".approval").last().getAttribute("data-call-id");
+    const bob = await approveAs(page, "bob", pending, "acme_inv9");
+    assert.notEqual(bob.body.status, "ok", JSON.stringify(bob));
+    assert.equal(await invoiceStatus(page, "alice", "acme_inv9"), "open");
+  });
+});

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The demo app in a real browser: Debian's chromium, headless, driven by Playwright (playwright-core
+# from npm; it never downloads a browser). Called by scripts/test.sh after the cluster is up; the
+# extension must be installed. Installs chromium and the npm package when missing.
+#   CTXGUARD_UI_SCREENSHOTS=docs/screenshots bash tests/ui/run.sh   # also refresh the screenshots
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+cd "$ROOT"
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+missing=()
+command -v chromium >/dev/null || missing+=(chromium)
+command -v npm >/dev/null || missing+=(nodejs npm)
+if [ ${#missing[@]} -gt 0 ]; then
+  log "installing ${missing[*]}"
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+want=$(node -p "require('./tests/ui/package.json').devDependencies['playwright-core']")
+have=$(node -p "require('./tests/ui/node_modules/playwright-core/package.json').version" 2>/dev/null || true)
+if [ "$have" != "$want" ]; then
+  log "npm ci (tests/ui)"
+  (cd tests/ui && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --no-audit --no-fund --loglevel=error)
+fi
+
+DB=ctxguard_ui
+WORK=$RUN/ui
+rm -rf "$WORK" && mkdir -p "$WORK"
+log "database $DB with the demo data"
+create_demo_db "$DB"
+
+# Below Linux's ephemeral range (32768-60999), like the MCP tests.
+GW_PORT=${CTXGUARD_UI_TEST_PORT:-31920}
+if (exec 3<>"/dev/tcp/127.0.0.1/$GW_PORT") 2>/dev/null; then
+  echo "port $GW_PORT is in use (set CTXGUARD_UI_TEST_PORT)" >&2; exit 1
+fi
+log "gateway in demo mode on :$GW_PORT"
+cargo build --locked --release -p ctxguard-gateway >/dev/null
+CTXGUARD_DATABASE_URL="host=$RUN port=$PGPORT user=ctxguard_gateway dbname=$DB" \
+CTXGUARD_LISTEN="127.0.0.1:$GW_PORT" CTXGUARD_PROVIDER=offline \
+CTXGUARD_DEMO=true CTXGUARD_DEMO_JWT_SECRET_FILE="$RUN/jwt_secret" \
+  "$CARGO_TARGET_DIR/release/ctxguard-gateway" >"$WORK/gateway.log" 2>&1 &
+GW_PID=$!
+trap 'kill $GW_PID 2>/dev/null || true' EXIT
+for _ in $(seq 100); do curl -sf "http://127.0.0.1:$GW_PORT/ready" >/dev/null && break; sleep 0.1; done
+curl -sf "http://127.0.0.1:$GW_PORT/ready" >/dev/null || { cat "$WORK/gateway.log"; exit 1; }
+
+log "UI tests in headless chromium"
+shots=${CTXGUARD_UI_SCREENSHOTS:-$WORK/screenshots}
+[[ "$shots" = /* ]] || shots=$ROOT/$shots
+CTXGUARD_UI_URL="http://127.0.0.1:$GW_PORT" CTXGUARD_UI_SCREENSHOTS="$shots" \
+  node --test --test-concurrency=1 tests/ui/demo.test.mjs
+echo "screenshots: $shots"
