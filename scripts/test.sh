@@ -61,6 +61,8 @@ CTXGUARD_TEST_PGDATA="$PGDATA_DIR" CTXGUARD_TEST_PG_BIN="$PG_BIN" \
 
 bash tests/mcp/run.sh
 
+bash tests/ui/run.sh
+
 log "fail-closed suite against a second cluster without shared_preload_libraries"
 NP_RUN="$RUN-nopreload" NP_PORT=$((PGPORT + 1))
 start_cluster_without_preload "$NP_RUN" "$NP_PORT"

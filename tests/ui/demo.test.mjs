@@ -67,7 +67,7 @@ const hiddenTools = (page) =>
 const pageContext = async (page) => JSON.parse(await page.textContent("#page-context"));
 
 async function shot(page, name) {
-  if (SHOTS) await page.screenshot({ path: join(SHOTS, `${name}.png`) });
+  if (SHOTS) await page.screenshot({ path: join(SHOTS, `${name}.png`), fullPage: true });
 }
 
 // Requests made from inside the page (same origin), as a given demo user.

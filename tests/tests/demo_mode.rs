@@ -1,0 +1,317 @@
+//! Demo mode and `POST /v1/tools` against the real gateway router and a real PostgreSQL.
+//! Demo mode mints tokens for its demo users, so it exists only when asked for, only on loopback,
+//! and its tokens are ordinary tokens the database verifies like any other.
+
+mod support;
+
+use clap::Parser;
+use ctxguard_gateway::config::Config;
+use serde_json::{json, Value};
+use support::*;
+
+fn secret_file() -> std::path::PathBuf {
+    let path = std::env::temp_dir().join(format!("ctxguard-demo-secret-{}", uuid::Uuid::new_v4()));
+    std::fs::write(&path, env("CTXGUARD_TEST_JWT_SECRET")).unwrap();
+    path
+}
+
+async fn demo_gateway() -> std::net::SocketAddr {
+    let secret = secret_file();
+    gateway(&[
+        "--demo",
+        "true",
+        "--demo-jwt-secret-file",
+        secret.to_str().unwrap(),
+        "--demo-jwt-audience",
+        "ctxguard-tests",
+    ])
+    .await
+}
+
+async fn get(addr: std::net::SocketAddr, path: &str) -> reqwest::Response {
+    http()
+        .get(format!("http://{addr}{path}"))
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn demo_token(addr: std::net::SocketAddr, user: &str) -> (u16, Value) {
+    post_json(addr, "/demo/token", None, "demo", &json!({"user": user})).await
+}
+
+fn config(args: &[&str]) -> Result<(), String> {
+    let mut all = vec!["ctxguard-gateway", "--database-url", "host=/nowhere"];
+    all.extend_from_slice(args);
+    Config::try_parse_from(all)
+        .map_err(|e| e.to_string())?
+        .validate()
+        .map_err(|e| e.to_string())
+}
+
+#[test]
+fn demo_mode_is_opt_in_loopback_only_and_needs_the_secret() {
+    let secret = secret_file();
+    let secret = secret.to_str().unwrap();
+    assert!(config(&[]).is_ok());
+    assert!(config(&["--demo", "true", "--demo-jwt-secret-file", secret]).is_ok());
+    let err = config(&["--demo", "true"]).unwrap_err();
+    assert!(err.contains("CTXGUARD_DEMO_JWT_SECRET_FILE"), "{err}");
+    let err = config(&[
+        "--demo",
+        "true",
+        "--demo-jwt-secret-file",
+        secret,
+        "--listen",
+        "0.0.0.0:8088",
+    ])
+    .unwrap_err();
+    assert!(err.contains("loopback"), "{err}");
+    let err = config(&["--demo-jwt-secret-file", secret]).unwrap_err();
+    assert!(err.contains("only read in demo mode"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_demo_mode_there_is_no_app_and_no_token_minting() {
+    let gw = gateway(&[]).await;
+    for path in ["/", "/invoices", "/demo/app.js", "/demo/users"] {
+        assert_eq!(get(gw, path).await.status(), 404, "{path}");
+    }
+    let (status, body) = demo_token(gw, "alice").await;
+    assert_eq!(status, 404, "{body}");
+    assert!(body.get("token").is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_mode_serves_the_app_with_a_strict_policy_and_mints_verified_tokens() {
+    let gw = demo_gateway().await;
+    for (path, kind) in [
+        ("/", "text/html"),
+        ("/invoices/acme_inv3", "text/html"),
+        ("/documents/acme_guide", "text/html"),
+        ("/demo/app.js", "text/javascript"),
+        ("/demo/app.css", "text/css"),
+    ] {
+        let r = get(gw, path).await;
+        assert_eq!(r.status(), 200, "{path}");
+        let h = r.headers();
+        assert!(
+            h["content-type"].to_str().unwrap().starts_with(kind),
+            "{path}"
+        );
+        let csp = h["content-security-policy"].to_str().unwrap();
+        assert!(
+            csp.contains("default-src 'none'") && csp.contains("script-src 'self'"),
+            "{csp}"
+        );
+        assert_eq!(h["x-content-type-options"], "nosniff");
+    }
+    assert_eq!(get(gw, "/invoices/a/b").await.status(), 404);
+
+    let users: Value = get(gw, "/demo/users").await.json().await.unwrap();
+    let tenants: Vec<&str> = users["users"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| u["tenant"].as_str().unwrap())
+        .collect();
+    assert!(tenants.contains(&"acme") && tenants.contains(&"globex"));
+
+    let (status, body) = demo_token(gw, "mallory").await;
+    assert_eq!(status, 404);
+    assert_eq!(body["error"]["code"], "NOT_FOUND");
+    assert!(!body.to_string().contains("mallory"), "no echo: {body}");
+    let (status, body) = post_json(
+        gw,
+        "/demo/token",
+        None,
+        "demo",
+        &json!({"user": "alice", "tenant": "globex"}),
+    )
+    .await;
+    assert_eq!(status, 400, "a tenant cannot be asked for: {body}");
+
+    // The minted token is verified by the database like any other: Alice of Acme.
+    let (status, body) = demo_token(gw, "alice").await;
+    assert_eq!(status, 200, "{body}");
+    let alice = body["token"].as_str().unwrap().to_string();
+    let (status, tools) = post_json(
+        gw,
+        "/v1/tools",
+        Some(&alice),
+        "demo",
+        &json!({"pageContext": {"pageType": "vendor_table"}}),
+    )
+    .await;
+    assert_eq!(status, 200, "{tools}");
+    assert_eq!(tools["context"]["userId"], "alice");
+    assert_eq!(tools["context"]["tenantId"], "acme");
+
+    // Screens are read under the page context: Carol sees Globex's vendors, and Acme's invoice is
+    // refused with the same message as a missing one.
+    let (_, body) = demo_token(gw, "carol").await;
+    let carol = body["token"].as_str().unwrap().to_string();
+    let (status, page) = post_json(
+        gw,
+        "/demo/page",
+        Some(&carol),
+        "demo",
+        &json!({"pageContext": {"pageType": "vendor_table"}}),
+    )
+    .await;
+    assert_eq!(status, 200, "{page}");
+    let ids: Vec<&str> = page["data"]["vendors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["id"].as_str().unwrap())
+        .collect();
+    assert!(
+        !ids.is_empty() && ids.iter().all(|i| i.starts_with("glx_")),
+        "{ids:?}"
+    );
+    let (status, foreign) = post_json(
+        gw,
+        "/demo/page",
+        Some(&carol),
+        "demo",
+        &json!({"pageContext": invoice_page("acme_inv3")}),
+    )
+    .await;
+    let (_, missing) = post_json(
+        gw,
+        "/demo/page",
+        Some(&carol),
+        "demo",
+        &json!({"pageContext": invoice_page("no_such_invoice")}),
+    )
+    .await;
+    assert_eq!(status, 422);
+    assert_eq!(foreign, missing, "another tenant's row looks like no row");
+    let (status, _) = post_json(
+        gw,
+        "/demo/page",
+        None,
+        "demo",
+        &json!({"pageContext": {"pageType": "vendor_table"}}),
+    )
+    .await;
+    assert_eq!(status, 401);
+}
+
+fn reasons(body: &Value) -> std::collections::BTreeMap<String, (bool, String)> {
+    body["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            (
+                t["name"].as_str().unwrap().to_string(),
+                (
+                    t["visible"].as_bool().unwrap(),
+                    t["reason"].as_str().unwrap().to_string(),
+                ),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn v1_tools_explains_gate_a_per_page_and_user() {
+    let gw = gateway(&[]).await;
+    let alice = token("alice", "acme", &["ap_clerk"]);
+    let bob = token("bob", "acme", &["viewer"]);
+
+    let (status, body) = post_json(
+        gw,
+        "/v1/tools",
+        Some(&alice),
+        "t1",
+        &json!({"pageContext": {"pageType": "invoice_table"}}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["page"]["type"], "invoice_table");
+    let r = reasons(&body);
+    assert_eq!(r["invoice.list"], (true, "visible".into()));
+    assert_eq!(r["invoice.get"], (false, "wrong_page".into()));
+    let visible: Vec<bool> = body["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["visible"].as_bool().unwrap())
+        .collect();
+    assert!(
+        visible.windows(2).all(|w| w[0] >= w[1]),
+        "visible tools come first"
+    );
+
+    let (_, body) = post_json(
+        gw,
+        "/v1/tools",
+        Some(&alice),
+        "t2",
+        &json!({"pageContext": invoice_page("acme_inv3")}),
+    )
+    .await;
+    let r = reasons(&body);
+    assert_eq!(r["invoice.mark_paid"], (true, "visible".into()));
+    let mark_paid = body["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "invoice.mark_paid")
+        .unwrap();
+    assert_eq!(mark_paid["requiresApproval"], true);
+    assert_eq!(mark_paid["readOnly"], false);
+    let (_, body) = post_json(
+        gw,
+        "/v1/tools",
+        Some(&bob),
+        "t3",
+        &json!({"pageContext": invoice_page("acme_inv3")}),
+    )
+    .await;
+    assert_eq!(
+        reasons(&body)["invoice.mark_paid"],
+        (false, "missing_role".into())
+    );
+
+    // Fail closed: no token, a bad page, another tenant's entity, no page at all.
+    let (status, _) = post_json(
+        gw,
+        "/v1/tools",
+        None,
+        "t4",
+        &json!({"pageContext": {"pageType": "invoice_table"}}),
+    )
+    .await;
+    assert_eq!(status, 401);
+    let (status, body) = post_json(
+        gw,
+        "/v1/tools",
+        Some(&alice),
+        "t5",
+        &json!({"pageContext": {"pageType": "admin_console"}}),
+    )
+    .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (422, Some("INVALID_PAGE_CONTEXT"))
+    );
+    assert!(
+        !body.to_string().contains("admin_console"),
+        "no echo: {body}"
+    );
+    let (status, _) = post_json(
+        gw,
+        "/v1/tools",
+        Some(&alice),
+        "t6",
+        &json!({"pageContext": invoice_page("glx_inv3")}),
+    )
+    .await;
+    assert_eq!(status, 422);
+    let (status, _) = post_json(gw, "/v1/tools", Some(&alice), "t7", &json!({})).await;
+    assert!(status == 400 || status == 422, "{status}");
+}
