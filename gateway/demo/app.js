@@ -455,8 +455,9 @@ async function send(text) {
   const calls = h("ul", { class: "calls" });
   const answer = h("div", { class: "answer" });
   const approvals = h("div", { class: "approvals" });
+  const where = store.route.entity ? `${store.route.pageType} · ${store.route.entity.type} ${store.route.entity.id}` : store.route.pageType;
   const item = h("li", { class: "turn", dataset: { state: "streaming", pageType: store.route.pageType } },
-    h("div", { class: "question" }, message), calls, approvals, answer);
+    h("div", { class: "question" }, message), h("div", { class: "where" }, `sent from ${where}`), calls, approvals, answer);
   $("messages").append(item);
   item.scrollIntoView({ block: "end" });
   $("chat-send").disabled = true;
