@@ -99,4 +99,15 @@ create_demo_db() {
   psql_su -d "$db" -o /dev/null -f "$ROOT/sql/demo/app.sql"
 }
 
+# Fail unless every given TCP port on 127.0.0.1 is free (test servers use ports below Linux's
+# ephemeral range, 32768-60999, so client sockets of earlier tests cannot hold them).
+require_free_ports() {
+  local port
+  for port in "$@"; do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+      echo "port $port is in use (set the test's port variable to another base)" >&2; exit 1
+    fi
+  done
+}
+
 mint() { /usr/bin/python3 "$ROOT/scripts/mint_token.py" mint --dir "$RUN" "$@"; }

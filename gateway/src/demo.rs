@@ -7,8 +7,9 @@
 
 use std::sync::Arc;
 
-use axum::extract::State;
+use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -16,9 +17,8 @@ use jsonwebtoken::{EncodingKey, Header};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::db::Scope;
 use crate::error::ApiError;
-use crate::{bearer, trace_id, ApiJson, AppState, PageRequest};
+use crate::{ApiJson, AppState, PageRequest};
 
 /// Lifetime of a minted demo token.
 const TOKEN_TTL_SECS: u64 = 3600;
@@ -138,16 +138,10 @@ async fn page(
     headers: HeaderMap,
     ApiJson(req): ApiJson<PageRequest>,
 ) -> Result<Json<Value>, ApiError> {
-    let scope = Scope {
-        token: bearer(&headers)?,
-        page: crate::page_from(Some(req.page_context))?,
-        generation: None,
-        trace_id: trace_id(&headers),
-    };
     let out: Value = state
         .db
         .one(
-            &scope,
+            &req.scope(&headers)?,
             "SELECT jsonb_build_object('context', ctxguard.context(), 'data', demo.page_data())",
             &[],
         )
@@ -188,9 +182,37 @@ async fn index() -> Response {
     asset("text/html; charset=utf-8", INDEX_HTML)
 }
 
+/// Whether a `Host` header names one of the allowed hosts (`name` or `name:port` entries).
+pub fn host_allowed(host: &str, allowed: &[String]) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or_default(),
+        None if host.matches(':').count() == 1 => host.split(':').next().unwrap_or_default(),
+        None => host,
+    };
+    !name.is_empty()
+        && allowed
+            .iter()
+            .any(|a| a.eq_ignore_ascii_case(name) || a.eq_ignore_ascii_case(host))
+}
+
+/// DNS-rebinding protection for demo mode: a page on another site that resolves its own name to
+/// 127.0.0.1 could otherwise mint tokens and read the app. Same hosts as `/mcp`.
+async fn same_host(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let host = req
+        .headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or_default();
+    if host_allowed(host, &state.config.mcp_allowed_hosts()) {
+        next.run(req).await
+    } else {
+        ApiError::HostNotAllowed.into_response()
+    }
+}
+
 /// The demo routes, merged into the router only in demo mode. Every screen URL serves the app;
 /// the app's router reads the path.
-pub fn routes() -> Router<Arc<AppState>> {
+pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
     Router::new()
         .route("/", get(index))
         .route("/vendors", get(index))
@@ -210,4 +232,40 @@ pub fn routes() -> Router<Arc<AppState>> {
         .route("/demo/users", get(users))
         .route("/demo/token", post(token))
         .route("/demo/page", post(page))
+        .route_layer(middleware::from_fn_with_state(state, same_host))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::host_allowed;
+
+    #[test]
+    fn hosts_are_matched_by_name_or_name_and_port() {
+        let allowed: Vec<String> = ["localhost", "127.0.0.1", "::1", "demo.internal:8443"]
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        for ok in [
+            "localhost",
+            "localhost:8088",
+            "127.0.0.1:8088",
+            "[::1]:8088",
+            "[::1]",
+            "LOCALHOST:1",
+            "demo.internal:8443",
+        ] {
+            assert!(host_allowed(ok, &allowed), "{ok}");
+        }
+        for bad in [
+            "",
+            "evil.example",
+            "evil.example:8088",
+            "127.0.0.1.evil.example",
+            "demo.internal:80",
+            "localhost.:8088",
+            "[::2]:8088",
+        ] {
+            assert!(!host_allowed(bad, &allowed), "{bad}");
+        }
+    }
 }

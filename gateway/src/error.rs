@@ -20,6 +20,8 @@ pub enum ApiError {
     Forbidden(String),
     #[error("{0}")]
     NotFound(String),
+    #[error("this host name is not allowed")]
+    HostNotAllowed,
     #[error("database unavailable")]
     DatabaseUnavailable,
     #[error("model upstream failed")]
@@ -39,6 +41,7 @@ impl ApiError {
             ApiError::Unauthorized(_) => "UNAUTHENTICATED",
             ApiError::Forbidden(_) => "IDENTITY_MISMATCH",
             ApiError::NotFound(_) => "NOT_FOUND",
+            ApiError::HostNotAllowed => "HOST_NOT_ALLOWED",
             ApiError::DatabaseUnavailable => "DATABASE_UNAVAILABLE",
             ApiError::UpstreamFailed => "UPSTREAM_FAILED",
             ApiError::UpstreamTimeout => "UPSTREAM_TIMEOUT",
@@ -54,6 +57,7 @@ impl ApiError {
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::HostNotAllowed => StatusCode::FORBIDDEN,
             ApiError::DatabaseUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::UpstreamFailed => StatusCode::BAD_GATEWAY,
             ApiError::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,

@@ -252,6 +252,18 @@ pub(crate) struct PageRequest {
     pub page_context: Value,
 }
 
+impl PageRequest {
+    /// The scope of a request that names only a page: bearer token, page, request id.
+    pub(crate) fn scope(self, headers: &HeaderMap) -> Result<Scope, ApiError> {
+        Ok(Scope {
+            token: bearer(headers)?,
+            page: page_from(Some(self.page_context))?,
+            generation: None,
+            trace_id: trace_id(headers),
+        })
+    }
+}
+
 /// `POST /v1/tools`: what the assistant can do on a page, and why not the rest: the validated
 /// context, the page description, and every catalogued tool with Gate A's verdict and reason.
 async fn tools_endpoint(
@@ -259,13 +271,7 @@ async fn tools_endpoint(
     headers: HeaderMap,
     ApiJson(req): ApiJson<PageRequest>,
 ) -> Result<Json<Value>, ApiError> {
-    let scope = Scope {
-        token: bearer(&headers)?,
-        page: page_from(Some(req.page_context))?,
-        generation: None,
-        trace_id: trace_id(&headers),
-    };
-    Ok(Json(state.db.explain_page(&scope).await?))
+    Ok(Json(state.db.explain_page(&req.scope(&headers)?).await?))
 }
 
 async fn approve_endpoint(
@@ -274,15 +280,9 @@ async fn approve_endpoint(
     Path(call_id): Path<String>,
     ApiJson(req): ApiJson<PageRequest>,
 ) -> Result<Json<Value>, ApiError> {
-    let token = bearer(&headers)?;
+    let scope = req.scope(&headers)?;
     let call_id = uuid::Uuid::parse_str(&call_id)
         .map_err(|_| ApiError::BadRequest("call_id must be a UUID".into()))?;
-    let scope = Scope {
-        token,
-        page: page_from(Some(req.page_context))?,
-        generation: None,
-        trace_id: trace_id(&headers),
-    };
     let envelope = tools::approve(&state, &scope, call_id).await?;
     Ok(Json(envelope))
 }
@@ -376,7 +376,7 @@ async fn not_found() -> ApiError {
 /// The router, with request ids (propagated to audit rows as trace ids), tracing and body limits.
 pub fn app(state: Arc<AppState>) -> Router {
     let demo = if state.demo.is_some() {
-        demo::routes()
+        demo::routes(state.clone())
     } else {
         Router::new()
     };

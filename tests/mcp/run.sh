@@ -20,11 +20,7 @@ create_demo_db "$DB"
 # Below Linux's ephemeral range (32768-60999): client sockets of earlier tests cannot hold them.
 BASE=${CTXGUARD_MCP_TEST_PORT:-31900}
 UP_PORT=$BASE FLAKY_PORT=$((BASE + 1)) DEAD_PORT=$((BASE + 2)) GW_PORT=$((BASE + 3))
-for port in "$UP_PORT" "$FLAKY_PORT" "$DEAD_PORT" "$GW_PORT"; do
-  if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-    echo "port $port is in use (set CTXGUARD_MCP_TEST_PORT to another base)" >&2; exit 1
-  fi
-done
+require_free_ports "$UP_PORT" "$FLAKY_PORT" "$DEAD_PORT" "$GW_PORT"  # CTXGUARD_MCP_TEST_PORT moves them
 psql_su -d "$DB" -o /dev/null -v ON_ERROR_STOP=1 <<SQL
 INSERT INTO ctxguard.mcp_servers (name, transport, url, bearer_token_env, description, default_access) VALUES
   ('scans', 'http', 'http://127.0.0.1:$UP_PORT/mcp', 'SCANS_TOKEN', 'Scanned invoices', 'allow'),

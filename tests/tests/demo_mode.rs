@@ -117,6 +117,25 @@ async fn demo_mode_serves_the_app_with_a_strict_policy_and_mints_verified_tokens
         .collect();
     assert!(tenants.contains(&"acme") && tenants.contains(&"globex"));
 
+    // DNS rebinding: a page whose own name resolves to 127.0.0.1 gets nothing.
+    let r = http()
+        .post(format!("http://{gw}/demo/token"))
+        .header("host", "evil.example")
+        .json(&json!({"user": "alice"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "HOST_NOT_ALLOWED");
+    let r = http()
+        .get(format!("http://{gw}/"))
+        .header("host", "evil.example:8088")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+
     let (status, body) = demo_token(gw, "mallory").await;
     assert_eq!(status, 404);
     assert_eq!(body["error"]["code"], "NOT_FOUND");

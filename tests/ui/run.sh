@@ -28,11 +28,8 @@ rm -rf "$WORK" && mkdir -p "$WORK"
 log "database $DB with the demo data"
 create_demo_db "$DB"
 
-# Below Linux's ephemeral range (32768-60999), like the MCP tests.
 GW_PORT=${CTXGUARD_UI_TEST_PORT:-31920}
-if (exec 3<>"/dev/tcp/127.0.0.1/$GW_PORT") 2>/dev/null; then
-  echo "port $GW_PORT is in use (set CTXGUARD_UI_TEST_PORT)" >&2; exit 1
-fi
+require_free_ports "$GW_PORT"
 log "gateway in demo mode on :$GW_PORT"
 cargo build --locked --release -p ctxguard-gateway >/dev/null
 CTXGUARD_DATABASE_URL="host=$RUN port=$PGPORT user=ctxguard_gateway dbname=$DB" \
@@ -48,5 +45,5 @@ log "UI tests in headless chromium"
 shots=${CTXGUARD_UI_SCREENSHOTS:-$WORK/screenshots}
 [[ "$shots" = /* ]] || shots=$ROOT/$shots
 CTXGUARD_UI_URL="http://127.0.0.1:$GW_PORT" CTXGUARD_UI_SCREENSHOTS="$shots" \
-  node --test --test-concurrency=1 tests/ui/demo.test.mjs
+  node --test tests/ui/demo.test.mjs
 echo "screenshots: $shots"
