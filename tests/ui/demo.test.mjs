@@ -363,7 +363,11 @@ describe("security", () => {
     assert.equal(r2.calls[0]?.decision, "pending");
     const pending = await page.locator(".approval").last().getAttribute("data-call-id");
     const bob = await approveAs(page, "bob", pending, "acme_inv9");
-    assert.notEqual(bob.body.status, "ok", JSON.stringify(bob));
+    assert.equal(bob.body.error?.code, "APPROVAL_INVALID", JSON.stringify(bob));
     assert.equal(await invoiceStatus(page, "alice", "acme_inv9"), "open");
+    // Bob's attempt did not use it up: Alice's approval still runs, once.
+    const own = await approveAs(page, "alice", pending, "acme_inv9");
+    assert.equal(own.body.status, "ok", JSON.stringify(own));
+    assert.equal(await invoiceStatus(page, "alice", "acme_inv9"), "paid");
   });
 });
