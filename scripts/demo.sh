@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The main job: PostgreSQL 15 with ctxguard preloaded, the demo schema loaded, and a walkthrough
-# that prints Gate A and Gate B decisions for three users of two tenants. Installs what it needs.
+# The main job: PostgreSQL 15 with ctxguard preloaded, the demo schema loaded, a walkthrough that
+# prints Gate A and Gate B decisions for three users of two tenants, and the gateway (offline model)
+# in demo mode, serving the demo app at http://127.0.0.1:8088/. Installs what it needs.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$ROOT"
 
