@@ -483,6 +483,8 @@ async function send(text) {
     item.dataset.state = "error";
     answer.replaceChildren(h("span", { class: "error" }, h("code", {}, e.code || "ERROR"), " ", e.message));
   } finally {
+    // A stream that ends without `done` (a dropped connection) is not shown as finished.
+    if (item.dataset.state === "streaming") item.dataset.state = "incomplete";
     $("chat-send").disabled = false;
   }
 }
