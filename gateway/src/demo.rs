@@ -210,17 +210,22 @@ async fn same_host(State(state): State<Arc<AppState>>, req: Request, next: Next)
     }
 }
 
-/// The demo routes, merged into the router only in demo mode. Every screen URL serves the app;
-/// the app's router reads the path.
+/// The app's screen URLs: each serves the app, whose router reads the path.
+const SCREENS: &[&str] = &[
+    "/",
+    "/vendors",
+    "/invoices",
+    "/invoices/{id}",
+    "/documents",
+    "/documents/{id}",
+    "/matters/{id}",
+];
+
+/// The demo routes, merged into the router only in demo mode.
 pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
-    Router::new()
-        .route("/", get(index))
-        .route("/vendors", get(index))
-        .route("/invoices", get(index))
-        .route("/invoices/{id}", get(index))
-        .route("/documents", get(index))
-        .route("/documents/{id}", get(index))
-        .route("/matters/{id}", get(index))
+    SCREENS
+        .iter()
+        .fold(Router::new(), |r, path| r.route(path, get(index)))
         .route(
             "/demo/app.js",
             get(|| async { asset("text/javascript; charset=utf-8", APP_JS) }),

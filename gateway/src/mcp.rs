@@ -125,7 +125,11 @@ impl PageHub {
         }
     }
 
-    fn listen(&self, who: &Who, l: Listener) -> u64 {
+    /// Add a listener. `seen` is the page the listener's client last listed tools for: if the
+    /// user's page is another one by now (another request changed it while this listener was
+    /// being set up), the listener is told at once. With no page recorded yet, nothing was listed. Under the same lock as `observe`, so a change is
+    /// reported exactly once, by whichever of the two runs second.
+    fn listen(self: &Arc<Self>, who: &Who, l: Listener, seen: Option<&Value>) -> u64 {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let mut entries = self.entries.lock().expect("page hub lock");
         let entry = entries.entry(who.clone()).or_default();
@@ -133,6 +137,9 @@ impl PageHub {
             Listener::Session(p) => !p.is_transport_closed(),
             Listener::Subscription(_) => true,
         });
+        if entry.page.is_some() && seen.is_some() && entry.page.as_ref() != seen {
+            tokio::spawn(self.clone().notify(who.clone(), vec![(id, l.clone())]));
+        }
         entry.listeners.push((id, l));
         id
     }
@@ -479,7 +486,7 @@ impl ServerHandler for Server {
         if let Ok((caller, _)) = caller_of(&context.extensions) {
             self.state
                 .pages
-                .listen(&caller.who, Listener::Session(context.peer.clone()));
+                .listen(&caller.who, Listener::Session(context.peer.clone()), None);
         }
     }
 
@@ -491,11 +498,14 @@ impl ServerHandler for Server {
     }
 
     async fn listen(&self, context: SubscriptionContext) -> Result<(), McpError> {
-        let (caller, _) = self.scope(&context.request_context().extensions).await?;
-        let id = self
-            .state
-            .pages
-            .listen(&caller.who, Listener::Subscription(context.sink().clone()));
+        // No database work before registering: a page change racing this request must not slip
+        // between the subscription being acknowledged and the listener being in place.
+        let (caller, seen) = caller_of(&context.request_context().extensions)?;
+        let id = self.state.pages.listen(
+            &caller.who,
+            Listener::Subscription(context.sink().clone()),
+            seen.as_ref(),
+        );
         context.cancelled().await;
         self.state.pages.remove(&caller.who, &[id]);
         Ok(())

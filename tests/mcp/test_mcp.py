@@ -206,6 +206,8 @@ async def test_list_changed_when_the_app_sets_the_page_out_of_band():
 async def test_list_changed_on_a_2026_subscription_stream():
     async with connect(ALICE, TABLE, mode="auto") as (client, http):
         assert client.protocol_version == "2026-07-28", "the SDK negotiates the stateless protocol"
+        # Listed on the table page first, so the one change below is what the stream must report.
+        assert "invoice__list" in await names(client)
         async with client.listen(tools_list_changed=True) as sub:
             assert sub.honored.tools_list_changed
             http.headers["X-Ctxguard-Page"] = page_header(INV3)
