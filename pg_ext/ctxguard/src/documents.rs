@@ -37,6 +37,56 @@ pub struct Out {
     pub doc_calls: Option<i32>,
 }
 
+impl Out {
+    /// A result not (yet) tied to a document call.
+    fn new(value: Value, tokens: u32) -> Out {
+        Out {
+            value,
+            doc_id: None,
+            tokens,
+            doc_calls: None,
+        }
+    }
+}
+
+/// What is left of the generation's byte budget while a result is filled: each item costs its
+/// kept text plus `overhead` bytes of JSON around it.
+struct Room {
+    left: usize,
+    overhead: usize,
+    trimmed: bool,
+    tokens: u32,
+}
+
+impl Room {
+    fn new(left: usize, overhead: usize) -> Room {
+        Room {
+            left,
+            overhead,
+            trimmed: false,
+            tokens: 0,
+        }
+    }
+
+    /// As much of `text` as still fits, charged to the room.
+    fn take<'a>(&mut self, text: &'a str) -> &'a str {
+        let (kept, cut) = docs::trim_to_bytes(text, self.left.saturating_sub(self.overhead));
+        self.left = self.left.saturating_sub(kept.len() + self.overhead);
+        self.trimmed |= cut;
+        self.tokens += docs::estimate_tokens(kept);
+        kept
+    }
+
+    /// The result: `value` with the token count, marked if the budget cut anything.
+    fn finish(self, mut value: Value) -> Out {
+        value["tokens"] = json!(self.tokens);
+        if self.trimmed {
+            value["trimmed"] = json!("bytes_per_generation");
+        }
+        Out::new(value, self.tokens)
+    }
+}
+
 fn refuse<T>(code: Code, msg: &str) -> Result<T, Refusal> {
     Err((code, msg.to_string(), None))
 }
@@ -164,12 +214,7 @@ pub fn run(
             .into_iter()
             .map(|t| t.name)
             .collect();
-        return Ok(Out {
-            value: json!({"tools": tools}),
-            doc_id: None,
-            tokens: 0,
-            doc_calls: None,
-        });
+        return Ok(Out::new(json!({"tools": tools}), 0));
     }
     if !budget.has_generation() {
         return refuse(
@@ -264,7 +309,7 @@ pub fn run(
     }
     let room = (budget.remaining() - ENVELOPE_BYTES).max(0) as usize;
     let out = match name {
-        "read_doc_metadata" => metadata(ctx, &doc, room),
+        "read_doc_metadata" => metadata(ctx, &doc),
         "read_doc_section" => {
             let (start, end) = pages.expect("section range");
             let cap = (limits.section_tokens * 4) as usize;
@@ -294,7 +339,7 @@ pub fn run(
     })
 }
 
-fn metadata(ctx: &Ctx, doc: &Doc, _room: usize) -> Out {
+fn metadata(ctx: &Ctx, doc: &Doc) -> Out {
     let sections = Spi::connect(|c| {
         select_saved(
             c,
@@ -318,12 +363,7 @@ fn metadata(ctx: &Ctx, doc: &Doc, _room: usize) -> Out {
         "linked_entity": doc.entity.as_ref().map(|(t, i)| json!({"type": t, "id": i})),
     });
     let tokens = docs::estimate_tokens(&value.to_string());
-    Out {
-        value,
-        doc_id: None,
-        tokens,
-        doc_calls: None,
-    }
+    Out::new(value, tokens)
 }
 
 /// Clean (header/footer-stripped) text of pages `start..=end`, read as the extension owner with an
@@ -361,35 +401,16 @@ fn section(ctx: &Ctx, doc: &Doc, start: i64, end: i64, cap: usize, by_budget: bo
             "section_tokens"
         });
     }
-    Out {
-        value,
-        doc_id: None,
-        tokens,
-        doc_calls: None,
-    }
+    Out::new(value, tokens)
 }
 
-fn read_pages(ctx: &Ctx, doc: &Doc, start: i64, end: i64, mut room: usize) -> Out {
-    let mut trimmed = false;
-    let mut tokens = 0;
-    let mut pages = Vec::new();
-    for (n, text) in page_texts(ctx, doc, start, end) {
-        let (kept, cut) = docs::trim_to_bytes(&text, room.saturating_sub(32));
-        room = room.saturating_sub(kept.len() + 32);
-        trimmed |= cut;
-        tokens += docs::estimate_tokens(kept);
-        pages.push(json!({"page": n, "text": kept}));
-    }
-    let mut value = json!({"doc_id": doc.id, "page_start": start, "page_end": end, "pages": pages, "tokens": tokens});
-    if trimmed {
-        value["trimmed"] = json!("bytes_per_generation");
-    }
-    Out {
-        value,
-        doc_id: None,
-        tokens,
-        doc_calls: None,
-    }
+fn read_pages(ctx: &Ctx, doc: &Doc, start: i64, end: i64, room: usize) -> Out {
+    let mut room = Room::new(room, 32);
+    let pages: Vec<Value> = page_texts(ctx, doc, start, end)
+        .iter()
+        .map(|(n, text)| json!({"page": n, "text": room.take(text)}))
+        .collect();
+    room.finish(json!({"doc_id": doc.id, "page_start": start, "page_end": end, "pages": pages}))
 }
 
 /// All query words must match (websearch syntax); with no hit, any word may (quoted lexemes).
@@ -441,42 +462,31 @@ fn search_hits(
     .unwrap_or_else(|e| internal(e))
 }
 
-fn search(ctx: &Ctx, doc: &Doc, query: &str, limit: i64, capped: bool, mut room: usize) -> Out {
+fn search(ctx: &Ctx, doc: &Doc, query: &str, limit: i64, capped: bool, room: usize) -> Out {
     let mut matched = "all_words";
     let mut hits = search_hits(ctx, doc, query, limit, SEARCH_ALL);
     if hits.is_empty() {
         matched = "any_word";
         hits = search_hits(ctx, doc, query, limit, SEARCH_ANY);
     }
-    let mut trimmed = false;
-    let mut tokens = 0;
+    let mut room = Room::new(room, 64);
     let mut results = Vec::new();
     for (page, score, snippet) in hits {
-        let (kept, cut) = docs::trim_to_bytes(&snippet, room.saturating_sub(64));
+        let kept = room.take(&snippet);
         if kept.is_empty() {
-            trimmed = true;
+            // No room left for even a snippet: stop listing hits.
+            room.trimmed = true;
             break;
         }
-        room = room.saturating_sub(kept.len() + 64);
-        trimmed |= cut;
-        tokens += docs::estimate_tokens(kept);
         results.push(
             json!({"page": page, "snippet": kept, "score": (score * 1000.0).round() / 1000.0}),
         );
     }
-    let mut value = json!({"doc_id": doc.id, "query_results": results.len(), "matched": matched, "results": results, "tokens": tokens});
+    let mut value = json!({"doc_id": doc.id, "query_results": results.len(), "matched": matched, "results": results});
     if capped {
         value["max_results_capped_to"] = json!(limit);
     }
-    if trimmed {
-        value["trimmed"] = json!("bytes_per_generation");
-    }
-    Out {
-        value,
-        doc_id: None,
-        tokens,
-        doc_calls: None,
-    }
+    room.finish(value)
 }
 
 // ---------------------------------------------------------------------------------------------
