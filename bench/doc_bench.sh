@@ -33,13 +33,9 @@ PAGE='{"pageType": "document_viewer", "entity": {"type": "document", "id": "acme
 QUERIES=('LDAP directory integration' 'TLS certificate rotation' 'backup scheduling' 'replication lag')
 bench_args "$@"
 
-command -v pgbench >/dev/null || PATH=$PG_BIN:$PATH
-command -v pgbench >/dev/null || die "pgbench not found (Debian: postgresql-client-$PG_MAJOR)"
+need_pgbench
 
-# psql as the non-superuser gateway role, the role every measurement runs as.
-psql_gw() { psql -X -q -v ON_ERROR_STOP=1 -h "$RUN" -p "$PGPORT" -U ctxguard_gateway -d "$DB" "$@"; }
-
-OUT=$(mktemp -d "${TMPDIR:-/tmp}/ctxguard-docbench.XXXXXX")
+OUT=$(bench_out)
 
 # ------------------------------------------------------------------------------------------------
 # 1. Build, install, cluster, database.
@@ -257,20 +253,10 @@ report() {
       "$(stmt "$f" '^ *[0-9.]+ +[0-9]+ +BEGIN')" "$(stmt "$f" 'set_context')" "$(stmt "$f" 'call_tool')" \
       "$(stmt "$f" '^ *[0-9.]+ +[0-9]+ +COMMIT')"
   done
-  local rev
-  rev=$(cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null || echo unknown)
-  (cd "$ROOT" && GIT_OPTIONAL_LOCKS=0 git diff --quiet HEAD -- pg_ext 2>/dev/null) || rev="$rev+uncommitted"
   printf '\nRun: %s, commit %s, %s build, 8 x %s s pgbench runs (`-n -M prepared -r --log`, 1 client `-j 1`, %s clients `-j 2`) after %s first-read calls and a 2 x 2 s warm-up, ' \
-    "$(date -u +%Y-%m-%dT%H:%MZ)" "$rev" "$PROFILE" "$SECONDS_PER_RUN" "$CLIENTS" $((CLIENTS * 100))
+    "$(date -u +%Y-%m-%dT%H:%MZ)" "$(bench_rev pg_ext)" "$PROFILE" "$SECONDS_PER_RUN" "$CLIENTS" $((CLIENTS * 100))
   printf '%s audit rows written by the runs (all `allow`), load average before: %s.\n' "${bad#*|}" "$load_before"
-  printf '\nMachine: %s cores (%s), %s, %s.\n' "$(nproc)" \
-    "$(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)" \
-    "$(psql_su -d postgres -Atc "SELECT split_part(version(), ' on ', 1)")" "$(pgbench --version)"
+  bench_machine "$(pgbench --version)"
 }
 
-report | tee "$OUT/results.md"
-log "raw pgbench output: $OUT"
-
-if [ "$WRITE" = 1 ]; then
-  bench_write_results "$OUT/results.md"
-fi
+bench_report report

@@ -23,13 +23,9 @@ SECONDS_PER_RUN=${BENCH_SECONDS:-12}
 PAGE='{"pageType": "invoice_detail", "entity": {"type": "invoice", "id": "acme_inv3"}}'
 bench_args "$@"
 
-command -v pgbench >/dev/null || PATH=$PG_BIN:$PATH
-command -v pgbench >/dev/null || die "pgbench not found (Debian: postgresql-client-$PG_MAJOR)"
+need_pgbench
 
-# psql as the non-superuser gateway role, the role every measurement runs as.
-psql_gw() { psql -X -q -v ON_ERROR_STOP=1 -h "$RUN" -p "$PGPORT" -U ctxguard_gateway -d "$DB" "$@"; }
-
-OUT=$(mktemp -d "${TMPDIR:-/tmp}/ctxguard-bench.XXXXXX")
+OUT=$(bench_out)
 
 # ------------------------------------------------------------------------------------------------
 # 1. Build, install, cluster, database.
@@ -166,21 +162,11 @@ report() {
   printf '\nBaseline at 1 client (per statement, ms): `set_config` %s, `bench.invoice_get` %s, COMMIT %s.\n' \
     "$(stmt "$OUT/baseline-c1.txt" 'set_config')" "$(stmt "$OUT/baseline-c1.txt" 'invoice_get')" \
     "$(stmt "$OUT/baseline-c1.txt" '^ *[0-9.]+ +[0-9]+ +COMMIT')"
-  local rev
-  rev=$(cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null || echo unknown)
-  (cd "$ROOT" && GIT_OPTIONAL_LOCKS=0 git diff --quiet HEAD -- pg_ext 2>/dev/null) || rev="$rev+uncommitted"
   printf '\nRun: %s, commit %s, %s build, %s x %s s pgbench runs (`-n -M prepared -r`, 1 client `-j 1`, 4 clients `-j 2`), ' \
-    "$(date -u +%Y-%m-%dT%H:%MZ)" "$rev" "$PROFILE" 8 "$SECONDS_PER_RUN"
+    "$(date -u +%Y-%m-%dT%H:%MZ)" "$(bench_rev pg_ext)" "$PROFILE" 8 "$SECONDS_PER_RUN"
   printf '%s of %s catalogued tools visible on the page, %s audit rows written (all `allow`), load average before: %s.\n' \
     "$n_visible" "$n_catalog" "${bad#*|}" "$load_before"
-  printf '\nMachine: %s cores (%s), %s, %s.\n' "$(nproc)" \
-    "$(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)" \
-    "$(psql_su -d postgres -Atc "SELECT split_part(version(), ' on ', 1)")" "$(pgbench --version)"
+  bench_machine "$(pgbench --version)"
 }
 
-report | tee "$OUT/results.md"
-log "raw pgbench output: $OUT"
-
-if [ "$WRITE" = 1 ]; then
-  bench_write_results "$OUT/results.md"
-fi
+bench_report report

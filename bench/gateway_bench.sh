@@ -41,8 +41,7 @@ GW_OFF_ADDR=127.0.0.1:$((PORT + 2))
 MESSAGE='what vendors do I have?'
 bench_args "$@"
 
-command -v pgbench >/dev/null || PATH=$PG_BIN:$PATH
-command -v pgbench >/dev/null || die "pgbench not found (Debian: postgresql-client-$PG_MAJOR)"
+need_pgbench
 if ! command -v wrk >/dev/null; then
   [ "$(id -u)" = 0 ] || die "wrk not found (Debian: apt-get install wrk)"
   log "installing wrk (Debian package)"
@@ -57,7 +56,7 @@ for addr in "$MOCK_ADDR" "$GW_MOCK_ADDR" "$GW_OFF_ADDR"; do
   fi
 done
 
-OUT=$(mktemp -d "${TMPDIR:-/tmp}/ctxguard-gwbench.XXXXXX")
+OUT=$(bench_out)
 mkdir -p "$OUT/capture"
 
 # Processes this script starts (pids), stopped on exit.
@@ -343,20 +342,10 @@ report() {
          out = out sprintf("%s %s %s", (k == "BEGIN" ? "" : ","), k, $1)
        }
        END {print out "."}' "$OUT/db-prepared-c1.txt"
-  local rev
-  rev=$(cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null || echo unknown)
-  (cd "$ROOT" && GIT_OPTIONAL_LOCKS=0 git diff --quiet HEAD -- pg_ext gateway 2>/dev/null) || rev="$rev+uncommitted"
   printf '\nRun: %s, commit %s, %s build, wrk %s s per run (`-c 1 -t 1` and `-c %s -t 2`, keep-alive, after a short warm-up), gateway pool %s connections, %s tools offered to the model (%s + %s request bytes), %s audit rows written by the gateway and pgbench runs (all `vendor.list` `allow`), load average before: %s.\n' \
-    "$(date -u +%Y-%m-%dT%H:%MZ)" "$rev" "$PROFILE" "$SECONDS_PER_RUN" "$LOAD" "$LOAD" "$n_offered" \
+    "$(date -u +%Y-%m-%dT%H:%MZ)" "$(bench_rev pg_ext gateway)" "$PROFILE" "$SECONDS_PER_RUN" "$LOAD" "$LOAD" "$n_offered" \
     "$step1_bytes" "$step2_bytes" "$audit_rows" "$load_before"
-  printf '\nMachine: %s cores (%s), %s, %s; wrk, the mock, the gateways and PostgreSQL share the cores.\n' "$(nproc)" \
-    "$(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)" \
-    "$(psql_su -d postgres -Atc "SELECT split_part(version(), ' on ', 1)")" "$(wrk --version 2>&1 | head -1 | cut -d' ' -f1-2)"
+  bench_machine "$(wrk --version 2>&1 | head -1 | cut -d' ' -f1-2)" "wrk, the mock, the gateways and PostgreSQL share the cores"
 }
 
-report | tee "$OUT/results.md"
-log "raw output: $OUT"
-
-if [ "$WRITE" = 1 ]; then
-  bench_write_results "$OUT/results.md"
-fi
+bench_report report

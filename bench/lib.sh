@@ -34,6 +34,42 @@ bench_cluster() {
     log "WARNING: the cluster at $RUN was not restarted; it runs the ctxguard.so it preloaded at its start"
 }
 
+# pgbench from PATH or PostgreSQL's bin directory.
+need_pgbench() {
+  command -v pgbench >/dev/null || PATH=$PG_BIN:$PATH
+  command -v pgbench >/dev/null || die "pgbench not found (Debian: postgresql-client-$PG_MAJOR)"
+}
+
+# psql as the non-superuser gateway role (the role every measurement runs as) on the bench's $DB.
+psql_gw() { psql -X -q -v ON_ERROR_STOP=1 -h "$RUN" -p "$PGPORT" -U ctxguard_gateway -d "$DB" "$@"; }
+
+# A fresh directory for this run's raw output.
+bench_out() { mktemp -d "${TMPDIR:-/tmp}/ctxguard-$BENCH_NAME.XXXXXX"; }
+
+# The commit measured, with "+uncommitted" when the given paths differ from it.
+bench_rev() {
+  local rev
+  rev=$(cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null || echo unknown)
+  (cd "$ROOT" && GIT_OPTIONAL_LOCKS=0 git diff --quiet HEAD -- "$@" 2>/dev/null) || rev="$rev+uncommitted"
+  echo "$rev"
+}
+
+# The results' machine line: cores, CPU, PostgreSQL, the load tool ($1), and an optional remark ($2).
+bench_machine() {
+  printf '\nMachine: %s cores (%s), %s, %s%s.\n' "$(nproc)" \
+    "$(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)" \
+    "$(psql_su -d postgres -Atc "SELECT split_part(version(), ' on ', 1)")" "$1" "${2:+; $2}"
+}
+
+# Print the report (function $1) into $OUT/results.md and, with --write, into BENCHMARKS.md.
+bench_report() {
+  "$1" | tee "$OUT/results.md"
+  log "raw output: $OUT"
+  if [ "$WRITE" = 1 ]; then
+    bench_write_results "$OUT/results.md"
+  fi
+}
+
 # Replace the block between <!-- $BENCH_NAME:begin/end --> in BENCHMARKS.md with file $1.
 bench_write_results() {
   local md=$ROOT/BENCHMARKS.md tmp

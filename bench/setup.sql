@@ -90,30 +90,26 @@ SELECT format('%s.%s.%s.%s', d.ns, d.entity, t.topic, v.verb),
 -- Finance, procurement and ops tools on the demo list pages: 6 x 5 + 2 x 5 on invoice_table,
 -- 6 x 5 on vendor_table.
 INSERT INTO bench_tools
-SELECT format('finance.invoice_%s.%s', x.topic, v.verb),
-       format(v.template, x.words, 'invoices'),
+SELECT format('%s%s.%s', x.prefix, x.topic, v.verb),
+       format(v.template, x.words, x.noun),
        '{"type": "object", "properties": {"query": {"type": "string", "maxLength": 200},
          "limit": {"type": "integer", "minimum": 1, "maximum": 100}}, "additionalProperties": false}'::jsonb,
-       '{"page_types": ["invoice_table"]}'::jsonb
-  FROM (VALUES ('payments', 'payments'), ('credit_notes', 'credit notes'), ('reminders', 'payment reminders'),
-               ('disputes', 'disputes'), ('approvals', 'approval requests'), ('taxes', 'tax lines')) AS x(topic, words),
-       bench_list_verbs v
-UNION ALL
-SELECT format('procurement.vendor_%s.%s', x.topic, v.verb),
-       format(v.template, x.words, 'vendors'),
-       '{"type": "object", "properties": {"query": {"type": "string", "maxLength": 200},
-         "limit": {"type": "integer", "minimum": 1, "maximum": 100}}, "additionalProperties": false}'::jsonb,
-       '{"page_types": ["vendor_table"]}'::jsonb
-  FROM (VALUES ('contracts', 'contracts'), ('bank_details', 'bank details'), ('ratings', 'ratings'),
-               ('spend', 'spend'), ('documents', 'documents'), ('contacts', 'contacts')) AS x(topic, words),
-       bench_list_verbs v
-UNION ALL
-SELECT format('ops.%s.%s', x.topic, v.verb),
-       format(v.template, x.words, 'invoices'),
-       '{"type": "object", "properties": {"query": {"type": "string", "maxLength": 200},
-         "limit": {"type": "integer", "minimum": 1, "maximum": 100}}, "additionalProperties": false}'::jsonb,
-       '{"page_types": ["invoice_table"]}'::jsonb
-  FROM (VALUES ('invoice_imports', 'import batches'), ('payment_runs', 'payment runs')) AS x(topic, words),
+       jsonb_build_object('page_types', jsonb_build_array(x.page_type))
+  FROM (VALUES ('finance.invoice_', 'invoices', 'invoice_table', 'payments', 'payments'),
+               ('finance.invoice_', 'invoices', 'invoice_table', 'credit_notes', 'credit notes'),
+               ('finance.invoice_', 'invoices', 'invoice_table', 'reminders', 'payment reminders'),
+               ('finance.invoice_', 'invoices', 'invoice_table', 'disputes', 'disputes'),
+               ('finance.invoice_', 'invoices', 'invoice_table', 'approvals', 'approval requests'),
+               ('finance.invoice_', 'invoices', 'invoice_table', 'taxes', 'tax lines'),
+               ('procurement.vendor_', 'vendors', 'vendor_table', 'contracts', 'contracts'),
+               ('procurement.vendor_', 'vendors', 'vendor_table', 'bank_details', 'bank details'),
+               ('procurement.vendor_', 'vendors', 'vendor_table', 'ratings', 'ratings'),
+               ('procurement.vendor_', 'vendors', 'vendor_table', 'spend', 'spend'),
+               ('procurement.vendor_', 'vendors', 'vendor_table', 'documents', 'documents'),
+               ('procurement.vendor_', 'vendors', 'vendor_table', 'contacts', 'contacts'),
+               ('ops.', 'invoices', 'invoice_table', 'invoice_imports', 'import batches'),
+               ('ops.', 'invoices', 'invoice_table', 'payment_runs', 'payment runs'))
+       AS x(prefix, noun, page_type, topic, words),
        bench_list_verbs v;
 
 -- 6 x 4 = 24 tools on the demo invoice_detail page (the benchmarked page). The "approvals" ones
