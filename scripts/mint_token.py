@@ -3,7 +3,7 @@
 
   mint_token.py keygen --dir RUN                 # HS256 secret + Ed25519 key pair (once per cluster)
   mint_token.py mint --dir RUN --sub alice --tenant acme --roles ap_clerk [--alg HS256|EdDSA|none|confused]
-                     [--ttl 600] [--nbf-in 0] [--aud X] [--bad-signature]
+                     [--ttl 600] [--nbf-in 0] [--aud X] [--bad-signature] [--crit]
 
 For tests only: the hostile variants (alg none, HS/EdDSA confusion, forged signature) exist so the
 database's refusal can be proven.
@@ -50,7 +50,14 @@ def mint(a) -> str:
     if a.aud:  # an empty --aud means "no audience"
         claims["aud"] = a.aud
     secret = open(os.path.join(a.dir, "jwt_secret")).read().strip()
-    if a.alg == "HS256":
+    if a.crit:
+        # A correctly signed token whose header names an extension the verifier must understand (and
+        # does not): RFC 7515 §4.1.11 says reject it.
+        head = b64url(json.dumps({"alg": "HS256", "typ": "JWT", "crit": ["x-ctxguard-test"], "x-ctxguard-test": True}).encode())
+        head += "." + b64url(json.dumps(claims).encode())
+        import hashlib, hmac
+        tok = head + "." + b64url(hmac.new(secret.encode(), head.encode(), hashlib.sha256).digest())
+    elif a.alg == "HS256":
         tok = jwt.encode(claims, secret, algorithm="HS256")
     elif a.alg == "EdDSA":
         pem = open(os.path.join(a.dir, "ed25519.pem"), "rb").read()
@@ -87,6 +94,7 @@ def main() -> None:
     m.add_argument("--nbf-in", type=int, default=0)
     m.add_argument("--aud", default=None)
     m.add_argument("--bad-signature", action="store_true")
+    m.add_argument("--crit", action="store_true", help="HS256 with a crit header naming an unknown extension")
     a = p.parse_args()
     if a.cmd == "keygen":
         keygen(a.dir)

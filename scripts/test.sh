@@ -40,10 +40,18 @@ vars=(
   -S "tok_wrong_aud=$(mint --sub alice --tenant acme --aud someone-else)"
   -S "tok_no_aud=$(mint --sub alice --tenant acme)"
   -S "tok_no_exp=$(mint --sub alice --tenant acme --no-exp "${AUD[@]}")"
+  -S "tok_crit=$(mint --sub alice --tenant acme --crit "${AUD[@]}")"
+  -S "tok_ingest=$(mint --sub ingest-bot --tenant acme --roles doc_ingest "${AUD[@]}")"
 )
 
+# Each directory runs as the role it is about (sql/tests/fixtures.sql): the gateway role (model calls,
+# hostile SQL session), a reader with table privileges (RLS itself), the demo app's screens, ingestion.
 log "SQL security suite (pgTAP) as ctxguard_gateway"
-pg_prove -h "$RUN" -p "$PGPORT" -U ctxguard_gateway -d "$DB" "${vars[@]}" sql/tests/0*.sql
+pg_prove -h "$RUN" -p "$PGPORT" -U ctxguard_gateway -d "$DB" "${vars[@]}" sql/tests/[0-9]*.sql
+log "SQL security suite (pgTAP): RLS as ctxguard_reader, screens as ctxguard_app, ingestion as ctxguard_ingest"
+pg_prove -h "$RUN" -p "$PGPORT" -U ctxguard_reader -d "$DB" "${vars[@]}" sql/tests/reader/*.sql
+pg_prove -h "$RUN" -p "$PGPORT" -U ctxguard_app -d "$DB" "${vars[@]}" sql/tests/app/*.sql
+pg_prove -h "$RUN" -p "$PGPORT" -U ctxguard_ingest -d "$DB" "${vars[@]}" sql/tests/ingest/*.sql
 
 log "server log: set_context refusals are logged with reason and identity, never the token"
 denied=$(grep -F "ctxguard: set_context denied" "$RUN/postgres.log" || true)
@@ -81,11 +89,15 @@ CREATE SCHEMA np;
 GRANT USAGE ON SCHEMA np TO ctxguard_gateway;
 CREATE TABLE np.secrets (tenant_id text NOT NULL, v text);
 INSERT INTO np.secrets VALUES ('acme', 'a'), ('globex', 'g');
+-- (Direct SELECT for the gateway here: this suite proves that RLS fails closed without the library.)
 GRANT SELECT ON np.secrets TO ctxguard_gateway;
 SELECT ctxguard.protect_table('np.secrets', 'tenant_id');
 CREATE FUNCTION np.read(args jsonb) RETURNS jsonb LANGUAGE sql AS $f$ SELECT jsonb_agg(v) FROM np.secrets $f$;
+DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'np_tools') THEN CREATE ROLE np_tools NOLOGIN; END IF; END $$;
+GRANT USAGE ON SCHEMA np TO np_tools;
+GRANT SELECT ON np.secrets TO np_tools;
 SELECT ctxguard.register_page_type('list_page', NULL, 'A list.');
-SELECT ctxguard.register_tool('np.read', 'Read.', '{"type": "object"}', 'np.read(jsonb)', '{"page_types": "*"}');
+SELECT ctxguard.register_tool('np.read', 'Read.', '{"type": "object"}', 'np.read(jsonb)', '{"page_types": "*", "run_as": "np_tools"}');
 SQL
 pg_prove -h "$NP_RUN" -p "$NP_PORT" -U ctxguard_gateway -d ctxguard_np \
   -S "tok_alice=$(mint --sub alice --tenant acme --roles ap_clerk)" sql/tests/not_preloaded/*.sql

@@ -1,4 +1,5 @@
--- SECURITY_MATRIX B: context integrity. Runs as ctxguard_gateway.
+-- SECURITY_MATRIX B: context integrity. Runs as ctxguard_gateway (which reads no table: what RLS makes
+-- of each context is proven in reader/01_rls.sql).
 \set QUIET 1
 SET client_min_messages = warning;
 SELECT * FROM no_plan();
@@ -44,7 +45,6 @@ COMMIT;
 SELECT ok(ctxguard.context() IS NULL AND ctxguard.tenant_id() IS NULL AND ctxguard.user_id() IS NULL AND ctxguard.roles() IS NULL
           AND ctxguard.has_role('ap_clerk') IS NULL AND ctxguard.page_type() IS NULL AND ctxguard.entity_type() IS NULL
           AND ctxguard.entity_id() IS NULL AND ctxguard.generation() IS NULL, 'B.10 every reader is NULL (not empty) after COMMIT');
-SELECT is((SELECT count(*)::int FROM demo.invoices), 0, 'B.10 and RLS sees nothing');
 BEGIN;
 SELECT ctxguard.set_context(:'tok_alice', :'table_page') \g /dev/null
 ROLLBACK;
@@ -58,7 +58,7 @@ SELECT ctxguard.set_context(:'tok_carol', '{"pageType": "vendor_table"}') \g /de
 SELECT is(ctxguard.tenant_id(), 'globex', 'B.11 inner context applies');
 ROLLBACK TO SAVEPOINT s1;
 SELECT is(ctxguard.tenant_id() || '/' || ctxguard.page_type(), 'acme/invoice_table', 'B.11 earlier context restored');
-SELECT is((SELECT DISTINCT tenant_id FROM demo.invoices), 'acme', 'B.11 RLS follows the restored context');
+SELECT is(ctxguard.call_tool('invoice.list', '{"limit": 1}')->'result'->'invoices'->0->>'id', 'acme_inv1', 'B.11 tools follow the restored context');
 COMMIT;
 
 -- B.12 page contract violations: 22023, no context
@@ -98,17 +98,6 @@ SELECT throws_ok(format('SELECT ctxguard.set_context(%L, %L)', :'tok_alice', '{"
 SELECT throws_ok(format('SELECT ctxguard.set_context(%L, %L)', :'tok_alice', '{"pageType": "invoice_detail", "entity": {"type": "invoice", "id": "acme_inv999"}}'),
                  '22023', 'ctxguard: invalid page context: entity not found', 'B.13 nonexistent invoice: the same error');
 SELECT is(ctxguard.tenant_id(), NULL, 'B.13 no context after refusal');
-COMMIT;
-
--- B.14 parallel plans see the same context as serial plans
-BEGIN;
-SELECT ctxguard.set_context(:'tok_alice', :'table_page') \g /dev/null
-SELECT set_config(CASE WHEN current_setting('server_version_num')::int >= 160000 THEN 'debug_parallel_query' ELSE 'force_parallel_mode' END, 'on', true) \g /dev/null
-SET LOCAL parallel_setup_cost = 0;
-SET LOCAL parallel_tuple_cost = 0;
-SET LOCAL min_parallel_table_scan_size = 0;
-SELECT results_eq($$SELECT tenant_id, count(*)::int FROM demo.invoices GROUP BY 1$$, $$VALUES ('acme', 12)$$, 'B.14 parallel plan: own tenant only');
-SELECT results_eq($$SELECT DISTINCT ctxguard.tenant_id() FROM demo.invoices$$, $$VALUES ('acme')$$, 'B.14 reader inside workers');
 COMMIT;
 
 -- B.15 generations: minted server-side, bound to user and tenant, expiring

@@ -1,4 +1,6 @@
--- SECURITY_MATRIX C: tools, Gate A, Gate B and entity binding. Runs as ctxguard_gateway.
+-- SECURITY_MATRIX C: tools, Gate A, Gate B and entity binding. Runs as ctxguard_gateway, which reads
+-- no table itself: what the handlers did is checked through tools (they run as ctxguard_tools) and
+-- t.touched() (a definer that reads the context tenant's touches).
 \set QUIET 1
 SET client_min_messages = warning;
 SELECT * FROM no_plan();
@@ -14,7 +16,8 @@ SELECT is(pg_temp.code(ctxguard.call_tool('vendor.list', '{}')), 'CONTEXT_MISSIN
 -- Gate A per page
 BEGIN;
 SELECT ctxguard.set_context(:'tok_alice', '{"pageType": "vendor_table"}') \g /dev/null
-SELECT set_eq('SELECT name FROM ctxguard.visible_tools()', $$VALUES ('vendor.list'), ('test.boom'), ('test.sneaky_write'), ('test.set_identity'), ('test.numbers'), ('test.leaky'), ('test.huge'), ('test.slow'), ('test.injector'), ('list_available_tools')$$,
+SELECT set_eq('SELECT name FROM ctxguard.visible_tools()', $$VALUES ('vendor.list'), ('test.boom'), ('test.sneaky_write'), ('test.set_identity'), ('test.numbers'), ('test.leaky'), ('test.huge'), ('test.slow'), ('test.injector'), ('list_available_tools'),
+                       ('test.reenter'), ('test.twice'), ('test.twice_sql'), ('test.whoami'), ('test.noexec'), ('up.echo')$$,
               'Gate A on vendor_table');
 SELECT ok((ctxguard.call_tool('vendor.list', '{}')->'result'->>'count')::int = 5, 'seed 000: vendor.list answers on vendor_table');
 COMMIT;
@@ -22,7 +25,7 @@ BEGIN;
 SELECT ctxguard.set_context(:'tok_alice', :'detail') \g /dev/null
 SELECT set_eq($$SELECT name FROM ctxguard.visible_tools() WHERE name NOT LIKE 'test.%'$$,
               $$VALUES ('invoice.get'), ('invoice.mark_paid'), ('list_available_tools'), ('read_doc_metadata'), ('read_doc_section'),
-                       ('read_doc_pages'), ('doc_local_search')$$,
+                       ('read_doc_pages'), ('doc_local_search'), ('up.echo')$$,
               'Gate A on invoice_detail');
 SELECT is((SELECT input_schema FROM ctxguard.visible_tools() WHERE name = 'invoice.get'),
           '{"type": "object", "properties": {}, "additionalProperties": false}'::jsonb, 'C.19 bound param stripped from properties and required');
@@ -67,9 +70,9 @@ SELECT is(pg_temp.code(ctxguard.call_tool('test.touch', jsonb_build_object('invo
                ('["acme_inv3"]', 'array'), ('{"id": "acme_inv3"}', 'object'), ('3', 'number'), ('null', 'null'),
                ('" acme_inv3"', 'leading space'), ('"acme_inv3 "', 'trailing space'), (to_jsonb(E'acme_inv3\u200b'::text), 'zero-width'),
                (to_jsonb(E'acme_inv\uff13'::text), 'fullwidth digit'), ('"ACME_INV3"', 'case')) AS c(v, label);
-SELECT is((SELECT count(*)::int FROM t.touches), 0, 'C.18 nothing executed on mismatch');
+SELECT is((SELECT count(*)::int FROM t.touched()), 0, 'C.18 nothing executed on mismatch');
 SELECT is(ctxguard.call_tool('test.touch', '{}')->>'status', 'ok', 'C.19 bound call runs');
-SELECT results_eq('SELECT invoice_id FROM t.touches', $$VALUES ('acme_inv3')$$, 'C.19 the handler saw the context entity');
+SELECT results_eq('SELECT * FROM t.touched()', $$VALUES ('acme_inv3')$$, 'C.19 the handler saw the context entity');
 COMMIT;
 
 -- C.21-C.22 arguments
@@ -83,14 +86,15 @@ SELECT is(pg_temp.code(ctxguard.call_tool('invoice.list', a)), 'INVALID_ARGUMENT
 SELECT is(pg_temp.code(ctxguard.call_tool('invoice.list', '{"status": "''; DROP TABLE demo.invoices; --"}')), 'INVALID_ARGUMENT', 'C.22 SQL text is data');
 SELECT unalike(ctxguard.call_tool('invoice.list', '{"status": "''; DROP TABLE demo.invoices; --"}')->'error'->>'message', '%DROP%', 'C.22 the error does not echo it');
 SELECT unalike(ctxguard.call_tool('invoice.list', '{"s3cr3t_key": 1}')->'error'->>'message', '%s3cr3t%', 'C.21 unknown keys are not echoed');
-SELECT is((SELECT count(*)::int FROM demo.invoices), 12, 'C.22 table intact');
+SELECT is((ctxguard.call_tool('invoice.list', '{}')->'result'->>'count')::int, 12, 'C.22 table intact');
 SELECT is((ctxguard.call_tool('invoice.list', '{"status": "overdue"}')->'result'->>'count')::int, 4, 'valid filter works');
 COMMIT;
 
 -- Results keep numbers exactly (no float round trip)
 BEGIN;
 SELECT ctxguard.set_context(:'tok_alice', :'detail') \g /dev/null
-SELECT is(ctxguard.call_tool('test.numbers', '{}')->'result', t.numbers('{}'), 'handler numbers come back exactly');
+SELECT is(ctxguard.call_tool('test.numbers', '{}')->'result', '{"big": 12345678901234567.89, "money": 0.10, "exp": 1e400, "neg": -0.0000001}'::jsonb,
+          'handler numbers come back exactly');
 SELECT is(ctxguard.call_tool('invoice.get', '{}')->'result'->>'amount', '1257.00', 'numeric(12,2) keeps its scale');
 COMMIT;
 
@@ -99,7 +103,7 @@ BEGIN;
 SELECT ctxguard.set_context(:'tok_alice', :'table_page') \g /dev/null
 SELECT is(ctxguard.call_tool('test.sneaky_write', '{}')->'error', '{"code": "TOOL_ERROR", "message": "tool handler failed (SQLSTATE 25006)"}'::jsonb,
           'C.23 write inside a read-only tool fails (25006)');
-SELECT is((SELECT count(*)::int FROM demo.invoices WHERE status = 'paid'), 4, 'C.23 nothing written');
+SELECT is((ctxguard.call_tool('invoice.list', '{"status": "paid"}')->'result'->>'count')::int, 4, 'C.23 nothing written');
 SELECT is(current_setting('transaction_read_only'), 'off', 'C.23 caller''s transaction is read-write again');
 COMMIT;
 
@@ -109,7 +113,7 @@ SELECT ctxguard.set_context(:'tok_alice', :'table_page') \g /dev/null
 SELECT ctxguard.call_tool('test.boom', '{}') AS boom \gset
 SELECT is(:'boom'::jsonb->'error'->>'code', 'TOOL_ERROR', 'C.24 TOOL_ERROR');
 SELECT unalike(:'boom'::jsonb->'error'->>'message', '%secret-row%', 'C.24 handler message not passed on');
-SELECT is((SELECT count(*)::int FROM demo.invoices), 12, 'C.24 transaction still usable');
+SELECT is((ctxguard.call_tool('invoice.list', '{}')->'result'->>'count')::int, 12, 'C.24 transaction still usable');
 COMMIT;
 BEGIN;
 SELECT ctxguard.set_context(:'tok_alice', :'table_page') \g /dev/null
@@ -122,7 +126,7 @@ BEGIN;
 SELECT ctxguard.set_context(:'tok_alice', :'detail') \g /dev/null
 SELECT ctxguard.call_tool('invoice.mark_paid', '{}') AS pending \gset
 SELECT is(:'pending'::jsonb->'error'->>'code', 'APPROVAL_REQUIRED', 'C.25 APPROVAL_REQUIRED');
-SELECT is((SELECT status FROM demo.invoices WHERE id = 'acme_inv3'), 'open', 'C.25 nothing ran yet');
+SELECT is(ctxguard.call_tool('invoice.get', '{}')->'result'->>'status', 'open', 'C.25 nothing ran yet');
 COMMIT;
 SELECT :'pending'::jsonb->>'call_id' AS cid \gset
 BEGIN;
@@ -137,7 +141,7 @@ BEGIN;
 SELECT ctxguard.set_context(:'tok_alice', :'detail') \g /dev/null
 SELECT is(ctxguard.approve_call(:'cid')->'result', '{"invoice_id": "acme_inv3", "updated": 1}'::jsonb, 'C.25 the user approves: runs');
 SELECT is(pg_temp.code(ctxguard.approve_call(:'cid')), 'APPROVAL_INVALID', 'C.25 a second approval does nothing');
-SELECT is((SELECT status FROM demo.invoices WHERE id = 'acme_inv3'), 'paid', 'C.25 ran exactly once');
+SELECT is(ctxguard.call_tool('invoice.get', '{}')->'result'->>'status', 'paid', 'C.25 ran exactly once');
 COMMIT;
 
 SELECT * FROM finish();

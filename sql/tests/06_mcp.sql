@@ -1,5 +1,6 @@
 -- Upstream MCP servers (seed 002): discovery, invisibility without a policy, per-server RBAC,
--- server default policies, and authorize/complete around forwarded calls. Runs as ctxguard_gateway.
+-- server default policies, and authorize/complete around forwarded calls. Runs as ctxguard_gateway;
+-- discovery is the DBA's or a discovery role's (here: the definer t.dba_sync), never the gateway's.
 \set QUIET 1
 SET client_min_messages = warning;
 SELECT * FROM no_plan();
@@ -15,10 +16,11 @@ SELECT throws_ok($$INSERT INTO ctxguard.mcp_server_grants VALUES ('files', NULL,
                  'the gateway cannot grant itself a server');
 SELECT throws_ok('SELECT * FROM ctxguard.mcp_server_grants', '42501', NULL, 'grants (users of every tenant) are not readable');
 SELECT throws_ok($$SELECT ctxguard.set_server_policy('files', '{"page_types": "*"}')$$, '42501', NULL, 'server policies are the DBA''s');
-SELECT throws_ok($$SELECT ctxguard.sync_mcp_tools('nosuch', '[]')$$, '22023', 'ctxguard: no such MCP server', 'sync needs a registered server');
+SELECT throws_ok($$SELECT ctxguard.sync_mcp_tools('files', '[]')$$, '42501', NULL, 'H.52 the gateway role cannot sync (discovery has its own role)');
+SELECT throws_ok($$SELECT t.dba_sync('nosuch', '[]')$$, '22023', 'ctxguard: no such MCP server', 'sync needs a registered server');
 
 -- Discovery: catalogued as server.tool, invisible without a policy
-SELECT ctxguard.sync_mcp_tools('files', $$[
+SELECT t.dba_sync('files', $$[
     {"name": "read_scan", "description": "Read the scanned PDF of an invoice.",
      "inputSchema": {"type": "object", "properties": {"invoice_id": {"type": "string"}, "page": {"type": "integer"}}, "required": ["invoice_id"]}},
     {"name": "Delete-All!", "description": "Delete every file.", "inputSchema": {"type": "object"}},
@@ -31,16 +33,16 @@ SELECT is(:'synced'::jsonb -> 'skipped', '[{"tool": "9lives", "reason": "name ca
 SELECT set_eq($$SELECT name, upstream_name, kind FROM ctxguard.tools WHERE server = 'files'$$,
               $$VALUES ('files.read_scan', 'read_scan', 'external'), ('files.delete-all_', 'Delete-All!', 'external')$$,
               'upstream names are normalised into the server''s namespace; the original is kept for forwarding');
-SELECT ctxguard.sync_mcp_tools('crm', '[{"name": "lookupContact", "description": "Find a contact.", "inputSchema": {"type": "object", "properties": {"q": {"type": "string"}}}}]') \g /dev/null
-SELECT ctxguard.sync_mcp_tools('off', '[{"name": "noop", "description": "Nothing."}]') \g /dev/null
+SELECT t.dba_sync('crm', '[{"name": "lookupContact", "description": "Find a contact.", "inputSchema": {"type": "object", "properties": {"q": {"type": "string"}}}}]') \g /dev/null
+SELECT t.dba_sync('off', '[{"name": "noop", "description": "Nothing."}]') \g /dev/null
 SELECT pg_temp.version() AS v0 \gset
-SELECT is(ctxguard.sync_mcp_tools('crm', '[{"name": "lookupContact", "description": "Find a contact.", "inputSchema": {"type": "object", "properties": {"q": {"type": "string"}}}}]') - 'skipped',
+SELECT is(t.dba_sync('crm', '[{"name": "lookupContact", "description": "Find a contact.", "inputSchema": {"type": "object", "properties": {"q": {"type": "string"}}}}]') - 'skipped',
           '{"added": 0, "updated": 0, "removed": 0}'::jsonb, 'a repeated sync changes nothing');
 SELECT is(pg_temp.version(), :'v0'::bigint, 'a repeated sync leaves the catalog version (and every backend''s cache) alone');
 
 BEGIN;
 SELECT ctxguard.set_context(:'tok_alice', :'inv3') \g /dev/null
-SELECT is((SELECT count(*)::int FROM ctxguard.visible_tools() WHERE server IS NOT NULL), 0, 'discovered tools are invisible without a policy');
+SELECT is((SELECT count(*)::int FROM ctxguard.visible_tools() WHERE server IN ('files', 'crm', 'off')), 0, 'discovered tools are invisible without a policy');
 SELECT set_eq($$SELECT name, reason FROM ctxguard.explain_tools() WHERE name LIKE 'files.%' OR name LIKE 'crm.%'$$,
               $$VALUES ('files.read_scan', 'missing_policy'), ('files.delete-all_', 'missing_policy'), ('crm.lookupcontact', 'missing_policy')$$,
               'explain_tools names the seed-000 bug: missing_policy');
@@ -57,36 +59,36 @@ SELECT ok(NOT EXISTS (SELECT 1 FROM ctxguard.lint() WHERE object IN ('crm.lookup
 -- Per-server RBAC in Gate A
 BEGIN;
 SELECT ctxguard.set_context(:'tok_alice', :'inv3') \g /dev/null
-SELECT set_eq($$SELECT name, server, read_only FROM ctxguard.visible_tools() WHERE server IS NOT NULL$$,
+SELECT set_eq($$SELECT name, server, read_only FROM ctxguard.visible_tools() WHERE server IN ('files', 'crm', 'off')$$,
               $$VALUES ('files.read_scan', 'files', true), ('crm.lookupcontact', 'crm', true)$$,
               'alice (ap_clerk) sees files (role grant) and crm (default allow), not the disabled server');
 SELECT is((SELECT input_schema FROM ctxguard.visible_tools() WHERE name = 'files.read_scan'),
           '{"type": "object", "properties": {"page": {"type": "integer"}}}'::jsonb, 'the bound entity parameter is stripped (and its required entry)');
 SELECT is((SELECT reason FROM ctxguard.explain_tools() WHERE name = 'off.noop'), 'server_not_allowed', 'a disabled server''s tools are server_not_allowed');
 SELECT is((SELECT reason FROM ctxguard.explain_tools() WHERE name = 'files.delete-all_'), 'missing_policy', 'another tool of the same server still has no policy');
-SELECT set_eq('SELECT * FROM ctxguard.usable_mcp_servers()', $$VALUES ('crm'), ('files')$$, 'usable_mcp_servers for alice');
+SELECT set_eq($$SELECT s FROM ctxguard.usable_mcp_servers() AS s WHERE s IN ('files', 'crm', 'off')$$, $$VALUES ('crm'), ('files')$$, 'usable_mcp_servers for alice');
 COMMIT;
 BEGIN;
 SELECT ctxguard.set_context(:'tok_bob', :'inv3') \g /dev/null
 SELECT is((SELECT reason FROM ctxguard.explain_tools() WHERE name = 'files.read_scan'), 'server_not_allowed', 'bob (viewer): files is default deny');
 SELECT is(pg_temp.code(ctxguard.call_tool('files.read_scan', '{}')), 'TOOL_NOT_VISIBLE', 'Gate B re-checks server access');
-SELECT set_eq('SELECT * FROM ctxguard.usable_mcp_servers()', $$VALUES ('crm')$$, 'usable_mcp_servers for bob');
+SELECT set_eq($$SELECT s FROM ctxguard.usable_mcp_servers() AS s WHERE s IN ('files', 'crm', 'off')$$, $$VALUES ('crm')$$, 'usable_mcp_servers for bob');
 COMMIT;
 BEGIN;
 SELECT ctxguard.set_context(:'tok_dave', :'table_page') \g /dev/null
 SELECT is((SELECT reason FROM ctxguard.explain_tools() WHERE name = 'crm.lookupcontact'), 'server_not_allowed', 'dave: an explicit deny beats default allow');
-SELECT is_empty('SELECT * FROM ctxguard.usable_mcp_servers()', 'usable_mcp_servers for dave: none');
+SELECT is_empty($$SELECT s FROM ctxguard.usable_mcp_servers() AS s WHERE s IN ('files', 'crm', 'off')$$, 'usable_mcp_servers for dave: none');
 COMMIT;
 BEGIN;
 SELECT ctxguard.set_context(:'tok_carol', :'table_page') \g /dev/null
-SELECT set_eq('SELECT * FROM ctxguard.usable_mcp_servers()', $$VALUES ('crm'), ('files')$$, 'a tenant-scoped deny does not reach another tenant');
+SELECT set_eq($$SELECT s FROM ctxguard.usable_mcp_servers() AS s WHERE s IN ('files', 'crm', 'off')$$, $$VALUES ('crm'), ('files')$$, 'a tenant-scoped deny does not reach another tenant');
 COMMIT;
 BEGIN;
 SELECT ctxguard.set_context(:'tok_root', :'table_page') \g /dev/null
-SELECT set_eq('SELECT * FROM ctxguard.usable_mcp_servers()', $$VALUES ('crm'), ('files')$$, 'the admin role sees every enabled server');
+SELECT set_eq($$SELECT s FROM ctxguard.usable_mcp_servers() AS s WHERE s IN ('files', 'crm', 'off')$$, $$VALUES ('crm'), ('files')$$, 'the admin role sees every enabled server');
 SELECT is((SELECT reason FROM ctxguard.explain_tools() WHERE name = 'off.noop'), 'server_not_allowed', 'even the admin does not see a disabled server');
 COMMIT;
-SELECT is_empty('SELECT * FROM ctxguard.usable_mcp_servers()', 'no context: no servers');
+SELECT is_empty($$SELECT s FROM ctxguard.usable_mcp_servers() AS s WHERE s IN ('files', 'crm', 'off')$$, 'no context: no servers');
 
 -- Gate B for forwarded calls: authorize with binding, then complete exactly once
 BEGIN;
@@ -117,7 +119,12 @@ SELECT is(pg_temp.code(ctxguard.complete_call((:'auth3'::jsonb->>'call_id')::uui
 COMMIT;
 SELECT is(pg_temp.code(ctxguard.complete_call((:'auth3'::jsonb->>'call_id')::uuid, '{}')), 'CONTEXT_MISSING', 'no context: nothing completes');
 
--- Vanished upstream tools leave the catalog (with their policies); the server policy stays
-SELECT is(ctxguard.sync_mcp_tools('files', '[]') - 'skipped', '{"added": 0, "updated": 0, "removed": 2}'::jsonb, 'vanished tools are removed');
-SELECT is((SELECT count(*)::int FROM ctxguard.tool_policies WHERE tool LIKE 'files.%'), 0, 'with their policies');
+-- Vanished upstream tools are kept, hidden and uncallable, with their DBA policies (H.52)
+SELECT t.dba_sync('files', '[]') \g /dev/null
+SELECT is((SELECT count(*)::int FROM ctxguard.tool_policies WHERE tool = 'files.read_scan'), 1, 'a vanished tool keeps its DBA policy');
+BEGIN;
+SELECT ctxguard.set_context(:'tok_alice', :'inv3') \g /dev/null
+SELECT is((SELECT reason FROM ctxguard.explain_tools() WHERE name = 'files.read_scan'), 'tool_absent', 'explain: tool_absent');
+SELECT is(pg_temp.code(ctxguard.call_tool('files.read_scan', '{}')), 'TOOL_NOT_FOUND', 'a vanished tool cannot be called');
+COMMIT;
 SELECT * FROM finish();

@@ -1,6 +1,7 @@
 -- The demo app's read API (sql/demo/app.sql): every screen is read under the page context it
 -- names, so it cannot show another page's record, another tenant's rows or page text of another
--- document. Runs as ctxguard_gateway (not a superuser, owns nothing).
+-- document. Runs as ctxguard_app, the screens' own role (not a superuser, owns nothing); the role
+-- that runs model calls cannot execute any of this (09_handlers.sql).
 \set QUIET 1
 SET client_min_messages = warning;
 SELECT * FROM no_plan();
@@ -10,6 +11,7 @@ SELECT * FROM no_plan();
 \set smith '{"pageType": "matter_overview", "entity": {"type": "matter", "id": "25e70284-6124-4a2b-9c89-abc123def456"}}'
 
 SELECT ok(NOT rolsuper AND NOT rolbypassrls, 'running as a role that RLS applies to') FROM pg_roles WHERE rolname = current_user;
+SELECT is(current_user::text, 'ctxguard_app', 'running as the app''s role');
 
 -- No context: nothing.
 SELECT throws_ok('SELECT demo.page_data()', '28000', 'ctxguard: no context is set', 'no context, no screen');
@@ -72,7 +74,7 @@ BEGIN;
 SELECT ctxguard.set_context(:'tok_carol', '{"pageType": "document_viewer", "entity": {"type": "document", "id": "glx_handbook"}}') \g /dev/null
 SELECT alike(demo.viewer_page(1)->>'text', 'Globex handbook page 1%', 'globex reads its own handbook');
 COMMIT;
-SELECT throws_ok('SELECT body FROM ctxguard.document_pages', '42501', NULL, 'page text is still not granted to the gateway role');
+SELECT throws_ok('SELECT body FROM ctxguard.document_pages', '42501', NULL, 'page text is not granted to the app role either');
 SELECT throws_ok($$SELECT ctxguard.put_page('acme_guide', 1, 'x')$$, '42501', NULL, 'nor writable');
 
 SELECT * FROM finish();
