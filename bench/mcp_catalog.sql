@@ -30,7 +30,8 @@ BEGIN
                 'demo.vendor_list(jsonb)',
                 CASE WHEN page = '*' THEN '{"page_types": ["*"]}'::jsonb
                      WHEN page LIKE '%_detail' THEN jsonb_build_object('page_types', jsonb_build_array(page), 'entity_type', ns || '_record')
-                     ELSE jsonb_build_object('page_types', jsonb_build_array(page)) END);
+                     ELSE jsonb_build_object('page_types', jsonb_build_array(page)) END
+                || '{"run_as": "ctxguard_tools"}'::jsonb);
         END LOOP;
     END LOOP;
 END $$;

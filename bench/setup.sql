@@ -153,7 +153,9 @@ BEGIN
     END IF;
 END $$;
 
-SELECT count(ctxguard.register_tool(name, description, input_schema, 'demo.vendor_list(jsonb)', policy))
+-- The handler runs as the demo tools' run_as role (the gateway role cannot execute it).
+SELECT count(ctxguard.register_tool(name, description, input_schema, 'demo.vendor_list(jsonb)',
+                                    policy || '{"run_as": "ctxguard_tools"}'))
   FROM bench_tools;
 
 COMMIT;

@@ -5,12 +5,16 @@
 -- `demo.page_data()` right after `ctxguard.set_context(token, page)`, so the data a screen shows is
 -- the data of the page context the chat panel sends, scoped by row-level security to the token's
 -- tenant. A page of another tenant's record never gets this far: set_context refuses it.
+--
+-- These functions are for the human screens only: they run as the app's own role, ctxguard_app
+-- (the gateway's CTXGUARD_DEMO_DATABASE_URL), never as the role that runs the model's calls. The
+-- viewer shows raw page text (no masking, budget or audit), which the model must never reach.
 \set ON_ERROR_STOP 1
 SET client_min_messages = warning;
 
--- Page text is not granted to the gateway role at all (only the document tools read it, under
--- budgets, masking and audit). The human viewer reads it through this one definer function, and
--- only for the document the context is on: the viewer shows what the user may see, unmasked.
+-- Page text is granted to no role (only the document tools read it, under budgets, masking and
+-- audit). The human viewer reads it through this one definer function, executable by ctxguard_app
+-- only, and only for the document the context is on: it shows what the user may see, unmasked.
 CREATE FUNCTION demo.viewer_page(page_no integer) RETURNS jsonb
     LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$
@@ -94,4 +98,7 @@ END
 $$;
 
 REVOKE EXECUTE ON FUNCTION demo.viewer_page(integer), demo.document_list(text, text), demo.page_data() FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION demo.viewer_page(integer), demo.document_list(text, text), demo.page_data() TO ctxguard_gateway;
+-- The screens' role: these three, and demo.invoice_get, which the invoice screen shares with the
+-- invoice.get tool (its table privileges are granted in schema.sql and documents.sql).
+GRANT EXECUTE ON FUNCTION demo.viewer_page(integer), demo.document_list(text, text), demo.page_data(),
+                          demo.invoice_get(jsonb) TO ctxguard_app;

@@ -15,7 +15,8 @@ INSERT INTO demo.matters VALUES
     ('acme', '25e70284-6124-4a2b-9c89-abc123def456', 'Smith v. Jones'),
     ('acme', '6f1c2d9e-1b7a-4c55-9d2e-0a1b2c3d4e5f', 'Acme v. Wile E. Coyote'),
     ('globex', '9a8b7c6d-5e4f-4a3b-8c2d-1e0f9a8b7c6d', 'Globex Merger Review');
-GRANT SELECT ON demo.matters TO ctxguard_gateway;
+-- Read by the tools' run_as role and by the app's screens; never by the gateway role.
+GRANT SELECT ON demo.matters TO ctxguard_tools, ctxguard_app;
 SELECT ctxguard.protect_table('demo.matters', 'tenant_id', 'matter', 'id');
 
 SELECT ctxguard.register_page_type('document_viewer', 'document', 'A document viewer showing the pages of one document.');
@@ -51,6 +52,9 @@ CREATE FUNCTION demo.manual_page(n int, pages int) RETURNS text LANGUAGE sql IMM
         || E'\n\nPage ' || n || ' of ' || pages
       FROM generate_series(1, 6) AS p
 $$;
+-- Only this script (a superuser) builds the guide with it: a function is executable by PUBLIC by
+-- default, and this one prints the guide's secrets for any tenant.
+REVOKE EXECUTE ON FUNCTION demo.manual_page(int, int) FROM PUBLIC;
 
 BEGIN;
 SELECT ctxguard.set_context(:'tok_ingest_acme', '{"pageType": "invoice_table"}') \g /dev/null

@@ -5,18 +5,37 @@ SET client_min_messages = warning;
 
 CREATE EXTENSION IF NOT EXISTS ctxguard;
 
--- The role the gateway connects as: not a superuser, cannot bypass RLS, owns nothing.
+-- Roles (cluster-wide; created once, their attributes re-asserted on every load):
+--   ctxguard_gateway    LOGIN: runs the model's calls. EXECUTE on ctxguard's API and nothing else: no
+--                       table privileges, no EXECUTE on tool handlers or demo functions.
+--   ctxguard_tools      NOLOGIN: the run_as role of every demo tool. Tool handlers run as this role
+--                       (like SECURITY DEFINER), so it holds the table privileges the handlers need.
+--                       RLS still scopes it to the context's tenant. Owns nothing.
+--   ctxguard_discovery  LOGIN: records the tools of upstream MCP servers (EXECUTE on
+--                       ctxguard.sync_mcp_tools only). The gateway's CTXGUARD_DISCOVERY_DATABASE_URL.
+--   ctxguard_app        LOGIN: the demo app's human screens (demo.page_data and what it reads). The
+--                       gateway's CTXGUARD_DEMO_DATABASE_URL in demo mode.
+-- None is a superuser, none bypasses RLS, none creates databases or roles.
 DO $$
+DECLARE
+    r record;
 BEGIN
-    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'ctxguard_gateway') THEN
-        CREATE ROLE ctxguard_gateway LOGIN NOSUPERUSER NOBYPASSRLS NOCREATEDB NOCREATEROLE NOREPLICATION;
-    END IF;
+    FOR r IN SELECT * FROM (VALUES ('ctxguard_gateway', true), ('ctxguard_tools', false),
+                                   ('ctxguard_discovery', true), ('ctxguard_app', true)) AS v(name, login) LOOP
+        IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = r.name) THEN
+            EXECUTE format('CREATE ROLE %I', r.name);
+        END IF;
+        EXECUTE format('ALTER ROLE %I %s NOSUPERUSER NOBYPASSRLS NOCREATEDB NOCREATEROLE NOREPLICATION',
+                       r.name, CASE WHEN r.login THEN 'LOGIN' ELSE 'NOLOGIN' END);
+    END LOOP;
 END $$;
 GRANT CONNECT, TEMPORARY ON DATABASE :"DBNAME" TO ctxguard_gateway;
+GRANT CONNECT ON DATABASE :"DBNAME" TO ctxguard_discovery, ctxguard_app;
 
 DROP SCHEMA IF EXISTS demo CASCADE;
 CREATE SCHEMA demo;
-GRANT USAGE ON SCHEMA demo TO ctxguard_gateway;
+-- The gateway role gets nothing in this schema, not even USAGE.
+GRANT USAGE ON SCHEMA demo TO ctxguard_tools, ctxguard_app;
 
 CREATE TABLE demo.vendors (
     tenant_id text NOT NULL,
@@ -56,14 +75,17 @@ SELECT v.tenant, v.prefix || '_inv' || g, v.prefix || '_v' || (1 + g % 5), upper
        DATE '2026-09-01' + g, DATE '2026-10-01' + g
   FROM (VALUES ('acme', 'acme'), ('globex', 'glx')) AS v(tenant, prefix), generate_series(1, 12) AS g;
 
-GRANT SELECT ON demo.vendors, demo.invoices TO ctxguard_gateway;
-GRANT UPDATE (status) ON demo.invoices TO ctxguard_gateway;
+-- What the tool handlers need, held by their run_as role; what the screens read, by the app's role.
+GRANT SELECT ON demo.vendors, demo.invoices TO ctxguard_tools, ctxguard_app;
+GRANT UPDATE (status) ON demo.invoices TO ctxguard_tools;
 
 -- Tenant isolation (forced RLS) and entity mappings used by set_context.
 SELECT ctxguard.protect_table('demo.vendors', 'tenant_id', 'vendor', 'id');
 SELECT ctxguard.protect_table('demo.invoices', 'tenant_id', 'invoice', 'id');
 
--- Tool handlers: plain SECURITY INVOKER functions; RLS scopes them to the context's tenant.
+-- Tool handlers: plain SECURITY INVOKER functions. ctxguard runs them as the tool's run_as role
+-- (ctxguard_tools), with search_path = pg_catalog, pg_temp (so every name here is qualified), and RLS
+-- scopes them to the context's tenant.
 CREATE FUNCTION demo.vendor_list(args jsonb) RETURNS jsonb LANGUAGE sql STABLE AS $$
     SELECT jsonb_build_object('vendors', coalesce(jsonb_agg(jsonb_build_object('id', id, 'name', name, 'country', country) ORDER BY name), '[]'),
                               'count', count(*))
@@ -102,10 +124,12 @@ BEGIN
 END $$;
 
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA demo FROM PUBLIC;
-GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA demo TO ctxguard_gateway;
--- The gateway records the tools it discovers on upstream MCP servers (they stay invisible until
--- the DBA gives them a policy).
-GRANT EXECUTE ON FUNCTION ctxguard.sync_mcp_tools(text, jsonb) TO ctxguard_gateway;
+GRANT EXECUTE ON FUNCTION demo.vendor_list(jsonb), demo.invoice_list(jsonb), demo.invoice_get(jsonb),
+                          demo.invoice_mark_paid(jsonb) TO ctxguard_tools;
+-- Discovery of upstream MCP tools runs under its own role, never the one that runs model calls
+-- (the REVOKE undoes the 0.1 demo's grant when this script is loaded into an older database).
+REVOKE EXECUTE ON FUNCTION ctxguard.sync_mcp_tools(text, jsonb) FROM ctxguard_gateway;
+GRANT EXECUTE ON FUNCTION ctxguard.sync_mcp_tools(text, jsonb) TO ctxguard_discovery;
 
 SELECT ctxguard.register_page_type('vendor_table', NULL, 'The vendor table: a list of the tenant''s vendors.');
 SELECT ctxguard.register_page_type('invoice_table', NULL, 'The invoice table: a filterable list of invoices with tabs (open, paid, overdue).');
@@ -113,15 +137,15 @@ SELECT ctxguard.register_page_type('invoice_detail', 'invoice', 'One invoice: it
 
 SELECT ctxguard.register_tool('vendor.list', 'List the vendors of the current company (name, country).',
     '{"type": "object", "properties": {"limit": {"type": "integer", "minimum": 1, "maximum": 100}}, "additionalProperties": false}',
-    'demo.vendor_list(jsonb)', '{"page_types": ["vendor_table"]}');
+    'demo.vendor_list(jsonb)', '{"page_types": ["vendor_table"], "run_as": "ctxguard_tools"}');
 SELECT ctxguard.register_tool('invoice.list', 'List invoices, optionally filtered by status (open, paid, overdue).',
     '{"type": "object", "properties": {"status": {"enum": ["open", "paid", "overdue"]}, "limit": {"type": "integer", "minimum": 1, "maximum": 100}}, "additionalProperties": false}',
-    'demo.invoice_list(jsonb)', '{"page_types": ["invoice_table"]}');
+    'demo.invoice_list(jsonb)', '{"page_types": ["invoice_table"], "run_as": "ctxguard_tools"}');
 SELECT ctxguard.register_tool('invoice.get', 'Get the invoice on this page: number, amount, status, dates and vendor.',
     '{"type": "object", "properties": {"invoice_id": {"type": "string", "maxLength": 128}}, "required": ["invoice_id"], "additionalProperties": false}',
-    'demo.invoice_get(jsonb)', '{"page_types": ["invoice_detail"], "entity_type": "invoice", "entity_param": "invoice_id"}');
+    'demo.invoice_get(jsonb)', '{"page_types": ["invoice_detail"], "entity_type": "invoice", "entity_param": "invoice_id", "run_as": "ctxguard_tools"}');
 SELECT ctxguard.register_tool('invoice.mark_paid', 'Mark the invoice on this page as paid (needs the user''s approval).',
     '{"type": "object", "properties": {"invoice_id": {"type": "string", "maxLength": 128}}, "required": ["invoice_id"], "additionalProperties": false}',
     'demo.invoice_mark_paid(jsonb)',
     '{"page_types": ["invoice_detail"], "entity_type": "invoice", "entity_param": "invoice_id", "roles": ["ap_clerk"],
-      "read_only": false, "danger": "moderate", "requires_approval": true}');
+      "read_only": false, "danger": "moderate", "requires_approval": true, "run_as": "ctxguard_tools"}');

@@ -53,8 +53,21 @@ SELECT ctxguard.set_context(:'tok_carol', '{"pageType": "invoice_detail", "entit
 ROLLBACK;
 
 \echo
-\echo '== 5. no context, no rows: the gateway role alone sees nothing'
-SELECT count(*) AS invoices_visible_without_context FROM demo.invoices;
+\echo '== 5. the gateway role can only call ctxguard: even with a context, no direct reads, writes or handler calls'
+\echo '--    (the tools run their handlers as their run_as role, ctxguard_tools, which holds the table privileges)'
+BEGIN;
+SELECT ctxguard.set_context(:'tok_alice', '{"pageType": "invoice_detail", "entity": {"type": "invoice", "id": "acme_inv6"}}') \g /dev/null
+\set ON_ERROR_STOP 0
+\set VERBOSITY terse
+SAVEPOINT s;
+UPDATE demo.invoices SET status = 'paid' WHERE id = 'acme_inv6';
+ROLLBACK TO s;
+SELECT demo.invoice_mark_paid('{"invoice_id": "acme_inv6"}');
+ROLLBACK TO s;
+SELECT ctxguard.sync_mcp_tools('any', '[]');
+ROLLBACK TO s;
+\set ON_ERROR_STOP 1
+ROLLBACK;
 
 \echo
 \echo '== 6. documents (seed 003): alice views the 500-page guide in one generation'
