@@ -24,9 +24,15 @@ pub struct Config {
     /// Optional file of KEY=value lines (environment variables take precedence).
     #[arg(long, env = "CTXGUARD_CONFIG")]
     pub config: Option<std::path::PathBuf>,
-    /// PostgreSQL URL; connect as the non-superuser gateway role (e.g. ctxguard_gateway).
+    /// PostgreSQL URL; connect as the non-superuser gateway role (e.g. ctxguard_gateway), which
+    /// needs EXECUTE on ctxguard's API and nothing else. Every model call runs through it.
     #[arg(long, env = "CTXGUARD_DATABASE_URL")]
     pub database_url: String,
+    /// PostgreSQL URL of the discovery role (e.g. ctxguard_discovery: EXECUTE on
+    /// `ctxguard.sync_mcp_tools` only), which records the tools of upstream MCP servers. Optional:
+    /// without it discovered tools are not recorded, and tools already in the catalog keep working.
+    #[arg(long, env = "CTXGUARD_DISCOVERY_DATABASE_URL")]
+    pub discovery_database_url: Option<String>,
     /// Address to listen on.
     #[arg(long, env = "CTXGUARD_LISTEN", default_value = "127.0.0.1:8088")]
     pub listen: SocketAddr,
@@ -93,6 +99,11 @@ pub struct Config {
     /// Demo mode only: the `aud` claim of minted tokens (`ctxguard.jwt_audience`), if any.
     #[arg(long, env = "CTXGUARD_DEMO_JWT_AUDIENCE")]
     pub demo_jwt_audience: Option<String>,
+
+    /// Demo mode only (required there): PostgreSQL URL of the role the demo app's human screens
+    /// read through (e.g. ctxguard_app). Never the gateway role: screens show raw page text.
+    #[arg(long, env = "CTXGUARD_DEMO_DATABASE_URL")]
+    pub demo_database_url: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -148,12 +159,33 @@ impl Config {
             if self.demo_jwt_secret_file.is_none() {
                 return bad("CTXGUARD_DEMO needs CTXGUARD_DEMO_JWT_SECRET_FILE");
             }
+            if self.demo_url().is_none() {
+                return bad(
+                    "CTXGUARD_DEMO needs CTXGUARD_DEMO_DATABASE_URL (the demo screens' own role, e.g. ctxguard_app)",
+                );
+            }
         } else if self.demo_jwt_secret_file.is_some() {
             return bad(
                 "CTXGUARD_DEMO_JWT_SECRET_FILE is only read in demo mode (CTXGUARD_DEMO=true)",
             );
+        } else if self.demo_database_url.is_some() {
+            return bad(
+                "CTXGUARD_DEMO_DATABASE_URL is only read in demo mode (CTXGUARD_DEMO=true)",
+            );
         }
         Ok(())
+    }
+
+    /// The discovery role's URL, if set (an empty value counts as unset).
+    pub fn discovery_url(&self) -> Option<&str> {
+        self.discovery_database_url
+            .as_deref()
+            .filter(|u| !u.is_empty())
+    }
+
+    /// The demo screens' URL, if set (an empty value counts as unset).
+    pub fn demo_url(&self) -> Option<&str> {
+        self.demo_database_url.as_deref().filter(|u| !u.is_empty())
     }
 
     pub fn llm_timeout(&self) -> Duration {

@@ -1,5 +1,9 @@
 //! Database access. Every step is one short transaction that starts with `ctxguard.set_context`;
 //! no transaction is held while the model thinks. The gateway decides nothing: the database does.
+//!
+//! A `Db` is one pool, connected as one role. The gateway holds up to three: the gateway role's
+//! (model calls: EXECUTE on ctxguard's API only), the discovery role's (`sync_mcp_tools` only) and,
+//! in demo mode, the demo screens' role (`demo_page`). Each method says which pool it is for.
 
 use std::time::Duration;
 
@@ -242,6 +246,17 @@ impl Db {
             .await
     }
 
+    /// A demo screen: the validated context and the data of the screen it names. Only on the demo
+    /// screens' pool (`CTXGUARD_DEMO_DATABASE_URL`): the gateway role cannot (`42501`).
+    pub async fn demo_page(&self, scope: &Scope) -> Result<Value, ApiError> {
+        self.one(
+            scope,
+            "SELECT jsonb_build_object('context', ctxguard.context(), 'data', demo.page_data())",
+            &[],
+        )
+        .await
+    }
+
     /// Run a pending approval exactly once (the database consumes it atomically).
     pub async fn approve(&self, scope: &Scope, call_id: Uuid) -> Result<Value, ApiError> {
         self.one(scope, "SELECT ctxguard.approve_call($1)", &[&call_id])
@@ -411,7 +426,8 @@ impl Db {
             .collect())
     }
 
-    /// Record a server's discovered tools in the catalog (as the gateway's role, no context).
+    /// Record a server's discovered tools in the catalog, without a context. Only on the discovery
+    /// pool (`CTXGUARD_DISCOVERY_DATABASE_URL`): the gateway role cannot (`42501`).
     pub async fn sync_mcp_tools(&self, server: &str, tools: &Value) -> Result<Value, ApiError> {
         let client = self.client().await?;
         Ok(client

@@ -2,8 +2,10 @@
 //! its screens, and tokens for its demo users. Without demo mode none of these routes exist.
 //!
 //! The app is three static files compiled into the binary (no build step, no dependencies). Its
-//! screens read their data through `demo.page_data()` inside the same `set_context` transaction
-//! the assistant uses, so a screen shows exactly what the page context it sends allows.
+//! screens read their data through `demo.page_data()` after the same `set_context` the assistant
+//! uses, so a screen shows exactly what the page context it sends allows. They read it through
+//! their own pool (`CTXGUARD_DEMO_DATABASE_URL`, role ctxguard_app): the screens show raw page
+//! text, so the role that runs the model's calls cannot execute `demo.page_data()` at all.
 
 use std::sync::Arc;
 
@@ -52,10 +54,12 @@ const USERS: &[DemoUser] = &[
     },
 ];
 
-/// The signing side of demo mode: the database's HS256 secret, read once at start-up.
+/// Demo mode: the database's HS256 secret (read once at start-up) to sign demo users' tokens, and
+/// the pool of the role the screens read through.
 pub struct Demo {
     key: EncodingKey,
     audience: Option<String>,
+    db: crate::db::Db,
 }
 
 impl Demo {
@@ -73,9 +77,13 @@ impl Demo {
         if secret.len() < 32 {
             return Err("CTXGUARD_DEMO_JWT_SECRET_FILE holds fewer than 32 bytes".into());
         }
+        let url = config
+            .demo_url()
+            .ok_or("CTXGUARD_DEMO needs CTXGUARD_DEMO_DATABASE_URL")?;
         Ok(Some(Demo {
             key: EncodingKey::from_secret(secret.as_bytes()),
             audience: config.demo_jwt_audience.clone().filter(|a| !a.is_empty()),
+            db: crate::db::Db::connect(url, config.pool_size.min(8), config.db_timeout())?,
         }))
     }
 
@@ -132,21 +140,18 @@ async fn token(
     })))
 }
 
-/// `POST /demo/page`: the validated context and the data of the screen it names.
+/// `POST /demo/page`: the validated context and the data of the screen it names, read through
+/// the screens' own pool.
 async fn page(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
     ApiJson(req): ApiJson<PageRequest>,
 ) -> Result<Json<Value>, ApiError> {
-    let out: Value = state
-        .db
-        .one(
-            &req.scope(&headers)?,
-            "SELECT jsonb_build_object('context', ctxguard.context(), 'data', demo.page_data())",
-            &[],
-        )
-        .await?;
-    Ok(Json(out))
+    let demo = state
+        .demo
+        .as_ref()
+        .ok_or_else(|| ApiError::NotFound("no such endpoint".into()))?;
+    Ok(Json(demo.db.demo_page(&req.scope(&headers)?).await?))
 }
 
 const INDEX_HTML: &str = include_str!("../demo/index.html");

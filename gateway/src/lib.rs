@@ -51,14 +51,19 @@ pub struct AppState {
     pub upstreams: Arc<upstream::Upstreams>,
     /// Each user's current page, for MCP sessions.
     pub pages: Arc<mcp::PageHub>,
-    /// Demo mode's token minting (`None` unless `CTXGUARD_DEMO=true`).
+    /// Demo mode's token minting and screens' pool (`None` unless `CTXGUARD_DEMO=true`).
     pub demo: Option<demo::Demo>,
 }
 
 impl AppState {
-    /// Build the state from config: pool (lazy; no connection is made here) and provider.
+    /// Build the state from config: pools (lazy; no connection is made here) and provider.
     pub fn from_config(config: Config) -> Result<AppState, String> {
         let db = Db::connect(&config.database_url, config.pool_size, config.db_timeout())?;
+        // Discovery records a server's tools once per (re)connection: two connections are plenty.
+        let discovery = config
+            .discovery_url()
+            .map(|url| Db::connect(url, 2, config.db_timeout()))
+            .transpose()?;
         let model: Arc<dyn ChatModel> = match config.provider {
             Provider::Offline => Arc::new(llm::offline::Offline),
             Provider::Openai => Arc::new(llm::openai::OpenAi::new(
@@ -84,6 +89,7 @@ impl AppState {
             upstreams: Arc::new(upstream::Upstreams::new(
                 config.mcp_connect_timeout(),
                 config.mcp_call_timeout(),
+                discovery,
             )),
             pages: Arc::new(mcp::PageHub::default()),
         })

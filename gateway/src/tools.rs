@@ -36,6 +36,12 @@ async fn settle(state: &AppState, scope: &Scope, envelope: Value) -> Result<Valu
         .ok_or_else(|| ApiError::Internal("authorized call without call_id".into()))?;
     let server = envelope["server"].as_str().unwrap_or_default();
     let tool = envelope["tool"].as_str().unwrap_or_default();
+    // Connect first if needed (a call need not follow a listing: /internal/mcp/execute, or a
+    // connection dropped after a failure); a server in its back-off stays unavailable.
+    state
+        .upstreams
+        .ensure(&state.db, &[server.to_string()])
+        .await;
     let (result, is_error) = match state
         .upstreams
         .forward(server, tool, envelope["args"].clone())

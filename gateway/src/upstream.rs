@@ -4,11 +4,15 @@
 //! `ctxguard.mcp_server_grants`); this module only keeps connections. A connection is opened
 //! lazily, the first time a caller who may use the server needs it (or for every enabled server
 //! at start-up, when discovery is on), and each (re)connection re-reads the server's tools into
-//! the catalog with `ctxguard.sync_mcp_tools`. A server that fails is excluded with a warning
-//! and retried after a back-off; the others keep working. The caller's token is never sent
-//! upstream: HTTP servers get the server's own bearer token from the gateway's environment.
+//! the catalog with `ctxguard.sync_mcp_tools`, through the discovery role's own pool
+//! (`CTXGUARD_DISCOVERY_DATABASE_URL`), never the gateway role's. Without that pool nothing is
+//! recorded (one warning); tools already in the catalog keep working. A server that fails is
+//! excluded with a warning and retried after a back-off; the others keep working. The caller's
+//! token is never sent upstream: HTTP servers get the server's own bearer token from the gateway's
+//! environment.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -49,6 +53,10 @@ pub struct Upstreams {
     connect_timeout: Duration,
     call_timeout: Duration,
     retry_backoff: Duration,
+    /// The discovery role's pool: the only one `sync_mcp_tools` runs through.
+    discovery: Option<Db>,
+    /// Whether "discovered tools are not recorded" was logged (once).
+    warned_unrecorded: AtomicBool,
 }
 
 /// Why a forwarded call produced no upstream result. Messages are fixed: no upstream detail.
@@ -61,21 +69,47 @@ pub enum ForwardError {
 }
 
 impl Upstreams {
-    pub fn new(connect_timeout: Duration, call_timeout: Duration) -> Upstreams {
+    /// `discovery`: the discovery role's pool, or `None` to record no discovered tools.
+    pub fn new(
+        connect_timeout: Duration,
+        call_timeout: Duration,
+        discovery: Option<Db>,
+    ) -> Upstreams {
         Upstreams {
             slots: Mutex::new(HashMap::new()),
             connect_timeout,
             call_timeout,
             retry_backoff: Duration::from_secs(10),
+            discovery,
+            warned_unrecorded: AtomicBool::new(false),
+        }
+    }
+
+    /// Record a server's tools through the discovery role (or, without it, warn once).
+    async fn record(&self, server: &str, tools: &[Tool]) {
+        let Some(discovery) = &self.discovery else {
+            if !self.warned_unrecorded.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    server,
+                    "CTXGUARD_DISCOVERY_DATABASE_URL is not set: discovered MCP tools are not recorded \
+                     (tools already in the catalog keep working)"
+                );
+            }
+            return;
+        };
+        if let Err(e) = discovery.sync_mcp_tools(server, &tools_json(tools)).await {
+            tracing::warn!(server, error = %e, "could not record the server's tools");
         }
     }
 
     /// Connect to every enabled server (start-up discovery). Returns the names that answered.
+    /// `db` (the gateway role's pool) reads the registry; tools are recorded through the
+    /// discovery pool.
     pub async fn discover(&self, db: &Db) -> HashSet<String> {
         match db.mcp_servers(None).await {
             Ok(configs) => {
                 let names: Vec<String> = configs.iter().map(|c| c.name.clone()).collect();
-                self.connect_all(db, configs).await;
+                self.connect_all(configs).await;
                 self.healthy(&names).await
             }
             Err(e) => {
@@ -106,7 +140,7 @@ impl Upstreams {
         };
         if !missing.is_empty() {
             match db.mcp_servers(Some(&missing)).await {
-                Ok(configs) => self.connect_all(db, configs).await,
+                Ok(configs) => self.connect_all(configs).await,
                 Err(e) => tracing::warn!(error = %e, "could not read the MCP server registry"),
             }
         }
@@ -122,7 +156,7 @@ impl Upstreams {
             .collect()
     }
 
-    async fn connect_all(&self, db: &Db, configs: Vec<ServerConfig>) {
+    async fn connect_all(&self, configs: Vec<ServerConfig>) {
         let attempts = configs.into_iter().map(|cfg| async move {
             let result = tokio::time::timeout(self.connect_timeout, connect(&cfg)).await;
             let client = match result {
@@ -138,9 +172,7 @@ impl Upstreams {
             };
             match tokio::time::timeout(self.call_timeout, client.list_all_tools()).await {
                 Ok(Ok(tools)) => {
-                    if let Err(e) = db.sync_mcp_tools(&cfg.name, &tools_json(&tools)).await {
-                        tracing::warn!(server = %cfg.name, error = %e, "could not record the server's tools");
-                    }
+                    self.record(&cfg.name, &tools).await;
                     (cfg.name, Some(Arc::new(client)))
                 }
                 _ => {
