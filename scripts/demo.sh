@@ -23,7 +23,11 @@ log "building and starting the gateway (offline model)"
 cargo build --locked --release -p ctxguard-gateway >/dev/null
 GW_PORT=${CTXGUARD_GATEWAY_PORT:-8088}
 if [ -f "$RUN/gateway.pid" ] && kill -0 "$(cat "$RUN/gateway.pid")" 2>/dev/null; then kill "$(cat "$RUN/gateway.pid")"; sleep 0.5; fi
+# Three roles (sql/demo/schema.sql): model calls as ctxguard_gateway (EXECUTE on ctxguard only),
+# upstream MCP discovery as ctxguard_discovery, the app's human screens as ctxguard_app.
 CTXGUARD_DATABASE_URL="host=$RUN port=$PGPORT user=ctxguard_gateway dbname=$DB" \
+CTXGUARD_DISCOVERY_DATABASE_URL="host=$RUN port=$PGPORT user=ctxguard_discovery dbname=$DB" \
+CTXGUARD_DEMO_DATABASE_URL="host=$RUN port=$PGPORT user=ctxguard_app dbname=$DB" \
 CTXGUARD_LISTEN="127.0.0.1:$GW_PORT" CTXGUARD_PROVIDER=offline \
 CTXGUARD_DEMO=true CTXGUARD_DEMO_JWT_SECRET_FILE="$RUN/jwt_secret" \
   nohup "$CARGO_TARGET_DIR/release/ctxguard-gateway" >"$RUN/gateway.log" 2>&1 &
@@ -57,7 +61,7 @@ cat <<MSG
 Everything is running:
   demo app    $GW/   (open it in a browser; switch users at the top right)
   gateway     $GW   (log: $RUN/gateway.log; provider: offline; demo mode)
-  PostgreSQL  psql -h $RUN -p $PGPORT -U ctxguard_gateway $DB
+  PostgreSQL  psql -h $RUN -p $PGPORT -U ctxguard_gateway $DB   (the model-call role: it can only call ctxguard)
 Tokens (24 h) for the demo users:
   export ALICE=$ALICE   # acme, ap_clerk
   export CAROL=$CAROL   # globex, ap_clerk

@@ -60,8 +60,10 @@ grep -q 'reason="invalid context token: token has expired"' <<<"$denied" || { ec
 if grep -q "eyJ" <<<"$denied"; then echo "a token reached the refusal log lines" >&2; exit 1; fi
 echo "ok: $(wc -l <<<"$denied") refusals logged without tokens"
 
-log "client integration tests (tests/, real connections as ctxguard_gateway)"
+log "client integration tests (tests/, real connections as ctxguard_gateway and the demo's other roles)"
 CTXGUARD_TEST_DATABASE_URL="host=$RUN port=$PGPORT user=ctxguard_gateway dbname=$DB" \
+CTXGUARD_TEST_DISCOVERY_URL="host=$RUN port=$PGPORT user=ctxguard_discovery dbname=$DB" \
+CTXGUARD_TEST_APP_URL="host=$RUN port=$PGPORT user=ctxguard_app dbname=$DB" \
 CTXGUARD_TEST_ADMIN_URL="host=$RUN port=$PGPORT user=postgres dbname=$DB" \
 CTXGUARD_TEST_JWT_SECRET="$(cat "$RUN/jwt_secret")" \
 CTXGUARD_TEST_PGDATA="$PGDATA_DIR" CTXGUARD_TEST_PG_BIN="$PG_BIN" \

@@ -49,10 +49,13 @@ log "gateway on :$GW_PORT"
 cargo build --locked --release -p ctxguard-gateway >/dev/null
 SCANS_TOKEN=server-secret-for-scans \
 CTXGUARD_DATABASE_URL="host=$RUN port=$PGPORT user=ctxguard_gateway dbname=$DB" \
+CTXGUARD_DISCOVERY_DATABASE_URL="host=$RUN port=$PGPORT user=ctxguard_discovery dbname=$DB" \
 CTXGUARD_LISTEN="127.0.0.1:$GW_PORT" CTXGUARD_PROVIDER=offline CTXGUARD_MCP_CONNECT_TIMEOUT_MS=15000 \
   "$CARGO_TARGET_DIR/release/ctxguard-gateway" >"$WORK/gateway.log" 2>&1 & PIDS+=($!)
 for _ in $(seq 300); do grep -q "upstream MCP discovery done" "$WORK/gateway.log" && break; sleep 0.1; done
 grep -q "upstream MCP discovery done" "$WORK/gateway.log" || { cat "$WORK/gateway.log"; exit 1; }
+# Discovered tools are recorded through the discovery role (the gateway role may not).
+if grep -E "could not record|discovered MCP tools are not recorded" "$WORK/gateway.log"; then exit 1; fi
 kill "$FLAKY_PID"  # discovered, then gone
 
 export CTXGUARD_MCP_URL="http://127.0.0.1:$GW_PORT" CTXGUARD_MCP_WORK="$WORK"

@@ -36,7 +36,8 @@ fn set_vendor_list_enabled(admin: &mut Client, enabled: bool) {
         .execute(
             "SELECT ctxguard.register_tool('vendor.list', 'List the vendors of the current company (name, country).',
                  '{\"type\": \"object\", \"properties\": {\"limit\": {\"type\": \"integer\", \"minimum\": 1, \"maximum\": 100}}, \"additionalProperties\": false}',
-                 'demo.vendor_list(jsonb)', jsonb_build_object('page_types', ARRAY['vendor_table'], 'enabled', $1::bool))",
+                 'demo.vendor_list(jsonb)', jsonb_build_object('page_types', ARRAY['vendor_table'], 'enabled', $1::bool,
+                                               'run_as', 'ctxguard_tools'))",
             &[&enabled],
         )
         .unwrap();

@@ -1,7 +1,10 @@
 //! Real clients, real backends: concurrency and connection reuse, as the non-superuser gateway role.
+//! That role reads nothing directly (it can only call ctxguard): what a tenant sees is what its
+//! tools return, and outcomes are checked as the admin.
 //!
 //! Needs `CTXGUARD_TEST_DATABASE_URL` (a database loaded with `sql/demo/schema.sql`, connecting as
-//! `ctxguard_gateway`) and `CTXGUARD_TEST_JWT_SECRET`; `scripts/test.sh` provides both.
+//! `ctxguard_gateway`), `CTXGUARD_TEST_ADMIN_URL` and `CTXGUARD_TEST_JWT_SECRET`; `scripts/test.sh`
+//! provides them.
 
 mod support;
 
@@ -14,6 +17,38 @@ use support::{env, token};
 
 fn connect() -> Client {
     Client::connect(&env("CTXGUARD_TEST_DATABASE_URL"), NoTls).expect("connect as ctxguard_gateway")
+}
+
+/// An invoice's status, read as the admin.
+fn status_of(invoice: &str) -> String {
+    Client::connect(&env("CTXGUARD_TEST_ADMIN_URL"), NoTls)
+        .unwrap()
+        .query_one(
+            "SELECT status FROM demo.invoices WHERE id = $1",
+            &[&invoice],
+        )
+        .unwrap()
+        .get(0)
+}
+
+/// The distinct id prefixes (`acme`, `glx`) of the vendors a `vendor.list` result holds.
+fn vendor_prefixes(result: &Value) -> Vec<String> {
+    let mut p: Vec<String> = result["result"]["vendors"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no vendors: {result}"))
+        .iter()
+        .map(|v| {
+            v["id"]
+                .as_str()
+                .unwrap()
+                .split('_')
+                .next()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    p.dedup();
+    p
 }
 
 fn detail(invoice: &str) -> Value {
@@ -48,24 +83,14 @@ fn an_approval_runs_exactly_once_under_a_race() {
     let alice = token("alice", "acme", &["ap_clerk"]);
     let invoice = "acme_inv6";
     let mut c = connect();
-    let (before, pending) = in_context(&mut c, &alice, &detail(invoice), |tx| {
-        let before: String = tx
-            .query_one(
-                "SELECT status FROM demo.invoices WHERE id = $1",
-                &[&invoice],
-            )
-            .unwrap()
-            .get(0);
-        (
-            before,
-            call(
-                tx,
-                "SELECT ctxguard.call_tool('invoice.mark_paid', $1)",
-                &json!({}),
-            ),
+    assert_eq!(status_of(invoice), "open");
+    let pending = in_context(&mut c, &alice, &detail(invoice), |tx| {
+        call(
+            tx,
+            "SELECT ctxguard.call_tool('invoice.mark_paid', $1)",
+            &json!({}),
         )
     });
-    assert_eq!(before, "open");
     assert_eq!(pending["error"]["code"], "APPROVAL_REQUIRED");
     let call_id = pending["call_id"].as_str().unwrap().to_string();
 
@@ -104,61 +129,67 @@ fn an_approval_runs_exactly_once_under_a_race() {
     let winner = results.iter().find(|r| r["status"] == "ok").unwrap();
     assert_eq!(winner["result"]["updated"], 1);
 
-    let (allows, status): (i64, String) = in_context(&mut c, &alice, &detail(invoice), |tx| {
-        let row = tx
-            .query_one(
-                "SELECT (SELECT count(*) FROM ctxguard.audit_log WHERE call_id = $1::text::uuid AND decision = 'allow'),
-                        (SELECT status FROM demo.invoices WHERE id = $2)",
-                &[&call_id, &invoice],
-            )
-            .unwrap();
-        (row.get(0), row.get(1))
+    let allows: i64 = in_context(&mut c, &alice, &detail(invoice), |tx| {
+        tx.query_one(
+            "SELECT count(*) FROM ctxguard.audit_log WHERE call_id = $1::text::uuid AND decision = 'allow'",
+            &[&call_id],
+        )
+        .unwrap()
+        .get(0)
     });
-    assert_eq!((allows, status.as_str()), (1, "paid"));
+    assert_eq!((allows, status_of(invoice).as_str()), (1, "paid"));
 }
 
 #[test]
 fn one_connection_alternating_tenants_never_mixes_rows() {
     let tenants = [
-        ("alice", "acme", "acme_inv2"),
-        ("carol", "globex", "glx_inv2"),
+        ("alice", "acme", "acme", "acme_inv2"),
+        ("carol", "globex", "glx", "glx_inv2"),
     ];
     let tokens: Vec<String> = tenants
         .iter()
-        .map(|(u, t, _)| token(u, t, &["ap_clerk"]))
+        .map(|(u, t, _, _)| token(u, t, &["ap_clerk"]))
         .collect();
     let mut c = connect();
-    let list = c
-        .prepare("SELECT DISTINCT tenant_id FROM demo.invoices")
-        .unwrap();
     for i in 0..200 {
         let k = i % 2;
-        let (_, tenant, invoice) = tenants[k];
-        let (seen, got): (Vec<String>, Value) =
-            in_context(&mut c, &tokens[k], &detail(invoice), |tx| {
-                let seen = tx
-                    .query(&list, &[])
-                    .unwrap()
-                    .iter()
-                    .map(|r| r.get(0))
-                    .collect();
-                (
-                    seen,
-                    call(
-                        tx,
-                        "SELECT ctxguard.call_tool('invoice.get', $1)",
-                        &json!({}),
-                    ),
+        let (_, _, prefix, invoice) = tenants[k];
+        // The handlers run on this same reused backend: their rows are the context's tenant's.
+        let vendors = in_context(
+            &mut c,
+            &tokens[k],
+            &json!({"pageType": "vendor_table"}),
+            |tx| {
+                call(
+                    tx,
+                    "SELECT ctxguard.call_tool('vendor.list', $1)",
+                    &json!({}),
                 )
-            });
-        assert_eq!(seen, vec![tenant.to_string()], "iteration {i}");
+            },
+        );
+        assert_eq!(vendors["result"]["count"], 5, "iteration {i}: {vendors}");
+        assert_eq!(vendor_prefixes(&vendors), vec![prefix], "iteration {i}");
+        let got = in_context(&mut c, &tokens[k], &detail(invoice), |tx| {
+            call(
+                tx,
+                "SELECT ctxguard.call_tool('invoice.get', $1)",
+                &json!({}),
+            )
+        });
         assert_eq!(got["result"]["id"], invoice, "iteration {i}");
-        // Between transactions the reused backend has no context and sees nothing.
-        let n: i64 = c
-            .query_one("SELECT count(*) FROM demo.invoices", &[])
-            .unwrap()
-            .get(0);
-        assert_eq!(n, 0, "iteration {i}: rows visible without context");
+        // Between transactions the reused backend has no context: nothing is callable.
+        let row = c
+            .query_one(
+                "SELECT ctxguard.tenant_id(), ctxguard.call_tool('vendor.list', '{}')",
+                &[],
+            )
+            .unwrap();
+        let (tenant, none): (Option<String>, Value) = (row.get(0), row.get(1));
+        assert_eq!(
+            tenant, None,
+            "iteration {i}: a context outlived its transaction"
+        );
+        assert_eq!(none["error"]["code"], "CONTEXT_MISSING", "iteration {i}");
     }
 }
 
@@ -174,23 +205,18 @@ fn concurrent_tenants_on_separate_backends_stay_apart() {
     .map(|(user, tenant)| {
         thread::spawn(move || {
             let tok = token(user, tenant, &["viewer"]);
+            let prefix = if tenant == "acme" { "acme" } else { "glx" };
             let mut c = connect();
             for _ in 0..100 {
-                let tenants: Vec<String> =
-                    in_context(&mut c, &tok, &json!({"pageType": "vendor_table"}), |tx| {
-                        let r = call(
-                            tx,
-                            "SELECT ctxguard.call_tool('vendor.list', $1)",
-                            &json!({}),
-                        );
-                        assert_eq!(r["result"]["count"], 5);
-                        tx.query("SELECT DISTINCT tenant_id FROM demo.vendors", &[])
-                            .unwrap()
-                            .iter()
-                            .map(|r| r.get(0))
-                            .collect()
-                    });
-                assert_eq!(tenants, vec![tenant.to_string()]);
+                let r = in_context(&mut c, &tok, &json!({"pageType": "vendor_table"}), |tx| {
+                    call(
+                        tx,
+                        "SELECT ctxguard.call_tool('vendor.list', $1)",
+                        &json!({}),
+                    )
+                });
+                assert_eq!(r["result"]["count"], 5, "{r}");
+                assert_eq!(vendor_prefixes(&r), vec![prefix]);
             }
         })
     })

@@ -15,7 +15,8 @@ fn secret_file() -> std::path::PathBuf {
     path
 }
 
-async fn demo_gateway() -> std::net::SocketAddr {
+/// A gateway in demo mode whose screens read through `screens_url`.
+async fn demo_gateway_reading_as(screens_url: &str) -> std::net::SocketAddr {
     let secret = secret_file();
     gateway(&[
         "--demo",
@@ -24,8 +25,15 @@ async fn demo_gateway() -> std::net::SocketAddr {
         secret.to_str().unwrap(),
         "--demo-jwt-audience",
         "ctxguard-tests",
+        "--demo-database-url",
+        screens_url,
     ])
     .await
+}
+
+/// A gateway in demo mode as the demo runs it: screens through the app's role (ctxguard_app).
+async fn demo_gateway() -> std::net::SocketAddr {
+    demo_gateway_reading_as(&app_url()).await
 }
 
 async fn get(addr: std::net::SocketAddr, path: &str) -> reqwest::Response {
@@ -50,18 +58,32 @@ fn config(args: &[&str]) -> Result<(), String> {
 }
 
 #[test]
-fn demo_mode_is_opt_in_loopback_only_and_needs_the_secret() {
+fn demo_mode_is_opt_in_loopback_only_and_needs_the_secret_and_the_screens_role() {
     let secret = secret_file();
     let secret = secret.to_str().unwrap();
+    let screens = ["--demo-database-url", "host=/nowhere user=ctxguard_app"];
     assert!(config(&[]).is_ok());
-    assert!(config(&["--demo", "true", "--demo-jwt-secret-file", secret]).is_ok());
-    let err = config(&["--demo", "true"]).unwrap_err();
+    let demo = |extra: &[&str]| {
+        let mut args = vec!["--demo", "true"];
+        args.extend_from_slice(extra);
+        config(&args)
+    };
+    assert!(demo(&["--demo-jwt-secret-file", secret, screens[0], screens[1]]).is_ok());
+    let err = demo(&[screens[0], screens[1]]).unwrap_err();
     assert!(err.contains("CTXGUARD_DEMO_JWT_SECRET_FILE"), "{err}");
-    let err = config(&[
-        "--demo",
-        "true",
+    // The screens read raw page text: never through the gateway role's pool.
+    for missing in [
+        &["--demo-jwt-secret-file", secret][..],
+        &["--demo-jwt-secret-file", secret, "--demo-database-url", ""],
+    ] {
+        let err = demo(missing).unwrap_err();
+        assert!(err.contains("CTXGUARD_DEMO_DATABASE_URL"), "{err}");
+    }
+    let err = demo(&[
         "--demo-jwt-secret-file",
         secret,
+        screens[0],
+        screens[1],
         "--listen",
         "0.0.0.0:8088",
     ])
@@ -69,6 +91,31 @@ fn demo_mode_is_opt_in_loopback_only_and_needs_the_secret() {
     assert!(err.contains("loopback"), "{err}");
     let err = config(&["--demo-jwt-secret-file", secret]).unwrap_err();
     assert!(err.contains("only read in demo mode"), "{err}");
+    let err = config(&screens).unwrap_err();
+    assert!(
+        err.contains("CTXGUARD_DEMO_DATABASE_URL") && err.contains("only read in demo mode"),
+        "{err}"
+    );
+}
+
+#[test]
+fn demo_mode_does_not_start_without_the_screens_role() {
+    // Even a config that skipped validation builds no demo state without the screens' URL.
+    let secret = secret_file();
+    let config = Config::try_parse_from([
+        "ctxguard-gateway",
+        "--database-url",
+        &env("CTXGUARD_TEST_DATABASE_URL"),
+        "--demo",
+        "true",
+        "--demo-jwt-secret-file",
+        secret.to_str().unwrap(),
+    ])
+    .unwrap();
+    let err = ctxguard_gateway::AppState::from_config(config)
+        .err()
+        .expect("demo mode without CTXGUARD_DEMO_DATABASE_URL must not start");
+    assert!(err.contains("CTXGUARD_DEMO_DATABASE_URL"), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -216,6 +263,73 @@ async fn demo_mode_serves_the_app_with_a_strict_policy_and_mints_verified_tokens
     )
     .await;
     assert_eq!(status, 401);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn screens_read_through_their_own_role_never_the_gateway_role() {
+    let alice = token("alice", "acme", &["ap_clerk"]);
+    let viewer = json!({"pageContext": {"pageType": "document_viewer",
+                                        "entity": {"type": "document", "id": "acme_guide"},
+                                        "pageState": {"filters": {"page": "42"}}}});
+    // As the demo runs it: the human viewer shows the page, unmasked.
+    let gw = demo_gateway().await;
+    let (status, page) = post_json(gw, "/demo/page", Some(&alice), "screens-app", &viewer).await;
+    assert_eq!(status, 200, "{page}");
+    assert!(
+        page["data"]["page"]["text"]
+            .as_str()
+            .unwrap()
+            .contains("ivan.petrov@orion-support.example"),
+        "{page}"
+    );
+    let (status, page) = post_json(
+        gw,
+        "/demo/page",
+        Some(&alice),
+        "screens-app",
+        &json!({"pageContext": invoice_page("acme_inv3")}),
+    )
+    .await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(page["data"]["invoice"]["number"], "ACME-2026-0003");
+
+    // Pointed at the gateway role, the screens get nothing: it cannot execute demo.page_data.
+    let misconfigured = demo_gateway_reading_as(&env("CTXGUARD_TEST_DATABASE_URL")).await;
+    let (status, body) = post_json(
+        misconfigured,
+        "/demo/page",
+        Some(&alice),
+        "screens-gw",
+        &viewer,
+    )
+    .await;
+    assert_eq!(status, 500, "{body}");
+    assert_eq!(body["error"]["code"], "INTERNAL");
+    assert!(!body.to_string().contains("ivan"), "{body}");
+
+    // And directly: the gateway role cannot run any screen function, with or without a context.
+    let mut gw_db = connect_as(&env("CTXGUARD_TEST_DATABASE_URL")).await;
+    for sql in [
+        "SELECT demo.page_data()",
+        "SELECT demo.viewer_page(42)",
+        "SELECT demo.document_list(NULL, NULL)",
+        "SELECT demo.manual_page(77, 500)",
+    ] {
+        let tx = gw_db.transaction().await.unwrap();
+        tx.execute(
+            "SELECT ctxguard.set_context($1, $2)",
+            &[&alice, &viewer["pageContext"]],
+        )
+        .await
+        .unwrap();
+        let err = tx.query_one(sql, &[]).await.unwrap_err();
+        assert_eq!(
+            err.code(),
+            Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE),
+            "{sql}: {err:?}"
+        );
+        tx.rollback().await.unwrap();
+    }
 }
 
 fn reasons(body: &Value) -> std::collections::BTreeMap<String, (bool, String)> {

@@ -33,6 +33,7 @@ require_free_ports "$GW_PORT"
 log "gateway in demo mode on :$GW_PORT"
 cargo build --locked --release -p ctxguard-gateway >/dev/null
 CTXGUARD_DATABASE_URL="host=$RUN port=$PGPORT user=ctxguard_gateway dbname=$DB" \
+CTXGUARD_DEMO_DATABASE_URL="host=$RUN port=$PGPORT user=ctxguard_app dbname=$DB" \
 CTXGUARD_LISTEN="127.0.0.1:$GW_PORT" CTXGUARD_PROVIDER=offline \
 CTXGUARD_DEMO=true CTXGUARD_DEMO_JWT_SECRET_FILE="$RUN/jwt_secret" \
   "$CARGO_TARGET_DIR/release/ctxguard-gateway" >"$WORK/gateway.log" 2>&1 &

@@ -163,6 +163,12 @@ pub async fn openai_gateway(mock: &Mock, extra: &[&str]) -> SocketAddr {
 
 /// The real gateway router on a random local port. `extra` are CLI-style overrides.
 pub async fn gateway(extra: &[&str]) -> SocketAddr {
+    gateway_with_state(extra).await.0
+}
+
+/// The real gateway router on a random local port, and its state (for what `main` does besides
+/// serving, such as upstream MCP discovery). `extra` are CLI-style overrides.
+pub async fn gateway_with_state(extra: &[&str]) -> (SocketAddr, Arc<AppState>) {
     let mut args = vec!["ctxguard-gateway", "--database-url"];
     let url = env("CTXGUARD_TEST_DATABASE_URL");
     args.push(&url);
@@ -172,8 +178,9 @@ pub async fn gateway(extra: &[&str]) -> SocketAddr {
     let state = Arc::new(AppState::from_config(config).unwrap());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { ctxguard_gateway::serve(listener, state).await.unwrap() });
-    addr
+    let served = state.clone();
+    tokio::spawn(async move { ctxguard_gateway::serve(listener, served).await.unwrap() });
+    (addr, state)
 }
 
 pub fn http() -> reqwest::Client {
@@ -203,14 +210,29 @@ pub async fn post_json(
     (status, resp.json().await.unwrap_or(Value::Null))
 }
 
-/// A superuser connection for asserting database outcomes.
-pub async fn admin() -> tokio_postgres::Client {
-    let (client, conn) =
-        tokio_postgres::connect(&env("CTXGUARD_TEST_ADMIN_URL"), tokio_postgres::NoTls)
-            .await
-            .unwrap();
+/// The database URLs of the demo's roles (`sql/demo/schema.sql`), besides the gateway role's
+/// `CTXGUARD_TEST_DATABASE_URL`: the discovery role (ctxguard_discovery: `sync_mcp_tools` only) and
+/// the demo screens' role (ctxguard_app).
+pub fn discovery_url() -> String {
+    env("CTXGUARD_TEST_DISCOVERY_URL")
+}
+
+pub fn app_url() -> String {
+    env("CTXGUARD_TEST_APP_URL")
+}
+
+/// A connection as one of the demo's roles (or the admin), for asserting what it may do.
+pub async fn connect_as(url: &str) -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
     tokio::spawn(conn);
     client
+}
+
+/// A superuser connection for asserting database outcomes.
+pub async fn admin() -> tokio_postgres::Client {
+    connect_as(&env("CTXGUARD_TEST_ADMIN_URL")).await
 }
 
 /// `(decision, code)` of every audit row written under this trace id, in order.
