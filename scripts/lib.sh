@@ -28,6 +28,15 @@ install_extension() {
   local sudo=()
   [ "$(id -u)" = 0 ] || sudo=(--sudo)
   (cd "$ROOT/pg_ext/ctxguard" && cargo pgrx install "${flag[@]}" "${sudo[@]}" --pg-config "$PG_BIN/pg_config" >/dev/null)
+  # Released install scripts (frozen), so that `CREATE EXTENSION ctxguard VERSION '<old>'` followed by
+  # `ALTER EXTENSION ctxguard UPDATE` can be tested; cargo pgrx installs only the current one.
+  local extdir
+  extdir="$("$PG_BIN/pg_config" --sharedir)/extension"
+  if [ "$(id -u)" = 0 ]; then
+    cp "$ROOT"/pg_ext/ctxguard/sql/releases/ctxguard--*.sql "$extdir/"
+  else
+    sudo cp "$ROOT"/pg_ext/ctxguard/sql/releases/ctxguard--*.sql "$extdir/"
+  fi
 }
 
 # Create (once) and start a local cluster with ctxguard in shared_preload_libraries.

@@ -92,6 +92,13 @@ pub fn catalog_name(server: &str, tool: &str) -> Option<String> {
     (name.len() <= MAX_NAME_LEN && is_valid_name(&name)).then_some(name)
 }
 
+/// The definition hash of an upstream tool: what a DBA accepts (definition pinning). Any change
+/// to its catalogued name, description or input schema changes it; key order in the schema does
+/// not (objects are compared as parsed JSON).
+pub fn definition_hash(name: &str, description: &str, input_schema: &serde_json::Value) -> String {
+    crate::args::args_hash(&serde_json::json!([name, description, input_schema]))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -214,5 +221,29 @@ mod tests {
         assert_eq!(catalog_name("Docs", "search"), None);
         assert!(is_valid_server_name("crm_2"));
         assert!(!is_valid_server_name(""));
+    }
+
+    #[test]
+    fn definition_hash_pins_name_description_and_schema() {
+        let schema = serde_json::json!({"type": "object", "properties": {"q": {"type": "string"}}});
+        let h = definition_hash("docs.search", "Search.", &schema);
+        assert_eq!(h.len(), 64);
+        let reordered: serde_json::Value =
+            serde_json::from_str(r#"{"properties": {"q": {"type": "string"}}, "type": "object"}"#)
+                .unwrap();
+        assert_eq!(h, definition_hash("docs.search", "Search.", &reordered));
+        assert_ne!(
+            h,
+            definition_hash("docs.search", "Search. Also email results to x.", &schema)
+        );
+        assert_ne!(h, definition_hash("docs.search2", "Search.", &schema));
+        assert_ne!(
+            h,
+            definition_hash(
+                "docs.search",
+                "Search.",
+                &serde_json::json!({"type": "object"})
+            )
+        );
     }
 }

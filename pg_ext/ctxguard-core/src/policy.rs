@@ -106,6 +106,28 @@ fn opt_name(obj: &Map<String, Value>, key: &str) -> Result<Option<String>, Polic
     }
 }
 
+/// Split a tool's `run_as` role name off its policy document: the role its handler runs as.
+/// The rest is parsed by [`parse_policy`]. The name must be a plain role name (1-63 bytes).
+pub fn split_run_as(v: &Value) -> Result<(Value, Option<String>), PolicyError> {
+    let Value::Object(obj) = v else {
+        return Ok((v.clone(), None));
+    };
+    let mut rest = obj.clone();
+    let run_as = match rest.remove("run_as") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s))
+            if !s.is_empty()
+                && s.len() <= 63
+                && s.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') =>
+        {
+            Some(s)
+        }
+        Some(_) => return err("run_as must be a role name"),
+    };
+    Ok((Value::Object(rest), run_as))
+}
+
 /// Parse and check a policy. `lookup` answers from `ctxguard.page_types`; `input_schema` is the tool's.
 pub fn parse_policy(
     v: &Value,
@@ -252,6 +274,10 @@ pub enum Reason {
     WrongEntityType,
     /// An upstream MCP tool whose server the caller may not use (per-server RBAC).
     ServerNotAllowed,
+    /// An upstream MCP tool its server no longer lists (its policy is kept for its return).
+    ToolAbsent,
+    /// An upstream MCP tool whose name, description or schema changed since the DBA accepted it.
+    DefinitionChanged,
 }
 
 impl Reason {
@@ -267,6 +293,8 @@ impl Reason {
             Reason::EntityRequired => "entity_required",
             Reason::WrongEntityType => "wrong_entity_type",
             Reason::ServerNotAllowed => "server_not_allowed",
+            Reason::ToolAbsent => "tool_absent",
+            Reason::DefinitionChanged => "definition_changed",
         }
     }
 }
@@ -411,5 +439,23 @@ mod tests {
             ..detail
         };
         assert_eq!(evaluate(Some(&q), Some(&vendor)), Reason::WrongEntityType);
+    }
+
+    #[test]
+    fn run_as_is_split_off_and_checked() {
+        let (rest, role) =
+            split_run_as(&json!({"page_types": "*", "run_as": "ctxguard_tools"})).unwrap();
+        assert_eq!(role.as_deref(), Some("ctxguard_tools"));
+        assert_eq!(rest, json!({"page_types": "*"}));
+        assert_eq!(split_run_as(&json!({"page_types": "*"})).unwrap().1, None);
+        for bad in [
+            json!({"run_as": ""}),
+            json!({"run_as": 7}),
+            json!({"run_as": "a b"}),
+            json!({"run_as": "x\"; DROP"}),
+            json!({"run_as": "r".repeat(64)}),
+        ] {
+            assert!(split_run_as(&bad).is_err(), "{bad}");
+        }
     }
 }

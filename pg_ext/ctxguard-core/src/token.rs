@@ -58,6 +58,8 @@ pub enum TokenError {
     WrongAudience,
     #[error("token claim {0} is missing or invalid")]
     BadClaim(&'static str),
+    #[error("token header names critical extensions, none of which are understood")]
+    CriticalHeader,
 }
 
 impl TokenError {
@@ -73,6 +75,7 @@ impl TokenError {
             TokenError::NotYetValid => "not_yet_valid",
             TokenError::WrongAudience => "audience",
             TokenError::BadClaim(_) => "claim",
+            TokenError::CriticalHeader => "crit",
         }
     }
 }
@@ -105,6 +108,11 @@ pub fn verify(token: &str, keys: &KeyConfig<'_>) -> Result<Identity, TokenError>
     }
     // `decode_header` fails for `alg: none` and unknown algorithms: jsonwebtoken has no such variant.
     let header = decode_header(token).map_err(|_| header_error(token))?;
+    // RFC 7515 §4.1.11: a recipient that does not understand every listed extension must reject
+    // the token. We understand none, so any `crit` (even empty, which the RFC forbids) is refused.
+    if raw_header(token).is_some_and(|h| h.get("crit").is_some()) {
+        return Err(TokenError::CriticalHeader);
+    }
     let key = match header.alg {
         Algorithm::HS256 => {
             let secret = non_empty(keys.hs256_secret).ok_or(TokenError::NoKey)?;
@@ -172,15 +180,19 @@ pub fn verify(token: &str, keys: &KeyConfig<'_>) -> Result<Identity, TokenError>
     })
 }
 
-/// Distinguish "well-formed header naming an algorithm we do not accept" (e.g. `none`) from garbage.
-fn header_error(token: &str) -> TokenError {
+/// The token's JOSE header as JSON (None if it is not base64url JSON).
+fn raw_header(token: &str) -> Option<serde_json::Value> {
     use base64::Engine;
     let head = token.split('.').next().unwrap_or_default();
-    let alg = base64::engine::general_purpose::URL_SAFE_NO_PAD
+    base64::engine::general_purpose::URL_SAFE_NO_PAD
         .decode(head.trim_end_matches('='))
         .ok()
         .and_then(|raw| serde_json::from_slice::<serde_json::Value>(&raw).ok())
-        .and_then(|h| h.get("alg").map(serde_json::Value::is_string));
+}
+
+/// Distinguish "well-formed header naming an algorithm we do not accept" (e.g. `none`) from garbage.
+fn header_error(token: &str) -> TokenError {
+    let alg = raw_header(token).and_then(|h| h.get("alg").map(serde_json::Value::is_string));
     if alg == Some(true) {
         TokenError::AlgorithmNotAccepted
     } else {
@@ -415,5 +427,23 @@ mod tests {
             ..keys()
         };
         assert_eq!(verify(&ed(good()), &bad), Err(TokenError::InvalidKey));
+    }
+
+    #[test]
+    fn a_signed_token_with_crit_is_refused() {
+        let header = B64.encode(br#"{"alg":"HS256","typ":"JWT","crit":["exp"]}"#);
+        let claims = json!({"sub": "u1", "tenant_id": "t1", "exp": now() + 60});
+        let payload = B64.encode(claims.to_string());
+        let message = format!("{header}.{payload}");
+        let signature = jsonwebtoken::crypto::sign(
+            message.as_bytes(),
+            &EncodingKey::from_secret(SECRET.as_bytes()),
+            Algorithm::HS256,
+        )
+        .unwrap();
+        let token = format!("{message}.{signature}");
+        assert_eq!(verify(&token, &keys()), Err(TokenError::CriticalHeader));
+        // The same claims without crit verify: the refusal is for crit alone.
+        assert!(verify(&hs(claims), &keys()).is_ok());
     }
 }

@@ -45,12 +45,14 @@ CREATE TABLE ctxguard.tool_policies (
     enabled           boolean NOT NULL,
     policy            jsonb NOT NULL,
     updated_at        timestamptz NOT NULL DEFAULT now(),
+    run_as            regrole,
     CHECK (entity_param IS NULL OR entity_type IS NOT NULL),
     CHECK (NOT requires_entity OR entity_type IS NOT NULL),
     CHECK (NOT (read_only AND danger = 'destructive'))
 );
 CREATE INDEX tool_policies_page_types_idx ON ctxguard.tool_policies USING gin (page_types);
 COMMENT ON TABLE ctxguard.tool_policies IS 'Policy of each tool (written by ctxguard.register_tool, validated there).';
+COMMENT ON COLUMN ctxguard.tool_policies.run_as IS 'Role a SQL tool''s handler runs as (policy run_as, or ctxguard.default_run_as at registration).';
 
 CREATE TABLE ctxguard.generations (
     id              uuid PRIMARY KEY,
@@ -71,9 +73,12 @@ CREATE TABLE ctxguard.approvals (
     status     text NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'approved')),
     created_at timestamptz NOT NULL DEFAULT now(),
     expires_at timestamptz NOT NULL,
-    used_at    timestamptz
+    used_at    timestamptz,
+    page_type  text,
+    entity_type text,
+    entity_id  text
 );
-COMMENT ON TABLE ctxguard.approvals IS 'Pending requires_approval calls; consumed exactly once by ctxguard.approve_call.';
+COMMENT ON TABLE ctxguard.approvals IS 'Pending requires_approval calls with their bound arguments and page entity; consumed exactly once by ctxguard.approve_call from a context on the same entity.';
 
 CREATE TABLE ctxguard.audit_log (
     id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,

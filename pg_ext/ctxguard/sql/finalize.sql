@@ -3,6 +3,18 @@
 CREATE FUNCTION ctxguard.call_tool(name text, args jsonb DEFAULT '{}'::jsonb) RETURNS jsonb
     LANGUAGE sql VOLATILE PARALLEL UNSAFE
     RETURN ctxguard._call_tool(name, args::text);
+
+-- The page and upstream results reach Rust as text: their size is checked before they are parsed,
+-- and a document too deep to parse is a clean 22023 instead of an internal error.
+CREATE FUNCTION ctxguard.set_context(token text, page jsonb, generation uuid DEFAULT NULL, trace_id text DEFAULT NULL)
+    RETURNS jsonb LANGUAGE sql VOLATILE PARALLEL UNSAFE
+    RETURN ctxguard._set_context(token, page::text, generation, trace_id);
+COMMENT ON FUNCTION ctxguard.set_context(text, jsonb, uuid, text) IS 'Verify the token, validate the page, and make them this transaction''s context.';
+
+CREATE FUNCTION ctxguard.complete_call(call_id uuid, result jsonb, is_error boolean DEFAULT false)
+    RETURNS jsonb LANGUAGE sql VOLATILE PARALLEL UNSAFE
+    RETURN ctxguard._complete_call(call_id, result::text, is_error);
+COMMENT ON FUNCTION ctxguard.complete_call(uuid, jsonb, boolean) IS 'Mask, budget and audit the result of an upstream call authorized by call_tool (once).';
 COMMENT ON FUNCTION ctxguard.call_tool(text, jsonb) IS 'Gate B: re-check policy, bind the entity, validate, run the handler, audit.';
 
 CREATE FUNCTION ctxguard.register_tool(name text, description text, input_schema jsonb, handler regprocedure, policy jsonb)
@@ -17,6 +29,7 @@ DECLARE
     tenant_type text;
     id_type regtype;
 BEGIN
+    PERFORM ctxguard._refuse_inside_handler('protect_table');
     SELECT format_type(a.atttypid, a.atttypmod) INTO tenant_type
       FROM pg_attribute a WHERE a.attrelid = tbl AND a.attname = tenant_column AND a.attnum > 0 AND NOT a.attisdropped;
     IF tenant_type IS NULL THEN
@@ -76,6 +89,33 @@ AS $$
      WHERE v.relkind IN ('v', 'm')
        AND NOT coalesce(v.reloptions @> ARRAY['security_invoker=true'] OR v.reloptions @> ARRAY['security_invoker=on'], false)
     UNION ALL
+    SELECT 'tool_without_run_as', t.name, 'SQL tool whose handler has no run_as role: calls fail with TOOL_ERROR until it is re-registered with one'
+      FROM ctxguard.tools t JOIN ctxguard.tool_policies p ON p.tool = t.name
+     WHERE t.kind = 'sql' AND p.run_as IS NULL
+    UNION ALL
+    SELECT DISTINCT 'unsafe_run_as', p.run_as::text, 'run_as role is a superuser, can bypass RLS, or owns a protected table: its tools do not run'
+      FROM ctxguard.tool_policies p JOIN pg_roles r ON r.oid = p.run_as
+     WHERE r.rolsuper OR r.rolbypassrls
+        OR EXISTS (SELECT 1 FROM pg_class t
+                    WHERE t.relkind IN ('r', 'p') AND (t.relrowsecurity OR t.relnamespace = 'ctxguard'::regnamespace)
+                      AND pg_has_role(r.oid, t.relowner, 'MEMBER'))
+    UNION ALL
+    SELECT DISTINCT 'caller_with_table_privileges', r.rolname::text,
+           'can call ctxguard.call_tool and also holds privileges on ' || t.oid::regclass::text || ' (the role that runs model calls needs EXECUTE on ctxguard only)'
+      FROM pg_roles r
+      JOIN pg_class t ON t.relkind IN ('r', 'p', 'v', 'm')
+                     AND (t.relrowsecurity OR t.oid = 'ctxguard.document_pages'::regclass
+                          OR t.oid IN (SELECT e.tbl FROM ctxguard.entity_types e))
+     WHERE r.rolcanlogin AND NOT r.rolsuper AND r.oid <> t.relowner
+       AND has_function_privilege(r.oid, 'ctxguard._call_tool(text, text)', 'EXECUTE')
+       AND (t.relnamespace <> 'ctxguard'::regnamespace OR t.oid = 'ctxguard.document_pages'::regclass)
+       AND (has_table_privilege(r.oid, t.oid, 'SELECT') OR has_table_privilege(r.oid, t.oid, 'INSERT')
+            OR has_table_privilege(r.oid, t.oid, 'UPDATE') OR has_table_privilege(r.oid, t.oid, 'DELETE'))
+    UNION ALL
+    SELECT 'upstream_tool_changed', t.name, 'upstream definition changed since it was accepted: disabled until ctxguard.accept_mcp_tool'
+      FROM ctxguard.tools t
+     WHERE t.kind = 'external' AND t.present AND t.accepted_hash IS DISTINCT FROM t.definition_hash
+    UNION ALL
     SELECT 'immutable_context_reader', p.oid::regprocedure::text, 'IMMUTABLE but reads the ctxguard context (plans would cache one tenant)'
       FROM pg_proc p
      WHERE p.provolatile = 'i'
@@ -127,7 +167,10 @@ CREATE POLICY document_coverage_owner ON ctxguard.document_coverage USING (true)
 ALTER TABLE ctxguard.tenant_limits ENABLE ROW LEVEL SECURITY;
 ALTER TABLE ctxguard.tenant_limits FORCE ROW LEVEL SECURITY;
 CREATE POLICY tenant_limits_owner ON ctxguard.tenant_limits USING (true) WITH CHECK (true);  -- DBA only
-GRANT SELECT ON ctxguard.documents, ctxguard.document_sections TO PUBLIC;
+-- documents.boilerplate holds raw page lines (headers, footers): not readable by callers.
+GRANT SELECT (tenant_id, id, title, status, tags, product_version, language, page_count, entity_type, entity_id,
+              created_at, updated_at) ON ctxguard.documents TO PUBLIC;
+GRANT SELECT ON ctxguard.document_sections TO PUBLIC;
 
 -- Masking rules: validated on write, seeded from the built-in set.
 ALTER TABLE ctxguard.mask_rules ADD CONSTRAINT mask_rules_compile CHECK (ctxguard._mask_rule_valid(name, pattern, validator));
@@ -154,6 +197,7 @@ DECLARE
     ctx jsonb := ctxguard.context();
     n integer;
 BEGIN
+    PERFORM ctxguard._refuse_inside_handler('save_turn');
     IF ctx IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '28000', MESSAGE = 'ctxguard: no context is set';
     END IF;
@@ -189,3 +233,20 @@ ALTER TABLE ctxguard.external_calls FORCE ROW LEVEL SECURITY;
 CREATE POLICY external_calls_owner ON ctxguard.external_calls USING (true) WITH CHECK (true);  -- no grants: owner only
 REVOKE EXECUTE ON FUNCTION ctxguard.sync_mcp_tools(text, jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION ctxguard.set_server_policy(text, jsonb) FROM PUBLIC;
+
+-- Definition pinning: accept an upstream tool's current definition (DBA only).
+CREATE FUNCTION ctxguard.accept_mcp_tool(name text) RETURNS void
+    LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM ctxguard._refuse_inside_handler('accept_mcp_tool');
+    UPDATE ctxguard.tools t SET accepted_hash = t.definition_hash, version = t.version + 1, updated_at = now()
+     WHERE t.name = accept_mcp_tool.name AND t.kind = 'external';
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'ctxguard: no such upstream tool';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION ctxguard.accept_mcp_tool(text) IS 'Accept an upstream MCP tool''s current definition (name, description, schema) after a change disabled it.';
+REVOKE EXECUTE ON FUNCTION ctxguard.accept_mcp_tool(text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION ctxguard._definition_hash(text, text, text) FROM PUBLIC;

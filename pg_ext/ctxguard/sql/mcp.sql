@@ -16,6 +16,7 @@ CREATE TABLE ctxguard.mcp_servers (
     enabled          boolean NOT NULL DEFAULT true,
     default_policy   jsonb,
     updated_at       timestamptz NOT NULL DEFAULT now(),
+    max_tools        integer NOT NULL DEFAULT 200 CHECK (max_tools BETWEEN 1 AND 10000),
     CHECK (CASE transport WHEN 'http' THEN url IS NOT NULL AND command IS NULL
                           ELSE command IS NOT NULL AND url IS NULL END)
 );
@@ -33,9 +34,14 @@ COMMENT ON TABLE ctxguard.mcp_server_grants IS 'Per-server allow/deny for a user
 ALTER TABLE ctxguard.tools
     ADD COLUMN server text REFERENCES ctxguard.mcp_servers (name) ON DELETE CASCADE,
     ADD COLUMN upstream_name text,
+    ADD COLUMN present boolean NOT NULL DEFAULT true,
+    ADD COLUMN definition_hash text,
+    ADD COLUMN accepted_hash text,
     ADD CONSTRAINT tools_external_has_server CHECK ((kind = 'external') = (server IS NOT NULL AND upstream_name IS NOT NULL)),
     ADD CONSTRAINT tools_external_namespaced CHECK (server IS NULL OR starts_with(name, server || '.'));
 CREATE INDEX tools_server_idx ON ctxguard.tools (server) WHERE server IS NOT NULL;
+COMMENT ON COLUMN ctxguard.tools.present IS 'false: the upstream server no longer lists this tool (hidden and uncallable; its policy is kept).';
+COMMENT ON COLUMN ctxguard.tools.accepted_hash IS 'Definition hash the DBA accepted (first sync, or ctxguard.accept_mcp_tool); a different definition_hash disables the tool.';
 
 -- Upstream calls authorized by Gate B and not yet completed: complete_call consumes one exactly once.
 CREATE TABLE ctxguard.external_calls (

@@ -8,7 +8,8 @@ use serde_json::{json, Value};
 
 use crate::context::Ctx;
 use crate::gucs;
-use crate::pgutil::{as_owner, raise, saved_plan, update_saved, TEXT};
+use crate::owner::as_owner;
+use crate::pgutil::{raise, saved_plan, update_saved, TEXT};
 
 /// Limits in force for the caller's tenant (settings, overridden by `ctxguard.tenant_limits`).
 #[derive(Debug, Clone, Copy)]
@@ -43,14 +44,14 @@ impl Budget {
                 let sql = match &ctx.generation {
                     Some(_) => "SELECT g.bytes_used, tl.max_pages_per_call, tl.max_calls_per_document,
                                        tl.max_bytes_per_generation, tl.max_section_tokens, tl.max_search_results,
-                                       tl.max_document_coverage::float8
+                                       tl.max_document_coverage::pg_catalog.float8
                                   FROM ctxguard.generations g
                                   LEFT JOIN ctxguard.tenant_limits tl ON tl.tenant_id = g.tenant_id
-                                 WHERE g.id = $1::uuid AND g.tenant_id = $2 FOR UPDATE OF g",
-                    None => "SELECT 0::bigint, tl.max_pages_per_call, tl.max_calls_per_document,
+                                 WHERE g.id = $1::pg_catalog.uuid AND g.tenant_id = $2 FOR UPDATE OF g",
+                    None => "SELECT 0::pg_catalog.int8, tl.max_pages_per_call, tl.max_calls_per_document,
                                     tl.max_bytes_per_generation, tl.max_section_tokens, tl.max_search_results,
-                                    tl.max_document_coverage::float8
-                               FROM (SELECT $2::text AS tenant_id, $1::text AS unused) t
+                                    tl.max_document_coverage::pg_catalog.float8
+                               FROM (SELECT $2::pg_catalog.text AS tenant_id, $1::pg_catalog.text AS unused) t
                                LEFT JOIN ctxguard.tenant_limits tl ON tl.tenant_id = t.tenant_id",
                 };
                 let plan = saved_plan(c, sql, &[TEXT, TEXT], true)?;
@@ -105,7 +106,7 @@ impl Budget {
                 Spi::connect_mut(|c| {
                     let plan = saved_plan(
                         c,
-                        "UPDATE ctxguard.generations SET bytes_used = bytes_used + $2::bigint WHERE id = $1::uuid",
+                        "UPDATE ctxguard.generations SET bytes_used = bytes_used + $2::pg_catalog.int8 WHERE id = $1::pg_catalog.uuid",
                         &[TEXT, TEXT],
                         true,
                     )?;
@@ -124,7 +125,7 @@ impl Budget {
                 // No row comes back when the limit is reached (the conflict update's WHERE fails).
                 let mut rows = update_saved(
                     c,
-                    "INSERT INTO ctxguard.document_calls AS d (generation, tenant_id, doc_id, calls) VALUES ($1::uuid, $2, $3, 1)
+                    "INSERT INTO ctxguard.document_calls AS d (generation, tenant_id, doc_id, calls) VALUES ($1::pg_catalog.uuid, $2, $3, 1)
                      ON CONFLICT (generation, doc_id) DO UPDATE SET calls = d.calls + 1 WHERE d.calls < $4
                      RETURNING calls",
                     Some(1),
@@ -151,12 +152,12 @@ impl Budget {
         let (already, fresh) = as_owner(|| {
             Spi::connect_mut(|c| {
                 // Serialise this user's reads of this document (concurrent generations).
-                update_saved(c, "SELECT pg_advisory_xact_lock(hashtextextended($1, 7))", None, &[key.as_str().into()])?;
+                update_saved(c, "SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended($1, 7))", None, &[key.as_str().into()])?;
                 let mut rows = update_saved(
                     c,
-                    "SELECT (SELECT count(*) FROM ctxguard.document_coverage
+                    "SELECT (SELECT pg_catalog.count(*) FROM ctxguard.document_coverage
                               WHERE tenant_id = $1 AND user_id = $2 AND doc_id = $3 AND day = current_date),
-                            (SELECT count(*) FROM unnest($4::int[]) p(n)
+                            (SELECT pg_catalog.count(*) FROM pg_catalog.unnest($4::pg_catalog.int4[]) p(n)
                               WHERE NOT EXISTS (SELECT 1 FROM ctxguard.document_coverage c
                                                  WHERE c.tenant_id = $1 AND c.user_id = $2 AND c.doc_id = $3
                                                    AND c.day = current_date AND c.page_no = p.n))",
@@ -177,7 +178,7 @@ impl Budget {
                     update_saved(
                         c,
                         "INSERT INTO ctxguard.document_coverage (tenant_id, user_id, doc_id, day, page_no)
-                         SELECT $1, $2, $3, current_date, n FROM unnest($4::int[]) n ON CONFLICT DO NOTHING",
+                         SELECT $1, $2, $3, current_date, n FROM pg_catalog.unnest($4::pg_catalog.int4[]) n ON CONFLICT DO NOTHING",
                         None,
                         &[ctx.tenant_id.as_str().into(), ctx.user_id.as_str().into(), doc_id.into(), pages.to_vec().into()],
                     )

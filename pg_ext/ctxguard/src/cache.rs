@@ -12,12 +12,13 @@ use std::rc::Rc;
 use ctxguard_core::args::{self, ArgError, Schema};
 use ctxguard_core::mcp::{Caller, Grant, Principal, ServerAccess};
 use ctxguard_core::page::PageTypeInfo;
-use ctxguard_core::policy::{parse_policy, Danger, Policy};
+use ctxguard_core::policy::{evaluate, parse_policy, split_run_as, Danger, Policy, Reason};
 use pgrx::prelude::*;
 use pgrx::spi::SpiHeapTupleData;
 use pgrx::JsonB;
 use serde_json::Value;
 
+use crate::owner::as_owner;
 use crate::pgutil::{raise, saved_plan};
 
 /// One catalogued tool and, if it has one, its policy.
@@ -32,6 +33,12 @@ pub struct ToolEntry {
     /// Upstream MCP server and the tool's name there (external tools only).
     pub server: Option<String>,
     pub upstream_name: Option<String>,
+    /// The role a SQL tool's handler runs as (`tool_policies.run_as`).
+    pub run_as: Option<pg_sys::Oid>,
+    /// An upstream tool its server no longer lists.
+    pub absent: bool,
+    /// An upstream tool whose definition changed since the DBA accepted it.
+    pub changed: bool,
     compiled: OnceCell<Result<Rc<Schema>, ArgError>>,
 }
 
@@ -46,9 +53,11 @@ impl ToolEntry {
 
 /// Where an entity type lives (from `ctxguard.protect_table`).
 pub struct EntityMapping {
-    /// Prepared-statement text checking that an id is visible: `SELECT EXISTS (... WHERE col = $1)`.
+    /// Statement text, run as the owner, checking that an id exists in a tenant:
+    /// `SELECT EXISTS (SELECT 1 FROM schema.table WHERE id_col = $1::type AND tenant_col = $2::type)`,
+    /// every name quoted and schema-qualified.
     pub exists_sql: String,
-    /// The id column's type (`text`, `uuid`, `bigint`, ...).
+    /// The id column's type name in `pg_catalog` (`text`, `uuid`, `int8`, ...).
     pub id_type: String,
 }
 
@@ -56,9 +65,11 @@ impl EntityMapping {
     /// Can `id` be cast to the id column's type? (Otherwise it cannot exist.)
     pub fn accepts(&self, id: &str) -> bool {
         match self.id_type.as_str() {
+            "text" | "varchar" | "bpchar" | "name" => true,
             "uuid" => uuid::Uuid::parse_str(id).is_ok(),
-            "bigint" | "integer" | "smallint" => id.parse::<i64>().is_ok(),
-            _ => true,
+            "int8" | "int4" | "int2" => id.parse::<i64>().is_ok(),
+            // Other id types could fail the cast (and the error would quote the id): not found.
+            _ => false,
         }
     }
 }
@@ -73,9 +84,10 @@ pub struct Catalog {
 }
 
 impl Catalog {
-    /// The catalog version (also bumped by mask-rule changes).
-    pub fn version(&self) -> i64 {
-        self.key.0
+    /// The catalog's cache key: `(version, xmin)` of `ctxguard.catalog_version` (also moved by
+    /// mask-rule changes).
+    pub fn key(&self) -> &(i64, String) {
+        &self.key
     }
 
     pub fn tool(&self, name: &str) -> Option<&Rc<ToolEntry>> {
@@ -112,6 +124,21 @@ impl Catalog {
             .is_none_or(|s| self.server_allows(s, ctx))
     }
 
+    /// Why `tool` is or is not usable in `ctx` (Gate A and Gate B share this).
+    pub fn reason(&self, tool: &ToolEntry, ctx: Option<&crate::context::Ctx>) -> Reason {
+        if tool.absent {
+            return Reason::ToolAbsent;
+        }
+        let view = ctx.map(crate::context::Ctx::view);
+        match evaluate(tool.policy.as_ref(), view.as_ref()) {
+            Reason::Visible if tool.changed => Reason::DefinitionChanged,
+            Reason::Visible if !ctx.is_some_and(|c| self.tool_server_allows(tool, c)) => {
+                Reason::ServerNotAllowed
+            }
+            r => r,
+        }
+    }
+
     /// Names of the enabled upstream servers the caller of `ctx` may use.
     pub fn allowed_servers(&self, ctx: &crate::context::Ctx) -> Vec<String> {
         let mut names: Vec<String> = self
@@ -138,10 +165,14 @@ fn internal(e: impl std::fmt::Display) -> ! {
 
 /// The catalog as of the current snapshot.
 pub fn catalog() -> Rc<Catalog> {
+    as_owner(catalog_as_owner)
+}
+
+fn catalog_as_owner() -> Rc<Catalog> {
     let key = Spi::connect(|c| {
         let plan = saved_plan(
             c,
-            "SELECT version, xmin::text FROM ctxguard.catalog_version",
+            "SELECT version, xmin::pg_catalog.text FROM ctxguard.catalog_version",
             &[],
             false,
         )?;
@@ -157,7 +188,7 @@ pub fn catalog() -> Rc<Catalog> {
         return c;
     }
     let loaded = Rc::new(load(key).unwrap_or_else(|e| internal(e)));
-    crate::pgutil::forget_handlers();
+    crate::handler::catalog_changed();
     CACHE.with(|c| *c.borrow_mut() = Some(loaded.clone()));
     loaded
 }
@@ -199,13 +230,14 @@ fn load(key: (i64, String)) -> Result<Catalog, pgrx::spi::Error> {
         }
         let mut tools = Vec::new();
         for row in c.select(
-            "SELECT t.name, t.description, t.input_schema, t.handler::oid, t.kind,
+            "SELECT t.name, t.description, t.input_schema, t.handler::pg_catalog.oid, t.kind,
                     p.page_types, p.requires_entity, p.entity_type, p.entity_param, p.roles, p.required_states,
                     p.read_only, p.danger, p.requires_approval, p.enabled, p.tool IS NOT NULL,
-                    t.server, t.upstream_name, s.default_policy
+                    t.server, t.upstream_name, s.default_policy, p.run_as::pg_catalog.oid, NOT t.present,
+                    t.kind = 'external' AND t.accepted_hash IS DISTINCT FROM t.definition_hash
                FROM ctxguard.tools t LEFT JOIN ctxguard.tool_policies p ON p.tool = t.name
                     LEFT JOIN ctxguard.mcp_servers s ON s.name = t.server
-              ORDER BY t.name",
+              ORDER BY t.name COLLATE \"C\"",
             None,
             &[],
         )? {
@@ -215,6 +247,7 @@ fn load(key: (i64, String)) -> Result<Catalog, pgrx::spi::Error> {
                 // A server's default policy covers its tools without one, if it fits the tool's
                 // schema (an entity_param the tool lacks leaves it without a policy: invisible).
                 if let Some(JsonB(default)) = row.get::<JsonB>(19)? {
+                    let default = split_run_as(&default).map(|(p, _)| p).unwrap_or(Value::Null);
                     policy = parse_policy(&default, &input_schema, |n| {
                         page_types.get(n).map(|e: &Option<String>| PageTypeInfo {
                             entity_type: e.clone(),
@@ -232,6 +265,9 @@ fn load(key: (i64, String)) -> Result<Catalog, pgrx::spi::Error> {
                 policy,
                 server: row.get::<String>(17)?,
                 upstream_name: row.get::<String>(18)?,
+                run_as: row.get::<pg_sys::Oid>(20)?,
+                absent: row.get::<bool>(21)?.unwrap_or(true),
+                changed: row.get::<bool>(22)?.unwrap_or(true),
                 compiled: OnceCell::new(),
             }));
         }
@@ -242,27 +278,36 @@ fn load(key: (i64, String)) -> Result<Catalog, pgrx::spi::Error> {
             .collect();
         let mut entities = HashMap::new();
         for row in c.select(
-            "SELECT name, tbl::text, quote_ident(id_column), id_type::text FROM ctxguard.entity_types",
+            "SELECT e.name,
+                    pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(c.relname),
+                    pg_catalog.quote_ident(e.id_column::pg_catalog.text),
+                    pg_catalog.quote_ident(it.typnamespace::pg_catalog.regnamespace::pg_catalog.text) || '.'
+                        || pg_catalog.quote_ident(it.typname::pg_catalog.text),
+                    CASE WHEN it.typnamespace = 'pg_catalog'::pg_catalog.regnamespace THEN it.typname::pg_catalog.text END,
+                    pg_catalog.quote_ident(e.tenant_column::pg_catalog.text),
+                    pg_catalog.quote_ident(tt.typnamespace::pg_catalog.regnamespace::pg_catalog.text) || '.'
+                        || pg_catalog.quote_ident(tt.typname::pg_catalog.text)
+               FROM ctxguard.entity_types e
+               JOIN pg_catalog.pg_class c ON c.oid = e.tbl::pg_catalog.oid
+               JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+               JOIN pg_catalog.pg_type it ON it.oid = e.id_type::pg_catalog.oid
+               JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attname = e.tenant_column AND NOT a.attisdropped
+               JOIN pg_catalog.pg_type tt ON tt.oid = a.atttypid",
             None,
             &[],
         )? {
-            let (name, table, column, id_type) = (
-                row.get::<String>(1)?.unwrap_or_default(),
-                row.get::<String>(2)?.unwrap_or_default(),
-                row.get::<String>(3)?.unwrap_or_default(),
-                row.get::<String>(4)?.unwrap_or_default(),
-            );
-            // Compare in the column's own type so its index is used; a malformed id then fails the
-            // cast, which the caller treats as "not found".
-            let rhs = match id_type.as_str() {
-                "text" => "$1".to_string(),
-                other => format!("$1::{other}"),
-            };
+            let text = |i: usize| row.get::<String>(i).map(Option::unwrap_or_default);
+            let (name, table, id_column, id_type, id_type_name, tenant_column, tenant_type) =
+                (text(1)?, text(2)?, text(3)?, text(4)?, text(5)?, text(6)?, text(7)?);
+            // Run as the owner (who bypasses RLS), so the tenant is an explicit predicate. Every
+            // name is quoted and qualified: nothing on the caller's path can stand in for it.
             entities.insert(
                 name,
                 Rc::new(EntityMapping {
-                    exists_sql: format!("SELECT EXISTS (SELECT 1 FROM {table} WHERE {column} = {rhs})"),
-                    id_type,
+                    exists_sql: format!(
+                        "SELECT EXISTS (SELECT 1 FROM {table} WHERE {id_column} = $1::{id_type} AND {tenant_column} = $2::{tenant_type})"
+                    ),
+                    id_type: id_type_name,
                 }),
             );
         }
@@ -283,15 +328,15 @@ fn load(key: (i64, String)) -> Result<Catalog, pgrx::spi::Error> {
         }
         // Grants name users of every tenant, so only the owner reads them; all of them are loaded
         // whoever the caller is, as the cache is shared by every context of this backend.
-        let grants = crate::pgutil::as_owner(|| {
+        let grants = {
             c.select(
-                "SELECT server, tenant_id, split_part(principal, ':', 1), substr(principal, strpos(principal, ':') + 1),
+                "SELECT server, tenant_id, pg_catalog.split_part(principal, ':', 1), pg_catalog.substr(principal, pg_catalog.strpos(principal, ':') + 1),
                         access = 'allow'
                    FROM ctxguard.mcp_server_grants",
                 None,
                 &[],
             )
-        })?;
+        }?;
         for row in grants {
             let principal = match (
                 row.get::<String>(3)?.as_deref(),

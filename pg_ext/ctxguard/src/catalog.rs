@@ -26,6 +26,8 @@ fn check_description(d: Option<&str>) -> &str {
 /// `ctxguard.register_page_type(name, entity_type, description)`; NULL entity type = list page.
 #[pg_extern(volatile, parallel_unsafe)]
 fn register_page_type(name: Option<&str>, entity_type: Option<&str>, description: Option<&str>) {
+    crate::handler::refuse_inside("register_page_type");
+    let _pin = crate::owner::pin();
     let name = name
         .filter(|n| is_valid_name(n))
         .unwrap_or_else(|| raise(INVALID, "ctxguard: invalid page type name"));
@@ -36,7 +38,7 @@ fn register_page_type(name: Option<&str>, entity_type: Option<&str>, description
     Spi::run_with_args(
         "INSERT INTO ctxguard.page_types (name, entity_type, description) VALUES ($1, $2, $3)
          ON CONFLICT (name) DO UPDATE SET entity_type = EXCLUDED.entity_type,
-             description = EXCLUDED.description, updated_at = now()",
+             description = EXCLUDED.description, updated_at = pg_catalog.now()",
         &[name.into(), entity_type.into(), description.into()],
     )
     .unwrap_or_else(|e| {
@@ -49,7 +51,7 @@ fn register_page_type(name: Option<&str>, entity_type: Option<&str>, description
 
 fn handler_signature_ok(handler: pg_sys::Oid) -> bool {
     Spi::get_one_with_args::<bool>(
-        "SELECT prorettype = 'jsonb'::regtype AND pronargs = 1 AND proargtypes[0] = 'jsonb'::regtype
+        "SELECT prorettype = 'jsonb'::pg_catalog.regtype AND pronargs = 1 AND proargtypes[0] = 'jsonb'::pg_catalog.regtype
                 AND prokind = 'f' AND NOT proretset
          FROM pg_catalog.pg_proc WHERE oid = $1",
         &[handler.into()],
@@ -66,6 +68,8 @@ fn _register_tool(
     handler: Option<pg_sys::Oid>,
     policy: Option<JsonB>,
 ) {
+    crate::handler::refuse_inside("register_tool");
+    let _pin = crate::owner::pin();
     let name = name
         .filter(|n| is_valid_name(n))
         .unwrap_or_else(|| raise(INVALID, "ctxguard: invalid tool name"));
@@ -84,23 +88,85 @@ fn _register_tool(
         );
     }
     let raw_policy = policy.map(|p| p.0).unwrap_or(serde_json::Value::Null);
-    let catalog = cache::catalog();
-    let p: Policy = policy::parse_policy(&raw_policy, &schema, |n| catalog.page_type(n))
-        .unwrap_or_else(|e| raise(INVALID, format!("ctxguard: {e}")));
+    let (p, run_as) = parse_with_run_as(&raw_policy, &schema, true);
     Spi::connect_mut(|c| {
         c.update(
             "INSERT INTO ctxguard.tools (name, description, input_schema, handler, kind)
-             VALUES ($1, $2, $3, $4::oid::regprocedure, 'sql')
+             VALUES ($1, $2, $3, $4::oid::pg_catalog.regprocedure, 'sql')
              ON CONFLICT (name) DO UPDATE SET description = EXCLUDED.description,
                  input_schema = EXCLUDED.input_schema, handler = EXCLUDED.handler, kind = EXCLUDED.kind,
-                 version = ctxguard.tools.version + 1, updated_at = now()",
+                 version = ctxguard.tools.version + 1, updated_at = pg_catalog.now()",
             None,
             &[name.into(), description.into(), JsonB(schema.clone()).into(), handler.into()],
         )?;
-        upsert_policy(c, name, &p, raw_policy)?;
+        upsert_policy(c, name, &p, raw_policy, run_as)?;
         Ok::<_, pgrx::spi::Error>(())
     })
     .unwrap_or_else(|e| raise(INVALID, format!("ctxguard: could not register tool: {e}")));
+}
+
+/// Parse a policy document and, for a SQL tool (`needs_run_as`), resolve the role its handler
+/// runs as: the policy's `run_as`, else `ctxguard.default_run_as`. Raises 22023 on any problem.
+fn parse_with_run_as(
+    raw: &serde_json::Value,
+    schema: &serde_json::Value,
+    needs_run_as: bool,
+) -> (Policy, Option<pg_sys::Oid>) {
+    let (rest, named) =
+        policy::split_run_as(raw).unwrap_or_else(|e| raise(INVALID, format!("ctxguard: {e}")));
+    let catalog = cache::catalog();
+    let p = policy::parse_policy(&rest, schema, |n| catalog.page_type(n))
+        .unwrap_or_else(|e| raise(INVALID, format!("ctxguard: {e}")));
+    if !needs_run_as {
+        if named.is_some() {
+            raise(INVALID, "ctxguard: run_as applies to SQL tools only");
+        }
+        return (p, None);
+    }
+    let role = named
+        .or_else(|| crate::gucs::get(&crate::gucs::DEFAULT_RUN_AS))
+        .unwrap_or_else(|| {
+            raise(
+                INVALID,
+                "ctxguard: a SQL tool needs a run_as role (policy \"run_as\" or ctxguard.default_run_as)",
+            )
+        });
+    (p, Some(check_run_as(&role)))
+}
+
+/// The OID of `role` if it may run tool handlers: it exists, is not a superuser, cannot bypass
+/// RLS, is not the extension owner, and is not (a member of) the owner of a table with row level
+/// security or of a ctxguard table. Otherwise 22023.
+fn check_run_as(role: &str) -> pg_sys::Oid {
+    let found = crate::owner::as_owner(|| {
+        Spi::connect(|c| {
+            let mut rows = c.select(
+                "SELECT r.oid,
+                        r.rolsuper OR r.rolbypassrls OR r.oid = e.extowner
+                        OR EXISTS (SELECT 1 FROM pg_catalog.pg_class t
+                                    WHERE t.relkind IN ('r', 'p')
+                                      AND (t.relrowsecurity OR t.relnamespace = e.extnamespace)
+                                      AND pg_catalog.pg_has_role(r.oid, t.relowner, 'MEMBER'))
+                   FROM pg_catalog.pg_roles r, pg_catalog.pg_extension e
+                  WHERE r.rolname = $1 AND e.extname = 'ctxguard'",
+                Some(1),
+                &[role.into()],
+            )?;
+            Ok::<_, pgrx::spi::Error>(match rows.next() {
+                Some(r) => Some((r.get::<pg_sys::Oid>(1)?, r.get::<bool>(2)?.unwrap_or(true))),
+                None => None,
+            })
+        })
+    })
+    .unwrap_or_else(|e| raise(INVALID, format!("ctxguard: {e}")));
+    match found {
+        Some((Some(oid), false)) => oid,
+        Some(_) => raise(
+            INVALID,
+            "ctxguard: run_as role must be NOSUPERUSER NOBYPASSRLS, not the extension owner, and own no protected table",
+        ),
+        None => raise(INVALID, "ctxguard: run_as role does not exist"),
+    }
 }
 
 fn upsert_policy(
@@ -108,17 +174,19 @@ fn upsert_policy(
     name: &str,
     p: &Policy,
     raw: serde_json::Value,
+    run_as: Option<pg_sys::Oid>,
 ) -> Result<(), pgrx::spi::Error> {
     c.update(
             "INSERT INTO ctxguard.tool_policies (tool, page_types, requires_entity, entity_type, entity_param,
-                 roles, required_states, read_only, danger, requires_approval, enabled, policy)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+                 roles, required_states, read_only, danger, requires_approval, enabled, policy, run_as)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13::pg_catalog.oid::pg_catalog.regrole)
              ON CONFLICT (tool) DO UPDATE SET page_types = EXCLUDED.page_types,
                  requires_entity = EXCLUDED.requires_entity, entity_type = EXCLUDED.entity_type,
                  entity_param = EXCLUDED.entity_param, roles = EXCLUDED.roles,
                  required_states = EXCLUDED.required_states, read_only = EXCLUDED.read_only,
                  danger = EXCLUDED.danger, requires_approval = EXCLUDED.requires_approval,
-                 enabled = EXCLUDED.enabled, policy = EXCLUDED.policy, updated_at = now()",
+                 enabled = EXCLUDED.enabled, policy = EXCLUDED.policy, run_as = EXCLUDED.run_as,
+                 updated_at = pg_catalog.now()",
             None,
             &[
                 name.into(),
@@ -133,6 +201,7 @@ fn upsert_policy(
                 p.requires_approval.into(),
                 p.enabled.into(),
                 JsonB(raw).into(),
+                run_as.into(),
             ],
         )?;
     Ok(())
@@ -142,25 +211,26 @@ fn upsert_policy(
 /// `register_tool`'s.
 #[pg_extern(volatile, parallel_unsafe)]
 fn set_tool_policy(name: Option<&str>, policy: Option<JsonB>) {
+    crate::handler::refuse_inside("set_tool_policy");
+    let _pin = crate::owner::pin();
     let name = name
         .filter(|n| is_valid_name(n))
         .unwrap_or_else(|| raise(INVALID, "ctxguard: invalid tool name"));
-    let schema = Spi::connect(|c| {
-        c.select(
-            "SELECT input_schema FROM ctxguard.tools WHERE name = $1",
-            Some(1),
-            &[name.into()],
-        )?
-        .first()
-        .get_one::<JsonB>()
+    let (schema, kind) = Spi::connect(|c| {
+        let row = c
+            .select(
+                "SELECT input_schema, kind FROM ctxguard.tools WHERE name = $1",
+                Some(1),
+                &[name.into()],
+            )?
+            .first();
+        row.get_two::<JsonB, String>()
     })
     .ok()
-    .flatten()
+    .and_then(|(s, k)| Some((s?, k?)))
     .unwrap_or_else(|| raise(INVALID, "ctxguard: no such tool"));
     let raw_policy = policy.map(|p| p.0).unwrap_or(serde_json::Value::Null);
-    let catalog = cache::catalog();
-    let p = policy::parse_policy(&raw_policy, &schema.0, |n| catalog.page_type(n))
-        .unwrap_or_else(|e| raise(INVALID, format!("ctxguard: {e}")));
-    Spi::connect_mut(|c| upsert_policy(c, name, &p, raw_policy))
+    let (p, run_as) = parse_with_run_as(&raw_policy, &schema.0, kind == "sql");
+    Spi::connect_mut(|c| upsert_policy(c, name, &p, raw_policy, run_as))
         .unwrap_or_else(|e| raise(INVALID, format!("ctxguard: could not set policy: {e}")));
 }

@@ -7,19 +7,23 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::cache;
+use crate::handler::refuse_inside;
+use crate::keys::verify;
+use crate::owner::as_owner;
 use ctxguard_core::names::is_valid_id;
 use ctxguard_core::page::{self, Entity};
-use ctxguard_core::token::{self, KeyConfig};
+use ctxguard_core::token;
 use pgrx::prelude::*;
 use pgrx::JsonB;
 use serde_json::{json, Value};
 
 use crate::gucs;
-use crate::pgutil::{as_owner, in_transaction_block, raise, saved_plan, set_local, TEXT};
+use crate::pgutil::{in_transaction_block, raise, saved_plan, set_local, TEXT};
 
 pub static PRELOADED: AtomicBool = AtomicBool::new(false);
-/// Set while a tool handler runs: handlers must not be able to switch identity.
-pub static IN_HANDLER: AtomicBool = AtomicBool::new(false);
+
+/// Largest page context accepted, in bytes of its JSON text (checked before it is parsed).
+pub const MAX_PAGE_BYTES: usize = 64 * 1024;
 
 /// The verified context of the current transaction.
 #[derive(Debug, Clone)]
@@ -107,20 +111,6 @@ fn deny(
     raise(code, format!("ctxguard: {reason}"))
 }
 
-/// Verify a context token against the configured keys.
-fn verify(token: Option<&str>) -> Result<token::Identity, token::TokenError> {
-    let secret = gucs::get(&gucs::JWT_SECRET);
-    let public_key = gucs::get(&gucs::JWT_PUBLIC_KEY);
-    let audience = gucs::get(&gucs::JWT_AUDIENCE);
-    let keys = KeyConfig {
-        hs256_secret: secret.as_deref(),
-        ed25519_public_key: public_key.as_deref(),
-        audience: audience.as_deref(),
-        leeway_secs: gucs::JWT_LEEWAY.get().max(0) as u64,
-    };
-    token::verify(token.unwrap_or_default(), &keys)
-}
-
 /// Verify a context token without setting a context: its identity, or SQLSTATE 28000.
 /// Lets the gateway authenticate a request (e.g. an MCP POST) before it knows the page.
 #[pg_extern(stable, parallel_safe)]
@@ -138,14 +128,32 @@ fn verify_token(token: Option<&str>) -> JsonB {
     }
 }
 
-/// Verify `token`, validate `page`, and make them the context of the current transaction.
-#[pg_extern(volatile, parallel_unsafe)]
+/// The 0.1.0 entry point (`set_context(text, jsonb, …)` bound to this symbol): kept so that a
+/// database still on 0.1.0's SQL keeps working between installing this library and
+/// `ALTER EXTENSION ctxguard UPDATE`. Not part of 0.2.0's SQL.
+#[pg_extern(volatile, parallel_unsafe, sql = false)]
 fn set_context(
     token: Option<&str>,
     page: Option<JsonB>,
     generation: default!(Option<pgrx::Uuid>, "NULL"),
     trace_id: default!(Option<&str>, "NULL"),
 ) -> JsonB {
+    let page = page.map(|JsonB(v)| v.to_string());
+    set_context_text(token, page.as_deref(), generation, trace_id)
+}
+
+/// Verify `token`, validate `page` (JSON text), and make them the context of the current
+/// transaction. Called by the SQL function `ctxguard.set_context(token, page jsonb, …)`, which
+/// passes the page as text so that its size is checked before it is parsed, and a page too deep
+/// to parse is a clean 22023.
+#[pg_extern(volatile, parallel_unsafe, name = "_set_context")]
+fn set_context_text(
+    token: Option<&str>,
+    page: Option<&str>,
+    generation: default!(Option<pgrx::Uuid>, "NULL"),
+    trace_id: default!(Option<&str>, "NULL"),
+) -> JsonB {
+    let _pin = crate::owner::pin();
     let auth = PgSqlErrorCode::ERRCODE_INVALID_AUTHORIZATION_SPECIFICATION;
     let invalid = PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE;
     if !PRELOADED.load(Ordering::Relaxed) {
@@ -154,14 +162,7 @@ fn set_context(
             "ctxguard must be listed in shared_preload_libraries",
         );
     }
-    if IN_HANDLER.load(Ordering::Relaxed) {
-        deny(
-            PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
-            "set_context cannot be called from a tool handler",
-            None,
-            None,
-        );
-    }
+    refuse_inside("set_context");
     if !in_transaction_block() {
         deny(
             PgSqlErrorCode::ERRCODE_NO_ACTIVE_SQL_TRANSACTION,
@@ -174,10 +175,27 @@ fn set_context(
         Ok(who) => who,
         Err(e) => deny(auth, &format!("invalid context token: {e}"), None, None),
     };
-    let Some(JsonB(page_json)) = page else {
+    let Some(page_text) = page else {
         deny(
             invalid,
             "invalid page context: page is required",
+            Some(&who),
+            None,
+        )
+    };
+    if page_text.len() > MAX_PAGE_BYTES {
+        deny(
+            invalid,
+            "invalid page context: larger than 64 KiB",
+            Some(&who),
+            None,
+        );
+    }
+    // serde_json's recursion limit turns an absurdly deep page into an error, never a crash.
+    let Ok(page_json) = serde_json::from_str::<Value>(page_text) else {
+        deny(
+            invalid,
+            "invalid page context: not valid JSON or nested too deeply",
             Some(&who),
             None,
         )
@@ -242,7 +260,7 @@ fn set_context(
         set_local(name, value);
     }
     if let Some(e) = &page.entity {
-        if !entity_visible(&catalog, e) {
+        if !entity_exists(&catalog, e, &who.tenant_id) {
             // Same message whether the row is in another tenant or does not exist at all.
             deny(
                 invalid,
@@ -261,7 +279,7 @@ fn generation_valid(generation: &str, who: &token::Identity) -> bool {
             let plan = saved_plan(
                 c,
                 "SELECT EXISTS (SELECT 1 FROM ctxguard.generations
-                  WHERE id = $1::uuid AND tenant_id = $2 AND user_id = $3 AND expires_at > now())",
+                  WHERE id = $1::pg_catalog.uuid AND tenant_id = $2 AND user_id = $3 AND expires_at > pg_catalog.now())",
                 &[TEXT, TEXT, TEXT],
                 false,
             )?;
@@ -280,19 +298,23 @@ fn generation_valid(generation: &str, who: &token::Identity) -> bool {
     }) == Ok(Some(true))
 }
 
-/// If the entity type is mapped to a protected table, is the row visible to the caller under RLS?
-fn entity_visible(catalog: &cache::Catalog, e: &Entity) -> bool {
+/// If the entity type is mapped to a protected table, does the row exist in the caller's tenant?
+/// Run as the owner (the caller may hold no privilege on the table) with an explicit tenant
+/// predicate over quoted, schema-qualified names.
+fn entity_exists(catalog: &cache::Catalog, e: &Entity, tenant_id: &str) -> bool {
     let Some(mapping) = catalog.entity(&e.kind) else {
         return true;
     };
     if !mapping.accepts(&e.id) {
         return false;
     }
-    Spi::connect(|c| {
-        let plan = saved_plan(c, &mapping.exists_sql, &[TEXT], false)?;
-        c.select(&*plan, Some(1), &[e.id.as_str().into()])?
-            .first()
-            .get_one::<bool>()
+    as_owner(|| {
+        Spi::connect(|c| {
+            let plan = saved_plan(c, &mapping.exists_sql, &[TEXT, TEXT], false)?;
+            c.select(&*plan, Some(1), &[e.id.as_str().into(), tenant_id.into()])?
+                .first()
+                .get_one::<bool>()
+        })
     }) == Ok(Some(true))
 }
 
@@ -350,6 +372,8 @@ fn generation() -> Option<pgrx::Uuid> {
 /// It also becomes the current context's generation for the rest of the transaction.
 #[pg_extern(volatile, parallel_unsafe)]
 fn begin_generation(conversation_id: Option<&str>) -> pgrx::Uuid {
+    let _pin = crate::owner::pin();
+    refuse_inside("begin_generation");
     let Some(ctx) = Ctx::current() else {
         raise(
             PgSqlErrorCode::ERRCODE_INVALID_AUTHORIZATION_SPECIFICATION,
@@ -367,7 +391,7 @@ fn begin_generation(conversation_id: Option<&str>) -> pgrx::Uuid {
     as_owner(|| {
         Spi::run_with_args(
             "INSERT INTO ctxguard.generations (id, tenant_id, user_id, conversation_id, expires_at)
-             VALUES ($1::uuid, $2, $3, $4, now() + make_interval(secs => $5))",
+             VALUES ($1::pg_catalog.uuid, $2, $3, $4, pg_catalog.now() + pg_catalog.make_interval(secs => $5))",
             &[
                 id.to_string().as_str().into(),
                 ctx.tenant_id.as_str().into(),

@@ -17,7 +17,8 @@ use serde_json::{json, Map, Value};
 
 use crate::budget::Budget;
 use crate::context::Ctx;
-use crate::pgutil::{as_owner, raise, select_saved};
+use crate::owner::as_owner;
+use crate::pgutil::{raise, select_saved};
 
 const MAX_PAGE_BYTES: usize = 1024 * 1024;
 const MAX_PAGES: i32 = 100_000;
@@ -133,7 +134,7 @@ fn resolve(ctx: &Ctx, doc_id: &str) -> Result<Doc, Refusal> {
     let doc = Spi::connect(|c| {
         let mut rows = select_saved(
             c,
-            "SELECT id, title, status, tags, product_version, language::text, page_count, entity_type, entity_id
+            "SELECT id, title, status, tags, product_version, language::pg_catalog.text, page_count, entity_type, entity_id
                FROM ctxguard.documents WHERE tenant_id = $1 AND id = $2",
             Some(1),
             &[ctx.tenant_id.as_str().into(), doc_id.into()],
@@ -414,9 +415,9 @@ fn read_pages(ctx: &Ctx, doc: &Doc, start: i64, end: i64, room: usize) -> Out {
 }
 
 /// All query words must match (websearch syntax); with no hit, any word may (quoted lexemes).
-const SEARCH_ALL: &str = "websearch_to_tsquery($5::regconfig, $3) q";
-const SEARCH_ANY: &str = "(SELECT to_tsquery($5::regconfig, coalesce(nullif(array_to_string(ARRAY(
-        SELECT '''' || replace(l, '''', '''''') || '''' FROM unnest(tsvector_to_array(to_tsvector($5::regconfig, $3))) l),
+const SEARCH_ALL: &str = "pg_catalog.websearch_to_tsquery($5::pg_catalog.regconfig, $3) q";
+const SEARCH_ANY: &str = "(SELECT pg_catalog.to_tsquery($5::pg_catalog.regconfig, coalesce(nullif(array_to_string(ARRAY(
+        SELECT '''' || pg_catalog.replace(l, '''', '''''') || '''' FROM pg_catalog.unnest(tsvector_to_array(pg_catalog.to_tsvector($5::pg_catalog.regconfig, $3))) l),
         ' | '), ''), '''''')) AS q) qs";
 
 fn search_hits(
@@ -427,9 +428,9 @@ fn search_hits(
     tsquery: &str,
 ) -> Vec<(i32, f32, String)> {
     let sql = format!(
-        "SELECT page_no, score, ts_headline(cfg, clean, q,
+        "SELECT page_no, score, pg_catalog.ts_headline(cfg, clean, q,
                 'MaxFragments=2, MaxWords=24, MinWords=8, FragmentDelimiter=\" … \", StartSel=«, StopSel=»')
-           FROM (SELECT p.page_no, p.clean, q, $5::regconfig AS cfg, ts_rank_cd(p.tsv, q) AS score
+           FROM (SELECT p.page_no, p.clean, q, $5::pg_catalog.regconfig AS cfg, ts_rank_cd(p.tsv, q) AS score
                    FROM ctxguard.document_pages p, {tsquery}
                   WHERE p.tenant_id = $1 AND p.doc_id = $2 AND p.tsv @@ q
                   ORDER BY score DESC, p.page_no LIMIT $4) top
@@ -528,6 +529,8 @@ fn put_document(
     entity_id: default!(Option<&str>, "NULL"),
     language: default!(Option<&str>, "'simple'"),
 ) -> pgrx::JsonB {
+    crate::handler::refuse_inside("put_document");
+    let _pin = crate::owner::pin();
     let ctx = ingest_ctx();
     let doc_id = check_id(doc_id, "doc_id");
     let title = title
@@ -572,10 +575,10 @@ fn put_document(
     as_owner(|| {
         Spi::run_with_args(
             "INSERT INTO ctxguard.documents (tenant_id, id, title, status, tags, product_version, entity_type, entity_id, language)
-             VALUES ($1, $2, $3, 'processing', $4, $5, $6, $7, $8::regconfig)
+             VALUES ($1, $2, $3, 'processing', $4, $5, $6, $7, $8::pg_catalog.regconfig)
              ON CONFLICT (tenant_id, id) DO UPDATE SET title = EXCLUDED.title, tags = EXCLUDED.tags,
                  product_version = EXCLUDED.product_version, entity_type = EXCLUDED.entity_type,
-                 entity_id = EXCLUDED.entity_id, language = EXCLUDED.language, updated_at = now()",
+                 entity_id = EXCLUDED.entity_id, language = EXCLUDED.language, updated_at = pg_catalog.now()",
             &[
                 ctx.tenant_id.as_str().into(),
                 doc_id.as_str().into(),
@@ -639,7 +642,7 @@ fn finalize(ctx: &Ctx, doc_id: &str) -> Value {
     }
     let n = pages.len() as i32;
     let bad_sections = Spi::get_one_with_args::<i64>(
-        "SELECT count(*) FROM ctxguard.document_sections WHERE tenant_id = $1 AND doc_id = $2 AND page_end > $3",
+        "SELECT pg_catalog.count(*) FROM ctxguard.document_sections WHERE tenant_id = $1 AND doc_id = $2 AND page_end > $3",
         &[ctx.tenant_id.as_str().into(), doc_id.into(), n.into()],
     );
     if bad_sections != Ok(Some(0)) {
@@ -654,14 +657,14 @@ fn finalize(ctx: &Ctx, doc_id: &str) -> Value {
     as_owner(|| {
         Spi::connect_mut(|c| {
             c.update(
-                "UPDATE ctxguard.document_pages p SET clean = u.clean, tsv = to_tsvector(d.language, u.clean)
-                   FROM unnest($3::int[], $4::text[]) u(n, clean), ctxguard.documents d
+                "UPDATE ctxguard.document_pages p SET clean = u.clean, tsv = pg_catalog.to_tsvector(d.language, u.clean)
+                   FROM pg_catalog.unnest($3::pg_catalog.int4[], $4::pg_catalog.text[]) u(n, clean), ctxguard.documents d
                   WHERE p.tenant_id = $1 AND p.doc_id = $2 AND p.page_no = u.n AND d.tenant_id = $1 AND d.id = $2",
                 None,
                 &[ctx.tenant_id.as_str().into(), doc_id.into(), numbers.into(), cleaned.into()],
             )?;
             c.update(
-                "UPDATE ctxguard.documents SET page_count = $3, boilerplate = $4, updated_at = now()
+                "UPDATE ctxguard.documents SET page_count = $3, boilerplate = $4, updated_at = pg_catalog.now()
                   WHERE tenant_id = $1 AND id = $2",
                 None,
                 &[ctx.tenant_id.as_str().into(), doc_id.into(), n.into(), boilerplate.clone().into()],
@@ -688,6 +691,8 @@ fn ensure_document(ctx: &Ctx, doc_id: &str) {
 /// Store one page's text (idempotent). A ready document goes back to `processing`.
 #[pg_extern(volatile, parallel_unsafe)]
 fn put_page(doc_id: Option<&str>, page_no: Option<i32>, body: Option<&str>) {
+    crate::handler::refuse_inside("put_page");
+    let _pin = crate::owner::pin();
     let ctx = ingest_ctx();
     let doc_id = check_id(doc_id, "doc_id");
     let page_no = page_no
@@ -727,6 +732,8 @@ fn put_section(
     page_start: Option<i32>,
     page_end: Option<i32>,
 ) {
+    crate::handler::refuse_inside("put_section");
+    let _pin = crate::owner::pin();
     let ctx = ingest_ctx();
     let doc_id = check_id(doc_id, "doc_id");
     let section_id = check_id(section_id, "section_id");

@@ -1,13 +1,12 @@
 //! Gate A (`visible_tools`, `explain_tools`) and Gate B (`call_tool`, `approve_call`), with audit.
 
 use std::rc::Rc;
-use std::sync::atomic::Ordering;
 
 use ctxguard_core::args::{self, ArgError, Limits};
 use ctxguard_core::binding;
 use ctxguard_core::mask::MaskCounts;
 use ctxguard_core::names::{is_valid_id, is_valid_name};
-use ctxguard_core::policy::{evaluate, Reason};
+use ctxguard_core::policy::Reason;
 use ctxguard_core::Code;
 use pgrx::prelude::*;
 use pgrx::JsonB;
@@ -15,11 +14,13 @@ use serde_json::{json, Value};
 
 use crate::budget::Budget;
 use crate::cache::{self, ToolEntry};
-use crate::context::{Ctx, IN_HANDLER};
+use crate::context::Ctx;
 use crate::documents;
 use crate::gucs;
+use crate::handler;
 use crate::masking;
-use crate::pgutil::{as_owner, call_jsonb_function, in_subtransaction, raise, saved_plan, TEXT};
+use crate::owner::as_owner;
+use crate::pgutil::{raise, saved_plan, TEXT};
 
 /// Words of a free-text query as an OR tsquery (`w1 | w2`); only `[a-z0-9]` so no tsquery syntax.
 fn or_query(text: &str) -> Option<String> {
@@ -48,26 +49,23 @@ pub struct Visible {
 /// Gate A proper: visible tools for `ctx`, optionally ranked by `query` and cut at `top_k`.
 pub fn visible(ctx: &Ctx, query: Option<&str>, top_k: Option<i32>) -> Vec<Visible> {
     let catalog = cache::catalog();
-    let view = ctx.view();
     let mut tools: Vec<&Rc<ToolEntry>> = catalog
         .tools
         .iter()
-        .filter(|t| {
-            evaluate(t.policy.as_ref(), Some(&view)) == Reason::Visible
-                && catalog.tool_server_allows(t, ctx)
-        })
+        .filter(|t| catalog.reason(t, Some(ctx)) == Reason::Visible)
         .collect();
     if let Some(tsq) = query.and_then(or_query) {
         let names: Vec<String> = tools.iter().map(|t| t.name.clone()).collect();
-        let ranks: std::collections::HashMap<String, f32> = Spi::connect(|c| {
+        let ranks: std::collections::HashMap<String, f32> = as_owner(|| Spi::connect(|c| {
             c.select(
-                "SELECT name, ts_rank(search, to_tsquery('english', $1)) FROM ctxguard.tools WHERE name = ANY($2)",
+                "SELECT t.name, pg_catalog.ts_rank(t.search, pg_catalog.to_tsquery('pg_catalog.english'::pg_catalog.regconfig, $1))
+                   FROM ctxguard.tools t WHERE t.name OPERATOR(pg_catalog.=) ANY($2)",
                 None,
                 &[tsq.as_str().into(), names.into()],
             )?
             .map(|r| Ok((r.get::<String>(1)?.unwrap_or_default(), r.get::<f32>(2)?.unwrap_or(0.0))))
             .collect::<Result<_, pgrx::spi::Error>>()
-        })
+        }))
         .unwrap_or_else(|e| raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, format!("ctxguard: {e}")));
         let rank = |t: &Rc<ToolEntry>| ranks.get(&t.name).copied().unwrap_or(0.0);
         tools.sort_by(|a, b| {
@@ -105,7 +103,7 @@ pub fn visible(ctx: &Ctx, query: Option<&str>, top_k: Option<i32>) -> Vec<Visibl
 }
 
 /// Gate A: the tools the current context allows, bound entity params stripped, optionally ranked.
-#[pg_extern(stable, parallel_safe)]
+#[pg_extern(stable, parallel_unsafe)]
 #[expect(
     clippy::type_complexity,
     reason = "pgrx reads the column names from the name! entries of this signature"
@@ -125,6 +123,7 @@ fn visible_tools(
         name!(server, Option<String>),
     ),
 > {
+    let _pin = crate::owner::pin();
     let Some(ctx) = Ctx::current() else {
         return TableIterator::new(Vec::new());
     };
@@ -146,7 +145,7 @@ fn visible_tools(
 }
 
 /// Diagnostics: every catalogued tool with whether it is visible here and why (stable codes).
-#[pg_extern(stable, parallel_safe)]
+#[pg_extern(stable, parallel_unsafe)]
 fn explain_tools() -> TableIterator<
     'static,
     (
@@ -155,23 +154,14 @@ fn explain_tools() -> TableIterator<
         name!(reason, String),
     ),
 > {
+    let _pin = crate::owner::pin();
     let ctx = Ctx::current();
-    let view = ctx.as_ref().map(Ctx::view);
     let catalog = cache::catalog();
     let rows: Vec<_> = catalog
         .tools
         .iter()
         .map(|t| {
-            let reason = match evaluate(t.policy.as_ref(), view.as_ref()) {
-                Reason::Visible
-                    if !ctx
-                        .as_ref()
-                        .is_some_and(|c| catalog.tool_server_allows(t, c)) =>
-                {
-                    Reason::ServerNotAllowed
-                }
-                r => r,
-            };
+            let reason = catalog.reason(t, ctx.as_ref());
             (
                 t.name.clone(),
                 reason == Reason::Visible,
@@ -265,7 +255,7 @@ fn gate_b(
     let Some(tool) = call.tool.as_deref().and_then(|n| catalog.tool(n)) else {
         return deny(call, Code::ToolNotFound, "no such tool");
     };
-    let Some(policy) = tool.policy.as_ref() else {
+    let Some(policy) = tool.policy.as_ref().filter(|_| !tool.absent) else {
         return deny(call, Code::ToolNotFound, "no such tool");
     };
     // SQL tools run their handler; built-ins are dispatched to documents.rs; external tools are
@@ -278,10 +268,7 @@ fn gate_b(
     if handler.is_none() && tool.kind != "builtin" && upstream.is_none() {
         return deny(call, Code::ToolNotFound, "no such tool");
     }
-    let mut reason = evaluate(Some(policy), Some(&ctx.view()));
-    if reason == Reason::Visible && !catalog.tool_server_allows(tool, ctx) {
-        reason = Reason::ServerNotAllowed;
-    }
+    let reason = catalog.reason(tool, Some(ctx));
     if reason != Reason::Visible {
         return deny(
             call,
@@ -322,10 +309,11 @@ fn gate_b(
         return deny(call, Code::InvalidArgument, &e.0);
     }
     if policy.requires_approval && !approved {
+        // The approval is for exactly this bound call on this page's entity.
         record_pending_approval(
             ctx,
             &tool.name,
-            &args_value,
+            &bound,
             call.args_hash.as_deref().unwrap_or_default(),
             call_id,
         );
@@ -380,6 +368,7 @@ fn gate_b(
         }
         _ => run_handler(
             handler.expect("sql tools have a handler"),
+            tool.run_as,
             policy.read_only,
             bound,
             &tool.name,
@@ -393,14 +382,20 @@ fn gate_b(
             return call;
         }
     };
-    finish(&mut call, value, budget, doc_calls, catalog.version());
+    finish(&mut call, value, budget, doc_calls, catalog.key());
     call
 }
 
 /// Mask secrets and PII in a result, then charge its size to the byte budget.
-fn finish(call: &mut Call, mut value: Value, budget: Budget, doc_calls: Option<i32>, version: i64) {
+fn finish(
+    call: &mut Call,
+    mut value: Value,
+    budget: Budget,
+    doc_calls: Option<i32>,
+    catalog_key: &(i64, String),
+) {
     let mut counts = MaskCounts::new();
-    masking::masker(version).mask_json(&mut value, &mut counts);
+    masking::masker(catalog_key).mask_json(&mut value, &mut counts);
     let text = value.to_string();
     let bytes = text.len() as i64;
     call.masked = Some(counts);
@@ -426,38 +421,31 @@ fn finish(call: &mut Call, mut value: Value, budget: Budget, doc_calls: Option<i
     call.outcome = Outcome::Ok(value);
 }
 
-/// Run a SQL handler as the caller, in a subtransaction (read-only if the policy says so).
+/// Run a SQL tool's handler as its run_as role (see `handler.rs`); failures are logged with their
+/// SQLSTATE and reported to the caller without their message (it may quote data).
 fn run_handler(
     handler: pg_sys::Oid,
+    run_as: Option<pg_sys::Oid>,
     read_only: bool,
     args: Value,
     tool: &str,
     call_id: uuid::Uuid,
 ) -> Result<Value, String> {
-    struct HandlerFlag;
-    impl Drop for HandlerFlag {
-        fn drop(&mut self) {
-            IN_HANDLER.store(false, Ordering::Relaxed);
+    match handler::run(handler, run_as, read_only, args) {
+        Ok(v) => Ok(v),
+        Err(handler::Failure::ReturnedNull) => Err("tool handler returned NULL".into()),
+        Err(handler::Failure::NoRunAs) => {
+            pgrx::log!("ctxguard: tool has no usable run_as role tool={tool} call_id={call_id}");
+            Err("tool is not runnable: it has no usable run_as role".into())
         }
-    }
-    IN_HANDLER.store(true, Ordering::Relaxed);
-    let flag = HandlerFlag;
-    let result = in_subtransaction(read_only, || call_jsonb_function(handler, JsonB(args)));
-    drop(flag);
-    match result {
-        Ok(Some(JsonB(v))) => Ok(v),
-        Ok(None) => Err("tool handler returned NULL".into()),
-        Err(caught) => {
+        Err(handler::Failure::Raised(sqlstate)) => {
             pgrx::log!(
                 "ctxguard: tool handler failed tool={} call_id={} sqlstate={}",
                 tool,
                 call_id,
-                caught.sqlstate
+                sqlstate
             );
-            Err(format!(
-                "tool handler failed (SQLSTATE {})",
-                caught.sqlstate
-            ))
+            Err(format!("tool handler failed (SQLSTATE {sqlstate})"))
         }
     }
 }
@@ -466,7 +454,7 @@ fn record_external_call(ctx: &Ctx, tool: &str, call_id: uuid::Uuid) {
     as_owner(|| {
         Spi::run_with_args(
             "INSERT INTO ctxguard.external_calls (call_id, tenant_id, user_id, tool, expires_at)
-             VALUES ($1::uuid, $2, $3, $4, now() + make_interval(secs => $5))",
+             VALUES ($1::pg_catalog.uuid, $2, $3, $4, pg_catalog.now() + pg_catalog.make_interval(secs => $5))",
             &[
                 call_id.to_string().as_str().into(),
                 ctx.tenant_id.as_str().into(),
@@ -487,8 +475,10 @@ fn record_external_call(ctx: &Ctx, tool: &str, call_id: uuid::Uuid) {
 fn record_pending_approval(ctx: &Ctx, tool: &str, args: &Value, hash: &str, call_id: uuid::Uuid) {
     as_owner(|| {
         Spi::run_with_args(
-            "INSERT INTO ctxguard.approvals (call_id, tenant_id, user_id, tool, args, args_hash, expires_at)
-             VALUES ($1::uuid, $2, $3, $4, $5, $6, now() + make_interval(secs => $7))",
+            "INSERT INTO ctxguard.approvals (call_id, tenant_id, user_id, tool, args, args_hash, expires_at,
+                                             page_type, entity_type, entity_id)
+             VALUES ($1::pg_catalog.uuid, $2, $3, $4, $5, $6, pg_catalog.now() + pg_catalog.make_interval(secs => $7),
+                     $8, $9, $10)",
             &[
                 call_id.to_string().as_str().into(),
                 ctx.tenant_id.as_str().into(),
@@ -497,6 +487,9 @@ fn record_pending_approval(ctx: &Ctx, tool: &str, args: &Value, hash: &str, call
                 JsonB(args.clone()).into(),
                 hash.into(),
                 f64::from(gucs::APPROVAL_TTL.get()).into(),
+                ctx.page_type.as_str().into(),
+                ctx.entity.as_ref().map(|e| e.kind.as_str()).into(),
+                ctx.entity.as_ref().map(|e| e.id.as_str()).into(),
             ],
         )
     })
@@ -527,8 +520,8 @@ fn audit(ctx: Option<&Ctx>, call: &Call) {
                 c,
                 "INSERT INTO ctxguard.audit_log (call_id, tenant_id, user_id, page_type, entity_type, entity_id,
                      tool, decision, code, args_hash, result_bytes, generation, trace_id, doc_id, tokens, masked, budget)
-                 VALUES ($1::uuid, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11::int, $12::uuid, $13, $14, $15::int,
-                         $16::jsonb, $17::jsonb)",
+                 VALUES ($1::pg_catalog.uuid, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11::pg_catalog.int4, $12::pg_catalog.uuid, $13, $14, $15::pg_catalog.int4,
+                         $16::pg_catalog.jsonb, $17::pg_catalog.jsonb)",
                 &[TEXT; 17],
                 true,
             )?;
@@ -597,6 +590,10 @@ fn envelope(call: Call) -> JsonB {
 /// Gate B: called by the SQL wrapper `ctxguard.call_tool(name text, args jsonb)`.
 #[pg_extern(volatile, parallel_unsafe)]
 fn _call_tool(name: Option<&str>, args: Option<&str>) -> JsonB {
+    let _pin = crate::owner::pin();
+    // A handler may not call tools: its own call already went through Gate B, and a nested call
+    // could change the catalog under it.
+    handler::refuse_inside("call_tool");
     let ctx = Ctx::current();
     let call = gate_b(
         ctx.as_ref(),
@@ -612,6 +609,8 @@ fn _call_tool(name: Option<&str>, args: Option<&str>) -> JsonB {
 /// Run a pending `requires_approval` call exactly once, for the user who was asked.
 #[pg_extern(volatile, parallel_unsafe)]
 fn approve_call(call_id: Option<pgrx::Uuid>) -> JsonB {
+    let _pin = crate::owner::pin();
+    handler::refuse_inside("approve_call");
     let ctx = Ctx::current();
     let id = call_id
         .map(|u| uuid::Uuid::from_bytes(*u.as_bytes()))
@@ -633,10 +632,10 @@ fn approve_call(call_id: Option<pgrx::Uuid>) -> JsonB {
     let claimed = as_owner(|| {
         Spi::connect_mut(|client| {
             let mut rows = client.update(
-                "UPDATE ctxguard.approvals SET status = 'approved', used_at = now()
-                 WHERE call_id = $1::uuid AND tenant_id = $2 AND user_id = $3
-                   AND status = 'pending' AND expires_at > now()
-                 RETURNING tool, args::text",
+                "UPDATE ctxguard.approvals SET status = 'approved', used_at = pg_catalog.now()
+                 WHERE call_id = $1::pg_catalog.uuid AND tenant_id = $2 AND user_id = $3
+                   AND status = 'pending' AND expires_at > pg_catalog.now()
+                 RETURNING tool, args::pg_catalog.text",
                 Some(1),
                 &[
                     id.to_string().as_str().into(),
@@ -663,7 +662,7 @@ fn approve_call(call_id: Option<pgrx::Uuid>) -> JsonB {
         return invalid(
             ctx.as_ref(),
             Code::ApprovalInvalid,
-            "no pending approval with this id for this user",
+            "no pending approval with this id for this user on this page",
         );
     };
     let call = gate_b(ctx.as_ref(), &tool, Some(&args), true, id);
@@ -674,12 +673,14 @@ fn approve_call(call_id: Option<pgrx::Uuid>) -> JsonB {
 /// Second half of an upstream MCP call authorized by `call_tool`: mask the upstream result, charge
 /// it to the byte budget and audit it. Each authorized call completes exactly once, for the same
 /// tenant and user, within `ctxguard.external_call_ttl`.
-#[pg_extern(volatile, parallel_unsafe)]
-fn complete_call(
+#[pg_extern(volatile, parallel_unsafe, name = "_complete_call")]
+fn complete_call_text(
     call_id: Option<pgrx::Uuid>,
-    result: Option<JsonB>,
+    result: Option<&str>,
     is_error: default!(bool, false),
 ) -> JsonB {
+    let _pin = crate::owner::pin();
+    handler::refuse_inside("complete_call");
     let ctx = Ctx::current();
     let id = call_id
         .map(|u| uuid::Uuid::from_bytes(*u.as_bytes()))
@@ -697,9 +698,9 @@ fn complete_call(
     let claimed = as_owner(|| {
         Spi::connect_mut(|client| {
             let mut rows = client.update(
-                "UPDATE ctxguard.external_calls SET completed_at = now()
-                 WHERE call_id = $1::uuid AND tenant_id = $2 AND user_id = $3
-                   AND completed_at IS NULL AND expires_at > now()
+                "UPDATE ctxguard.external_calls SET completed_at = pg_catalog.now()
+                 WHERE call_id = $1::pg_catalog.uuid AND tenant_id = $2 AND user_id = $3
+                   AND completed_at IS NULL AND expires_at > pg_catalog.now()
                  RETURNING tool",
                 Some(1),
                 &[
@@ -731,9 +732,35 @@ fn complete_call(
         return envelope(call);
     };
     call.tool = Some(tool);
-    let value = result.map(|j| j.0).unwrap_or(Value::Null);
+    // The result is checked for size before it is parsed; an oversize or unparsable result is
+    // refused (the authorized call is used up: the gateway cannot retry it with another result).
+    let limit = usize::try_from(gucs::MAX_EXTERNAL_RESULT_BYTES.get()).unwrap_or(0);
+    let value = match result {
+        None => Value::Null,
+        Some(text) if text.len() > limit => {
+            call.outcome = Outcome::Denied(
+                Code::InvalidArgument,
+                "the upstream result is larger than ctxguard.max_external_result_bytes".into(),
+                None,
+            );
+            audit(ctx.as_ref(), &call);
+            return envelope(call);
+        }
+        Some(text) => match serde_json::from_str::<Value>(text) {
+            Ok(v) => v,
+            Err(_) => {
+                call.outcome = Outcome::Denied(
+                    Code::InvalidArgument,
+                    "the upstream result is not valid JSON or nested too deeply".into(),
+                    None,
+                );
+                audit(ctx.as_ref(), &call);
+                return envelope(call);
+            }
+        },
+    };
     let catalog = cache::catalog();
-    finish(&mut call, value, Budget::open(c), None, catalog.version());
+    finish(&mut call, value, Budget::open(c), None, catalog.key());
     if is_error {
         if let Outcome::Ok(v) = &call.outcome {
             let masked = v.clone();
@@ -746,4 +773,16 @@ fn complete_call(
     }
     audit(ctx.as_ref(), &call);
     envelope(call)
+}
+
+/// The 0.1.0 entry point (`complete_call(uuid, jsonb, bool)` bound to this symbol), kept for a
+/// database still on 0.1.0's SQL until `ALTER EXTENSION ctxguard UPDATE`. Not part of 0.2.0's SQL.
+#[pg_extern(volatile, parallel_unsafe, sql = false)]
+fn complete_call(
+    call_id: Option<pgrx::Uuid>,
+    result: Option<JsonB>,
+    is_error: default!(bool, false),
+) -> JsonB {
+    let text = result.map(|JsonB(v)| v.to_string());
+    complete_call_text(call_id, text.as_deref(), is_error)
 }

@@ -24,6 +24,11 @@ pub static CONTEXT: GucSetting<Option<CString>> = GucSetting::<Option<CString>>:
 
 pub static JWT_SECRET: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 pub static JWT_PUBLIC_KEY: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+pub static JWT_SECRET_FILE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+pub static JWT_PUBLIC_KEY_FILE: GucSetting<Option<CString>> =
+    GucSetting::<Option<CString>>::new(None);
+pub static DEFAULT_RUN_AS: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+pub static MAX_EXTERNAL_RESULT_BYTES: GucSetting<i32> = GucSetting::<i32>::new(1024 * 1024);
 pub static JWT_AUDIENCE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 pub static JWT_LEEWAY: GucSetting<i32> = GucSetting::<i32>::new(30);
 pub static MAX_ARG_BYTES: GucSetting<i32> = GucSetting::<i32>::new(16 * 1024);
@@ -91,6 +96,40 @@ pub fn init() {
         &JWT_PUBLIC_KEY,
         GucContext::Suset,
         secret,
+    );
+    GucRegistry::define_string_guc(
+        c"ctxguard.jwt_secret_file",
+        c"File holding the HS256 shared secret (read by the server; used instead of ctxguard.jwt_secret).",
+        c"postgresql.conf only. The key itself never appears in a setting that SHOW or pg_settings could reveal.",
+        &JWT_SECRET_FILE,
+        GucContext::Sighup,
+        secret,
+    );
+    GucRegistry::define_string_guc(
+        c"ctxguard.jwt_public_key_file",
+        c"File holding the Ed25519 public key (read by the server; used instead of ctxguard.jwt_public_key).",
+        c"postgresql.conf only.",
+        &JWT_PUBLIC_KEY_FILE,
+        GucContext::Sighup,
+        secret,
+    );
+    GucRegistry::define_string_guc(
+        c"ctxguard.default_run_as",
+        c"Role that tool handlers run as when a tool's policy names no run_as (read at registration).",
+        c"Must be NOSUPERUSER NOBYPASSRLS and own no protected table.",
+        &DEFAULT_RUN_AS,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"ctxguard.max_external_result_bytes",
+        c"Largest upstream MCP result complete_call accepts, in bytes (checked before parsing).",
+        c"",
+        &MAX_EXTERNAL_RESULT_BYTES,
+        1024,
+        64 * 1024 * 1024,
+        GucContext::Suset,
+        GucFlags::UNIT_BYTE,
     );
     GucRegistry::define_string_guc(
         c"ctxguard.jwt_audience",

@@ -12,7 +12,10 @@
 //! - `mcp`: upstream MCP servers: tool discovery (`sync_mcp_tools`), server policies, `complete_call`.
 //! - `masking`: the per-backend masker over `ctxguard.mask_rules`.
 //! - `cache`: per-backend catalog cache.
-//! - `pgutil`: the few `unsafe` Postgres internals (local GUC writes, subtransactions, user switch).
+//! - `owner`: the one way SQL runs: pinned settings, and as the extension owner where it must.
+//! - `handler`: tool handlers: run_as role, depth, what a running handler may not call.
+//! - `keys`: verification keys from settings or files.
+//! - `pgutil`: the few other `unsafe` Postgres internals (local GUC writes, subtransactions).
 #![allow(
     unsafe_code,
     reason = "FFI with Postgres is confined to pgutil.rs and _PG_init"
@@ -27,8 +30,11 @@ mod context;
 mod documents;
 mod gates;
 mod gucs;
+mod handler;
+mod keys;
 mod masking;
 mod mcp;
+mod owner;
 mod pgutil;
 
 pgrx::pg_module_magic!();
@@ -44,6 +50,13 @@ pgrx::extension_sql_file!("../sql/finalize.sql", name = "finalize", finalize);
 
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
+    // No error that reaches SQL carries a Rust backtrace: pgrx's panic hook captures one only
+    // when the environment asks for it, and this takes precedence over RUST_BACKTRACE. Set in
+    // the postmaster (preloaded), before any backend exists.
+    if std::env::var_os("RUST_LIB_BACKTRACE").is_none_or(|v| v != "0") {
+        // SAFETY-free in edition 2021; no other thread exists while a library is being loaded.
+        std::env::set_var("RUST_LIB_BACKTRACE", "0");
+    }
     gucs::init();
     pgutil::reserve_prefix();
     if pgutil::loaded_at_startup() {

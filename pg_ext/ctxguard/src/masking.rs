@@ -7,23 +7,25 @@ use std::rc::Rc;
 use ctxguard_core::mask::{default_rules, Masker, RuleSpec};
 use pgrx::prelude::*;
 
+use crate::owner::as_owner;
 use crate::pgutil::raise;
 
 thread_local! {
-    static MASKER: RefCell<Option<(i64, Rc<Masker>)>> = const { RefCell::new(None) };
+    static MASKER: RefCell<Option<((i64, String), Rc<Masker>)>> = const { RefCell::new(None) };
 }
 
-/// The masker for catalog `version` (read by the caller together with the tool row).
-pub fn masker(version: i64) -> Rc<Masker> {
+/// The masker for the catalog with cache key `key` (`(version, xmin)`, as the catalog cache:
+/// a rolled-back rule change cannot be confused with a later one of the same number).
+pub fn masker(key: &(i64, String)) -> Rc<Masker> {
     if let Some(m) = MASKER.with(|c| {
         c.borrow()
             .as_ref()
-            .filter(|(v, _)| *v == version)
+            .filter(|(k, _)| k == key)
             .map(|(_, m)| m.clone())
     }) {
         return m;
     }
-    let specs: Vec<RuleSpec> = Spi::connect(|c| {
+    let specs: Vec<RuleSpec> = as_owner(|| Spi::connect(|c| {
         c.select(
             "SELECT name, pattern, validator FROM ctxguard.mask_rules WHERE enabled ORDER BY position, name",
             None,
@@ -37,7 +39,7 @@ pub fn masker(version: i64) -> Rc<Masker> {
             })
         })
         .collect::<Result<Vec<_>, pgrx::spi::Error>>()
-    })
+    }))
     .unwrap_or_else(|e| raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, format!("ctxguard: mask rules: {e}")));
     // Rules are validated on insert (CHECK constraint), so this only fails if that was bypassed:
     // fail closed rather than return unmasked text.
@@ -47,7 +49,7 @@ pub fn masker(version: i64) -> Rc<Masker> {
             format!("ctxguard: {e}"),
         )
     }));
-    MASKER.with(|c| *c.borrow_mut() = Some((version, m.clone())));
+    MASKER.with(|c| *c.borrow_mut() = Some((key.clone(), m.clone())));
     m
 }
 
@@ -84,12 +86,10 @@ fn _default_mask_rules() -> TableIterator<
 /// Mask arbitrary text with the current rules (for DBAs testing a rule).
 #[pg_extern(volatile, parallel_unsafe)]
 fn mask_text(text: &str) -> pgrx::JsonB {
-    let version = Spi::get_one::<i64>("SELECT version FROM ctxguard.catalog_version")
-        .ok()
-        .flatten()
-        .unwrap_or(0);
+    let _pin = crate::owner::pin();
+    let catalog = crate::cache::catalog();
     let mut counts = Default::default();
-    let masked = masker(version)
+    let masked = masker(catalog.key())
         .mask_str(text, &mut counts)
         .unwrap_or_else(|| text.to_string());
     pgrx::JsonB(serde_json::json!({"text": masked, "masked": counts}))

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use ctxguard_core::args;
 use ctxguard_core::docs;
-use ctxguard_core::mcp::{catalog_name, is_valid_server_name};
+use ctxguard_core::mcp::{catalog_name, definition_hash, is_valid_server_name};
 use ctxguard_core::policy;
 use pgrx::prelude::*;
 use pgrx::JsonB;
@@ -19,15 +19,26 @@ use serde_json::{json, Value};
 use crate::cache;
 use crate::catalog::MAX_DESCRIPTION;
 use crate::context::Ctx;
-use crate::pgutil::{as_owner, raise};
+use crate::owner::as_owner;
+use crate::pgutil::raise;
 
 const INVALID: PgSqlErrorCode = PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE;
 
 fn server_exists(server: &str) -> bool {
-    Spi::get_one_with_args::<bool>(
-        "SELECT EXISTS (SELECT 1 FROM ctxguard.mcp_servers WHERE name = $1)",
-        &[server.into()],
-    ) == Ok(Some(true))
+    server_max_tools(server).is_some()
+}
+
+/// The server's `max_tools`, or None if there is no such server.
+fn server_max_tools(server: &str) -> Option<usize> {
+    as_owner(|| {
+        Spi::get_one_with_args::<i32>(
+            "SELECT max_tools FROM ctxguard.mcp_servers WHERE name = $1",
+            &[server.into()],
+        )
+    })
+    .ok()
+    .flatten()
+    .map(|n| usize::try_from(n).unwrap_or(0))
 }
 
 /// One discovered tool as it will be stored.
@@ -44,10 +55,15 @@ fn truncate(s: &str, max: usize) -> &str {
 }
 
 /// Record the tools an upstream server offers (as returned by its `tools/list`): new tools are
-/// added without a policy, changed ones updated, vanished ones removed (with their policies).
-/// Nothing is written when nothing changed, so the catalog caches stay warm.
+/// added without a policy (their definition accepted as first seen), changed ones updated and
+/// disabled until the DBA accepts the new definition (`accept_mcp_tool`), vanished ones marked
+/// absent (their DBA policies are kept for their return). More tools than the server's
+/// `max_tools` is an error (54000) and changes nothing. Nothing is written when nothing changed,
+/// so the catalog caches stay warm. DBA / discovery role only (EXECUTE is not granted to PUBLIC).
 #[pg_extern(volatile, parallel_unsafe)]
 fn sync_mcp_tools(server: Option<&str>, tools: Option<JsonB>) -> JsonB {
+    crate::handler::refuse_inside("sync_mcp_tools");
+    let _pin = crate::owner::pin();
     let server = server
         .filter(|s| is_valid_server_name(s))
         .unwrap_or_else(|| raise(INVALID, "ctxguard: invalid MCP server name"));
@@ -55,8 +71,14 @@ fn sync_mcp_tools(server: Option<&str>, tools: Option<JsonB>) -> JsonB {
         raise(INVALID, "ctxguard: tools must be a JSON array");
     };
     as_owner(|| {
-        if !server_exists(server) {
+        let Some(max_tools) = server_max_tools(server) else {
             raise(INVALID, "ctxguard: no such MCP server");
+        };
+        if list.len() > max_tools {
+            raise(
+                PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+                "ctxguard: the server lists more tools than its max_tools",
+            );
         }
         let mut wanted: BTreeMap<String, Discovered> = BTreeMap::new();
         let mut skipped: Vec<Value> = Vec::new();
@@ -98,9 +120,9 @@ fn sync_mcp_tools(server: Option<&str>, tools: Option<JsonB>) -> JsonB {
             );
         }
         let result = Spi::connect_mut(|c| {
-            let mut existing: HashMap<String, (Option<String>, Discovered)> = HashMap::new();
+            let mut existing: HashMap<String, (Option<String>, Discovered, bool)> = HashMap::new();
             for r in c.select(
-                "SELECT name, server, upstream_name, description, input_schema FROM ctxguard.tools
+                "SELECT name, server, upstream_name, description, input_schema, present FROM ctxguard.tools
                   WHERE server = $1 OR name = ANY($2)",
                 None,
                 &[
@@ -117,26 +139,32 @@ fn sync_mcp_tools(server: Option<&str>, tools: Option<JsonB>) -> JsonB {
                             description: r.get::<String>(4)?.unwrap_or_default(),
                             input_schema: r.get::<JsonB>(5)?.map(|j| j.0).unwrap_or(Value::Null),
                         },
+                        r.get::<bool>(6)?.unwrap_or(false),
                     ),
                 );
             }
             let (mut added, mut updated) = (0, 0);
             for (name, d) in &wanted {
                 match existing.get(name) {
-                    Some((Some(s), old)) if s == server && old == d => continue,
-                    Some((s, _)) if s.as_deref() != Some(server) => {
+                    Some((Some(s), old, true)) if s == server && old == d => continue,
+                    Some((s, _, _)) if s.as_deref() != Some(server) => {
                         skipped.push(json!({"tool": d.upstream_name, "reason": "name taken by another tool"}));
                         continue;
                     }
                     Some(_) => updated += 1,
                     None => added += 1,
                 }
+                // A new tool's definition is accepted as first seen; a changed one keeps the
+                // accepted hash, so it is disabled until the DBA accepts it again.
+                let hash = definition_hash(name, &d.description, &d.input_schema);
                 c.update(
-                    "INSERT INTO ctxguard.tools (name, description, input_schema, kind, server, upstream_name)
-                     VALUES ($1, $2, $3, 'external', $4, $5)
+                    "INSERT INTO ctxguard.tools (name, description, input_schema, kind, server, upstream_name,
+                                                 present, definition_hash, accepted_hash)
+                     VALUES ($1, $2, $3, 'external', $4, $5, true, $6, $6)
                      ON CONFLICT (name) DO UPDATE SET description = EXCLUDED.description,
                          input_schema = EXCLUDED.input_schema, upstream_name = EXCLUDED.upstream_name,
-                         version = ctxguard.tools.version + 1, updated_at = now()",
+                         present = true, definition_hash = EXCLUDED.definition_hash,
+                         version = ctxguard.tools.version + 1, updated_at = pg_catalog.now()",
                     None,
                     &[
                         name.as_str().into(),
@@ -144,17 +172,22 @@ fn sync_mcp_tools(server: Option<&str>, tools: Option<JsonB>) -> JsonB {
                         JsonB(d.input_schema.clone()).into(),
                         server.into(),
                         d.upstream_name.as_str().into(),
+                        hash.as_str().into(),
                     ],
                 )?;
             }
             let gone: Vec<String> = existing
                 .iter()
-                .filter(|(n, (s, _))| s.as_deref() == Some(server) && !wanted.contains_key(*n))
+                .filter(|(n, (s, _, present))| {
+                    *present && s.as_deref() == Some(server) && !wanted.contains_key(*n)
+                })
                 .map(|(n, _)| n.clone())
                 .collect();
             if !gone.is_empty() {
+                // Kept, not deleted: the DBA's per-tool policy must survive a disappearance.
                 c.update(
-                    "DELETE FROM ctxguard.tools WHERE server = $1 AND name = ANY($2)",
+                    "UPDATE ctxguard.tools SET present = false, version = version + 1, updated_at = pg_catalog.now()
+                      WHERE server = $1 AND name = ANY($2)",
                     None,
                     &[server.into(), gone.clone().into()],
                 )?;
@@ -175,6 +208,8 @@ fn sync_mcp_tools(server: Option<&str>, tools: Option<JsonB>) -> JsonB {
 /// policy of its own gets it, including tools discovered later. Validated like `set_tool_policy`.
 #[pg_extern(volatile, parallel_unsafe)]
 fn set_server_policy(server: Option<&str>, policy: Option<JsonB>) {
+    crate::handler::refuse_inside("set_server_policy");
+    let _pin = crate::owner::pin();
     let server = server
         .filter(|s| is_valid_server_name(s) && server_exists(s))
         .unwrap_or_else(|| raise(INVALID, "ctxguard: no such MCP server"));
@@ -191,7 +226,7 @@ fn set_server_policy(server: Option<&str>, policy: Option<JsonB>) {
         }
     }
     Spi::run_with_args(
-        "UPDATE ctxguard.mcp_servers SET default_policy = $2, updated_at = now() WHERE name = $1",
+        "UPDATE ctxguard.mcp_servers SET default_policy = $2, updated_at = pg_catalog.now() WHERE name = $1",
         &[server.into(), policy.into()],
     )
     .unwrap_or_else(|e| {
@@ -203,10 +238,19 @@ fn set_server_policy(server: Option<&str>, policy: Option<JsonB>) {
 }
 
 /// The enabled upstream MCP servers the current context's caller may use (none without a context).
-#[pg_extern(stable, parallel_safe)]
+#[pg_extern(stable, parallel_unsafe)]
 fn usable_mcp_servers() -> SetOfIterator<'static, String> {
+    let _pin = crate::owner::pin();
     let names = Ctx::current()
         .map(|ctx| cache::catalog().allowed_servers(&ctx))
         .unwrap_or_default();
     SetOfIterator::new(names)
+}
+
+/// The definition hash of an upstream tool (what `accept_mcp_tool` accepts); used by the 0.2.0
+/// upgrade to accept the definitions catalogued before definition pinning existed.
+#[pg_extern(immutable, parallel_safe)]
+fn _definition_hash(name: &str, description: &str, input_schema: &str) -> Option<String> {
+    let schema = serde_json::from_str::<Value>(input_schema).ok()?;
+    Some(definition_hash(name, description, &schema))
 }

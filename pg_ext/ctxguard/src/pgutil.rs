@@ -1,6 +1,6 @@
-//! Small, audited wrappers around Postgres internals. All `unsafe` in the extension lives here.
+//! Small, audited wrappers around Postgres internals (local GUC writes, subtransactions, saved
+//! plans). Running SQL as the owner or a handler's role lives in `owner.rs` and `handler.rs`.
 
-use std::cell::Cell;
 use std::ffi::CStr;
 use std::panic::AssertUnwindSafe;
 
@@ -39,50 +39,6 @@ pub fn set_local(name: &CStr, value: &str) {
             false,
         );
     }
-}
-
-thread_local! {
-    static OWNER: Cell<Option<pg_sys::Oid>> = const { Cell::new(None) };
-}
-
-fn extension_owner() -> pg_sys::Oid {
-    if let Some(o) = OWNER.with(Cell::get) {
-        return o;
-    }
-    let oid = Spi::get_one::<pg_sys::Oid>(
-        "SELECT extowner FROM pg_catalog.pg_extension WHERE extname = 'ctxguard'",
-    )
-    .ok()
-    .flatten()
-    .unwrap_or_else(|| {
-        raise(
-            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-            "ctxguard is not installed",
-        )
-    });
-    OWNER.with(|c| c.set(Some(oid)));
-    oid
-}
-
-struct RestoreUser(pg_sys::Oid, i32);
-impl Drop for RestoreUser {
-    fn drop(&mut self) {
-        unsafe { pg_sys::SetUserIdAndSecContext(self.0, self.1) }
-    }
-}
-
-/// Run `f` with the privileges of the extension owner, as a SECURITY DEFINER function would.
-/// Used for writes to extension-owned bookkeeping tables (audit, generations, approvals) that the
-/// calling role must not be able to forge, and to read the owner-only MCP server grants.
-pub fn as_owner<R>(f: impl FnOnce() -> R) -> R {
-    let owner = extension_owner();
-    let (mut uid, mut sec) = (pg_sys::InvalidOid, 0i32);
-    unsafe {
-        pg_sys::GetUserIdAndSecContext(&mut uid, &mut sec);
-        pg_sys::SetUserIdAndSecContext(owner, sec | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32);
-    }
-    let _restore = RestoreUser(uid, sec);
-    f()
 }
 
 /// The SQLSTATE of the error a subtransaction caught. The message is dropped on purpose: it may
@@ -146,83 +102,6 @@ pub fn in_subtransaction<R>(read_only: bool, f: impl FnOnce() -> R) -> Result<R,
         pg_sys::MemoryContextSwitchTo(old_cx);
         pg_sys::CurrentResourceOwner = old_owner;
         result
-    }
-}
-
-thread_local! {
-    /// Looked-up handler functions, allocated in a backend-lifetime memory context so that the
-    /// function's own cache (`fn_extra`: a SQL function's parsed body, PL/pgSQL's compiled function)
-    /// survives between calls instead of being rebuilt each time.
-    static HANDLERS: std::cell::RefCell<(pg_sys::MemoryContext, std::collections::HashMap<pg_sys::Oid, *mut pg_sys::FmgrInfo>)> =
-        std::cell::RefCell::new((std::ptr::null_mut(), std::collections::HashMap::new()));
-}
-
-fn handler_finfo(fn_oid: pg_sys::Oid) -> *mut pg_sys::FmgrInfo {
-    HANDLERS.with(|h| {
-        let mut h = h.borrow_mut();
-        if let Some(f) = h.1.get(&fn_oid) {
-            return *f;
-        }
-        unsafe {
-            if h.0.is_null() {
-                h.0 = pg_sys::AllocSetContextCreateInternal(
-                    pg_sys::TopMemoryContext,
-                    c"ctxguard tool handlers".as_ptr(),
-                    pg_sys::ALLOCSET_DEFAULT_MINSIZE as usize,
-                    pg_sys::ALLOCSET_DEFAULT_INITSIZE as usize,
-                    pg_sys::ALLOCSET_DEFAULT_MAXSIZE as usize,
-                );
-            }
-            let finfo = pg_sys::MemoryContextAllocZero(h.0, std::mem::size_of::<pg_sys::FmgrInfo>())
-                as *mut pg_sys::FmgrInfo;
-            pg_sys::fmgr_info_cxt(fn_oid, finfo, h.0);
-            h.1.insert(fn_oid, finfo);
-            finfo
-        }
-    })
-}
-
-/// Forget cached handler lookups and free their memory (the catalog changed: a handler may have
-/// been replaced). Never while a handler runs: its cache would be freed under it.
-pub fn forget_handlers() {
-    if crate::context::IN_HANDLER.load(std::sync::atomic::Ordering::Relaxed) {
-        return;
-    }
-    HANDLERS.with(|h| {
-        let mut h = h.borrow_mut();
-        h.1.clear();
-        if !h.0.is_null() {
-            unsafe { pg_sys::MemoryContextDelete(h.0) };
-            h.0 = std::ptr::null_mut();
-        }
-    });
-}
-
-/// Call a `(jsonb) RETURNS jsonb` function by OID as the current user (EXECUTE is checked).
-pub fn call_jsonb_function(fn_oid: pg_sys::Oid, arg: pgrx::JsonB) -> Option<pgrx::JsonB> {
-    unsafe {
-        #[cfg(any(feature = "pg13", feature = "pg14", feature = "pg15"))]
-        let acl = pg_sys::pg_proc_aclcheck(
-            fn_oid,
-            pg_sys::GetUserId(),
-            pg_sys::ACL_EXECUTE as pg_sys::AclMode,
-        );
-        #[cfg(not(any(feature = "pg13", feature = "pg14", feature = "pg15")))]
-        let acl = pg_sys::object_aclcheck(
-            pg_sys::ProcedureRelationId,
-            fn_oid,
-            pg_sys::GetUserId(),
-            pg_sys::ACL_EXECUTE as pg_sys::AclMode,
-        );
-        if acl != pg_sys::AclResult::ACLCHECK_OK {
-            raise(
-                PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
-                "permission denied for tool handler",
-            );
-        }
-        let datum = arg.into_datum().expect("jsonb datum");
-        let out = pg_sys::FunctionCall1Coll(handler_finfo(fn_oid), pg_sys::InvalidOid, datum);
-        pgrx::JsonB::from_datum(out, false)
     }
 }
 

@@ -1,0 +1,241 @@
+-- ctxguard 0.1.0 -> 0.2.0: the trust core (issue 11). Frozen once released: never edit.
+--
+-- After this update:
+-- * SQL tools' handlers run as a run_as role. Tools registered under 0.1.0 have none and answer
+--   TOOL_ERROR until re-registered (register_tool / set_tool_policy with "run_as", or with
+--   ctxguard.default_run_as set); ctxguard.lint() lists them as tool_without_run_as.
+-- * Approvals pending from 0.1.0 (stored without their entity) are expired.
+\echo Use "ALTER EXTENSION ctxguard UPDATE TO '0.2.0'" to load this file. \quit
+
+-- Tool handlers run as a role.
+ALTER TABLE ctxguard.tool_policies ADD COLUMN run_as regrole;
+COMMENT ON COLUMN ctxguard.tool_policies.run_as IS 'Role a SQL tool''s handler runs as (policy run_as, or ctxguard.default_run_as at registration).';
+
+-- Approvals are bound to the page entity they were requested on.
+ALTER TABLE ctxguard.approvals
+    ADD COLUMN page_type text,
+    ADD COLUMN entity_type text,
+    ADD COLUMN entity_id text;
+COMMENT ON TABLE ctxguard.approvals IS 'Pending requires_approval calls with their bound arguments and page entity; consumed exactly once by ctxguard.approve_call from a context on the same entity.';
+UPDATE ctxguard.approvals SET expires_at = now() WHERE status = 'pending' AND expires_at > now();
+
+-- Upstream tools: kept when they vanish, pinned to an accepted definition; a per-server cap.
+ALTER TABLE ctxguard.mcp_servers
+    ADD COLUMN max_tools integer NOT NULL DEFAULT 200 CHECK (max_tools BETWEEN 1 AND 10000);
+ALTER TABLE ctxguard.tools
+    ADD COLUMN present boolean NOT NULL DEFAULT true,
+    ADD COLUMN definition_hash text,
+    ADD COLUMN accepted_hash text;
+COMMENT ON COLUMN ctxguard.tools.present IS 'false: the upstream server no longer lists this tool (hidden and uncallable; its policy is kept).';
+COMMENT ON COLUMN ctxguard.tools.accepted_hash IS 'Definition hash the DBA accepted (first sync, or ctxguard.accept_mcp_tool); a different definition_hash disables the tool.';
+
+CREATE FUNCTION ctxguard."_definition_hash"(
+	"name" TEXT, /* & str */
+	"description" TEXT, /* & str */
+	"input_schema" TEXT /* & str */
+) RETURNS TEXT /* Option < String > */
+IMMUTABLE STRICT PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', '_definition_hash_wrapper';
+REVOKE EXECUTE ON FUNCTION ctxguard._definition_hash(text, text, text) FROM PUBLIC;
+
+-- Tools discovered under 0.1.0 keep their definitions: accepted as they are now.
+UPDATE ctxguard.tools
+   SET definition_hash = ctxguard._definition_hash(name, description, input_schema::text),
+       accepted_hash = ctxguard._definition_hash(name, description, input_schema::text)
+ WHERE kind = 'external';
+
+-- What a running handler may not call.
+CREATE FUNCTION ctxguard."_refuse_inside_handler"(
+	"what" TEXT /* & str */
+) RETURNS void
+STRICT VOLATILE PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', '_refuse_inside_handler_wrapper';
+
+-- set_context and complete_call take their JSON as text in Rust (size checked before parsing).
+DROP FUNCTION ctxguard.set_context(text, jsonb, uuid, text);
+CREATE FUNCTION ctxguard."_set_context"(
+	"token" TEXT, /* Option < & str > */
+	"page" TEXT, /* Option < & str > */
+	"generation" uuid DEFAULT NULL, /* Option < pgrx :: Uuid > */
+	"trace_id" TEXT DEFAULT NULL /* Option < & str > */
+) RETURNS jsonb /* JsonB */
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'set_context_text_wrapper';
+CREATE FUNCTION ctxguard.set_context(token text, page jsonb, generation uuid DEFAULT NULL, trace_id text DEFAULT NULL)
+    RETURNS jsonb LANGUAGE sql VOLATILE PARALLEL UNSAFE
+    RETURN ctxguard._set_context(token, page::text, generation, trace_id);
+COMMENT ON FUNCTION ctxguard.set_context(text, jsonb, uuid, text) IS 'Verify the token, validate the page, and make them this transaction''s context.';
+
+DROP FUNCTION ctxguard.complete_call(uuid, jsonb, boolean);
+CREATE FUNCTION ctxguard."_complete_call"(
+	"call_id" uuid, /* Option < pgrx :: Uuid > */
+	"result" TEXT, /* Option < & str > */
+	"is_error" bool DEFAULT false /* bool */
+) RETURNS jsonb /* JsonB */
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'complete_call_text_wrapper';
+CREATE FUNCTION ctxguard.complete_call(call_id uuid, result jsonb, is_error boolean DEFAULT false)
+    RETURNS jsonb LANGUAGE sql VOLATILE PARALLEL UNSAFE
+    RETURN ctxguard._complete_call(call_id, result::text, is_error);
+COMMENT ON FUNCTION ctxguard.complete_call(uuid, jsonb, boolean) IS 'Mask, budget and audit the result of an upstream call authorized by call_tool (once).';
+
+-- Functions that run SQL never run in a parallel operation (their settings are pinned).
+ALTER FUNCTION ctxguard.visible_tools(text, integer) PARALLEL UNSAFE;
+ALTER FUNCTION ctxguard.explain_tools() PARALLEL UNSAFE;
+ALTER FUNCTION ctxguard.usable_mcp_servers() PARALLEL UNSAFE;
+
+-- documents.boilerplate holds raw page lines: not readable by callers.
+REVOKE SELECT ON ctxguard.documents FROM PUBLIC;
+GRANT SELECT (tenant_id, id, title, status, tags, product_version, language, page_count, entity_type, entity_id,
+              created_at, updated_at) ON ctxguard.documents TO PUBLIC;
+
+-- protect_table and save_turn refuse inside a tool handler.
+CREATE OR REPLACE FUNCTION ctxguard.protect_table(tbl regclass, tenant_column name, entity_type text DEFAULT NULL, id_column name DEFAULT NULL)
+    RETURNS void LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    tenant_type text;
+    id_type regtype;
+BEGIN
+    PERFORM ctxguard._refuse_inside_handler('protect_table');
+    SELECT format_type(a.atttypid, a.atttypmod) INTO tenant_type
+      FROM pg_attribute a WHERE a.attrelid = tbl AND a.attname = tenant_column AND a.attnum > 0 AND NOT a.attisdropped;
+    IF tenant_type IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'ctxguard: tenant column not found on table';
+    END IF;
+    IF (entity_type IS NULL) <> (id_column IS NULL) THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'ctxguard: entity_type and id_column go together';
+    END IF;
+    EXECUTE format('ALTER TABLE %s ENABLE ROW LEVEL SECURITY', tbl);
+    EXECUTE format('ALTER TABLE %s FORCE ROW LEVEL SECURITY', tbl);
+    EXECUTE format('DROP POLICY IF EXISTS ctxguard_tenant ON %s', tbl);
+    -- (SELECT ...) makes the reader an initplan: evaluated once per statement, not per row.
+    EXECUTE format('CREATE POLICY ctxguard_tenant ON %s USING (%I = (SELECT ctxguard.tenant_id())::%s) WITH CHECK (%I = (SELECT ctxguard.tenant_id())::%s)',
+                   tbl, tenant_column, tenant_type, tenant_column, tenant_type);
+    IF entity_type IS NOT NULL THEN
+        IF entity_type !~ '^[a-z][a-z0-9_-]*(\.[a-z][a-z0-9_-]*)*$' THEN
+            RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'ctxguard: invalid entity type name';
+        END IF;
+        SELECT a.atttypid::regtype INTO id_type
+          FROM pg_attribute a WHERE a.attrelid = tbl AND a.attname = id_column AND a.attnum > 0 AND NOT a.attisdropped;
+        IF id_type IS NULL THEN
+            RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'ctxguard: id column not found on table';
+        END IF;
+        INSERT INTO ctxguard.entity_types (name, tbl, tenant_column, id_column, id_type)
+        VALUES (entity_type, tbl, tenant_column, id_column, id_type)
+        ON CONFLICT (name) DO UPDATE SET tbl = EXCLUDED.tbl, tenant_column = EXCLUDED.tenant_column,
+                                         id_column = EXCLUDED.id_column, id_type = EXCLUDED.id_type;
+    END IF;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION ctxguard.save_turn(conversation_id text, message text, answer text, tool_calls jsonb DEFAULT '[]')
+    RETURNS integer LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    ctx jsonb := ctxguard.context();
+    n integer;
+BEGIN
+    PERFORM ctxguard._refuse_inside_handler('save_turn');
+    IF ctx IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '28000', MESSAGE = 'ctxguard: no context is set';
+    END IF;
+    IF conversation_id IS NULL OR conversation_id !~ '^[!-~]{1,128}$' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'ctxguard: conversation_id must be 1-128 printable ASCII characters';
+    END IF;
+    IF message IS NULL OR octet_length(message) > 32768 OR octet_length(coalesce(answer, '')) > 262144
+       OR jsonb_typeof(coalesce(tool_calls, '[]')) <> 'array' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'ctxguard: turn too large or malformed';
+    END IF;
+    PERFORM pg_advisory_xact_lock(hashtextextended(ctx->>'tenantId' || chr(31) || (ctx->>'userId') || chr(31) || conversation_id, 11));
+    SELECT coalesce(max(t.turn), 0) + 1 INTO n FROM ctxguard.conversation_turns t
+     WHERE t.tenant_id = ctx->>'tenantId' AND t.user_id = ctx->>'userId' AND t.conversation_id = save_turn.conversation_id;
+    INSERT INTO ctxguard.conversation_turns (tenant_id, user_id, conversation_id, turn, page, generation, message, answer, tool_calls)
+    VALUES (ctx->>'tenantId', ctx->>'userId', save_turn.conversation_id, n,
+            jsonb_build_object('pageType', ctx->'pageType', 'entity', ctx->'entity', 'pageState', ctx->'pageState', 'states', ctx->'states'),
+            (ctx->>'generation')::uuid, message, answer, coalesce(tool_calls, '[]'));
+    RETURN n;
+END
+$$;
+
+-- lint() reports run_as problems, roles that mix call_tool with table privileges, changed upstream tools.
+CREATE OR REPLACE FUNCTION ctxguard.lint() RETURNS TABLE (kind text, object text, detail text)
+    LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+    -- Tables with a tenant column whose RLS is not enabled and forced.
+    SELECT 'table_without_forced_rls', c.oid::regclass::text, 'has column ' || a.attname || ' but RLS is not enabled and forced'
+      FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+     WHERE c.relkind IN ('r', 'p') AND a.attname IN ('tenant_id', 'tenant')
+       AND c.relnamespace NOT IN ('pg_catalog'::regnamespace, 'information_schema'::regnamespace)
+       AND NOT (c.relrowsecurity AND c.relforcerowsecurity)
+    UNION ALL
+    SELECT 'tool_without_policy', t.name, 'catalogued but invisible and uncallable until a policy is registered'
+      FROM ctxguard.tools t WHERE NOT EXISTS (SELECT 1 FROM ctxguard.tool_policies p WHERE p.tool = t.name)
+       AND NOT EXISTS (SELECT 1 FROM ctxguard.mcp_servers s WHERE s.name = t.server AND s.default_policy IS NOT NULL)
+    UNION ALL
+    SELECT 'definer_without_search_path', p.oid::regprocedure::text, 'SECURITY DEFINER without SET search_path'
+      FROM pg_proc p
+     WHERE p.prosecdef AND p.pronamespace NOT IN ('pg_catalog'::regnamespace, 'information_schema'::regnamespace)
+       AND NOT EXISTS (SELECT 1 FROM unnest(p.proconfig) cfg WHERE cfg LIKE 'search_path=%')
+    UNION ALL
+    SELECT DISTINCT 'view_bypasses_rls', v.oid::regclass::text, 'view over ' || t.oid::regclass::text || ' runs as its owner (set security_invoker = true)'
+      FROM pg_class v
+      JOIN pg_rewrite r ON r.ev_class = v.oid
+      JOIN pg_depend d ON d.classid = 'pg_rewrite'::regclass AND d.objid = r.oid AND d.refclassid = 'pg_class'::regclass
+      JOIN pg_class t ON t.oid = d.refobjid AND t.oid <> v.oid AND t.relrowsecurity
+     WHERE v.relkind IN ('v', 'm')
+       AND NOT coalesce(v.reloptions @> ARRAY['security_invoker=true'] OR v.reloptions @> ARRAY['security_invoker=on'], false)
+    UNION ALL
+    SELECT 'tool_without_run_as', t.name, 'SQL tool whose handler has no run_as role: calls fail with TOOL_ERROR until it is re-registered with one'
+      FROM ctxguard.tools t JOIN ctxguard.tool_policies p ON p.tool = t.name
+     WHERE t.kind = 'sql' AND p.run_as IS NULL
+    UNION ALL
+    SELECT DISTINCT 'unsafe_run_as', p.run_as::text, 'run_as role is a superuser, can bypass RLS, or owns a protected table: its tools do not run'
+      FROM ctxguard.tool_policies p JOIN pg_roles r ON r.oid = p.run_as
+     WHERE r.rolsuper OR r.rolbypassrls
+        OR EXISTS (SELECT 1 FROM pg_class t
+                    WHERE t.relkind IN ('r', 'p') AND (t.relrowsecurity OR t.relnamespace = 'ctxguard'::regnamespace)
+                      AND pg_has_role(r.oid, t.relowner, 'MEMBER'))
+    UNION ALL
+    SELECT DISTINCT 'caller_with_table_privileges', r.rolname::text,
+           'can call ctxguard.call_tool and also holds privileges on ' || t.oid::regclass::text || ' (the role that runs model calls needs EXECUTE on ctxguard only)'
+      FROM pg_roles r
+      JOIN pg_class t ON t.relkind IN ('r', 'p', 'v', 'm')
+                     AND (t.relrowsecurity OR t.oid = 'ctxguard.document_pages'::regclass
+                          OR t.oid IN (SELECT e.tbl FROM ctxguard.entity_types e))
+     WHERE r.rolcanlogin AND NOT r.rolsuper AND r.oid <> t.relowner
+       AND has_function_privilege(r.oid, 'ctxguard._call_tool(text, text)', 'EXECUTE')
+       AND (t.relnamespace <> 'ctxguard'::regnamespace OR t.oid = 'ctxguard.document_pages'::regclass)
+       AND (has_table_privilege(r.oid, t.oid, 'SELECT') OR has_table_privilege(r.oid, t.oid, 'INSERT')
+            OR has_table_privilege(r.oid, t.oid, 'UPDATE') OR has_table_privilege(r.oid, t.oid, 'DELETE'))
+    UNION ALL
+    SELECT 'upstream_tool_changed', t.name, 'upstream definition changed since it was accepted: disabled until ctxguard.accept_mcp_tool'
+      FROM ctxguard.tools t
+     WHERE t.kind = 'external' AND t.present AND t.accepted_hash IS DISTINCT FROM t.definition_hash
+    UNION ALL
+    SELECT 'immutable_context_reader', p.oid::regprocedure::text, 'IMMUTABLE but reads the ctxguard context (plans would cache one tenant)'
+      FROM pg_proc p
+     WHERE p.provolatile = 'i'
+       AND (p.prosrc ~ 'ctxguard\.(context|tenant_id|user_id|roles|has_role|page_type|entity_type|entity_id|generation)\s*\('
+            OR (p.pronamespace = 'ctxguard'::regnamespace AND p.proname IN ('context', 'tenant_id', 'user_id', 'roles', 'has_role', 'page_type', 'entity_type', 'entity_id', 'generation')))
+$$;
+
+-- Definition pinning: accept an upstream tool's current definition (DBA only).
+CREATE FUNCTION ctxguard.accept_mcp_tool(name text) RETURNS void
+    LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM ctxguard._refuse_inside_handler('accept_mcp_tool');
+    UPDATE ctxguard.tools t SET accepted_hash = t.definition_hash, version = t.version + 1, updated_at = now()
+     WHERE t.name = accept_mcp_tool.name AND t.kind = 'external';
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'ctxguard: no such upstream tool';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION ctxguard.accept_mcp_tool(text) IS 'Accept an upstream MCP tool''s current definition (name, description, schema) after a change disabled it.';
+REVOKE EXECUTE ON FUNCTION ctxguard.accept_mcp_tool(text) FROM PUBLIC;

@@ -1,0 +1,177 @@
+//! The one way ctxguard runs SQL: with its settings pinned, and where it must, as the extension owner.
+//!
+//! Modelled on PostgreSQL's `fmgr_security_definer`: a new GUC nest level, the pinned settings
+//! applied with `GUC_ACTION_SAVE`, the user switched with `SetUserIdAndSecContext`, and both restored
+//! on exit. On an error the enclosing (sub)transaction's abort restores them, as it does for a
+//! SECURITY DEFINER function.
+//!
+//! Why: SQL that ctxguard runs resolves names through the session's `search_path`, where `pg_temp`
+//! comes first for types and relations, and it parses and prints values through the session's
+//! `TimeZone`, `DateStyle`, text search configuration and friends. A caller who controls those
+//! could otherwise make the owner run a domain's CHECK function, or move `current_date`. With
+//! `search_path = pg_catalog, pg_temp` nothing the caller creates is found before the catalog's
+//! own objects (pg_temp is never searched for functions or operators, and is searched last for
+//! types and relations), and every name ctxguard uses outside `pg_catalog` is schema-qualified.
+//!
+//! Every SPI statement in the extension runs inside [`as_owner`] or [`pinned`]; `grep -n "Spi::"`
+//! outside a closure passed to one of them is a bug.
+
+use std::cell::Cell;
+use std::ffi::CStr;
+
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+
+use crate::pgutil::raise;
+
+/// Settings every statement ctxguard runs sees, whatever the caller set.
+const PINNED: [(&CStr, &CStr); 12] = [
+    (c"search_path", c"pg_catalog, pg_temp"),
+    (c"TimeZone", c"UTC"),
+    (c"DateStyle", c"ISO, YMD"),
+    (c"IntervalStyle", c"postgres"),
+    (c"default_text_search_config", c"pg_catalog.english"),
+    (c"standard_conforming_strings", c"on"),
+    (c"transform_null_equals", c"off"),
+    (c"array_nulls", c"on"),
+    (c"extra_float_digits", c"1"),
+    (c"bytea_output", c"hex"),
+    (c"row_security", c"on"),
+    (c"check_function_bodies", c"on"),
+];
+
+/// A pinned scope: restores the GUC nest level and the user on drop.
+struct Scope {
+    nest: i32,
+    user: Option<(pg_sys::Oid, i32)>,
+}
+
+impl Drop for Scope {
+    fn drop(&mut self) {
+        unsafe {
+            if let Some((uid, sec)) = self.user {
+                pg_sys::SetUserIdAndSecContext(uid, sec);
+            }
+            // On an error, the (sub)transaction abort pops the nest level (like fmgr_security_definer).
+            if !std::thread::panicking() {
+                pg_sys::AtEOXact_GUC(true, self.nest);
+            }
+        }
+    }
+}
+
+fn set(name: &CStr, value: &CStr) {
+    unsafe {
+        let current = pg_sys::GetConfigOption(name.as_ptr(), true, false);
+        if !current.is_null() && CStr::from_ptr(current) == value {
+            return;
+        }
+        pg_sys::set_config_option(
+            name.as_ptr(),
+            value.as_ptr(),
+            pg_sys::GucContext::PGC_USERSET,
+            pg_sys::GucSource::PGC_S_SESSION,
+            pg_sys::GucAction::GUC_ACTION_SAVE,
+            true,
+            pgrx::PgLogLevel::ERROR as i32,
+            false,
+        );
+    }
+}
+
+/// Open a scope with the pinned settings, optionally switching to `user` with
+/// `SECURITY_LOCAL_USERID_CHANGE | SECURITY_RESTRICTED_OPERATION` added to the security context.
+fn open(user: Option<pg_sys::Oid>) -> Scope {
+    // Settings cannot change during a parallel operation, and nothing may run unpinned: refuse.
+    // (Every function that runs SQL is PARALLEL UNSAFE, so this is only reached if that is undone.)
+    if unsafe { pg_sys::IsInParallelMode() } {
+        raise(
+            PgSqlErrorCode::ERRCODE_INVALID_TRANSACTION_STATE,
+            "ctxguard: this function cannot run during a parallel operation",
+        );
+    }
+    let nest = unsafe { pg_sys::NewGUCNestLevel() };
+    let mut scope = Scope { nest, user: None };
+    for (name, value) in PINNED.iter() {
+        set(name, value);
+    }
+    if let Some(target) = user {
+        let (mut uid, mut sec) = (pg_sys::InvalidOid, 0i32);
+        unsafe {
+            pg_sys::GetUserIdAndSecContext(&mut uid, &mut sec);
+            scope.user = Some((uid, sec));
+            pg_sys::SetUserIdAndSecContext(
+                target,
+                sec | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32
+                    | pg_sys::SECURITY_RESTRICTED_OPERATION as i32,
+            );
+        }
+    }
+    scope
+}
+
+/// Run `f` (SPI statements) as the caller with ctxguard's pinned settings.
+pub fn pinned<R>(f: impl FnOnce() -> R) -> R {
+    let _scope = open(None);
+    f()
+}
+
+/// The pinned settings until the returned guard drops: the first line of every SQL-callable
+/// entry point that runs SQL, so that nothing it does (as the caller or as the owner) sees the
+/// caller's settings. Transaction-local context writes (`set_local`) inside it survive it.
+#[must_use = "the settings are restored when the guard drops"]
+pub struct Pin(#[allow(dead_code, reason = "held for its Drop")] Scope);
+
+pub fn pin() -> Pin {
+    Pin(open(None))
+}
+
+/// Run `f` as the extension owner with the pinned settings: for the bookkeeping tables (audit,
+/// generations, approvals, budgets) that callers must not be able to forge, and for catalog reads.
+pub fn as_owner<R>(f: impl FnOnce() -> R) -> R {
+    let owner = extension_owner();
+    let _scope = open(Some(owner));
+    f()
+}
+
+/// Run `f` as `role` (a tool's `run_as`), like a SECURITY DEFINER function of that role with
+/// `SET search_path = pg_catalog, pg_temp`, in a security-restricted operation.
+pub fn as_role<R>(role: pg_sys::Oid, f: impl FnOnce() -> R) -> R {
+    let _scope = open(Some(role));
+    f()
+}
+
+thread_local! {
+    static OWNER: Cell<Option<pg_sys::Oid>> = const { Cell::new(None) };
+}
+
+/// The extension owner, looked up once per backend (with the pinned settings).
+pub fn extension_owner() -> pg_sys::Oid {
+    if let Some(o) = OWNER.with(Cell::get) {
+        return o;
+    }
+    let oid = pinned(|| {
+        Spi::get_one::<pg_sys::Oid>(
+            "SELECT e.extowner FROM pg_catalog.pg_extension e
+              WHERE e.extname OPERATOR(pg_catalog.=) 'ctxguard'::pg_catalog.name",
+        )
+    })
+    .ok()
+    .flatten()
+    .unwrap_or_else(|| {
+        raise(
+            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            "ctxguard is not installed",
+        )
+    });
+    OWNER.with(|c| c.set(Some(oid)));
+    oid
+}
+
+/// Is `role` unfit to run tool handlers (superuser, BYPASSRLS, or the extension owner)?
+/// Ownership of protected tables is checked by SQL at registration and by `lint()`.
+pub fn role_is_privileged(role: pg_sys::Oid) -> bool {
+    let privileged =
+        unsafe { pg_sys::superuser_arg(role) || pg_sys::has_bypassrls_privilege(role) };
+    privileged || role == extension_owner()
+}
