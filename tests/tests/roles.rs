@@ -324,6 +324,7 @@ async fn sync_mcp_tools_belongs_to_the_discovery_role_alone() {
         let err = discovery.batch_execute(sql).await.unwrap_err();
         assert_eq!(err.code(), DENIED, "{sql}: {err:?}");
     }
+    drop_server(server).await;
 }
 
 /// A minimal upstream MCP server (Streamable HTTP, stateless JSON responses, protocol 2025-11-25)
@@ -395,6 +396,15 @@ async fn register_server(name: &str, url: &str, policy: Option<Value>) {
     }
 }
 
+/// Remove a test server and its tools (the next run starts clean either way).
+async fn drop_server(name: &str) {
+    admin()
+        .await
+        .execute("DELETE FROM ctxguard.mcp_servers WHERE name = $1", &[&name])
+        .await
+        .unwrap();
+}
+
 async fn server_tools(server: &str) -> Vec<String> {
     admin()
         .await
@@ -438,6 +448,8 @@ async fn discovery_records_tools_through_the_discovery_role_only() {
         .await;
     assert!(up_now.contains("rt_unrecorded"), "{up_now:?}");
     assert_eq!(server_tools("rt_unrecorded").await, Vec::<String>::new());
+    drop_server("rt_found").await;
+    drop_server("rt_unrecorded").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -491,4 +503,5 @@ async fn catalogued_upstream_tools_work_without_the_discovery_role() {
     );
     // Still nothing new was recorded by this gateway.
     assert_eq!(server_tools("rt_known").await, vec!["rt_known.read_scan"]);
+    drop_server("rt_known").await;
 }
