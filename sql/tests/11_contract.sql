@@ -56,10 +56,13 @@ SELECT throws_ok($$SELECT t.dba_tool_policy('vendor.list', '{"page_types": ["ven
                  'run_as an unknown role is refused');
 SELECT is((SELECT run_as::text FROM ctxguard.tool_policies WHERE tool = 'vendor.list'), 'ctxguard_tools', 'the policy kept its run_as');
 SELECT throws_ok($$SET ctxguard.default_run_as = 'ctxguard_gateway'$$, '42501', NULL, 'the default run_as is the DBA''s setting');
-SELECT set_eq($$SELECT kind, object FROM ctxguard.lint() WHERE kind IN ('tool_without_run_as', 'unsafe_run_as', 'caller_with_table_privileges')$$,
-              $$VALUES ('tool_without_run_as', 'lint.no_run_as'), ('unsafe_run_as', 'lint.unsafe_run_as'),
-                       ('caller_with_table_privileges', 'ctxguard_reader')$$,
-              'lint reports a SQL tool without run_as, an unsafe run_as and a login role with table privileges (not the gateway)');
+SELECT set_eq($$SELECT kind, object FROM ctxguard.lint() WHERE kind IN ('tool_without_run_as', 'unsafe_run_as')$$,
+              $$VALUES ('tool_without_run_as', 'lint.no_run_as'), ('unsafe_run_as', 'ctxguard_test_bypass')$$,
+              'lint reports a SQL tool without run_as and an unsafe run_as role');
+SELECT ok(EXISTS (SELECT 1 FROM ctxguard.lint() WHERE kind = 'caller_with_table_privileges' AND object = 'ctxguard_reader'),
+          'lint reports a login role that can call tools and read protected tables');
+SELECT ok(NOT EXISTS (SELECT 1 FROM ctxguard.lint() WHERE kind = 'caller_with_table_privileges' AND object IN ('ctxguard_gateway', 'ctxguard_tools')),
+          'but not the gateway role (no table privileges) nor the NOLOGIN run_as role');
 
 -- Issue 11 §5 / H.52: the upstream catalog
 SELECT throws_ok($$SELECT ctxguard.sync_mcp_tools('pinned', '[]')$$, '42501', NULL, 'discovery is not the gateway role''s');

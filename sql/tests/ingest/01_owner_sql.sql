@@ -19,8 +19,11 @@ BEGIN
         'SELECT ctxguard.put_document(%L, %L, tags => ARRAY[%L, %L], product_version => %L, language => %L)',
         doc, 'Ingest test ' || variant, 'attack', 'ingest', '1.0', 'english'));
     FOR n IN 1 .. 6 LOOP
-        page := 'ACME Ingest Manual, internal' || E'\n' || 'Section ' || n || ': the operators rotated the certificates and '
-             || 'restarted the scheduler on node ' || n || '.' || E'\n' || 'Page ' || n || ' of 6';
+        page := 'ACME Ingest Manual, internal' || E'\n'
+             || (ARRAY['The operators rotated the certificates of the gateway.', 'Backups are verified every night.',
+                       'Quotas apply per tenant and per day.', 'Logs ship to the archive hourly.',
+                       'Upgrades need a maintenance window.', 'Tokens expire after one hour.'])[n]
+             || E'\n' || 'Page ' || n || ' of 6';
         RETURN NEXT pg_temp.attack(variant || ' put_page', pg_catalog.format('SELECT ctxguard.put_page(%L, %s, %L)', doc, n, page));
     END LOOP;
     RETURN NEXT pg_temp.attack(variant || ' put_section', pg_catalog.format('SELECT ctxguard.put_section(%L, %L, %L, 1, 2)', doc, 'intro', 'Introduction'));
@@ -47,7 +50,7 @@ COMMIT;
 RESET search_path;
 
 SELECT is(pg_temp.ran(r), '0/0', (r->>'label') || ': no caller object ran') FROM (SELECT r FROM v1 UNION ALL SELECT r FROM v2) x;
-SELECT is(pg_temp.outcome(r), 'ok', (r->>'label') || ': succeeded') FROM (SELECT r FROM v1 UNION ALL SELECT r FROM v2) x;
+SELECT is(r->>'code', 'ok', (r->>'label') || ': succeeded') FROM (SELECT r FROM v1 UNION ALL SELECT r FROM v2) x;
 SELECT is(pg_temp.seq('pg_temp.probe_foreign'), 0::bigint, 'no caller object ever ran as another role');
 SELECT is(pg_temp.seq('pg_temp.probe_hits'), 0::bigint, 'no caller object ran at all inside put_document, put_page, put_section');
 SELECT ok(NOT rolsuper AND NOT rolbypassrls, 'the ingestion role is still NOSUPERUSER NOBYPASSRLS') FROM pg_roles WHERE rolname = session_user;
@@ -62,7 +65,7 @@ SELECT results_eq($$SELECT id, status, page_count, language::pg_catalog.text, ta
 SELECT ctxguard.begin_generation('ingest-check') AS g \gset
 SELECT ctxguard.set_context(:'tok_ingest', '{"pageType": "document_library"}', :'g') \g /dev/null
 SELECT is(ctxguard.call_tool('read_doc_pages', jsonb_build_object('doc_id', d, 'page_start', 1, 'page_end', 1))->'result'->'pages'->0->>'text',
-          'Section 1: the operators rotated the certificates and restarted the scheduler on node 1.', d || ': header and footer stripped')
+          'The operators rotated the certificates of the gateway.', d || ': header and footer stripped')
   FROM unnest(ARRAY['ingest_v1', 'ingest_v2']) d;
 SELECT is(ctxguard.call_tool('doc_local_search', jsonb_build_object('doc_id', d, 'query', 'rotating certificate'))->'result'->>'matched', 'all_words',
           d || ': indexed with english stemming')
