@@ -5,6 +5,11 @@
 \set detail '{"pageType": "invoice_detail", "entity": {"type": "invoice", "id": "' :inv '"}}'
 \set viewer '{"pageType": "document_viewer", "entity": {"type": "document", "id": "acme_guide"}}'
 
+-- Positive control: the caller's own SQL does resolve to the shadows (a type, or a function on the
+-- path), so the probe is alive and counting in this setup.
+SELECT pg_temp.attack(:'variant' || ' control', $$SELECT '00000000-0000-4000-8000-000000000001'::uuid, now()$$) AS r \gset
+SELECT ok((:'r'::jsonb->>'hits')::int > 0 AND (:'r'::jsonb->>'foreign')::int = 0, :'variant' || ' control: the caller''s own SQL runs its shadows, as itself');
+
 -- The armed statements name no type, function or operator that the caller's path could resolve.
 SELECT pg_temp.attack(:'variant' || ' call_tool without context', $$SELECT ctxguard.call_tool('invoice.get', '{}')$$) AS r \gset
 SELECT is(pg_temp.ran(:'r'), '0/0', :'variant' || ' call_tool without context: no caller object ran');
