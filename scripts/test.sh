@@ -53,6 +53,8 @@ pg_prove -h "$RUN" -p "$PGPORT" -U ctxguard_reader -d "$DB" "${vars[@]}" sql/tes
 pg_prove -h "$RUN" -p "$PGPORT" -U ctxguard_app -d "$DB" "${vars[@]}" sql/tests/app/*.sql
 pg_prove -h "$RUN" -p "$PGPORT" -U ctxguard_ingest -d "$DB" "${vars[@]}" sql/tests/ingest/*.sql
 
+bash scripts/upgrade_test.sh
+
 log "server log: set_context refusals are logged with reason and identity, never the token"
 denied=$(grep -F "ctxguard: set_context denied" "$RUN/postgres.log" || true)
 [ -n "$denied" ] || { echo "no set_context refusal was logged" >&2; exit 1; }

@@ -168,6 +168,7 @@ ALTER TABLE ctxguard.tenant_limits ENABLE ROW LEVEL SECURITY;
 ALTER TABLE ctxguard.tenant_limits FORCE ROW LEVEL SECURITY;
 CREATE POLICY tenant_limits_owner ON ctxguard.tenant_limits USING (true) WITH CHECK (true);  -- DBA only
 -- documents.boilerplate holds raw page lines (headers, footers): not readable by callers.
+REVOKE SELECT ON ctxguard.documents FROM PUBLIC;
 GRANT SELECT (tenant_id, id, title, status, tags, product_version, language, page_count, entity_type, entity_id,
               created_at, updated_at) ON ctxguard.documents TO PUBLIC;
 GRANT SELECT ON ctxguard.document_sections TO PUBLIC;

@@ -658,7 +658,7 @@ fn finalize(ctx: &Ctx, doc_id: &str) -> Value {
         Spi::connect_mut(|c| {
             c.update(
                 "UPDATE ctxguard.document_pages p SET clean = u.clean, tsv = pg_catalog.to_tsvector(d.language, u.clean)
-                   FROM pg_catalog.unnest($3::pg_catalog.int4[], $4::pg_catalog.text[]) u(n, clean), ctxguard.documents d
+                   FROM ROWS FROM (pg_catalog.unnest($3::pg_catalog.int4[]), pg_catalog.unnest($4::pg_catalog.text[])) u(n, clean), ctxguard.documents d
                   WHERE p.tenant_id = $1 AND p.doc_id = $2 AND p.page_no = u.n AND d.tenant_id = $1 AND d.id = $2",
                 None,
                 &[ctx.tenant_id.as_str().into(), doc_id.into(), numbers.into(), cleaned.into()],
