@@ -628,19 +628,24 @@ fn approve_call(call_id: Option<pgrx::Uuid>) -> JsonB {
             "no context is set for this transaction",
         );
     };
-    // Atomically consume the approval: a second approve (concurrent or later) finds nothing.
+    // Atomically consume the approval: a second approve (concurrent or later) finds nothing. It
+    // must come from a context on the entity it was requested for (or none, if it had none);
+    // from any other page it stays pending.
     let claimed = as_owner(|| {
         Spi::connect_mut(|client| {
             let mut rows = client.update(
                 "UPDATE ctxguard.approvals SET status = 'approved', used_at = pg_catalog.now()
                  WHERE call_id = $1::pg_catalog.uuid AND tenant_id = $2 AND user_id = $3
                    AND status = 'pending' AND expires_at > pg_catalog.now()
+                   AND entity_type IS NOT DISTINCT FROM $4 AND entity_id IS NOT DISTINCT FROM $5
                  RETURNING tool, args::pg_catalog.text",
                 Some(1),
                 &[
                     id.to_string().as_str().into(),
                     c.tenant_id.as_str().into(),
                     c.user_id.as_str().into(),
+                    c.entity.as_ref().map(|e| e.kind.as_str()).into(),
+                    c.entity.as_ref().map(|e| e.id.as_str()).into(),
                 ],
             )?;
             Ok::<_, pgrx::spi::Error>(match rows.next() {

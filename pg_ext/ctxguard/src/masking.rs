@@ -10,8 +10,11 @@ use pgrx::prelude::*;
 use crate::owner::as_owner;
 use crate::pgutil::raise;
 
+/// The catalog cache key a masker was compiled for, and the masker.
+type Compiled = ((i64, String), Rc<Masker>);
+
 thread_local! {
-    static MASKER: RefCell<Option<((i64, String), Rc<Masker>)>> = const { RefCell::new(None) };
+    static MASKER: RefCell<Option<Compiled>> = const { RefCell::new(None) };
 }
 
 /// The masker for the catalog with cache key `key` (`(version, xmin)`, as the catalog cache:
