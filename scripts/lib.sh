@@ -55,8 +55,9 @@ port = $PGPORT
 unix_socket_directories = '$RUN'
 max_connections = 200
 shared_preload_libraries = 'ctxguard'
-ctxguard.jwt_secret = '$(cat "$RUN/jwt_secret")'
-ctxguard.jwt_public_key = '$(cat "$RUN/ed25519_public_x")'
+# Keys from files read by the server: never in a setting SHOW or pg_settings could reveal.
+ctxguard.jwt_secret_file = '$RUN/jwt_secret'
+ctxguard.jwt_public_key_file = '$RUN/ed25519_public_x'
 ctxguard.jwt_audience = ''
 log_min_messages = warning
 CONF
