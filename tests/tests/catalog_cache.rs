@@ -10,6 +10,13 @@ use postgres::{Client, NoTls};
 use serde_json::{json, Value};
 use support::{env, token};
 
+/// The tests of this file change the catalog; run them one at a time (each reads versions).
+static CATALOG: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    CATALOG.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn visible_and_call(c: &mut Client, tok: &str) -> (Vec<String>, Value) {
     let mut tx = c.transaction().unwrap();
     tx.execute(
@@ -45,6 +52,7 @@ fn set_vendor_list_enabled(admin: &mut Client, enabled: bool) {
 
 #[test]
 fn a_warm_backend_sees_policy_changes_at_once() {
+    let _serial = one_at_a_time();
     let tok = token("alice", "acme", &["ap_clerk"]);
     let mut gw = Client::connect(&env("CTXGUARD_TEST_DATABASE_URL"), NoTls).unwrap();
     let mut admin = Client::connect(&env("CTXGUARD_TEST_ADMIN_URL"), NoTls).unwrap();
@@ -80,6 +88,7 @@ fn a_warm_backend_sees_policy_changes_at_once() {
 
 #[test]
 fn a_viewer_page_confines_document_tools_even_without_the_binding() {
+    let _serial = one_at_a_time();
     let tok = token("alice", "acme", &["ap_clerk"]);
     let mut gw = Client::connect(&env("CTXGUARD_TEST_DATABASE_URL"), NoTls).unwrap();
     let mut admin = Client::connect(&env("CTXGUARD_TEST_ADMIN_URL"), NoTls).unwrap();
@@ -122,4 +131,59 @@ fn a_viewer_page_confines_document_tools_even_without_the_binding() {
     );
     assert_eq!(other["error"]["code"], "ENTITY_MISMATCH", "{other}");
     assert_eq!(own["status"], "ok", "{own}");
+}
+
+/// The masker is cached like the catalog, by `(version, xmin)`: a rule change that was seen and
+/// then rolled back cannot be confused with a later change that reuses its version number.
+#[test]
+fn a_rolled_back_mask_rule_is_not_served_for_a_later_change_of_the_same_version() {
+    let _serial = one_at_a_time();
+    let mut admin = Client::connect(&env("CTXGUARD_TEST_ADMIN_URL"), NoTls).unwrap();
+    let masked = |c: &mut postgres::Transaction<'_>| -> String {
+        let v: Value = c
+            .query_one("SELECT ctxguard.mask_text('zebra-1 okapi-2')", &[])
+            .unwrap()
+            .get(0);
+        v["text"].as_str().unwrap().to_string()
+    };
+    let add_rule = |c: &mut postgres::Transaction<'_>, name: &str, pattern: &str| {
+        c.execute(
+            "INSERT INTO ctxguard.mask_rules (name, pattern) VALUES ($1, $2)",
+            &[&name, &pattern],
+        )
+        .unwrap();
+    };
+    let version = |c: &mut postgres::Transaction<'_>| -> i64 {
+        c.query_one("SELECT version FROM ctxguard.catalog_version", &[])
+            .unwrap()
+            .get(0)
+    };
+
+    let mut tx = admin.transaction().unwrap();
+    add_rule(&mut tx, "test_zebra", r"\bzebra-\d\b");
+    let seen_version = version(&mut tx);
+    let first = masked(&mut tx);
+    tx.rollback().unwrap();
+    assert!(
+        !first.contains("zebra-1"),
+        "the rule applies in its own transaction: {first}"
+    );
+
+    let mut tx = admin.transaction().unwrap();
+    add_rule(&mut tx, "test_okapi", r"\bokapi-\d\b");
+    assert_eq!(
+        version(&mut tx),
+        seen_version,
+        "the later change reuses the version number"
+    );
+    let second = masked(&mut tx);
+    tx.rollback().unwrap();
+    assert!(
+        second.contains("zebra-1"),
+        "the rolled-back zebra rule was served again: {second}"
+    );
+    assert!(
+        !second.contains("okapi-2"),
+        "the new okapi rule is applied: {second}"
+    );
 }
