@@ -10,12 +10,18 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use crate::db::Scope;
-use crate::error::ApiError;
+use crate::error::{ApiError, Refusal};
 use crate::hygiene;
 use crate::llm::{LlmError, Message, ToolCall};
 use crate::AppState;
 
 pub const MAX_MESSAGE_CHARS: usize = 8000;
+/// A tool call whose id or tool name is longer than this is refused (TOOL_CALL_TOO_LARGE); reports
+/// never carry longer ones.
+pub const MAX_CALL_NAME_BYTES: usize = 256;
+/// The tool-call reports a turn stores (`ctxguard.save_turn`) stay under this: past it, the
+/// largest arguments are stored as `null` (the response still carries them).
+pub const MAX_STORED_CALLS_BYTES: usize = 256 * 1024;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -47,6 +53,10 @@ pub struct ToolCallReport {
     pub decision: String,
     pub code: Option<String>,
     pub call_id: Option<String>,
+    /// How many refused calls this report stands for, when a step's refusals past the turn's
+    /// share of single reports are folded into one (absent: one call).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub count: Option<usize>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -62,6 +72,9 @@ pub struct ChatResponse {
     pub pending_approvals: Vec<ToolCallReport>,
     pub steps: u32,
     pub stopped_by_step_limit: bool,
+    /// The model's answer was longer than `CTXGUARD_MAX_ANSWER_BYTES` and was cut (the answer
+    /// ends with a visible marker).
+    pub answer_truncated: bool,
 }
 
 /// Streamed events (`Accept: text/event-stream`).
@@ -192,6 +205,167 @@ fn llm_error(e: LlmError) -> ApiError {
     }
 }
 
+/// The model's tool calls within the turn's bounds: how many run per step and per turn, and how
+/// large one may be. Everything past them is refused here, reported, and never run.
+pub struct Bounds {
+    per_step: usize,
+    per_turn: usize,
+    argument_bytes: usize,
+    /// Calls run (or refused for their size) so far this turn.
+    considered: usize,
+    /// Calls refused for the caps that got a report of their own so far this turn.
+    reported: usize,
+}
+
+/// One step's tool calls, judged.
+pub struct Plan {
+    /// Each call the step asked for, in order, with its refusal if any (a refused call carries no
+    /// arguments) and whether the model is told of it (it is in `history`). Calls folded into
+    /// `folded` are not here.
+    pub calls: Vec<(ToolCall, Option<Refusal>, bool)>,
+    /// The calls as the model is told it made them (each gets a result): the calls to run, those
+    /// refused for size (arguments dropped) and the first one refused for the caps.
+    pub history: Vec<ToolCall>,
+    /// One report for the step's refusals past the turn's share of single reports.
+    pub folded: Option<ToolCallReport>,
+}
+
+/// The longest prefix of `s` of at most `max` bytes ending on a character boundary.
+fn clip(s: &str, max: usize) -> String {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_string()
+}
+
+/// The size of `value` as JSON, without building the text.
+fn json_bytes(value: &Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    let _ = serde_json::to_writer(&mut count, value);
+    count.0
+}
+
+impl Bounds {
+    pub fn new(config: &crate::config::Config) -> Bounds {
+        Bounds {
+            per_step: config.max_tool_calls_per_step,
+            per_turn: config.max_tool_calls_per_turn,
+            argument_bytes: config.max_tool_argument_bytes,
+            considered: 0,
+            reported: 0,
+        }
+    }
+
+    /// Judge one step's calls (`step` numbers the synthetic ids of calls whose own is too long).
+    pub fn plan(&mut self, calls: Vec<ToolCall>, step: u32) -> Plan {
+        let mut plan = Plan {
+            calls: Vec::new(),
+            history: Vec::new(),
+            folded: None,
+        };
+        let mut told_limit = false;
+        for (i, mut call) in calls.into_iter().enumerate() {
+            let over_cap = i >= self.per_step || self.considered >= self.per_turn;
+            if over_cap {
+                if self.reported >= self.per_turn {
+                    let folded = plan.folded.get_or_insert_with(|| {
+                        refused_report(&call, Refusal::ToolCallLimit, Some(0))
+                    });
+                    folded.count = folded.count.map(|n| n + 1);
+                    continue;
+                }
+                self.reported += 1;
+            } else {
+                self.considered += 1;
+            }
+            let too_large = !over_cap
+                && (call.id.len() > MAX_CALL_NAME_BYTES
+                    || call.name.len() > MAX_CALL_NAME_BYTES
+                    || json_bytes(&call.arguments) > self.argument_bytes);
+            let refusal = if over_cap {
+                Some(Refusal::ToolCallLimit)
+            } else if too_large {
+                Some(Refusal::ToolCallTooLarge)
+            } else {
+                None
+            };
+            if refusal.is_some() {
+                call.arguments = Value::Null;
+                if call.id.len() > MAX_CALL_NAME_BYTES {
+                    call.id = format!("call_{step}_{i}");
+                }
+                call.name = clip(&call.name, MAX_CALL_NAME_BYTES);
+            }
+            let tell = match refusal {
+                None | Some(Refusal::ToolCallTooLarge) => true,
+                Some(Refusal::ToolCallLimit) => !std::mem::replace(&mut told_limit, true),
+            };
+            if tell {
+                plan.history.push(ToolCall {
+                    id: call.id.clone(),
+                    name: call.name.clone(),
+                    arguments: if refusal.is_some() {
+                        json!({})
+                    } else {
+                        call.arguments.clone()
+                    },
+                });
+            }
+            plan.calls.push((call, refusal, tell));
+        }
+        plan
+    }
+}
+
+fn refused_report(call: &ToolCall, refusal: Refusal, count: Option<usize>) -> ToolCallReport {
+    ToolCallReport {
+        id: clip(&call.id, MAX_CALL_NAME_BYTES),
+        tool: clip(&call.name, MAX_CALL_NAME_BYTES),
+        arguments: Value::Null,
+        decision: "deny".into(),
+        code: Some(refusal.code().into()),
+        call_id: None,
+        count,
+    }
+}
+
+/// The reports as stored with the turn: under [`MAX_STORED_CALLS_BYTES`], the largest arguments
+/// dropped first.
+fn stored_reports(reports: &[ToolCallReport]) -> Value {
+    let mut stored = serde_json::to_value(reports).unwrap_or(Value::Array(vec![]));
+    let mut total = json_bytes(&stored);
+    if total <= MAX_STORED_CALLS_BYTES {
+        return stored;
+    }
+    if let Value::Array(items) = &mut stored {
+        let mut sizes: Vec<(usize, usize)> = items
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (json_bytes(&r["arguments"]), i))
+            .collect();
+        sizes.sort_unstable_by(|a, b| b.cmp(a));
+        for (size, i) in sizes {
+            if total <= MAX_STORED_CALLS_BYTES {
+                break;
+            }
+            items[i]["arguments"] = Value::Null;
+            total -= size.saturating_sub(4);
+        }
+    }
+    stored
+}
+
 /// Run one turn.
 pub async fn run_turn(
     state: Arc<AppState>,
@@ -248,6 +422,7 @@ pub async fn run_turn(
     messages.push(Message::User(question.clone()));
 
     let mut reports: Vec<ToolCallReport> = Vec::new();
+    let mut bounds = Bounds::new(&state.config);
     let mut steps = 0;
     let mut stopped = false;
     let answer = loop {
@@ -268,44 +443,78 @@ pub async fn run_turn(
         if completion.tool_calls.is_empty() {
             break completion.text;
         }
-        let calls: Vec<ToolCall> = completion.tool_calls.clone();
+        let plan = bounds.plan(completion.tool_calls, steps);
         messages.push(Message::Assistant {
             text: completion.text,
-            tool_calls: calls.clone(),
+            tool_calls: plan.history.clone(),
         });
-        for call in calls {
-            let envelope = crate::tools::call(&state, &scope, &call.name, &call.arguments).await?;
-            let (decision, code) = decision_of(&envelope);
-            state
-                .metrics
-                .tool_decisions
-                .with_label_values(&[code.as_deref().unwrap_or("OK")])
-                .inc();
-            let report = ToolCallReport {
-                id: call.id.clone(),
-                tool: call.name.clone(),
-                arguments: call.arguments.clone(),
-                decision,
-                code,
-                call_id: envelope
-                    .get("call_id")
-                    .and_then(Value::as_str)
-                    .map(str::to_string),
+        for (call, refusal, told) in plan.calls {
+            let report = match refusal {
+                Some(refusal) => {
+                    state
+                        .metrics
+                        .tool_decisions
+                        .with_label_values(&[refusal.code()])
+                        .inc();
+                    if told {
+                        messages.push(Message::Tool {
+                            call_id: call.id.clone(),
+                            name: call.name.clone(),
+                            content: refusal.envelope().to_string(),
+                        });
+                    }
+                    refused_report(&call, refusal, None)
+                }
+                None => {
+                    let envelope =
+                        crate::tools::call(&state, &scope, &call.name, &call.arguments).await?;
+                    let (decision, code) = decision_of(&envelope);
+                    state
+                        .metrics
+                        .tool_decisions
+                        .with_label_values(&[code.as_deref().unwrap_or("OK")])
+                        .inc();
+                    messages.push(Message::Tool {
+                        call_id: call.id.clone(),
+                        name: call.name.clone(),
+                        content: envelope.to_string(),
+                    });
+                    ToolCallReport {
+                        id: call.id,
+                        tool: call.name,
+                        arguments: call.arguments,
+                        decision,
+                        code,
+                        call_id: envelope
+                            .get("call_id")
+                            .and_then(Value::as_str)
+                            .map(str::to_string),
+                        count: None,
+                    }
+                }
             };
             emit(&events, Event::ToolCall(report.clone())).await;
             reports.push(report);
-            messages.push(Message::Tool {
-                call_id: call.id,
-                name: call.name,
-                content: envelope.to_string(),
-            });
+        }
+        if let Some(folded) = plan.folded {
+            state
+                .metrics
+                .tool_decisions
+                .with_label_values(&[Refusal::ToolCallLimit.code()])
+                .inc_by(folded.count.unwrap_or(1) as u64);
+            emit(&events, Event::ToolCall(folded.clone())).await;
+            reports.push(folded);
         }
     };
-    let answer = hygiene::neutralise(&answer, &state.config.allowed_hosts());
+    let hygiene::Answer {
+        text: answer,
+        truncated,
+    } = hygiene::Cleaner::new(&state.config.allowed_hosts())
+        .answer(&answer, state.config.max_answer_bytes);
     for chunk in answer.split_inclusive(' ').collect::<Vec<_>>().chunks(8) {
         emit(&events, Event::Answer(chunk.concat())).await;
     }
-    let calls_json = serde_json::to_value(&reports).unwrap_or(Value::Array(vec![]));
+    let calls_json = stored_reports(&reports);
     let turn = state
         .db
         .save_turn(&scope, &conversation_id, &question, &answer, &calls_json)
@@ -331,6 +540,7 @@ pub async fn run_turn(
         pending_approvals: pending,
         steps,
         stopped_by_step_limit: stopped,
+        answer_truncated: truncated,
     };
     emit(&events, Event::Done(Box::new(response.clone()))).await;
     Ok(response)

@@ -104,6 +104,29 @@ pub struct Config {
     /// read through (e.g. ctxguard_app). Never the gateway role: screens show raw page text.
     #[arg(long, env = "CTXGUARD_DEMO_DATABASE_URL")]
     pub demo_database_url: Option<String>,
+
+    /// Largest request body on every route, `/mcp` included, in bytes (larger: 413
+    /// PAYLOAD_TOO_LARGE before any database work).
+    #[arg(long, env = "CTXGUARD_MAX_BODY_BYTES", default_value_t = 64 * 1024)]
+    pub max_body_bytes: usize,
+
+    /// Most tool calls run from one model step; the step's further calls are refused
+    /// (TOOL_CALL_LIMIT_EXCEEDED), reported and not run.
+    #[arg(long, env = "CTXGUARD_MAX_TOOL_CALLS_PER_STEP", default_value_t = 8)]
+    pub max_tool_calls_per_step: usize,
+
+    /// Most tool calls run in one turn; further calls are refused like those past the step cap.
+    #[arg(long, env = "CTXGUARD_MAX_TOOL_CALLS_PER_TURN", default_value_t = 24)]
+    pub max_tool_calls_per_turn: usize,
+
+    /// Largest tool call the model may ask for (its JSON arguments, in bytes); a larger one is
+    /// refused (TOOL_CALL_TOO_LARGE) before its arguments are sent anywhere, echoed or stored.
+    #[arg(long, env = "CTXGUARD_MAX_TOOL_ARGUMENT_BYTES", default_value_t = 16 * 1024)]
+    pub max_tool_argument_bytes: usize,
+
+    /// Longest answer, in bytes: a longer one is cut, and ends with a visible marker.
+    #[arg(long, env = "CTXGUARD_MAX_ANSWER_BYTES", default_value_t = 64 * 1024)]
+    pub max_answer_bytes: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -149,6 +172,32 @@ impl Config {
             if !(url.starts_with("http://") || url.starts_with("https://")) {
                 return bad("CTXGUARD_LLM_BASE_URL must be an http(s) URL");
             }
+        }
+        if !(1024..=16 * 1024 * 1024).contains(&self.max_body_bytes) {
+            return bad("CTXGUARD_MAX_BODY_BYTES must be 1024..16777216");
+        }
+        if !(1..=256).contains(&self.max_tool_calls_per_step) {
+            return bad("CTXGUARD_MAX_TOOL_CALLS_PER_STEP must be 1..256");
+        }
+        if !(1..=1024).contains(&self.max_tool_calls_per_turn) {
+            return bad("CTXGUARD_MAX_TOOL_CALLS_PER_TURN must be 1..1024");
+        }
+        if !(256..=1024 * 1024).contains(&self.max_tool_argument_bytes) {
+            return bad("CTXGUARD_MAX_TOOL_ARGUMENT_BYTES must be 256..1048576");
+        }
+        // ctxguard.save_turn stores answers of at most 256 KiB.
+        if !(1024..=256 * 1024).contains(&self.max_answer_bytes) {
+            return bad("CTXGUARD_MAX_ANSWER_BYTES must be 1024..262144");
+        }
+        if let Some(h) = self
+            .link_allowlist
+            .split(',')
+            .map(str::trim)
+            .find(|h| !h.is_empty() && crate::hygiene::normalise_host(h).is_none())
+        {
+            return Err(ConfigError::Invalid(format!(
+                "CTXGUARD_LINK_ALLOWLIST: {h:?} is not a host name"
+            )));
         }
         if self.demo {
             if !self.listen.ip().is_loopback() {

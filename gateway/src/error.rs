@@ -28,6 +28,10 @@ pub enum ApiError {
     UpstreamFailed,
     #[error("model upstream timed out")]
     UpstreamTimeout,
+    /// `ctxguard.save_turn` refused the turn's size: the gateway's bounds
+    /// (`CTXGUARD_MAX_ANSWER_BYTES`, tool-call caps) are above the database's.
+    #[error("the turn is larger than the database stores")]
+    TurnTooLarge,
     #[error("internal error")]
     Internal(String),
 }
@@ -45,6 +49,7 @@ impl ApiError {
             ApiError::DatabaseUnavailable => "DATABASE_UNAVAILABLE",
             ApiError::UpstreamFailed => "UPSTREAM_FAILED",
             ApiError::UpstreamTimeout => "UPSTREAM_TIMEOUT",
+            ApiError::TurnTooLarge => "TURN_TOO_LARGE",
             ApiError::Internal(_) => "INTERNAL",
         }
     }
@@ -61,6 +66,7 @@ impl ApiError {
             ApiError::DatabaseUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::UpstreamFailed => StatusCode::BAD_GATEWAY,
             ApiError::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
+            ApiError::TurnTooLarge => StatusCode::INTERNAL_SERVER_ERROR,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -71,6 +77,41 @@ impl ApiError {
             other => other.to_string(),
         };
         json!({"error": {"code": self.code(), "message": message}})
+    }
+}
+
+/// Tool calls the gateway refuses itself, before the database sees them (the model's output is
+/// bounded): reported like the database's refusals, with these codes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// Past `CTXGUARD_MAX_TOOL_CALLS_PER_STEP` in one model step, or past
+    /// `CTXGUARD_MAX_TOOL_CALLS_PER_TURN` in the turn: not run.
+    ToolCallLimit,
+    /// Arguments over `CTXGUARD_MAX_TOOL_ARGUMENT_BYTES` (or an id or tool name over 256 bytes):
+    /// not run, and the arguments are neither echoed nor stored.
+    ToolCallTooLarge,
+}
+
+impl Refusal {
+    pub fn code(self) -> &'static str {
+        match self {
+            Refusal::ToolCallLimit => "TOOL_CALL_LIMIT_EXCEEDED",
+            Refusal::ToolCallTooLarge => "TOOL_CALL_TOO_LARGE",
+        }
+    }
+
+    pub fn message(self) -> &'static str {
+        match self {
+            Refusal::ToolCallLimit => {
+                "too many tool calls: this one was not run; answer from the results you have"
+            }
+            Refusal::ToolCallTooLarge => "the tool call is too large: it was not run",
+        }
+    }
+
+    /// The refusal as a tool result envelope (what the model is told).
+    pub fn envelope(self) -> serde_json::Value {
+        json!({"status": "error", "error": {"code": self.code(), "message": self.message()}})
     }
 }
 
