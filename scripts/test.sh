@@ -46,6 +46,8 @@ vars=(
 
 # Each directory runs as the role it is about (sql/tests/fixtures.sql): the gateway role (model calls,
 # hostile SQL session), a reader with table privileges (RLS itself), the demo app's screens, ingestion.
+# The server log is appended across runs: the checks below read only what this run writes.
+LOG_START=$(stat -c %s "$RUN/postgres.log" 2>/dev/null || echo 0)
 log "SQL security suite (pgTAP) as ctxguard_gateway"
 pg_prove -h "$RUN" -p "$PGPORT" -U ctxguard_gateway -d "$DB" "${vars[@]}" sql/tests/[0-9]*.sql
 log "SQL security suite (pgTAP): RLS as ctxguard_reader, screens as ctxguard_app, ingestion as ctxguard_ingest"
@@ -56,7 +58,7 @@ pg_prove -h "$RUN" -p "$PGPORT" -U ctxguard_ingest -d "$DB" "${vars[@]}" sql/tes
 bash scripts/upgrade_test.sh
 
 log "server log: set_context refusals are logged with reason and identity, never the token"
-denied=$(grep -F "ctxguard: set_context denied" "$RUN/postgres.log" || true)
+denied=$(tail -c +"$((LOG_START + 1))" "$RUN/postgres.log" | grep -F "ctxguard: set_context denied" || true)
 [ -n "$denied" ] || { echo "no set_context refusal was logged" >&2; exit 1; }
 grep -q 'reason="invalid context token: token has expired"' <<<"$denied" || { echo "expired-token refusal not logged" >&2; exit 1; }
 if grep -q "eyJ" <<<"$denied"; then echo "a token reached the refusal log lines" >&2; exit 1; fi

@@ -87,6 +87,11 @@ SELECT is(pg_temp.code(ctxguard.call_tool('invoice.list', '{"status": "''; DROP 
 SELECT unalike(ctxguard.call_tool('invoice.list', '{"status": "''; DROP TABLE demo.invoices; --"}')->'error'->>'message', '%DROP%', 'C.22 the error does not echo it');
 SELECT unalike(ctxguard.call_tool('invoice.list', '{"s3cr3t_key": 1}')->'error'->>'message', '%s3cr3t%', 'C.21 unknown keys are not echoed');
 SELECT is((ctxguard.call_tool('invoice.list', '{}')->'result'->>'count')::int, 12, 'C.22 table intact');
+-- ... and SQL text that reaches a handler is data there too: stored as given, the table it names intact.
+SELECT ctxguard.call_tool('test.note', '{"note": "''; DROP TABLE demo.invoices; --"}') AS note \gset
+SELECT is(:'note'::jsonb->>'status', 'ok', 'C.22 a handler takes free text');
+SELECT is(:'note'::jsonb->'result'->>'stored', '''; DROP TABLE demo.invoices; --', 'C.22 the handler received the SQL text unchanged, as data');
+SELECT is((:'note'::jsonb->'result'->>'invoices')::int, 12, 'C.22 the table it names is intact after the handler ran');
 SELECT is((ctxguard.call_tool('invoice.list', '{"status": "overdue"}')->'result'->>'count')::int, 4, 'valid filter works');
 COMMIT;
 
@@ -95,6 +100,9 @@ BEGIN;
 SELECT ctxguard.set_context(:'tok_alice', :'detail') \g /dev/null
 SELECT is(ctxguard.call_tool('test.numbers', '{}')->'result', '{"big": 12345678901234567.89, "money": 0.10, "exp": 1e400, "neg": -0.0000001}'::jsonb,
           'handler numbers come back exactly');
+-- jsonb equality ignores a numeric's scale: compare the digits as text too.
+SELECT is(ctxguard.call_tool('test.numbers', '{}')->'result'->>'money', '0.10', 'a number keeps its scale (0.10, not 0.1)');
+SELECT is(ctxguard.call_tool('test.numbers', '{}')->'result'->>'big', '12345678901234567.89', 'a big number keeps every digit');
 SELECT is(ctxguard.call_tool('invoice.get', '{}')->'result'->>'amount', '1257.00', 'numeric(12,2) keeps its scale');
 COMMIT;
 

@@ -102,6 +102,8 @@ SELECT ctxguard.complete_call((:'auth'::jsonb->>'call_id')::uuid,
     '{"content": [{"type": "text", "text": "Paid by card 4111 1111 1111 1111, contact jane.doe@example.com"}]}') AS done \gset
 SELECT is(pg_temp.code(:'done'::jsonb), 'ok', 'complete_call returns the result');
 SELECT ok(:'done'::jsonb::text NOT LIKE '%4111 1111%' AND :'done'::jsonb::text NOT LIKE '%jane.doe@%', 'the upstream result is masked');
+SELECT ok(:'done'::jsonb::text LIKE '%[REDACTED:card_number]%' AND :'done'::jsonb::text LIKE '%[REDACTED:email]%',
+          'positive control: the card and the e-mail were in the result, and were replaced');
 SELECT is(pg_temp.code(ctxguard.complete_call((:'auth'::jsonb->>'call_id')::uuid, '{}')), 'NOT_FOUND', 'a call completes only once');
 SELECT is(pg_temp.code(ctxguard.complete_call(gen_random_uuid(), '{}')), 'NOT_FOUND', 'an unknown call id is refused');
 SELECT set_eq(format($$SELECT decision, tool, result_bytes IS NOT NULL FROM ctxguard.audit_log WHERE call_id = %L$$, :'auth'::jsonb->>'call_id'),
@@ -111,7 +113,9 @@ SELECT ctxguard.call_tool('files.read_scan', '{}') AS auth2 \gset
 SELECT ctxguard.call_tool('files.read_scan', '{}') AS auth3 \gset
 SELECT ctxguard.complete_call((:'auth2'::jsonb->>'call_id')::uuid, '{"content": [{"type": "text", "text": "upstream failed: token sk-live-0123456789abcdef0123"}]}', true) AS failed \gset
 SELECT is(pg_temp.code(:'failed'::jsonb), 'TOOL_ERROR', 'an upstream error is reported as TOOL_ERROR');
-SELECT ok(:'failed'::jsonb->'result' IS NOT NULL, 'with its (masked) content');
+SELECT ok(:'failed'::jsonb->'result' IS NOT NULL, 'with its content');
+SELECT ok((:'failed'::jsonb->'result')::text NOT LIKE '%sk-live-0123456789abcdef0123%'
+          AND (:'failed'::jsonb->'result')::text LIKE '%[REDACTED:openai_key]%', 'its content is masked (the API key replaced)');
 COMMIT;
 BEGIN;
 SELECT ctxguard.set_context(:'tok_bob', :'inv3') \g /dev/null

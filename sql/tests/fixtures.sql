@@ -143,6 +143,14 @@ BEGIN
                               'search_path', current_setting('search_path'), 'set_role', set_role, 'create_temp', temp,
                               'read_only', current_setting('transaction_read_only'));
 END $$;
+-- Free text reaches a handler as data: stores it and reports the table it names is intact (C.22).
+CREATE TABLE t.notes (tenant_id text NOT NULL, note text NOT NULL);
+GRANT SELECT, INSERT ON t.notes TO ctxguard_tools;
+SELECT ctxguard.protect_table('t.notes', 'tenant_id');
+CREATE FUNCTION t.note(args jsonb) RETURNS jsonb LANGUAGE sql VOLATILE AS $$
+    WITH n AS (INSERT INTO t.notes (tenant_id, note) VALUES (ctxguard.tenant_id(), args->>'note') RETURNING note)
+    SELECT jsonb_build_object('stored', (SELECT note FROM n), 'invoices', (SELECT count(*) FROM demo.invoices))
+$$;
 -- A handler the run_as role may not execute (the caller may): EXECUTE is checked for the run_as role.
 CREATE FUNCTION t.noexec(args jsonb) RETURNS jsonb LANGUAGE sql AS $$ SELECT '{"ran": true}'::jsonb $$;
 
@@ -154,6 +162,9 @@ GRANT EXECUTE ON FUNCTION t.noexec(jsonb) TO ctxguard_gateway;
 SELECT ctxguard.register_tool('test.touch', 'Record a touch of the invoice on this page.',
     '{"type": "object", "properties": {"invoice_id": {"type": "string"}}}', 't.touch(jsonb)',
     '{"page_types": ["invoice_detail"], "entity_type": "invoice", "entity_param": "invoice_id", "read_only": false}');
+SELECT ctxguard.register_tool('test.note', 'Keep a note for this company.',
+    '{"type": "object", "properties": {"note": {"type": "string", "maxLength": 200}}, "required": ["note"]}', 't.note(jsonb)',
+    '{"page_types": ["invoice_table"], "read_only": false}');
 SELECT ctxguard.register_tool('test.sneaky_write', 'Declared read-only but tries to write.',
     '{"type": "object", "properties": {}}', 't.sneaky_write(jsonb)', '{"page_types": "*"}');
 SELECT ctxguard.register_tool('test.boom', 'Always raises.', '{"type": "object", "properties": {}}', 't.boom(jsonb)',

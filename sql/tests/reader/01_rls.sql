@@ -78,6 +78,20 @@ SELECT set_config(CASE WHEN current_setting('server_version_num')::int >= 160000
 SET LOCAL parallel_setup_cost = 0;
 SET LOCAL parallel_tuple_cost = 0;
 SET LOCAL min_parallel_table_scan_size = 0;
+-- A table this small is read through its index otherwise, serially.
+SET LOCAL enable_indexscan = off;
+SET LOCAL enable_bitmapscan = off;
+SET LOCAL enable_indexonlyscan = off;
+CREATE FUNCTION pg_temp.plan(q text) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE line text; plan text := '';
+BEGIN
+    FOR line IN EXECUTE 'EXPLAIN (COSTS OFF) ' || q LOOP plan := plan || line || E'\n'; END LOOP;
+    RETURN plan;
+END $$;
+SELECT alike(pg_temp.plan($$SELECT tenant_id, count(*)::int FROM demo.invoices GROUP BY 1$$), '%Gather%',
+             'B.14 the plan below is parallel (a Gather node), so workers apply the policy');
+SELECT alike(pg_temp.plan($$SELECT DISTINCT ctxguard.tenant_id() FROM demo.invoices$$), '%Gather%',
+             'B.14 and the reader below runs in a parallel plan too');
 SELECT results_eq($$SELECT tenant_id, count(*)::int FROM demo.invoices GROUP BY 1$$, $$VALUES ('acme', 12)$$, 'B.14 parallel plan: own tenant only');
 SELECT results_eq($$SELECT DISTINCT ctxguard.tenant_id() FROM demo.invoices$$, $$VALUES ('acme')$$, 'B.14 reader inside workers');
 COMMIT;
