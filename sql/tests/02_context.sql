@@ -119,8 +119,10 @@ SELECT throws_ok($$SELECT ctxguard.begin_generation('conv-1')$$, '28000', NULL, 
 -- Handlers cannot switch identity
 BEGIN;
 SELECT ctxguard.set_context(:'tok_alice', :'table_page') \g /dev/null
-SELECT is(ctxguard.call_tool('test.set_identity', jsonb_build_object('token', :'tok_carol'))->'error'->>'code', 'TOOL_ERROR',
-          'a handler calling set_context fails');
+SELECT ctxguard.call_tool('test.set_identity', jsonb_build_object('token', :'tok_carol')) AS switched \gset
+SELECT is(:'switched'::jsonb->'error'->>'code', 'TOOL_ERROR', 'a handler calling set_context fails');
+SELECT is(:'switched'::jsonb->'error'->>'message', 'tool handler failed (SQLSTATE 42501)',
+          'refused as a privilege violation (42501), not some other failure');
 SELECT is(ctxguard.tenant_id(), 'acme', 'and the identity is unchanged');
 COMMIT;
 
