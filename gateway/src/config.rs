@@ -121,7 +121,8 @@ pub struct Config {
 
     /// Largest tool call the model may ask for (its JSON arguments, in bytes); a larger one is
     /// refused (TOOL_CALL_TOO_LARGE) before its arguments are sent anywhere, echoed or stored.
-    #[arg(long, env = "CTXGUARD_MAX_TOOL_ARGUMENT_BYTES", default_value_t = 16 * 1024)]
+    /// Above the database's `ctxguard.max_arg_bytes` (16 KiB), which judges and audits the rest.
+    #[arg(long, env = "CTXGUARD_MAX_TOOL_ARGUMENT_BYTES", default_value_t = 64 * 1024)]
     pub max_tool_argument_bytes: usize,
 
     /// Longest answer, in bytes: a longer one is cut, and ends with a visible marker.

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{DefaultBodyLimit, FromRequest, Path, Request, State};
+use axum::extract::{DefaultBodyLimit, FromRequest, MatchedPath, Path, Request, State};
 use axum::http::{header, HeaderMap, HeaderName, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
@@ -38,8 +38,11 @@ use crate::error::ApiError;
 use crate::llm::ChatModel;
 use crate::metrics::Metrics;
 
-/// Largest request body accepted (larger: 413 before any database work).
+/// The default of `CTXGUARD_MAX_BODY_BYTES`, the largest request body on every route (larger: 413
+/// before any database work).
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
+/// The `route` label of requests no route matched (random paths must not grow `/metrics`).
+pub const UNMATCHED_ROUTE: &str = "unmatched";
 const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 pub struct AppState {
@@ -358,14 +361,18 @@ async fn execute_endpoint(
     Ok(Json(out))
 }
 
+/// Count each request under its route's template (`/v1/approvals/{call_id}`), so that the label
+/// set is the router's; requests no route matched share [`UNMATCHED_ROUTE`].
 async fn count_requests(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     let route = req
-        .uri()
-        .path()
-        .split('/')
-        .take(3)
-        .collect::<Vec<_>>()
-        .join("/");
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or(UNMATCHED_ROUTE, |m| {
+            // A nested service (`/mcp`) matches as its prefix plus axum's private tail parameter.
+            let path = m.as_str();
+            path.find("/{*").map_or(path, |tail| &path[..tail])
+        });
+    let route = route.to_string();
     let resp = next.run(req).await;
     state
         .metrics
@@ -373,6 +380,37 @@ async fn count_requests(State(state): State<Arc<AppState>>, req: Request, next: 
         .with_label_values(&[&route, resp.status().as_str()])
         .inc();
     resp
+}
+
+/// The body limit for a service that reads its own body (rmcp at `/mcp`), as the JSON extractor
+/// applies it everywhere else: a body over `CTXGUARD_MAX_BODY_BYTES` is 413 PAYLOAD_TOO_LARGE
+/// before the service or the database sees the request.
+async fn limit_body(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    use futures::StreamExt;
+    let max = state.config.max_body_bytes;
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max as u64) {
+        return ApiError::TooLarge.into_response();
+    }
+    let (parts, body) = req.into_parts();
+    let mut chunks = body.into_data_stream();
+    let mut read: Vec<u8> = Vec::new();
+    while let Some(chunk) = chunks.next().await {
+        let Ok(chunk) = chunk else {
+            return ApiError::BadRequest("the request body could not be read".into())
+                .into_response();
+        };
+        if read.len() + chunk.len() > max {
+            return ApiError::TooLarge.into_response();
+        }
+        read.extend_from_slice(&chunk);
+    }
+    next.run(Request::from_parts(parts, axum::body::Body::from(read)))
+        .await
 }
 
 async fn not_found() -> ApiError {
@@ -407,6 +445,7 @@ pub fn app(state: Arc<AppState>) -> Router {
         .nest_service(
             "/mcp",
             tower::ServiceBuilder::new()
+                .layer(middleware::from_fn_with_state(state.clone(), limit_body))
                 .layer(middleware::from_fn_with_state(
                     state.clone(),
                     mcp::authenticate,
@@ -418,7 +457,7 @@ pub fn app(state: Arc<AppState>) -> Router {
             state.clone(),
             count_requests,
         ))
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
         .layer(PropagateRequestIdLayer::new(REQUEST_ID))
         .layer(TraceLayer::new_for_http())
         .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))

@@ -47,6 +47,9 @@ pub enum Step {
     Answer(&'static str),
     Status(u16, Option<&'static str>),
     Sleep(Duration),
+    /// Answer with this assistant `message` as it is (OpenAI-compatible only): any number of
+    /// tool calls, arguments or answer of any size.
+    Message(Value),
 }
 
 #[derive(Clone, Default)]
@@ -87,6 +90,9 @@ async fn completions(State(mock): State<Mock>, Json(body): Json<Value>) -> Respo
             Json(json!({"choices": [{"message": {"role": "assistant", "content": "too late"}}]}))
                 .into_response()
         }
+        Some(Step::Message(message)) => {
+            Json(json!({"choices": [{"message": message}]})).into_response()
+        }
         None => Json(json!({"choices": [{"message": {"role": "assistant", "content": "done"}}]}))
             .into_response(),
     }
@@ -110,6 +116,9 @@ async fn messages(State(mock): State<Mock>, Json(body): Json<Value>) -> Response
         }
         Some(Step::Status(code, _)) => {
             (StatusCode::from_u16(code).unwrap(), "upstream trouble").into_response()
+        }
+        Some(Step::Message(_)) => {
+            (StatusCode::NOT_IMPLEMENTED, "Step::Message is OpenAI-only").into_response()
         }
         Some(Step::Sleep(d)) => {
             tokio::time::sleep(d).await;
