@@ -67,6 +67,22 @@ pub fn map_pg(e: tokio_postgres::Error) -> ApiError {
     ApiError::DatabaseUnavailable
 }
 
+/// `save_turn`'s size refusals: SQLSTATE 54000 naming the limit (0.1.0 and early 0.2.0 said
+/// "turn too large" with 22023), which would otherwise read as an internal or page-context error.
+fn turn_error(e: ApiError) -> ApiError {
+    match e {
+        ApiError::Internal(detail) if detail.starts_with("54000") => {
+            tracing::warn!(%detail, "save_turn refused the turn's size");
+            ApiError::TurnTooLarge
+        }
+        ApiError::Unprocessable(m) if m.starts_with("turn too large") => {
+            tracing::warn!(detail = %m, "save_turn refused the turn's size");
+            ApiError::TurnTooLarge
+        }
+        other => other,
+    }
+}
+
 fn map_pool(e: PoolError) -> ApiError {
     match e {
         PoolError::Backend(e) => map_pg(e),
@@ -285,7 +301,8 @@ impl Db {
         .await
     }
 
-    /// Persist a finished turn (tenant- and user-scoped, with its page context).
+    /// Persist a finished turn (tenant- and user-scoped, with its page context). A turn over the
+    /// database's size limits is TURN_TOO_LARGE, never a page-context error.
     pub async fn save_turn(
         &self,
         scope: &Scope,
@@ -300,6 +317,7 @@ impl Db {
             &[&conversation_id, &message, &answer, calls],
         )
         .await
+        .map_err(turn_error)
     }
 
     /// Verify a bearer token without a page (for MCP requests): the identity, or 401.
@@ -435,5 +453,24 @@ impl Db {
             .await
             .map_err(map_pg)?
             .get(0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_turn_over_the_size_limits_is_turn_too_large() {
+        let limit = ApiError::Internal(
+            "54000: ctxguard: a turn's answer is limited to 262144 bytes".into(),
+        );
+        assert_eq!(turn_error(limit).code(), "TURN_TOO_LARGE");
+        let old = ApiError::Unprocessable("turn too large or malformed".into());
+        assert_eq!(turn_error(old).code(), "TURN_TOO_LARGE");
+        let page = ApiError::Unprocessable("page context: unknown pageType".into());
+        assert_eq!(turn_error(page).code(), "INVALID_PAGE_CONTEXT");
+        let other = ApiError::Internal("XX000: boom".into());
+        assert_eq!(turn_error(other).code(), "INTERNAL");
     }
 }
