@@ -228,6 +228,8 @@ pub struct Plan {
     pub history: Vec<ToolCall>,
     /// One report for the step's refusals past the turn's share of single reports.
     pub folded: Option<ToolCallReport>,
+    /// The folded call the model is told of (in `history`), when the step told it of no other.
+    pub folded_told: Option<ToolCall>,
 }
 
 /// The longest prefix of `s` of at most `max` bytes ending on a character boundary.
@@ -273,6 +275,7 @@ impl Bounds {
             calls: Vec::new(),
             history: Vec::new(),
             folded: None,
+            folded_told: None,
         };
         let mut told_limit = false;
         for (i, mut call) in calls.into_iter().enumerate() {
@@ -283,6 +286,19 @@ impl Bounds {
                         refused_report(&call, Refusal::ToolCallLimit, Some(0))
                     });
                     folded.count = folded.count.map(|n| n + 1);
+                    if !std::mem::replace(&mut told_limit, true) {
+                        let told = ToolCall {
+                            id: if call.id.len() > MAX_CALL_NAME_BYTES {
+                                format!("call_{step}_{i}")
+                            } else {
+                                call.id
+                            },
+                            name: clip(&call.name, MAX_CALL_NAME_BYTES),
+                            arguments: json!({}),
+                        };
+                        plan.history.push(told.clone());
+                        plan.folded_told = Some(told);
+                    }
                     continue;
                 }
                 self.reported += 1;
@@ -496,6 +512,13 @@ pub async fn run_turn(
             emit(&events, Event::ToolCall(report.clone())).await;
             reports.push(report);
         }
+        if let Some(told) = plan.folded_told {
+            messages.push(Message::Tool {
+                call_id: told.id,
+                name: told.name,
+                content: Refusal::ToolCallLimit.envelope().to_string(),
+            });
+        }
         if let Some(folded) = plan.folded {
             state
                 .metrics
@@ -544,4 +567,94 @@ pub async fn run_turn(
     };
     emit(&events, Event::Done(Box::new(response.clone()))).await;
     Ok(response)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    fn bounds(extra: &[&str]) -> Bounds {
+        let mut args = vec!["ctxguard-gateway", "--database-url", "host=/nowhere"];
+        args.extend_from_slice(extra);
+        Bounds::new(&crate::config::Config::try_parse_from(args).unwrap())
+    }
+
+    fn calls(n: usize) -> Vec<ToolCall> {
+        (0..n)
+            .map(|i| ToolCall {
+                id: format!("c{i}"),
+                name: "vendor.list".into(),
+                arguments: json!({}),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn calls_past_the_caps_are_refused_and_folded_past_the_turns_share() {
+        let mut b = bounds(&[]);
+        let plan = b.plan(calls(300), 1);
+        let run = plan.calls.iter().filter(|c| c.1.is_none()).count();
+        let single = plan.calls.iter().filter(|c| c.1.is_some()).count();
+        assert_eq!((run, single), (8, 24));
+        assert_eq!(plan.folded.as_ref().and_then(|f| f.count), Some(268));
+        // The model hears of the 8 it ran and the first refused one.
+        assert_eq!(plan.history.len(), 9);
+        assert!(plan.folded_told.is_none());
+        // The turn's cap: 16 more run at most, then everything is refused (and folded).
+        let plan = b.plan(calls(20), 2);
+        assert_eq!(plan.calls.iter().filter(|c| c.1.is_none()).count(), 8);
+        assert_eq!(plan.folded.as_ref().and_then(|f| f.count), Some(12));
+        assert_eq!(plan.history.len(), 9);
+        assert!(plan.folded_told.is_some());
+        let plan = b.plan(calls(10), 3);
+        assert_eq!(plan.calls.iter().filter(|c| c.1.is_none()).count(), 24 - 16);
+        assert_eq!(plan.folded.as_ref().and_then(|f| f.count), Some(2));
+        let plan = b.plan(calls(1), 4);
+        assert!(plan.calls.is_empty());
+        assert_eq!(plan.folded.as_ref().and_then(|f| f.count), Some(1));
+    }
+
+    #[test]
+    fn large_calls_are_refused_without_their_arguments() {
+        let mut b = bounds(&["--max-tool-argument-bytes", "1024"]);
+        let big = ToolCall {
+            id: "x".repeat(300),
+            name: "vendor.list".into(),
+            arguments: json!({"note": "x".repeat(2 * 1024 * 1024)}),
+        };
+        let fits = ToolCall {
+            id: "ok".into(),
+            name: "vendor.list".into(),
+            arguments: json!({"note": "x".repeat(900)}),
+        };
+        let plan = b.plan(vec![big, fits], 4);
+        let (refused, refusal, told) = &plan.calls[0];
+        assert_eq!(*refusal, Some(Refusal::ToolCallTooLarge));
+        assert!(*told && refused.arguments.is_null() && refused.id == "call_4_0");
+        assert_eq!(plan.history[0].arguments, json!({}));
+        assert_eq!(plan.calls[1].1, None);
+        let report = refused_report(refused, Refusal::ToolCallTooLarge, None);
+        assert!(json_bytes(&serde_json::to_value(&report).unwrap()) < 512);
+    }
+
+    #[test]
+    fn stored_reports_stay_under_their_budget() {
+        let report = |n: usize| ToolCallReport {
+            id: format!("c{n}"),
+            tool: "vendor.list".into(),
+            arguments: json!({"note": "x".repeat(60 * 1024)}),
+            decision: "deny".into(),
+            code: Some("INVALID_ARGUMENT".into()),
+            call_id: None,
+            count: None,
+        };
+        let reports: Vec<ToolCallReport> = (0..24).map(report).collect();
+        let stored = stored_reports(&reports);
+        assert!(json_bytes(&stored) <= MAX_STORED_CALLS_BYTES);
+        assert_eq!(stored.as_array().unwrap().len(), 24);
+        let few: Vec<ToolCallReport> = (0..2).map(report).collect();
+        assert_eq!(stored_reports(&few), serde_json::to_value(&few).unwrap());
+    }
 }

@@ -169,6 +169,15 @@ async fn a_step_with_300_tool_calls_runs_at_most_the_cap_and_reports_the_rest_re
         .as_str()
         .unwrap()
         .contains("TOOL_CALL_LIMIT_EXCEEDED"));
+    // And after its second step (all of whose refusals were folded) again of one.
+    let third = mock.requests.lock().unwrap()[2].clone();
+    let tool_results = third["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .count();
+    assert_eq!(tool_results, 9 + 9);
 
     // The turn's cap: with 10 per step and 12 per turn, the second step runs only 2.
     let mock = Mock::new(vec![
