@@ -18,6 +18,7 @@ use pgrx::prelude::*;
 use pgrx::JsonB;
 use serde_json::Value;
 
+use crate::compat;
 use crate::owner;
 use crate::pgutil::{in_subtransaction, raise};
 
@@ -134,21 +135,6 @@ fn role_exists(role: pg_sys::Oid) -> bool {
     unsafe { !pg_sys::GetUserNameFromId(role, true).is_null() }
 }
 
-fn may_execute(role: pg_sys::Oid, fn_oid: pg_sys::Oid) -> bool {
-    unsafe {
-        #[cfg(any(feature = "pg13", feature = "pg14", feature = "pg15"))]
-        let acl = pg_sys::pg_proc_aclcheck(fn_oid, role, pg_sys::ACL_EXECUTE as pg_sys::AclMode);
-        #[cfg(not(any(feature = "pg13", feature = "pg14", feature = "pg15")))]
-        let acl = pg_sys::object_aclcheck(
-            pg_sys::ProcedureRelationId,
-            fn_oid,
-            role,
-            pg_sys::ACL_EXECUTE as pg_sys::AclMode,
-        );
-        acl == pg_sys::AclResult::ACLCHECK_OK
-    }
-}
-
 /// Why a handler did not produce a result (logged with the SQLSTATE; the caller sees TOOL_ERROR).
 pub enum Failure {
     /// The tool has no usable run_as role (none, dropped, or now privileged).
@@ -170,7 +156,7 @@ pub fn run(
     let _depth = Depth::enter();
     let result = in_subtransaction(read_only, || {
         owner::as_role(role, || {
-            if !may_execute(role, handler) {
+            if !compat::may_execute_function(role, handler) {
                 raise(
                     PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
                     "permission denied for tool handler",

@@ -16,9 +16,10 @@
 //! - `handler`: tool handlers: run_as role, depth, what a running handler may not call.
 //! - `keys`: verification keys from settings or files.
 //! - `pgutil`: the few other `unsafe` Postgres internals (local GUC writes, subtransactions).
+//! - `compat`: what differs between PostgreSQL majors; the only place with `cfg(feature = "pgNN")`.
 #![allow(
     unsafe_code,
-    reason = "FFI with Postgres is confined to pgutil.rs and _PG_init"
+    reason = "FFI with Postgres is confined to pgutil.rs, compat.rs and _PG_init"
 )]
 
 use pgrx::prelude::*;
@@ -26,6 +27,7 @@ use pgrx::prelude::*;
 mod budget;
 mod cache;
 mod catalog;
+mod compat;
 mod context;
 mod documents;
 mod gates;

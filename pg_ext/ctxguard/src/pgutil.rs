@@ -59,7 +59,10 @@ fn sqlstate_string(code: PgSqlErrorCode) -> String {
 
 /// Run `f` in an internal subtransaction (like a PL/pgSQL `BEGIN ... EXCEPTION` block).
 /// On error the subtransaction is rolled back, so the caller's transaction survives.
-/// If `read_only`, `transaction_read_only` is forced on for the duration (and restored after).
+/// If `read_only`, `transaction_read_only` is forced on for the subtransaction: set like `SET LOCAL`
+/// (`GUC_ACTION_LOCAL`), and PostgreSQL gives the enclosing transaction its own read-only state back
+/// when the subtransaction commits or aborts (`prevXactReadOnly`). Not `GUC_ACTION_SAVE`: from
+/// PostgreSQL 17 on the setting is `GUC_NO_RESET` and refuses it ("cannot be set locally in functions").
 pub fn in_subtransaction<R>(read_only: bool, f: impl FnOnce() -> R) -> Result<R, Caught> {
     unsafe {
         let old_cx = pg_sys::CurrentMemoryContext;
@@ -74,7 +77,7 @@ pub fn in_subtransaction<R>(read_only: bool, f: impl FnOnce() -> R) -> Result<R,
                     c"on".as_ptr(),
                     pg_sys::GucContext::PGC_USERSET,
                     pg_sys::GucSource::PGC_S_SESSION,
-                    pg_sys::GucAction::GUC_ACTION_SAVE,
+                    pg_sys::GucAction::GUC_ACTION_LOCAL,
                     true,
                     pgrx::PgLogLevel::ERROR as i32,
                     false,
@@ -110,15 +113,11 @@ pub fn loaded_at_startup() -> bool {
     unsafe { pg_sys::process_shared_preload_libraries_in_progress }
 }
 
-/// Reserve the `ctxguard.` prefix: no placeholder settings can be created under it.
+/// Reserve the `ctxguard.` prefix: no placeholder settings can be created under it (every
+/// supported major, 15 and later, has `MarkGUCPrefixReserved`).
 pub fn reserve_prefix() {
-    #[cfg(not(any(feature = "pg13", feature = "pg14")))]
     unsafe {
         pg_sys::MarkGUCPrefixReserved(c"ctxguard".as_ptr());
-    }
-    #[cfg(any(feature = "pg13", feature = "pg14"))]
-    unsafe {
-        pg_sys::EmitWarningsOnPlaceholders(c"ctxguard".as_ptr());
     }
 }
 

@@ -1,0 +1,22 @@
+//! What differs between the PostgreSQL majors ctxguard builds for, and the only place with
+//! `#[cfg(feature = "pgNN")]`.
+//!
+//! One build per major: 15 (the default feature), 16, 17 or 18 (`--no-default-features --features
+//! pgNN`, which `cargo pgrx install --pg-config` picks from the pg_config's major). Policy logic
+//! never names a major: it calls these.
+
+use pgrx::pg_sys;
+
+#[cfg(not(any(feature = "pg15", feature = "pg16", feature = "pg17", feature = "pg18")))]
+compile_error!("build ctxguard for one PostgreSQL major: feature pg15, pg16, pg17 or pg18");
+
+/// May `role` EXECUTE the function `fn_oid`? PostgreSQL 16 replaced the per-kind ACL checks
+/// (`pg_proc_aclcheck`) with `object_aclcheck` on the object's catalog.
+pub fn may_execute_function(role: pg_sys::Oid, fn_oid: pg_sys::Oid) -> bool {
+    let mode = pg_sys::ACL_EXECUTE as pg_sys::AclMode;
+    #[cfg(feature = "pg15")]
+    let acl = unsafe { pg_sys::pg_proc_aclcheck(fn_oid, role, mode) };
+    #[cfg(not(feature = "pg15"))]
+    let acl = unsafe { pg_sys::object_aclcheck(pg_sys::ProcedureRelationId, fn_oid, role, mode) };
+    acl == pg_sys::AclResult::ACLCHECK_OK
+}
