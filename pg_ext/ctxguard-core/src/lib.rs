@@ -10,11 +10,13 @@
 //! - [`binding`]: entity binding of tool arguments and schema stripping.
 //! - [`args`]: argument shape limits and JSON Schema validation with value-free messages.
 //! - [`codes`]: the stable envelope error codes.
+//! - [`ledger`]: UTC days, keys, coverage bitmaps, slot tables and the audit chain of the ledger.
 
 pub mod args;
 pub mod binding;
 pub mod codes;
 pub mod docs;
+pub mod ledger;
 pub mod mask;
 pub mod mcp;
 pub mod names;

@@ -1,0 +1,347 @@
+//! Pure pieces of the shared-memory ledger (`pg_ext/ctxguard/src/ledger/`): UTC days, 128-bit
+//! keys, coverage bitmaps, fixed-size slot tables with eviction, and the audit hash chain.
+//!
+//! Everything here is `Copy` and heap-free so that it can live in PostgreSQL shared memory, where
+//! an all-zero value is the valid empty state (the extension zero-fills the segment).
+
+use sha2::{Digest, Sha256};
+
+/// Seconds in a day.
+const DAY: i64 = 86_400;
+
+/// The UTC day number (days since 1970-01-01) of a Unix time in seconds. Whatever the session's
+/// `TimeZone`: the ledger never asks the session what day it is.
+pub fn utc_day(unix_secs: i64) -> i32 {
+    i32::try_from(unix_secs.div_euclid(DAY)).unwrap_or(i32::MAX)
+}
+
+/// PostgreSQL's `date` for a UTC day number (PostgreSQL dates count from 2000-01-01).
+pub fn pg_date(day: i32) -> i32 {
+    day - 10_957
+}
+
+/// A ledger key: the first 128 bits of SHA-256 over the length-prefixed parts. Never zero (zero
+/// marks a free slot).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Key(pub [u8; 16]);
+
+impl Key {
+    pub fn of(parts: &[&[u8]]) -> Key {
+        let mut h = Sha256::new();
+        for p in parts {
+            h.update((p.len() as u64).to_le_bytes());
+            h.update(p);
+        }
+        let d = h.finalize();
+        let mut k = [0u8; 16];
+        k.copy_from_slice(&d[..16]);
+        if k == [0u8; 16] {
+            k[0] = 1;
+        }
+        Key(k)
+    }
+
+    pub fn is_free(&self) -> bool {
+        self.0 == [0u8; 16]
+    }
+
+    /// Bucket index in a table of `buckets` buckets.
+    fn bucket(&self, buckets: usize) -> usize {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&self.0[8..]);
+        (u64::from_le_bytes(b) % buckets as u64) as usize
+    }
+}
+
+/// Pages tracked one by one per coverage entry; pages past this are counted conservatively.
+pub const COVERAGE_BITS: usize = 1024;
+
+/// The pages one user read of one document on one UTC day. Pages `1..=COVERAGE_BITS` are a
+/// bitmap; a page beyond it counts as new every time it is read (never under-counted).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Coverage {
+    bits: [u64; COVERAGE_BITS / 64],
+    overflow: u32,
+}
+
+impl Default for Coverage {
+    fn default() -> Self {
+        Coverage {
+            bits: [0; COVERAGE_BITS / 64],
+            overflow: 0,
+        }
+    }
+}
+
+impl Coverage {
+    fn bit(page: i32) -> Option<(usize, u64)> {
+        let p = usize::try_from(page).ok()?.checked_sub(1)?;
+        (p < COVERAGE_BITS).then(|| (p / 64, 1u64 << (p % 64)))
+    }
+
+    /// Pages counted so far.
+    pub fn count(&self) -> i64 {
+        self.bits
+            .iter()
+            .map(|w| i64::from(w.count_ones()))
+            .sum::<i64>()
+            + i64::from(self.overflow)
+    }
+
+    /// How many of `pages` would be new (duplicates within `pages` counted once).
+    pub fn fresh(&self, pages: &[i32]) -> i64 {
+        let mut probe = *self;
+        probe.add(pages)
+    }
+
+    /// Mark `pages` read; returns how many were new.
+    pub fn add(&mut self, pages: &[i32]) -> i64 {
+        let before = self.count();
+        for &p in pages {
+            match Coverage::bit(p) {
+                Some((w, m)) => self.bits[w] |= m,
+                None => self.overflow = self.overflow.saturating_add(1),
+            }
+        }
+        self.count() - before
+    }
+
+    /// Read `pages` only if the count stays within `allowed`: `Ok(count after)` or
+    /// `Err(count before)`. Atomic with respect to the entry (the caller holds the lock).
+    pub fn take(&mut self, pages: &[i32], allowed: i64) -> Result<i64, i64> {
+        let before = self.count();
+        if before + self.fresh(pages) > allowed {
+            return Err(before);
+        }
+        self.add(pages);
+        Ok(self.count())
+    }
+
+    pub fn pages(&self) -> impl Iterator<Item = i32> + '_ {
+        (0..COVERAGE_BITS)
+            .filter(|i| self.bits[i / 64] & (1u64 << (i % 64)) != 0)
+            .map(|i| i as i32 + 1)
+    }
+}
+
+/// One slot: a key, when it stops mattering (Unix seconds; 0 = free), and its value.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Slot<V: Copy> {
+    pub key: Key,
+    pub expires: i64,
+    pub value: V,
+}
+
+/// Slots per bucket: a key lives in one bucket, found by scanning it whole (no tombstones).
+pub const BUCKET: usize = 16;
+
+/// The table is full where this key must go (every slot of its bucket is live): fail closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Full;
+
+/// A fixed-size hash table of `N` slots (`N` a multiple of [`BUCKET`]) with expiry.
+#[derive(Debug, Clone, Copy)]
+pub struct Table<V: Copy + Default, const N: usize> {
+    pub slots: [Slot<V>; N],
+}
+
+impl<V: Copy + Default, const N: usize> Default for Table<V, N> {
+    fn default() -> Self {
+        Table {
+            slots: [Slot::default(); N],
+        }
+    }
+}
+
+impl<V: Copy + Default, const N: usize> Table<V, N> {
+    fn range(key: &Key) -> std::ops::Range<usize> {
+        let b = key.bucket(N / BUCKET);
+        b * BUCKET..(b + 1) * BUCKET
+    }
+
+    /// The live entry for `key` at time `now`.
+    pub fn get(&mut self, key: &Key, now: i64) -> Option<&mut V> {
+        let i = Self::range(key).find(|&i| {
+            let s = &self.slots[i];
+            s.key == *key && s.expires > now
+        })?;
+        Some(&mut self.slots[i].value)
+    }
+
+    /// Insert `key` with `value` (or keep the live entry), evicting an expired slot of its bucket
+    /// if needed. Returns the entry.
+    pub fn insert(&mut self, key: &Key, expires: i64, value: V, now: i64) -> Result<&mut V, Full> {
+        let range = Self::range(key);
+        if let Some(i) = range
+            .clone()
+            .find(|&i| self.slots[i].key == *key && self.slots[i].expires > now)
+        {
+            return Ok(&mut self.slots[i].value);
+        }
+        let i = range
+            .clone()
+            .find(|&i| self.slots[i].expires <= now || self.slots[i].key.is_free())
+            .ok_or(Full)?;
+        self.slots[i] = Slot {
+            key: *key,
+            expires,
+            value,
+        };
+        Ok(&mut self.slots[i].value)
+    }
+
+    /// Live entries at `now`.
+    pub fn live(&self, now: i64) -> usize {
+        self.slots
+            .iter()
+            .filter(|s| !s.key.is_free() && s.expires > now)
+            .count()
+    }
+}
+
+/// End (Unix seconds, exclusive) of a UTC day: day-keyed entries expire then.
+pub fn day_end(day: i32) -> i64 {
+    (i64::from(day) + 1) * DAY
+}
+
+/// The audit chain: each row's hash covers its content and the previous row's hash (per tenant).
+/// `fields` are the row's columns as text (None for NULL), in a fixed order.
+pub fn chain_hash(prev: &str, fields: &[Option<&str>]) -> String {
+    let mut h = Sha256::new();
+    h.update(b"ctxguard-audit-v1\0");
+    h.update((prev.len() as u64).to_le_bytes());
+    h.update(prev.as_bytes());
+    for f in fields {
+        match f {
+            None => h.update([0u8]),
+            Some(s) => {
+                h.update([1u8]);
+                h.update((s.len() as u64).to_le_bytes());
+                h.update(s.as_bytes());
+            }
+        }
+    }
+    let d = h.finalize();
+    d.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The first row of a chain whose stored hash is not the hash of its content and its
+/// predecessor's stored hash: `Some(index)`, or `None` if the chain holds.
+pub fn first_broken<'a>(
+    rows: impl IntoIterator<Item = (&'a str, &'a str, Vec<Option<&'a str>>)>,
+) -> Option<usize> {
+    let mut expected_prev = String::new();
+    for (i, (prev, hash, fields)) in rows.into_iter().enumerate() {
+        if prev != expected_prev || chain_hash(prev, &fields) != hash {
+            return Some(i);
+        }
+        expected_prev = hash.to_string();
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utc_days() {
+        assert_eq!(utc_day(0), 0);
+        assert_eq!(utc_day(86_399), 0);
+        assert_eq!(utc_day(86_400), 1);
+        assert_eq!(utc_day(-1), -1);
+        // 2000-01-01 is PostgreSQL's date 0.
+        assert_eq!(pg_date(utc_day(946_684_800)), 0);
+        assert_eq!(day_end(0), 86_400);
+    }
+
+    #[test]
+    fn keys_are_length_prefixed_and_never_free() {
+        assert_ne!(
+            Key::of(&[b"ab", b"c"]),
+            Key::of(&[b"a", b"bc"]),
+            "parts must not run together"
+        );
+        assert_eq!(Key::of(&[b"x"]), Key::of(&[b"x"]));
+        assert!(!Key::of(&[]).is_free());
+    }
+
+    #[test]
+    fn coverage_counts_pages_once_and_overflow_always() {
+        let mut c = Coverage::default();
+        assert_eq!(c.add(&[1, 2, 2, 3]), 3);
+        assert_eq!(c.add(&[3, 4]), 1);
+        assert_eq!(c.count(), 4);
+        assert_eq!(c.pages().collect::<Vec<_>>(), vec![1, 2, 3, 4]);
+        // Beyond the bitmap, and nonsense pages, are never deduplicated (fail safe).
+        assert_eq!(c.add(&[5000, 5000, 0, -1]), 4);
+        assert_eq!(c.count(), 8);
+        assert_eq!(c.fresh(&[1, 1024]), 1);
+        assert_eq!(c.count(), 8, "fresh does not mark");
+    }
+
+    #[test]
+    fn coverage_take_is_all_or_nothing() {
+        let mut c = Coverage::default();
+        assert_eq!(c.take(&[1, 2, 3], 4), Ok(3));
+        assert_eq!(c.take(&[4, 5], 4), Err(3));
+        assert_eq!(c.count(), 3, "a refused read marks nothing");
+        assert_eq!(c.take(&[1, 2, 4], 4), Ok(4));
+        assert_eq!(c.take(&[1, 2, 3, 4], 4), Ok(4), "re-reading is free");
+    }
+
+    #[test]
+    fn table_inserts_finds_and_evicts_expired() {
+        let mut t: Table<i64, 32> = Table::default();
+        let k = Key::of(&[b"g1"]);
+        *t.insert(&k, 100, 5, 0).unwrap() += 1;
+        assert_eq!(t.get(&k, 50).copied(), Some(6));
+        // Inserting a live key keeps its value.
+        assert_eq!(*t.insert(&k, 100, 0, 50).unwrap(), 6);
+        assert_eq!(t.get(&k, 100), None, "expired");
+        assert_eq!(t.live(50), 1);
+        assert_eq!(t.live(100), 0);
+    }
+
+    #[test]
+    fn a_full_bucket_fails_closed_until_entries_expire() {
+        let mut t: Table<i64, 16> = Table::default(); // one bucket
+        for i in 0..16u8 {
+            t.insert(&Key::of(&[&[i]]), 100, 1, 0).unwrap();
+        }
+        let extra = Key::of(&[b"extra"]);
+        assert_eq!(t.insert(&extra, 100, 1, 0).err(), Some(Full));
+        assert!(
+            t.insert(&extra, 200, 1, 100).is_ok(),
+            "expired slots are reused"
+        );
+        assert_eq!(t.live(100), 1);
+    }
+
+    #[test]
+    fn chain_detects_edits_reordering_and_deletion() {
+        let f1 = vec![Some("a"), None];
+        let f2 = vec![Some("b"), Some("1")];
+        let h1 = chain_hash("", &f1);
+        let h2 = chain_hash(&h1, &f2);
+        let rows = |a: Vec<Option<&'static str>>, b: Vec<Option<&'static str>>| {
+            vec![("", h1.as_str(), a), (h1.as_str(), h2.as_str(), b)]
+        };
+        assert_eq!(first_broken(rows(f1.clone(), f2.clone())), None);
+        assert_eq!(
+            first_broken(rows(f1.clone(), vec![Some("b"), Some("2")])),
+            Some(1)
+        );
+        assert_eq!(
+            first_broken(rows(vec![Some("a"), Some("")], f2.clone())),
+            Some(0)
+        );
+        // Deleting the first row breaks the link of the second.
+        assert_eq!(
+            first_broken(vec![(h1.as_str(), h2.as_str(), f2.clone())]),
+            Some(0)
+        );
+        // NULL and the empty string differ.
+        assert_ne!(chain_hash("", &[None]), chain_hash("", &[Some("")]));
+    }
+}
