@@ -1,14 +1,47 @@
-# Shared helpers for scripts/*.sh: a throwaway PostgreSQL 15 cluster with ctxguard preloaded.
-# Source it; do not run it.
+# Shared helpers for scripts/*.sh: a throwaway PostgreSQL cluster (major PG_MAJOR, default 15) with
+# ctxguard preloaded. Source it; do not run it.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+# The PostgreSQL major, resolved once here for setup, demo, tests and packaging. Debian 12 packages
+# PostgreSQL 15 (/usr/lib/postgresql/15); every other major is built by scripts/setup.sh from Debian's
+# source package into a cache outside the checkout, $PG_CACHE/pgNN (a prefix with bin/, lib/, share/).
 PG_MAJOR=${PG_MAJOR:-15}
-PG_BIN=/usr/lib/postgresql/$PG_MAJOR/bin
-RUN=${CTXGUARD_RUN:-/tmp/ctxguard-run}
-PGPORT=${CTXGUARD_PGPORT:-54329}
+export PG_MAJOR
+PG_SUPPORTED_MAJORS="15 16 17 18"
+case " $PG_SUPPORTED_MAJORS " in *" $PG_MAJOR "*) ;; *)
+  echo "PG_MAJOR=$PG_MAJOR: ctxguard supports PostgreSQL $PG_SUPPORTED_MAJORS" >&2; exit 2 ;;
+esac
+PG_DEBIAN_MAJOR=15
+if [ "$(id -u)" = 0 ]; then PG_CACHE=${CTXGUARD_PG_CACHE:-/var/cache/ctxguard}
+else PG_CACHE=${CTXGUARD_PG_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ctxguard}; fi
+# Where major $1 is installed: CTXGUARD_PG<NN>_PREFIX when set (a PostgreSQL of your own, with
+# bin/pg_config and pgTAP: setup.sh then builds nothing), else Debian's package directory for 15 and the
+# cache prefix for the others.
+pg_prefix() {
+  local own=CTXGUARD_PG$1_PREFIX
+  if [ -n "${!own:-}" ]; then echo "${!own}"
+  elif [ "$1" = "$PG_DEBIAN_MAJOR" ]; then echo "/usr/lib/postgresql/$1"
+  else echo "$PG_CACHE/pg$1"; fi
+}
+pg_own_prefix() { local own=CTXGUARD_PG$1_PREFIX; [ -n "${!own:-}" ]; }
+PG_BIN=$(pg_prefix "$PG_MAJOR")/bin
+# psql, pg_prove's psql and pg_dump of this major first.
+PATH=$PG_BIN:$PATH
+# 15 keeps its cluster directory and port; each other major has its own (16: 54160, 17: 54170, 18: 54180;
+# the cluster without preload takes the next port).
+if [ "$PG_MAJOR" = "$PG_DEBIAN_MAJOR" ]; then
+  RUN=${CTXGUARD_RUN:-/tmp/ctxguard-run}
+  PGPORT=${CTXGUARD_PGPORT:-54329}
+else
+  RUN=${CTXGUARD_RUN:-/tmp/ctxguard-run-pg$PG_MAJOR}
+  PGPORT=${CTXGUARD_PGPORT:-54${PG_MAJOR}0}
+fi
 PGDATA_DIR=$RUN/pgdata
 PROFILE=${CTXGUARD_PROFILE:-release}
+# More initdb options for start_cluster's cluster (pg_upgrade_test.sh matches the old cluster's checksums).
+INITDB_OPTS=()
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 
 log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
@@ -20,9 +53,10 @@ as_pg() {
 
 psql_su() { psql -X -q -v ON_ERROR_STOP=1 -h "$RUN" -p "$PGPORT" -U postgres "$@"; }
 
-# Build and install the extension into the system PostgreSQL (idempotent; cargo caches the build).
+# Build and install the extension into PG_MAJOR's PostgreSQL (idempotent; cargo caches the build).
+# cargo pgrx picks the feature pgNN from the pg_config's major.
 install_extension() {
-  log "building and installing ctxguard ($PROFILE)"
+  log "building and installing ctxguard ($PROFILE) for PostgreSQL $PG_MAJOR"
   local flag=()
   [ "$PROFILE" = release ] && flag=(--release)
   local sudo=()
@@ -46,7 +80,7 @@ start_cluster() {
   [ "$(id -u)" = 0 ] && chown postgres:postgres "$RUN"
   if [ ! -f "$PGDATA_DIR/PG_VERSION" ]; then
     log "initdb $PGDATA_DIR"
-    as_pg "$PG_BIN/initdb" -D "$PGDATA_DIR" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 >/dev/null
+    as_pg "$PG_BIN/initdb" -D "$PGDATA_DIR" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 "${INITDB_OPTS[@]}" >/dev/null
     as_pg /usr/bin/python3 "$ROOT/scripts/mint_token.py" keygen --dir "$RUN"
     cat >>"$PGDATA_DIR/postgresql.conf" <<CONF
 # --- ctxguard local cluster ---
@@ -121,3 +155,16 @@ require_free_ports() {
 }
 
 mint() { /usr/bin/python3 "$ROOT/scripts/mint_token.py" mint --dir "$RUN" "$@"; }
+
+# The smoke set: pgTAP files of the SQL suite (roles and RLS, Gate A and B with entity binding and
+# approvals, audit) as ctxguard_gateway, on database $1 made by create_demo_db and sql/tests/fixtures.sql.
+# The package and pg_upgrade tests run it.
+SMOKE_SET=(sql/tests/01_roles_rls.sql sql/tests/03_tools.sql sql/tests/04_audit.sql)
+run_smoke_set() {
+  local aud=(--aud ctxguard-tests)
+  (cd "$ROOT" && pg_prove -h "$RUN" -p "$PGPORT" -U ctxguard_gateway -d "$1" \
+    -S "tok_alice=$(mint --sub alice --tenant acme --roles ap_clerk "${aud[@]}")" \
+    -S "tok_bob=$(mint --sub bob --tenant acme --roles viewer "${aud[@]}")" \
+    -S "tok_carol=$(mint --sub carol --tenant globex --roles ap_clerk "${aud[@]}")" \
+    "${SMOKE_SET[@]}")
+}
