@@ -87,6 +87,8 @@ INSERT INTO ctxguard.tools (name, description, input_schema, kind, server, upstr
 VALUES ('docs.search', 'Search.', '{"type": "object"}', 'external', 'docs', 'search');
 INSERT INTO ctxguard.approvals (call_id, tenant_id, user_id, tool, args, args_hash, expires_at)
 VALUES ('00000000-0000-4000-8000-000000000001', 'acme', 'alice', 'app.ping', '{}', 'x', now() + interval '1 hour');
+-- The mask rules as 0.1.0's library seeded them (Unicode word boundaries; this library seeds its own).
+UPDATE ctxguard.mask_rules SET pattern = replace(pattern, '(?-u:\b)', '\b');
 SQL
   psql_su -d ctxguard_up_old -o /dev/null -c "ALTER EXTENSION ctxguard UPDATE" \
     || fail "ALTER EXTENSION ctxguard UPDATE from $from failed"
@@ -101,6 +103,12 @@ SQL
     cat "$RUN/upgrade.diff" >&2
     fail "$from updated to $CURRENT differs from a fresh $CURRENT install (< fresh, > updated)"
   fi
+
+  # The built-in mask rules are rewritten like a fresh install's (ASCII word boundaries).
+  mask_rules() {
+    psql_su -d "$1" -At -c "SELECT string_agg(name || ' ' || pattern || ' ' || coalesce(validator, '-') || ' ' || position, E'\n' ORDER BY name) FROM ctxguard.mask_rules"
+  }
+  [ "$(mask_rules ctxguard_up_old)" = "$(mask_rules ctxguard_up_new)" ] || fail "the mask rules of $from updated differ from a fresh install's"
 
   # Data kept, and made safe: the old SQL tool has no run_as (it fails closed and lint says so), the
   # old pending approval can no longer be approved, the discovered tool's definition is accepted.

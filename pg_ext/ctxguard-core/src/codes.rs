@@ -27,10 +27,13 @@ pub enum Code {
     DocumentNotReady,
     /// A budget or limit would be exceeded; the message names the limit. Nothing was read.
     RateLimitExceeded,
+    /// The result holds more text than masking may process (`ctxguard.max_mask_bytes`): refused,
+    /// never returned unmasked. The message names the limit.
+    ResultTooLarge,
 }
 
 impl Code {
-    pub const ALL: [Code; 11] = [
+    pub const ALL: [Code; 12] = [
         Code::ContextMissing,
         Code::ToolNotFound,
         Code::ToolNotVisible,
@@ -42,6 +45,7 @@ impl Code {
         Code::NotFound,
         Code::DocumentNotReady,
         Code::RateLimitExceeded,
+        Code::ResultTooLarge,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -57,6 +61,7 @@ impl Code {
             Code::NotFound => "NOT_FOUND",
             Code::DocumentNotReady => "DOCUMENT_NOT_READY",
             Code::RateLimitExceeded => "RATE_LIMIT_EXCEEDED",
+            Code::ResultTooLarge => "RESULT_TOO_LARGE",
         }
     }
 }

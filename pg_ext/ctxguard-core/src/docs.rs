@@ -1,6 +1,10 @@
-//! Document text helpers: token estimates, trimming, repeated header/footer detection, page ranges.
+//! Document text helpers: token estimates, trimming, repeated header/footer detection, page
+//! ranges, search-snippet markers.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::OnceLock;
+
+use regex::Regex;
 
 /// Honest token estimate: ⌈UTF-8 bytes / 4⌉. BPE tokenizers average about four bytes per token on
 /// English prose; for Cyrillic or CJK text this counts somewhat more tokens than a tokenizer would,
@@ -114,6 +118,31 @@ pub fn strip_boilerplate(page: &str, boilerplate: &[String]) -> String {
     lines[start..end].join("\n")
 }
 
+/// Highlight markers of search snippets (`ts_headline`'s `StartSel` and `StopSel`).
+pub const MARK_START: char = '«';
+pub const MARK_STOP: char = '»';
+
+/// A snippet as a reader who drops the highlight markers sees it. Masking is checked on this
+/// text: a secret the markers split is whole again here.
+pub fn without_marks(snippet: &str) -> String {
+    snippet
+        .chars()
+        .filter(|&c| c != MARK_START && c != MARK_STOP)
+        .collect()
+}
+
+/// Highlight markers removed from inside masking placeholders: a query word such as `card`
+/// highlights `[REDACTED:«card»_number]`, which reads better as `[REDACTED:card_number]` (a
+/// fragment may end before the closing bracket).
+pub fn unmark_placeholders(snippet: &str) -> String {
+    static PLACEHOLDER: OnceLock<Regex> = OnceLock::new();
+    let re = PLACEHOLDER.get_or_init(|| {
+        Regex::new(r"\[[«»]*REDACTED[«»]*:[«»a-z0-9_]*\]?").expect("placeholder pattern")
+    });
+    re.replace_all(snippet, |c: &regex::Captures<'_>| without_marks(&c[0]))
+        .into_owned()
+}
+
 /// Why a page range was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RangeError {
@@ -205,5 +234,19 @@ mod tests {
         assert_eq!(check_page_range(0, 2, 500, 5), Err(RangeError::Invalid));
         assert_eq!(check_page_range(5, 4, 500, 5), Err(RangeError::Invalid));
         assert_eq!(check_page_range(499, 501, 500, 5), Err(RangeError::Invalid));
+    }
+
+    #[test]
+    fn snippet_markers() {
+        assert_eq!(without_marks("«card» 4111 «1111» x"), "card 4111 1111 x");
+        assert_eq!(
+            unmark_placeholders("«card» [REDACTED:«card»_«number»] and [«REDACTED»:email] «x»"),
+            "«card» [REDACTED:card_number] and [REDACTED:email] «x»"
+        );
+        assert_eq!(
+            unmark_placeholders("«card» [REDACTED:«card»_number"),
+            "«card» [REDACTED:card_number"
+        );
+        assert_eq!(unmark_placeholders("[SECRET:«x»]"), "[SECRET:«x»]");
     }
 }

@@ -1,15 +1,33 @@
 //! Masking of secrets and PII in tool results.
 //!
-//! Rules are regular expressions (the `regex` crate: linear time, no backtracking blow-ups) with an
-//! optional validator (`luhn` for card numbers, `iban` for IBANs) that must accept a match before it
-//! is masked. Matching runs on a normalised view of the text in which fullwidth ASCII forms
+//! Rules are regular expressions (the `regex` crate: no backtracking blow-ups) with an optional
+//! validator (`luhn` for card numbers, `iban` for IBANs) that must accept a match before it is
+//! masked. Matching runs on a normalised view of the text in which fullwidth ASCII forms
 //! (`ＡＫＩＡ…`, `４１１１…`, `＠`) and the ideographic space become plain ASCII, so obfuscated
 //! variants are caught; replacements are applied to the original text.
+//!
+//! **Cost.** Linear in the input per rule: the text is normalised once, each rule scans it once
+//! from left to right (a search resumes where the previous match ended), a match is checked
+//! against the spans of earlier rules with a cursor (both are sorted), and the output is built in
+//! one pass. The built-in rules use ASCII word boundaries (`(?-u:\b)`), which the regex crate's
+//! DFA handles on any text; a Unicode `\b` makes the regex crate fall back to a slower engine on
+//! non-ASCII text.
+//!
+//! **Bounds.** Every call takes a [`Scan`]: at most `limit` bytes of text per scan (a larger input
+//! is refused with [`TooLarge`], never returned unmasked), and an interrupt callback run every
+//! [`CHECK_BYTES`] bytes of work (each match counts [`MATCH_COST`] bytes), which the extension
+//! implements with PostgreSQL's `CHECK_FOR_INTERRUPTS`. So that no single search runs long without
+//! a check, a rule searches long texts in segments of about [`SEGMENT_BYTES`], cut at a character
+//! the rule can never match (e.g. a line break or a comma for the built-in rules); a match can
+//! never span such a character, so the result is exactly that of one search over the whole text.
+//! A rule that can match every ASCII punctuation character, or that asserts the end of the text
+//! (`$`, `\z`), is searched in one pass: its cost is bounded by the scan's size limit.
 
 use std::collections::BTreeMap;
 
 use regex::Regex;
-use serde_json::Value;
+use regex_syntax::hir::{Class, Hir, HirKind, Look};
+use serde_json::{Map, Number, Value};
 
 /// How a rule is declared (rows of `ctxguard.mask_rules`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,10 +44,76 @@ pub struct RuleError {
     pub reason: String,
 }
 
+/// The input of one [`Scan`] exceeds its size limit: nothing is returned (the caller refuses).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the text to mask exceeds the limit of {limit} bytes")]
+pub struct TooLarge {
+    pub limit: usize,
+}
+
+/// Bytes of work between two interrupt checks.
+pub const CHECK_BYTES: usize = 64 * 1024;
+/// Work one match counts for (so a check also runs every `CHECK_BYTES / MATCH_COST` matches).
+pub const MATCH_COST: usize = 64;
+/// Target length of the segments a long text is searched in.
+pub const SEGMENT_BYTES: usize = 64 * 1024;
+
+/// The bounds of one masking job (one tool result, one `mask_text` call): a size limit over all
+/// the text it masks, and an interrupt check run as the work goes.
+pub struct Scan<F: FnMut()> {
+    limit: usize,
+    taken: usize,
+    work: usize,
+    interrupt: F,
+}
+
+impl<F: FnMut()> Scan<F> {
+    /// At most `limit` bytes of text in all; `interrupt` runs every [`CHECK_BYTES`] of work (it may
+    /// unwind, e.g. with a PostgreSQL cancel; the masker holds no state that outlives the call).
+    pub fn new(limit: usize, interrupt: F) -> Scan<F> {
+        Scan {
+            limit,
+            taken: 0,
+            work: 0,
+            interrupt,
+        }
+    }
+
+    /// Bytes of text taken so far.
+    pub fn taken(&self) -> usize {
+        self.taken
+    }
+
+    fn take(&mut self, bytes: usize) -> Result<(), TooLarge> {
+        self.taken = self.taken.saturating_add(bytes);
+        if self.taken > self.limit {
+            return Err(TooLarge { limit: self.limit });
+        }
+        Ok(())
+    }
+
+    fn work(&mut self, bytes: usize) {
+        self.work = self.work.saturating_add(bytes);
+        if self.work >= CHECK_BYTES {
+            self.work = 0;
+            (self.interrupt)();
+        }
+    }
+}
+
+impl Scan<fn()> {
+    /// No size limit, no interrupt checks (tests, rule validation).
+    pub fn unlimited() -> Scan<fn()> {
+        Scan::new(usize::MAX, || {})
+    }
+}
+
 struct Rule {
     name: String,
     re: Regex,
     validator: Option<fn(&str) -> bool>,
+    /// ASCII bytes this rule can never match and at which a segment may end; `None`: one pass.
+    separators: Option<Box<[bool; 128]>>,
 }
 
 /// A compiled rule set. Build once per backend (and whenever the rules change).
@@ -41,6 +125,9 @@ pub struct Masker {
 pub type MaskCounts = BTreeMap<String, u32>;
 
 /// The built-in rules, in application order (tokens before the looser number patterns).
+///
+/// Word boundaries are ASCII (`(?-u:\b)`): a non-ASCII letter next to a secret counts as a
+/// boundary, so `карта4111…` is masked too, and the fast engine runs on any text.
 pub fn default_rules() -> Vec<RuleSpec> {
     let r = |name: &str, pattern: &str, validator: Option<&str>| RuleSpec {
         name: name.into(),
@@ -50,42 +137,42 @@ pub fn default_rules() -> Vec<RuleSpec> {
     vec![
         r(
             "jwt",
-            r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}",
+            r"(?-u:\b)eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}",
             None,
         ),
         r(
             "bearer_token",
-            r"(?i)\bbearer[ :]+[A-Za-z0-9._~+/-]{16,}=*",
+            r"(?i)(?-u:\b)bearer[ :]+[A-Za-z0-9._~+/-]{16,}=*",
             None,
         ),
         r(
             "openai_key",
-            r"\bsk-(?:proj-|live-|test-|ant-)?[A-Za-z0-9_-]{16,}",
+            r"(?-u:\b)sk-(?:proj-|live-|test-|ant-)?[A-Za-z0-9_-]{16,}",
             None,
         ),
         r(
             "aws_access_key",
-            r"\b(?:AKIA|ASIA)[ -]?(?:[A-Z0-9][ -]?){15}[A-Z0-9]\b",
+            r"(?-u:\b)(?:AKIA|ASIA)[ -]?(?:[A-Z0-9][ -]?){15}[A-Z0-9](?-u:\b)",
             None,
         ),
         r(
             "email",
-            r"(?i)\b[a-z0-9._%+-]+ ?(?:@|\(at\)|\[at\]) ?[a-z0-9-]+(?: ?(?:\.|\(dot\)|\[dot\]) ?[a-z0-9-]+)*? ?(?:\.|\(dot\)|\[dot\]) ?[a-z]{2,}\b",
+            r"(?i)(?-u:\b)[a-z0-9._%+-]+ ?(?:@|\(at\)|\[at\]) ?[a-z0-9-]+(?: ?(?:\.|\(dot\)|\[dot\]) ?[a-z0-9-]+)*? ?(?:\.|\(dot\)|\[dot\]) ?[a-z]{2,}(?-u:\b)",
             None,
         ),
         r(
             "iban",
-            r"(?i)\b[a-z]{2}[0-9]{2}(?:[ -]?[a-z0-9]{4}){2,7}(?:[ -]?[a-z0-9]{1,4})?\b",
+            r"(?i)(?-u:\b)[a-z]{2}[0-9]{2}(?:[ -]?[a-z0-9]{4}){2,7}(?:[ -]?[a-z0-9]{1,4})?(?-u:\b)",
             Some("iban"),
         ),
         r(
             "card_number",
-            r"\b[0-9](?:[ -]?[0-9]){12,18}\b",
+            r"(?-u:\b)[0-9](?:[ -]?[0-9]){12,18}(?-u:\b)",
             Some("luhn"),
         ),
         r(
             "phone",
-            r"(?:\+|\b00)[1-9][0-9]{0,2}(?:[ .-]?\(?[0-9]{1,4}\)?){2,5}\b|\(?\b[0-9]{3}\)?[ .-][0-9]{3}[ .-][0-9]{4}\b",
+            r"(?:\+|(?-u:\b)00)[1-9][0-9]{0,2}(?:[ .-]?\(?[0-9]{1,4}\)?){2,5}(?-u:\b)|\(?(?-u:\b)[0-9]{3}\)?[ .-][0-9]{3}[ .-][0-9]{4}(?-u:\b)",
             None,
         ),
     ]
@@ -147,31 +234,154 @@ pub fn iban(s: &str) -> bool {
     rem == 1
 }
 
-/// Map fullwidth ASCII forms (U+FF01..U+FF5E) and U+3000 to ASCII. Returns the normalised text and,
-/// for each byte offset of it, the byte offset in the original (plus one entry for the end); `None`
-/// when the text has no such forms (then offsets are the identity and nothing is allocated).
-fn normalise(s: &str) -> Option<(String, Vec<usize>)> {
+/// The normalised view of a text: fullwidth ASCII forms (U+FF01..U+FF5E) and U+3000 mapped to
+/// ASCII. `None` when the text has no such forms (then offsets are the identity).
+struct Normalised {
+    text: String,
+    /// `(view offset, original offset)` just after each mapped character, in order: between two
+    /// entries, offsets differ by a constant.
+    shifts: Vec<(usize, usize)>,
+}
+
+fn normalise(s: &str) -> Option<Normalised> {
     if !s
         .chars()
         .any(|c| matches!(c as u32, 0xFF01..=0xFF5E | 0x3000))
     {
         return None;
     }
-    let mut out = String::with_capacity(s.len());
-    let mut map = Vec::with_capacity(s.len() + 1);
+    let mut text = String::with_capacity(s.len());
+    let mut shifts = Vec::new();
     for (i, c) in s.char_indices() {
-        let n = match c as u32 {
-            0xFF01..=0xFF5E => char::from_u32(c as u32 - 0xFF01 + 0x21).unwrap_or(c),
-            0x3000 => ' ',
-            _ => c,
-        };
-        for _ in 0..n.len_utf8() {
-            map.push(i);
+        match c as u32 {
+            0xFF01..=0xFF5E => {
+                text.push(char::from_u32(c as u32 - 0xFF01 + 0x21).unwrap_or(c));
+                shifts.push((text.len(), i + c.len_utf8()));
+            }
+            0x3000 => {
+                text.push(' ');
+                shifts.push((text.len(), i + c.len_utf8()));
+            }
+            _ => text.push(c),
         }
-        out.push(n);
     }
-    map.push(s.len());
-    Some((out, map))
+    Some(Normalised { text, shifts })
+}
+
+/// Maps increasing view offsets to original offsets (a cursor over the shifts).
+struct ToOriginal<'a> {
+    shifts: &'a [(usize, usize)],
+    next: usize,
+}
+
+impl ToOriginal<'_> {
+    fn map(&mut self, view: usize) -> usize {
+        while self.next < self.shifts.len() && self.shifts[self.next].0 <= view {
+            self.next += 1;
+        }
+        match self.next.checked_sub(1).map(|i| self.shifts[i]) {
+            Some((v, o)) => o + (view - v),
+            None => view,
+        }
+    }
+}
+
+/// The ASCII bytes a pattern can match (any character of a literal or class), or `None` when the
+/// pattern asserts the end of the text or a line (then it is searched in one pass).
+fn matchable_ascii(hir: &Hir, out: &mut [bool; 128]) -> bool {
+    match hir.kind() {
+        HirKind::Empty => true,
+        HirKind::Literal(lit) => {
+            for &b in lit.0.iter() {
+                if b < 128 {
+                    out[b as usize] = true;
+                }
+            }
+            true
+        }
+        HirKind::Class(Class::Unicode(c)) => {
+            for r in c.iter() {
+                for cp in (r.start() as u32)..=(r.end() as u32).min(127) {
+                    out[cp as usize] = true;
+                }
+            }
+            true
+        }
+        HirKind::Class(Class::Bytes(c)) => {
+            for r in c.iter() {
+                for b in r.start()..=r.end().min(127) {
+                    out[b as usize] = true;
+                }
+            }
+            true
+        }
+        HirKind::Look(look) => !matches!(look, Look::End | Look::EndLF | Look::EndCRLF),
+        HirKind::Repetition(rep) => matchable_ascii(&rep.sub, out),
+        HirKind::Capture(cap) => matchable_ascii(&cap.sub, out),
+        HirKind::Concat(subs) | HirKind::Alternation(subs) => {
+            subs.iter().all(|h| matchable_ascii(h, out))
+        }
+    }
+}
+
+/// Where a long text may be cut for this pattern: ASCII bytes it can never match that are not
+/// word characters (so word-boundary assertions at a cut see what they would see in the whole
+/// text). `None` when there are none, or when the pattern asserts an end.
+fn separators(pattern: &str) -> Option<Box<[bool; 128]>> {
+    let hir = regex_syntax::ParserBuilder::new()
+        .build()
+        .parse(pattern)
+        .ok()?;
+    let mut matchable = [false; 128];
+    if !matchable_ascii(&hir, &mut matchable) {
+        return None;
+    }
+    let mut sep = [false; 128];
+    for (b, s) in sep.iter_mut().enumerate() {
+        let word = (b as u8).is_ascii_alphanumeric() || b == b'_' as usize;
+        *s = !matchable[b] && !word;
+    }
+    sep.contains(&true).then(|| Box::new(sep))
+}
+
+/// The forms of a number that digit rules should see: its text; or, for a number written with
+/// an exponent (`4.111111111111111e15`), its mantissa and, when that has at most 64 digits, its
+/// plain decimal form (the exponent itself is never matched: `1e+400` is not a phone number).
+fn number_forms(n: &Number) -> Vec<String> {
+    let text = n.to_string();
+    let Some(e_at) = text.find(['e', 'E']) else {
+        return vec![text];
+    };
+    let (mantissa, exp) = (&text[..e_at], &text[e_at + 1..]);
+    let mut forms = vec![mantissa.to_string()];
+    let Ok(exp) = exp.parse::<i64>() else {
+        return forms;
+    };
+    let (sign, unsigned) = match mantissa.strip_prefix('-') {
+        Some(m) => ("-", m),
+        None => ("", mantissa),
+    };
+    let (int, frac) = unsigned.split_once('.').unwrap_or((unsigned, ""));
+    let all = format!("{int}{frac}");
+    let lead = all.len() - all.trim_start_matches('0').len();
+    let digits = &all[lead..];
+    // Position of the decimal point within `digits`.
+    let point = int.len() as i64 - lead as i64 + exp;
+    if digits.is_empty() || point.unsigned_abs() > 64 || digits.len() > 64 {
+        return forms;
+    }
+    forms.push(if point >= digits.len() as i64 {
+        format!(
+            "{sign}{digits}{}",
+            "0".repeat(point as usize - digits.len())
+        )
+    } else if point <= 0 {
+        format!("{sign}0.{}{digits}", "0".repeat((-point) as usize))
+    } else {
+        let (a, b) = digits.split_at(point as usize);
+        format!("{sign}{a}.{b}")
+    });
+    forms
 }
 
 impl Masker {
@@ -196,84 +406,232 @@ impl Masker {
                 name: s.name.clone(),
                 re,
                 validator,
+                separators: separators(&s.pattern),
             });
         }
         Ok(Masker { rules })
     }
 
-    /// Mask one string; adds to `counts`. Returns `None` when nothing matched (no allocation).
-    ///
-    /// The text is normalised once; rules run in order and a later rule never matches inside a span
-    /// an earlier rule already masked; the output is built in one pass.
-    pub fn mask_str(&self, text: &str, counts: &mut MaskCounts) -> Option<String> {
-        let normalised = normalise(text);
-        let (view, map): (&str, Option<&[usize]>) = match &normalised {
-            Some((n, m)) => (n.as_str(), Some(m.as_slice())),
-            None => (text, None),
-        };
-        let to_orig = |i: usize| map.map_or(i, |m| m[i]);
-        // (start, end, rule index) in original byte offsets, non-overlapping.
-        let mut spans: Vec<(usize, usize, usize)> = Vec::new();
-        for (idx, rule) in self.rules.iter().enumerate() {
-            for m in rule.re.find_iter(view) {
-                let (start, end) = (to_orig(m.start()), to_orig(m.end()));
-                if spans.iter().any(|&(s, e, _)| start < e && s < end) {
+    /// The spans (view offsets) of one rule's accepted matches, in order, appended to `out`.
+    /// Empty matches are ignored.
+    fn find<F: FnMut()>(
+        &self,
+        rule: &Rule,
+        view: &str,
+        scan: &mut Scan<F>,
+        out: &mut Vec<(usize, usize)>,
+    ) {
+        let bytes = view.as_bytes();
+        let n = bytes.len();
+        let mut pos = 0;
+        while pos < n {
+            // The segment ends at the first separator at least SEGMENT_BYTES ahead (no match can
+            // contain it), or at the end of the text.
+            let seg_end = match &rule.separators {
+                Some(sep) if n - pos > SEGMENT_BYTES => {
+                    let from = pos + SEGMENT_BYTES;
+                    let cut = bytes[from..]
+                        .iter()
+                        .position(|&b| b < 128 && sep[b as usize])
+                        .map_or(n, |i| from + i);
+                    scan.work(cut - from);
+                    cut
+                }
+                _ => n,
+            };
+            // The haystack keeps everything before `at`, so look-behind sees the real context.
+            let hay = &view[..seg_end];
+            let mut at = pos;
+            while at < seg_end {
+                let Some(m) = rule.re.find_at(hay, at) else {
+                    scan.work(seg_end - at);
+                    break;
+                };
+                scan.work(m.end() - at + MATCH_COST);
+                if m.start() == m.end() {
+                    at = m.end() + view[m.end()..].chars().next().map_or(1, char::len_utf8);
                     continue;
                 }
-                if rule.validator.is_some_and(|v| !v(m.as_str())) {
-                    continue;
+                if rule.validator.is_none_or(|v| v(m.as_str())) {
+                    out.push((m.start(), m.end()));
                 }
-                spans.push((start, end, idx));
+                at = m.end();
             }
+            pos = seg_end;
+        }
+    }
+
+    /// Mask one string; adds to `counts`. `Ok(None)` when nothing matched (no allocation).
+    ///
+    /// Rules run in order; a later rule's match that overlaps a span an earlier rule masked is
+    /// dropped; the output is built in one pass.
+    pub fn mask_str<F: FnMut()>(
+        &self,
+        text: &str,
+        counts: &mut MaskCounts,
+        scan: &mut Scan<F>,
+    ) -> Result<Option<String>, TooLarge> {
+        scan.take(text.len())?;
+        scan.work(text.len() / 8);
+        let normalised = normalise(text);
+        let view = normalised.as_ref().map_or(text, |n| n.text.as_str());
+        // Accepted spans (view offsets, rule index): sorted and disjoint.
+        let mut spans: Vec<(usize, usize, usize)> = Vec::new();
+        let mut fresh: Vec<(usize, usize)> = Vec::new();
+        for (idx, rule) in self.rules.iter().enumerate() {
+            fresh.clear();
+            self.find(rule, view, scan, &mut fresh);
+            if fresh.is_empty() {
+                continue;
+            }
+            let mut merged = Vec::with_capacity(spans.len() + fresh.len());
+            let mut i = 0;
+            for &(s, e) in &fresh {
+                while i < spans.len() && spans[i].1 <= s {
+                    merged.push(spans[i]);
+                    i += 1;
+                }
+                // spans[i], if any, ends after s: the match overlaps it iff it starts before e.
+                if i < spans.len() && spans[i].0 < e {
+                    continue;
+                }
+                merged.push((s, e, idx));
+            }
+            merged.extend_from_slice(&spans[i..]);
+            spans = merged;
         }
         if spans.is_empty() {
-            return None;
+            return Ok(None);
         }
-        spans.sort_unstable();
+        let mut to_orig = ToOriginal {
+            shifts: normalised.as_ref().map_or(&[], |n| n.shifts.as_slice()),
+            next: 0,
+        };
+        let mut per_rule = vec![0u32; self.rules.len()];
         let mut out = String::with_capacity(text.len());
         let mut last = 0;
         for (start, end, idx) in spans {
-            let name = &self.rules[idx].name;
+            let (start, end) = (to_orig.map(start), to_orig.map(end));
             out.push_str(&text[last..start]);
             out.push_str("[REDACTED:");
-            out.push_str(name);
+            out.push_str(&self.rules[idx].name);
             out.push(']');
             last = end;
-            *counts.entry(name.clone()).or_default() += 1;
+            per_rule[idx] += 1;
         }
         out.push_str(&text[last..]);
-        Some(out)
+        for (rule, n) in self.rules.iter().zip(per_rule) {
+            if n > 0 {
+                *counts.entry(rule.name.clone()).or_default() += n;
+            }
+        }
+        Ok(Some(out))
     }
 
-    /// Mask every string (not keys) inside a JSON value, in place.
-    pub fn mask_json(&self, v: &mut Value, counts: &mut MaskCounts) {
+    /// A number whose digits a rule matches (a card number as a JSON number): its masked text,
+    /// which replaces the number as a string.
+    fn mask_number<F: FnMut()>(
+        &self,
+        n: &Number,
+        counts: &mut MaskCounts,
+        scan: &mut Scan<F>,
+    ) -> Result<Option<String>, TooLarge> {
+        for form in number_forms(n) {
+            if let Some(m) = self.mask_str(&form, counts, scan)? {
+                return Ok(Some(m));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Mask every string inside a JSON value, object keys included, and every number whose
+    /// digits a rule matches (replaced by its masked text as a string), in place.
+    ///
+    /// Two keys that mask to the same text are both kept: the later one gets a `#2`, `#3`, …
+    /// suffix. On [`TooLarge`] the value is partly masked and must not be returned.
+    pub fn mask_json<F: FnMut()>(
+        &self,
+        v: &mut Value,
+        counts: &mut MaskCounts,
+        scan: &mut Scan<F>,
+    ) -> Result<(), TooLarge> {
         match v {
             Value::String(s) => {
-                if let Some(m) = self.mask_str(s, counts) {
+                if let Some(m) = self.mask_str(s, counts, scan)? {
                     *s = m;
                 }
             }
-            Value::Array(a) => a.iter_mut().for_each(|x| self.mask_json(x, counts)),
-            Value::Object(o) => o.values_mut().for_each(|x| self.mask_json(x, counts)),
-            _ => {}
+            Value::Number(n) => {
+                if let Some(m) = self.mask_number(n, counts, scan)? {
+                    *v = Value::String(m);
+                }
+            }
+            Value::Array(a) => {
+                for x in a.iter_mut() {
+                    self.mask_json(x, counts, scan)?;
+                }
+            }
+            Value::Object(o) => {
+                for x in o.values_mut() {
+                    self.mask_json(x, counts, scan)?;
+                }
+                let mut renamed: Vec<Option<String>> = Vec::with_capacity(o.len());
+                for k in o.keys() {
+                    renamed.push(self.mask_str(k, counts, scan)?);
+                }
+                if renamed.iter().any(Option::is_some) {
+                    let old = std::mem::take(o);
+                    for ((k, x), r) in old.into_iter().zip(renamed) {
+                        let key = unique_key(o, r.unwrap_or(k));
+                        o.insert(key, x);
+                    }
+                }
+            }
+            Value::Null | Value::Bool(_) => {}
         }
+        Ok(())
     }
+}
+
+/// `key`, or `key#2`, `key#3`, … if `o` already holds it.
+fn unique_key(o: &Map<String, Value>, key: String) -> String {
+    if !o.contains_key(&key) {
+        return key;
+    }
+    (2..)
+        .map(|i| format!("{key}#{i}"))
+        .find(|k| !o.contains_key(k))
+        .unwrap_or(key)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn masker() -> Masker {
         Masker::new(&default_rules()).unwrap()
     }
 
-    fn mask(s: &str) -> (String, MaskCounts) {
+    fn mask_with(m: &Masker, s: &str) -> (String, MaskCounts) {
         let mut c = MaskCounts::new();
-        let out = masker()
-            .mask_str(s, &mut c)
+        let out = m
+            .mask_str(s, &mut c, &mut Scan::unlimited())
+            .unwrap()
             .unwrap_or_else(|| s.to_string());
         (out, c)
+    }
+
+    fn mask(s: &str) -> (String, MaskCounts) {
+        mask_with(&masker(), s)
+    }
+
+    fn mask_value(mut v: Value) -> (Value, MaskCounts) {
+        let mut c = MaskCounts::new();
+        masker()
+            .mask_json(&mut v, &mut c, &mut Scan::unlimited())
+            .unwrap();
+        (v, c)
     }
 
     #[test]
@@ -303,6 +661,9 @@ mod tests {
             ("card ４１１１ １１１１ １１１１ １１１１ exp", "card_number"),
             ("mail ｉｖａｎ＠ｅｘａｍｐｌｅ．ｃｏｍ now", "email"),
             ("aws ＡＫＩＡＩＯＳＦＯＤＮＮ７ＥＸＡＭＰＬＥ ok", "aws_access_key"),
+            // Next to Cyrillic letters (a Unicode \b would see no boundary here).
+            ("карта4111 1111 1111 1111", "card_number"),
+            ("почта:ivan@example.com", "email"),
         ];
         for (text, kind) in cases {
             let (out, counts) = mask(text);
@@ -326,13 +687,242 @@ mod tests {
     }
 
     #[test]
-    fn json_strings_are_masked_and_counted() {
-        let mut v = serde_json::json!({"a": ["x@y.org", {"b": "4111111111111111"}], "n": 4111111111111111u64});
-        let mut c = MaskCounts::new();
-        masker().mask_json(&mut v, &mut c);
+    fn fullwidth_offsets_map_back_to_the_original() {
+        let text =
+            "ａ１ x ４１１１ １１１１ １１１１ １１１１ y ｉｖａｎ＠ｅｘａｍｐｌｅ．ｃｏｍ z　end";
+        let (out, counts) = mask(text);
+        assert_eq!(
+            out,
+            "ａ１ x [REDACTED:card_number] y [REDACTED:email] z　end"
+        );
+        assert_eq!(counts.values().sum::<u32>(), 2);
+    }
+
+    #[test]
+    fn later_rules_do_not_mask_inside_earlier_spans() {
+        // The card number inside the IBAN-shaped text is not masked twice; a later overlapping
+        // phone match is dropped.
+        let (out, counts) = mask("pay DE89 3704 0044 0532 0130 00 and card 4111 1111 1111 1111");
+        assert_eq!(out, "pay [REDACTED:iban] and card [REDACTED:card_number]");
+        assert_eq!(counts.len(), 2);
+    }
+
+    #[test]
+    fn json_strings_keys_and_numbers_are_masked_and_counted() {
+        let (v, c) = mask_value(json!({
+            "a": ["x@y.org", {"b": "4111111111111111"}],
+            "n": 4111111111111111u64,
+            "ivan.petrov@example.com": {"card 4111 1111 1111 1111": true},
+            "ok": 42,
+            "price": 1257.5
+        }));
         assert_eq!(v["a"][0], "[REDACTED:email]");
         assert_eq!(v["a"][1]["b"], "[REDACTED:card_number]");
-        assert_eq!(c.values().sum::<u32>(), 2);
+        assert_eq!(v["n"], "[REDACTED:card_number]");
+        assert_eq!(
+            v["[REDACTED:email]"],
+            json!({"card [REDACTED:card_number]": true})
+        );
+        assert_eq!(v["ok"], 42);
+        assert_eq!(v["price"], json!(1257.5));
+        assert_eq!(c.get("email"), Some(&2));
+        assert_eq!(c.get("card_number"), Some(&3));
+        let text = v.to_string();
+        assert!(!text.contains("4111") && !text.contains("ivan"), "{text}");
+    }
+
+    #[test]
+    fn numbers_in_other_notations_are_masked() {
+        for raw in [
+            "4111111111111111",
+            "-4111111111111111",
+            "4111111111111111.0",
+            "4.111111111111111e15",
+            "4111111111111111E0",
+            "0.4111111111111111e16",
+            "41111111111111110e-1",
+            "4111111111111111e400",
+        ] {
+            let v: Value = serde_json::from_str(&format!("{{\"n\": {raw}}}")).unwrap();
+            let (v, _) = mask_value(v);
+            assert!(
+                v["n"]
+                    .as_str()
+                    .is_some_and(|s| s.contains("[REDACTED:card_number]")),
+                "{raw} -> {v}"
+            );
+        }
+        for raw in [
+            "1e400",
+            "1e+400",
+            "1E-400",
+            "12345678901234567.89",
+            "0.10",
+            "-0.0000001",
+            "3",
+        ] {
+            let v: Value = serde_json::from_str(&format!("{{\"n\": {raw}}}")).unwrap();
+            let (masked, c) = mask_value(v.clone());
+            assert_eq!(masked, v, "{raw}");
+            assert!(c.is_empty());
+        }
+    }
+
+    #[test]
+    fn colliding_keys_are_all_kept() {
+        let (v, _) = mask_value(json!({"a@b.org": 1, "c@d.org": 2, "[REDACTED:email]": 3}));
+        let o = v.as_object().unwrap();
+        assert_eq!(o.len(), 3, "{v}");
+        let mut values: Vec<i64> = o.values().map(|x| x.as_i64().unwrap()).collect();
+        values.sort();
+        assert_eq!(values, [1, 2, 3]);
+        assert!(o.keys().all(|k| k.starts_with("[REDACTED:email]")), "{v}");
+    }
+
+    #[test]
+    fn long_texts_are_masked_like_short_ones() {
+        // Secrets on both sides of many segment cuts (lines and commas are cut points).
+        let mut text = String::new();
+        let mut want = String::new();
+        for i in 0..20_000 {
+            let filler = "x".repeat(i % 37);
+            text.push_str(&format!(
+                "{filler} user{i}@example.com, card 4111 1111 1111 1111\n"
+            ));
+            want.push_str(&format!(
+                "{filler} [REDACTED:email], card [REDACTED:card_number]\n"
+            ));
+        }
+        let (out, counts) = mask(&text);
+        assert_eq!(counts.get("email"), Some(&20_000));
+        assert_eq!(counts.get("card_number"), Some(&20_000));
+        assert!(
+            out == want,
+            "segmented masking differs from the expected text"
+        );
+        // One long line without any cut point for the email rule (spaces and dots only).
+        let line: String = (0..20_000).map(|i| format!("u{i}@example.com ")).collect();
+        let (out, counts) = mask(&line);
+        assert_eq!(counts.get("email"), Some(&20_000));
+        assert!(!out.contains('@'));
+    }
+
+    #[test]
+    fn separators_respect_what_a_rule_can_match() {
+        let sep = |p: &str| {
+            separators(p).map(|s| {
+                (0..128u8)
+                    .filter(|&b| s[b as usize])
+                    .map(char::from)
+                    .collect::<String>()
+            })
+        };
+        let card = sep(&default_rules()[6].pattern).unwrap();
+        assert!(card.contains('\n') && card.contains(',') && card.contains('@'));
+        assert!(!card.contains(' ') && !card.contains('-') && !card.contains('a'));
+        let email = sep(&default_rules()[4].pattern).unwrap();
+        assert!(email.contains('\n') && !email.contains('@') && !email.contains('.'));
+        // Every printable ASCII character matchable: one pass. So too an end assertion.
+        assert_eq!(sep(r"(?s).+"), None);
+        assert_eq!(sep(r"[^a]+"), None);
+        assert_eq!(sep(r"secret$"), None);
+        assert_eq!(sep(r"(?m)secret$"), None);
+        assert!(sep(r"\bsecret\b").is_some());
+    }
+
+    #[test]
+    fn each_segment_search_sees_the_real_context() {
+        // Segments start at a cut point, but each search sees the text before it: `\A` only
+        // matches at the start of the whole text, and `\b` sees the neighbouring characters.
+        let rule = |name: &str, pattern: &str| RuleSpec {
+            name: name.into(),
+            pattern: pattern.into(),
+            validator: None,
+        };
+        let m = Masker::new(&[
+            rule("first", r"\Acode-[0-9]{4}"),
+            rule("code", r"\bcode-[0-9]{4}\b"),
+        ])
+        .unwrap();
+        let mut text = "code-0000 ".to_string();
+        text.push_str(&"y".repeat(SEGMENT_BYTES));
+        text.push_str(",code-1234,xcode-5678,code-9012x,code-3456");
+        let (out, counts) = mask_with(&m, &text);
+        assert!(out.starts_with("[REDACTED:first] y"), "{}", &out[..30]);
+        assert!(
+            out.ends_with(",[REDACTED:code],xcode-5678,code-9012x,[REDACTED:code]"),
+            "{}",
+            &out[out.len() - 60..]
+        );
+        assert_eq!(counts.get("first"), Some(&1));
+        assert_eq!(counts.get("code"), Some(&2));
+    }
+
+    #[test]
+    fn empty_matches_mask_nothing() {
+        let m = Masker::new(&[RuleSpec {
+            name: "x".into(),
+            pattern: "a*".into(),
+            validator: None,
+        }])
+        .unwrap();
+        assert_eq!(mask_with(&m, "bbb aaa b").0, "bbb [REDACTED:x] b");
+    }
+
+    #[test]
+    fn size_limit_refuses_instead_of_returning_unmasked_text() {
+        let m = masker();
+        let mut scan = Scan::new(100, || {});
+        let mut c = MaskCounts::new();
+        assert!(m.mask_str(&"a".repeat(60), &mut c, &mut scan).is_ok());
+        // The limit is over the whole scan, not per string.
+        assert_eq!(
+            m.mask_str(&"b".repeat(60), &mut c, &mut scan),
+            Err(TooLarge { limit: 100 })
+        );
+        let mut v = json!({"k": "x".repeat(200)});
+        let mut scan = Scan::new(100, || {});
+        assert_eq!(
+            m.mask_json(&mut v, &mut c, &mut scan),
+            Err(TooLarge { limit: 100 })
+        );
+    }
+
+    #[test]
+    fn interrupts_are_checked_as_the_work_goes() {
+        let m = masker();
+        let text: String = (0..50_000).map(|i| format!("u{i}@example.com ")).collect();
+        let mut checks = 0usize;
+        let mut scan = Scan::new(usize::MAX, || checks += 1);
+        m.mask_str(&text, &mut MaskCounts::new(), &mut scan)
+            .unwrap();
+        let work = text.len() * m.rules.len() + 50_000 * MATCH_COST;
+        assert!(
+            checks * CHECK_BYTES * 2 >= work,
+            "{checks} checks for {work} bytes of work"
+        );
+        // The check may unwind (a cancel): the masker is left usable.
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let mut scan = Scan::new(usize::MAX, || panic!("cancel"));
+            m.mask_str(&text, &mut MaskCounts::new(), &mut scan)
+        }));
+        assert!(caught.is_err());
+        assert_eq!(mask_with(&m, "a@b.org").0, "[REDACTED:email]");
+    }
+
+    #[test]
+    fn many_matches_cost_linear_time() {
+        // 1 MB of e-mail addresses (~60,000 matches): quadratic span bookkeeping took seconds.
+        let m = masker();
+        let text: String = (0..60_000).map(|i| format!("u{i}@example.com\n")).collect();
+        let started = std::time::Instant::now();
+        let (_, counts) = mask_with(&m, &text);
+        assert_eq!(counts.get("email"), Some(&60_000));
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
     }
 
     #[test]

@@ -239,3 +239,11 @@ END
 $$;
 COMMENT ON FUNCTION ctxguard.accept_mcp_tool(text) IS 'Accept an upstream MCP tool''s current definition (name, description, schema) after a change disabled it.';
 REVOKE EXECUTE ON FUNCTION ctxguard.accept_mcp_tool(text) FROM PUBLIC;
+
+-- Masking (issue 12): mask_text is a DBA's tool (it masks up to ctxguard.max_mask_bytes per call).
+REVOKE EXECUTE ON FUNCTION ctxguard.mask_text(text) FROM PUBLIC;
+-- The built-in rules use ASCII word boundaries: the regex engine's fast path on any text, and a
+-- non-ASCII letter next to a secret counts as a boundary. Rules the DBA changed are left alone.
+UPDATE ctxguard.mask_rules r SET pattern = d.pattern
+  FROM ctxguard._default_mask_rules() d
+ WHERE r.name = d.name AND r.pattern = replace(d.pattern, '(?-u:\b)', '\b');

@@ -177,6 +177,8 @@ GRANT SELECT ON ctxguard.document_sections TO PUBLIC;
 ALTER TABLE ctxguard.mask_rules ADD CONSTRAINT mask_rules_compile CHECK (ctxguard._mask_rule_valid(name, pattern, validator));
 INSERT INTO ctxguard.mask_rules (name, pattern, validator, position) SELECT * FROM ctxguard._default_mask_rules();
 GRANT SELECT ON ctxguard.mask_rules TO PUBLIC;
+-- mask_text is a DBA's tool for trying rules (it masks up to ctxguard.max_mask_bytes per call).
+REVOKE EXECUTE ON FUNCTION ctxguard.mask_text(text) FROM PUBLIC;
 
 REVOKE EXECUTE ON FUNCTION ctxguard.put_document(text, text, text, text[], text, text, text, text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION ctxguard.put_page(text, integer, text) FROM PUBLIC;

@@ -8,8 +8,16 @@
 //! - elsewhere, any ready document of the tenant.
 //!
 //! Another tenant's document and a nonexistent one give the same `NOT_FOUND`.
+//!
+//! Page text is masked before anything is added to it or cut from it: pages before they are
+//! trimmed to the budget, sections before they are trimmed, and search pages before
+//! `ts_headline` marks and cuts them; each snippet is then checked again without its markers.
+//! Gate B masks the whole result once more.
+
+use std::borrow::Cow;
 
 use ctxguard_core::docs::{self, RangeError};
+use ctxguard_core::mask::TooLarge;
 use ctxguard_core::names::{is_valid_id, is_valid_label, is_valid_name};
 use ctxguard_core::Code;
 use pgrx::prelude::*;
@@ -17,6 +25,7 @@ use serde_json::{json, Map, Value};
 
 use crate::budget::Budget;
 use crate::context::Ctx;
+use crate::masking::{self, Job};
 use crate::owner::as_owner;
 use crate::pgutil::{raise, select_saved};
 
@@ -69,6 +78,11 @@ impl Room {
         }
     }
 
+    /// Is there room for any text at all?
+    fn has_space(&self) -> bool {
+        self.left > self.overhead
+    }
+
     /// As much of `text` as still fits, charged to the room.
     fn take<'a>(&mut self, text: &'a str) -> &'a str {
         let (kept, cut) = docs::trim_to_bytes(text, self.left.saturating_sub(self.overhead));
@@ -90,6 +104,10 @@ impl Room {
 
 fn refuse<T>(code: Code, msg: &str) -> Result<T, Refusal> {
     Err((code, msg.to_string(), None))
+}
+
+fn too_large(e: TooLarge) -> Refusal {
+    (Code::ResultTooLarge, masking::too_large_message(e), None)
 }
 
 fn internal(e: impl std::fmt::Display) -> ! {
@@ -203,12 +221,14 @@ fn int_arg(args: &Map<String, Value>, key: &str) -> Option<i64> {
     args.get(key).and_then(Value::as_i64)
 }
 
-/// Run a built-in tool. Arguments are already bound and schema-validated by Gate B.
+/// Run a built-in tool. Arguments are already bound and schema-validated by Gate B. Page text is
+/// masked with `job` (its counts go to the audit row).
 pub fn run(
     name: &str,
     ctx: &Ctx,
     args: &Map<String, Value>,
     budget: &Budget,
+    job: &mut Job,
 ) -> Result<Out, Refusal> {
     if name == "list_available_tools" {
         let tools: Vec<String> = crate::gates::visible(ctx, None, None)
@@ -314,11 +334,11 @@ pub fn run(
         "read_doc_section" => {
             let (start, end) = pages.expect("section range");
             let cap = (limits.section_tokens * 4) as usize;
-            section(ctx, &doc, start, end, room.min(cap), room < cap)
+            section(ctx, &doc, start, end, room.min(cap), room < cap, job).map_err(too_large)?
         }
         "read_doc_pages" => {
             let (start, end) = pages.expect("page range");
-            read_pages(ctx, &doc, start, end, room)
+            read_pages(ctx, &doc, start, end, room, job).map_err(too_large)?
         }
         "doc_local_search" => {
             let asked = int_arg(args, "max_results").unwrap_or(limits.search_results);
@@ -329,7 +349,9 @@ pub fn run(
                 asked.min(limits.search_results),
                 asked > limits.search_results,
                 room,
+                job,
             )
+            .map_err(too_large)?
         }
         _ => return refuse(Code::ToolNotFound, "no such tool"),
     };
@@ -386,12 +408,21 @@ fn page_texts(ctx: &Ctx, doc: &Doc, start: i64, end: i64) -> Vec<(i32, String)> 
     .unwrap_or_else(|e| internal(e))
 }
 
-fn section(ctx: &Ctx, doc: &Doc, start: i64, end: i64, cap: usize, by_budget: bool) -> Out {
+fn section(
+    ctx: &Ctx,
+    doc: &Doc,
+    start: i64,
+    end: i64,
+    cap: usize,
+    by_budget: bool,
+    job: &mut Job,
+) -> Result<Out, TooLarge> {
     let text = page_texts(ctx, doc, start, end)
         .into_iter()
         .map(|(_, t)| t)
         .collect::<Vec<_>>()
         .join("\n\n");
+    let text = job.text(&text)?;
     let (kept, trimmed) = docs::trim_to_bytes(&text, cap);
     let tokens = docs::estimate_tokens(kept);
     let mut value = json!({"text": kept, "page_start": start, "page_end": end, "tokens": tokens});
@@ -402,39 +433,65 @@ fn section(ctx: &Ctx, doc: &Doc, start: i64, end: i64, cap: usize, by_budget: bo
             "section_tokens"
         });
     }
-    Out::new(value, tokens)
+    Ok(Out::new(value, tokens))
 }
 
-fn read_pages(ctx: &Ctx, doc: &Doc, start: i64, end: i64, room: usize) -> Out {
+fn read_pages(
+    ctx: &Ctx,
+    doc: &Doc,
+    start: i64,
+    end: i64,
+    room: usize,
+    job: &mut Job,
+) -> Result<Out, TooLarge> {
     let mut room = Room::new(room, 32);
-    let pages: Vec<Value> = page_texts(ctx, doc, start, end)
-        .iter()
-        .map(|(n, text)| json!({"page": n, "text": room.take(text)}))
-        .collect();
-    room.finish(json!({"doc_id": doc.id, "page_start": start, "page_end": end, "pages": pages}))
+    let mut pages = Vec::new();
+    for (n, text) in page_texts(ctx, doc, start, end) {
+        // Pages past the budget come back empty (and marked trimmed): no need to mask them.
+        if room.has_space() {
+            let masked = job.text(&text)?;
+            pages.push(json!({"page": n, "text": room.take(&masked)}));
+        } else {
+            room.trimmed |= !text.is_empty();
+            pages.push(json!({"page": n, "text": ""}));
+        }
+    }
+    Ok(
+        room.finish(
+            json!({"doc_id": doc.id, "page_start": start, "page_end": end, "pages": pages}),
+        ),
+    )
 }
 
-/// All query words must match (websearch syntax); with no hit, any word may (quoted lexemes).
-const SEARCH_ALL: &str = "pg_catalog.websearch_to_tsquery($5::pg_catalog.regconfig, $3) q";
-const SEARCH_ANY: &str = "(SELECT pg_catalog.to_tsquery($5::pg_catalog.regconfig, coalesce(nullif(array_to_string(ARRAY(
-        SELECT '''' || pg_catalog.replace(l, '''', '''''') || '''' FROM pg_catalog.unnest(tsvector_to_array(pg_catalog.to_tsvector($5::pg_catalog.regconfig, $3))) l),
-        ' | '), ''), '''''')) AS q) qs";
+/// The query as a tsquery named `q`, from the parameters `cfg` (regconfig) and `query` (text):
+/// all query words must match (websearch syntax), or, with `any`, any word may (quoted lexemes).
+fn tsquery(any: bool, cfg: &str, query: &str) -> String {
+    if any {
+        format!(
+            "(SELECT pg_catalog.to_tsquery({cfg}::pg_catalog.regconfig, coalesce(nullif(array_to_string(ARRAY(
+        SELECT '''' || pg_catalog.replace(l, '''', '''''') || '''' FROM pg_catalog.unnest(tsvector_to_array(pg_catalog.to_tsvector({cfg}::pg_catalog.regconfig, {query}))) l),
+        ' | '), ''), '''''')) AS q) qs"
+        )
+    } else {
+        format!("pg_catalog.websearch_to_tsquery({cfg}::pg_catalog.regconfig, {query}) q")
+    }
+}
 
-fn search_hits(
+/// The best `limit` pages for the query: page number, score and clean text. Read as the owner
+/// with an explicit tenant predicate, like [`page_texts`].
+fn search_pages(
     ctx: &Ctx,
     doc: &Doc,
     query: &str,
     limit: i64,
-    tsquery: &str,
+    any: bool,
 ) -> Vec<(i32, f32, String)> {
     let sql = format!(
-        "SELECT page_no, score, pg_catalog.ts_headline(cfg, clean, q,
-                'MaxFragments=2, MaxWords=24, MinWords=8, FragmentDelimiter=\" … \", StartSel=«, StopSel=»')
-           FROM (SELECT p.page_no, p.clean, q, $5::pg_catalog.regconfig AS cfg, ts_rank_cd(p.tsv, q) AS score
-                   FROM ctxguard.document_pages p, {tsquery}
-                  WHERE p.tenant_id = $1 AND p.doc_id = $2 AND p.tsv @@ q
-                  ORDER BY score DESC, p.page_no LIMIT $4) top
-          ORDER BY score DESC, page_no"
+        "SELECT p.page_no, pg_catalog.ts_rank_cd(p.tsv, q) AS score, p.clean
+           FROM ctxguard.document_pages p, {}
+          WHERE p.tenant_id = $1 AND p.doc_id = $2 AND p.tsv @@ q
+          ORDER BY score DESC, p.page_no LIMIT $4",
+        tsquery(any, "$5", "$3")
     );
     as_owner(|| {
         Spi::connect(|c| {
@@ -463,16 +520,73 @@ fn search_hits(
     .unwrap_or_else(|e| internal(e))
 }
 
-fn search(ctx: &Ctx, doc: &Doc, query: &str, limit: i64, capped: bool, room: usize) -> Out {
+/// `ts_headline` snippets of `texts` (already masked) for the query, in order.
+fn headlines(doc: &Doc, query: &str, any: bool, texts: Vec<String>) -> Vec<String> {
+    let sql = format!(
+        "SELECT pg_catalog.ts_headline($3::pg_catalog.regconfig, u.t, q,
+                'MaxFragments=2, MaxWords=24, MinWords=8, FragmentDelimiter=\" … \", StartSel={}, StopSel={}')
+           FROM pg_catalog.unnest($1::pg_catalog.text[]) WITH ORDINALITY AS u(t, i), {}
+          ORDER BY u.i",
+        docs::MARK_START,
+        docs::MARK_STOP,
+        tsquery(any, "$3", "$2")
+    );
+    as_owner(|| {
+        Spi::connect(|c| {
+            select_saved(
+                c,
+                &sql,
+                None,
+                &[texts.into(), query.into(), doc.language.as_str().into()],
+            )?
+            .map(|r| Ok(r.get::<String>(1)?.unwrap_or_default()))
+            .collect::<Result<Vec<_>, pgrx::spi::Error>>()
+        })
+    })
+    .unwrap_or_else(|e| internal(e))
+}
+
+/// A snippet made from masked text, checked again without its markers: if dropping them (or
+/// what `ts_headline` left out) joins a secret, the snippet is that marker-free text, masked.
+fn checked_snippet(snippet: String, job: &mut Job) -> Result<String, TooLarge> {
+    let plain = docs::without_marks(&snippet);
+    Ok(match job.text(&plain)? {
+        Cow::Owned(masked) => masked,
+        Cow::Borrowed(_) => docs::unmark_placeholders(&snippet),
+    })
+}
+
+fn search(
+    ctx: &Ctx,
+    doc: &Doc,
+    query: &str,
+    limit: i64,
+    capped: bool,
+    room: usize,
+    job: &mut Job,
+) -> Result<Out, TooLarge> {
     let mut matched = "all_words";
-    let mut hits = search_hits(ctx, doc, query, limit, SEARCH_ALL);
+    let mut any = false;
+    let mut hits = search_pages(ctx, doc, query, limit, any);
     if hits.is_empty() {
         matched = "any_word";
-        hits = search_hits(ctx, doc, query, limit, SEARCH_ANY);
+        any = true;
+        hits = search_pages(ctx, doc, query, limit, any);
     }
+    // The pages are masked first: the markers and fragment cuts come after.
+    let mut texts = Vec::with_capacity(hits.len());
+    for (_, _, text) in &hits {
+        texts.push(job.text(text)?.into_owned());
+    }
+    let snippets = if texts.is_empty() {
+        Vec::new()
+    } else {
+        headlines(doc, query, any, texts)
+    };
     let mut room = Room::new(room, 64);
     let mut results = Vec::new();
-    for (page, score, snippet) in hits {
+    for ((page, score, _), snippet) in hits.into_iter().zip(snippets) {
+        let snippet = checked_snippet(snippet, job)?;
         let kept = room.take(&snippet);
         if kept.is_empty() {
             // No room left for even a snippet: stop listing hits.
@@ -487,7 +601,7 @@ fn search(ctx: &Ctx, doc: &Doc, query: &str, limit: i64, capped: bool, room: usi
     if capped {
         value["max_results_capped_to"] = json!(limit);
     }
-    room.finish(value)
+    Ok(room.finish(value))
 }
 
 // ---------------------------------------------------------------------------------------------

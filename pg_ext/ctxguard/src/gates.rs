@@ -342,12 +342,14 @@ fn gate_b(
         return call;
     }
     let mut doc_calls = None;
+    // Document tools mask page text before they cut or mark it; the result is masked again whole.
+    let mut job = masking::Job::new(catalog.key());
     let produced = match tool.kind.as_str() {
         "builtin" => {
             let Value::Object(args) = &bound else {
                 unreachable!("checked above")
             };
-            match documents::run(&tool.name, ctx, args, &budget) {
+            match documents::run(&tool.name, ctx, args, &budget, &mut job) {
                 Ok(out) => {
                     call.doc_id = out.doc_id;
                     call.tokens = Some(out.tokens);
@@ -382,23 +384,27 @@ fn gate_b(
             return call;
         }
     };
-    finish(&mut call, value, budget, doc_calls, catalog.key());
+    finish(&mut call, value, budget, doc_calls, job);
     call
 }
 
-/// Mask secrets and PII in a result, then charge its size to the byte budget.
+/// Mask secrets and PII in a result (every string, key and matching number), then charge its
+/// size to the byte budget. A result too large to mask is refused.
 fn finish(
     call: &mut Call,
     mut value: Value,
     budget: Budget,
     doc_calls: Option<i32>,
-    catalog_key: &(i64, String),
+    mut job: masking::Job,
 ) {
-    let mut counts = MaskCounts::new();
-    masking::masker(catalog_key).mask_json(&mut value, &mut counts);
+    if let Err(e) = job.json(&mut value) {
+        call.budget = Some(budget.state(doc_calls));
+        call.outcome = Outcome::Denied(Code::ResultTooLarge, masking::too_large_message(e), None);
+        return;
+    }
     let text = value.to_string();
     let bytes = text.len() as i64;
-    call.masked = Some(counts);
+    call.masked = Some(job.counts);
     if bytes > budget.remaining() {
         call.budget = Some(budget.state(doc_calls));
         call.outcome = Outcome::Denied(
@@ -765,7 +771,8 @@ fn complete_call_text(
         },
     };
     let catalog = cache::catalog();
-    finish(&mut call, value, Budget::open(c), None, catalog.key());
+    let job = masking::Job::new(catalog.key());
+    finish(&mut call, value, Budget::open(c), None, job);
     if is_error {
         if let Outcome::Ok(v) = &call.outcome {
             let masked = v.clone();

@@ -44,6 +44,7 @@ pub static MAX_BYTES_PER_GENERATION: GucSetting<i32> = GucSetting::<i32>::new(20
 pub static MAX_SECTION_TOKENS: GucSetting<i32> = GucSetting::<i32>::new(2000);
 pub static MAX_SEARCH_RESULTS: GucSetting<i32> = GucSetting::<i32>::new(5);
 pub static MAX_DOCUMENT_COVERAGE: GucSetting<f64> = GucSetting::<f64>::new(0.3);
+pub static MAX_MASK_BYTES: GucSetting<i32> = GucSetting::<i32>::new(8 * 1024 * 1024);
 
 /// `(setting, GUC name)` of every context setting, in the order `set_context` writes them.
 pub const CONTEXT_GUCS: [(&GucSetting<Option<CString>>, &CStr); 9] = [
@@ -252,6 +253,16 @@ pub fn init() {
         3600,
         GucContext::Suset,
         GucFlags::UNIT_S,
+    );
+    GucRegistry::define_int_guc(
+        c"ctxguard.max_mask_bytes",
+        c"Most bytes of text masked for one tool result or one mask_text call.",
+        c"A larger result is refused (RESULT_TOO_LARGE; mask_text: SQLSTATE 54000), never returned unmasked. Document tools count the page text they mask before trimming it.",
+        &MAX_MASK_BYTES,
+        64 * 1024,
+        1024 * 1024 * 1024,
+        GucContext::Suset,
+        GucFlags::UNIT_BYTE,
     );
     GucRegistry::define_string_guc(
         c"ctxguard.mcp_admin_role",

@@ -1,12 +1,19 @@
 //! The masker used on every tool result: compiled once per backend from `ctxguard.mask_rules`,
 //! recompiled when `ctxguard.catalog_version` moves (a trigger bumps it on any rule change).
+//!
+//! Every masking runs as a [`Job`]: at most `ctxguard.max_mask_bytes` of text (a larger result is
+//! refused, never returned unmasked), with PostgreSQL's interrupt check as the work goes, so that
+//! `statement_timeout`, `pg_cancel_backend` and `pg_terminate_backend` stop it.
 
+use std::borrow::Cow;
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use ctxguard_core::mask::{default_rules, Masker, RuleSpec};
+use ctxguard_core::mask::{default_rules, MaskCounts, Masker, RuleSpec, Scan, TooLarge};
 use pgrx::prelude::*;
+use serde_json::Value;
 
+use crate::gucs;
 use crate::owner::as_owner;
 use crate::pgutil::raise;
 
@@ -56,6 +63,60 @@ pub fn masker(key: &(i64, String)) -> Rc<Masker> {
     m
 }
 
+fn check_for_interrupts() {
+    pgrx::check_for_interrupts!();
+}
+
+/// The masking of one result (or one `mask_text` call): the rules of one catalog version, the
+/// size cap, the interrupt checks, and the counts per rule (for the audit row).
+pub struct Job {
+    masker: Rc<Masker>,
+    scan: Scan<fn()>,
+    pub counts: MaskCounts,
+}
+
+impl Job {
+    /// A job with the rules of the catalog with cache key `key`.
+    pub fn new(key: &(i64, String)) -> Job {
+        Job {
+            masker: masker(key),
+            scan: Scan::new(
+                usize::try_from(gucs::MAX_MASK_BYTES.get()).unwrap_or(0),
+                check_for_interrupts,
+            ),
+            counts: MaskCounts::new(),
+        }
+    }
+
+    /// `text` masked.
+    pub fn text<'a>(&mut self, text: &'a str) -> Result<Cow<'a, str>, TooLarge> {
+        Ok(
+            match self
+                .masker
+                .mask_str(text, &mut self.counts, &mut self.scan)?
+            {
+                Some(masked) => Cow::Owned(masked),
+                None => Cow::Borrowed(text),
+            },
+        )
+    }
+
+    /// Every string, key and matching number of `value` masked, in place. On an error the value
+    /// is partly masked and must not be returned.
+    pub fn json(&mut self, value: &mut Value) -> Result<(), TooLarge> {
+        self.masker
+            .mask_json(value, &mut self.counts, &mut self.scan)
+    }
+}
+
+/// The refusal message for a result masking may not process (names the limit only).
+pub fn too_large_message(e: TooLarge) -> String {
+    format!(
+        "max_mask_bytes: the result holds more than the {} bytes of text masking may process (ctxguard.max_mask_bytes)",
+        e.limit
+    )
+}
+
 /// CHECK constraint of `ctxguard.mask_rules`: does the rule compile?
 #[pg_extern(immutable, parallel_safe)]
 fn _mask_rule_valid(name: &str, pattern: &str, validator: Option<&str>) -> bool {
@@ -86,14 +147,18 @@ fn _default_mask_rules() -> TableIterator<
     )
 }
 
-/// Mask arbitrary text with the current rules (for DBAs testing a rule).
+/// Mask arbitrary text with the current rules (for DBAs testing a rule; EXECUTE revoked from
+/// PUBLIC). Text larger than `ctxguard.max_mask_bytes` is refused with SQLSTATE 54000.
 #[pg_extern(volatile, parallel_unsafe)]
 fn mask_text(text: &str) -> pgrx::JsonB {
     let _pin = crate::owner::pin();
     let catalog = crate::cache::catalog();
-    let mut counts = Default::default();
-    let masked = masker(catalog.key())
-        .mask_str(text, &mut counts)
-        .unwrap_or_else(|| text.to_string());
-    pgrx::JsonB(serde_json::json!({"text": masked, "masked": counts}))
+    let mut job = Job::new(catalog.key());
+    let masked = job.text(text).unwrap_or_else(|_| {
+        raise(
+            PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+            "ctxguard: the text is larger than ctxguard.max_mask_bytes",
+        )
+    });
+    pgrx::JsonB(serde_json::json!({"text": masked, "masked": job.counts}))
 }
