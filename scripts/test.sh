@@ -70,6 +70,8 @@ log "SQL security suite (pgTAP): RLS as ctxguard_reader, screens as ctxguard_app
 pg_prove -h "$RUN" -p "$PGPORT" -U ctxguard_reader -d "$DB" "${vars[@]}" sql/tests/reader/*.sql
 pg_prove -h "$RUN" -p "$PGPORT" -U ctxguard_app -d "$DB" "${vars[@]}" sql/tests/app/*.sql
 pg_prove -h "$RUN" -p "$PGPORT" -U ctxguard_ingest -d "$DB" "${vars[@]}" sql/tests/ingest/*.sql
+log "SQL suite (pgTAP) as the superuser: masking stops on statement_timeout, cancel and terminate"
+pg_prove -h "$RUN" -p "$PGPORT" -U postgres -d "$DB" sql/tests/superuser/*.sql
 
 bash scripts/upgrade_test.sh
 
