@@ -84,4 +84,16 @@ COMMIT;
 SELECT throws_ok($$SELECT ctxguard.mask_text('ivan.petrov@example.com')$$, '42501', NULL, 'mask_text is not executable by the gateway role');
 SELECT ok(NOT has_function_privilege('public', 'ctxguard.mask_text(text)', 'EXECUTE'), 'nor by PUBLIC');
 
+-- §6 Page state: control, bidi and zero-width characters are refused like in ids (22023)
+BEGIN;
+SELECT throws_ok(format('SELECT ctxguard.set_context(%L, %L)', :'tok_alice', json_build_object('pageType', 'mask_lab', 'pageState', json_build_object('filters', json_build_object('q', v)))),
+                 '22023', 'ctxguard: invalid page context: pageState.filters values must not contain control, bidi or zero-width characters',
+                 'page state: ' || label || ' refused')
+  FROM (VALUES ('right-to-left override', E'invoice\u202Efdp.exe'), ('zero-width space', E'op\u200Ben'), ('zero-width joiner', E'a\u200Db'),
+               ('bidi isolate', E'\u2066x\u2069'), ('byte order mark', E'\uFEFFx'), ('line separator', E'a\u2028b'),
+               ('tab', E'a\tb'), ('newline in a list', E'a\nb')) AS c(label, v);
+SELECT lives_ok(format('SELECT ctxguard.set_context(%L, %L)', :'tok_alice', '{"pageType": "mask_lab", "pageState": {"filters": {"q": "Настройка LDAP", "tags": ["a b"]}, "tab": "open"}}'),
+                'page state: ordinary text in any script is accepted');
+COMMIT;
+
 SELECT * FROM finish();

@@ -34,6 +34,47 @@ pub fn is_valid_id(s: &str) -> bool {
     !s.is_empty() && s.len() <= MAX_ID_LEN && s.bytes().all(|b| b.is_ascii_graphic())
 }
 
+/// Characters that change how text around them displays or reads without being visible: control
+/// characters (C0, DEL, C1), format characters (bidi embeddings, overrides and isolates, zero-width
+/// space/joiners, word joiner, BOM, soft hyphen, tag characters, ...), line and paragraph
+/// separators, variation selectors and the blank fillers that render as nothing.
+pub fn is_invisible(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c as u32,
+            0x00AD
+                | 0x034F
+                | 0x0600..=0x0605
+                | 0x061C
+                | 0x06DD
+                | 0x070F
+                | 0x0890..=0x0891
+                | 0x08E2
+                | 0x115F..=0x1160
+                | 0x17B4..=0x17B5
+                | 0x180B..=0x180F
+                | 0x200B..=0x200F
+                | 0x2028..=0x202E
+                | 0x2060..=0x206F
+                | 0x3164
+                | 0xFE00..=0xFE0F
+                | 0xFEFF
+                | 0xFFA0
+                | 0xFFF9..=0xFFFB
+                | 0x110BD
+                | 0x110CD
+                | 0x13430..=0x1343F
+                | 0x1BCA0..=0x1BCA3
+                | 0x1D173..=0x1D17A
+                | 0xE0000..=0xE0FFF
+        )
+}
+
+/// Free text (a filter value) without invisible characters (see [`is_invisible`]).
+pub fn is_visible_text(s: &str) -> bool {
+    !s.chars().any(is_invisible)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -82,6 +123,48 @@ mod tests {
             &"x".repeat(129),
         ] {
             assert!(!is_valid_id(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn visible_text_refuses_control_bidi_and_zero_width_characters() {
+        for ok in [
+            "open",
+            "Настройка LDAP",
+            "日本語",
+            "a b",
+            "émoji 🙂",
+            "x\u{00A0}y",
+        ] {
+            assert!(is_visible_text(ok), "{ok:?}");
+        }
+        for bad in [
+            "a\u{0}b",
+            "a\tb",
+            "a\nb",
+            "a\u{7f}b",
+            "a\u{85}b",
+            "a\u{200b}b",
+            "a\u{200c}b",
+            "a\u{200d}b",
+            "a\u{200e}b",
+            "a\u{200f}b",
+            "a\u{202a}b",
+            "a\u{202e}b",
+            "a\u{2066}b",
+            "a\u{2069}b",
+            "a\u{2060}b",
+            "a\u{feff}b",
+            "a\u{00ad}b",
+            "a\u{061c}b",
+            "a\u{2028}b",
+            "a\u{2029}b",
+            "a\u{180e}b",
+            "a\u{fe0f}b",
+            "a\u{e0041}b",
+            "a\u{3164}b",
+        ] {
+            assert!(!is_visible_text(bad), "{bad:?}");
         }
     }
 }

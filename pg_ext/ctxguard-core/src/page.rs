@@ -10,7 +10,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::names::{is_valid_id, is_valid_label, is_valid_name};
+use crate::names::{is_valid_id, is_valid_label, is_valid_name, is_visible_text};
 
 pub const MAX_VISIBLE_IDS: usize = 500;
 pub const MAX_FILTERS: usize = 32;
@@ -60,8 +60,18 @@ fn only_keys(
 fn scalar_ok(v: &Value) -> bool {
     match v {
         Value::Null | Value::Bool(_) | Value::Number(_) => true,
-        Value::String(s) => s.len() <= MAX_FILTER_VALUE_LEN && !s.chars().any(char::is_control),
+        Value::String(s) => s.len() <= MAX_FILTER_VALUE_LEN,
         _ => false,
+    }
+}
+
+/// Every string in a filter value is free of control, bidi and zero-width characters (page
+/// state reaches the model's system prompt).
+fn filter_text_ok(v: &Value) -> bool {
+    match v {
+        Value::String(s) => is_visible_text(s),
+        Value::Array(a) => a.iter().all(filter_text_ok),
+        _ => true,
     }
 }
 
@@ -111,6 +121,11 @@ fn parse_page_state(v: Option<&Value>) -> Result<Value, PageError> {
             ))
         }
     };
+    if !filters.values().all(filter_text_ok) {
+        return Err(PageError(
+            "pageState.filters values must not contain control, bidi or zero-width characters",
+        ));
+    }
     out.insert("filters".into(), Value::Object(filters));
     let tab = match obj.get("tab") {
         None | Some(Value::Null) => Value::Null,
@@ -295,10 +310,35 @@ mod tests {
             json!({"pageType": "invoice_table", "pageState": {"counts": {"a": -1}}}),
             json!({"pageType": "invoice_table", "states": "x"}),
             json!({"pageType": "invoice_table", "states": ["a b"]}),
+            json!({"pageType": "invoice_table", "pageState": {"tab": "open\u{200b}"}}),
+            json!({"pageType": "invoice_table", "pageState": {"visibleIds": ["inv\u{202e}1"]}}),
+            json!({"pageType": "invoice_table", "pageState": {"counts": {"open\u{200d}": 1}}}),
+            json!({"pageType": "invoice_table", "pageState": {"filters": {"st\u{2066}atus": "open"}}}),
         ];
         for c in cases {
             let err = parse_page(&c, lookup).expect_err(&c.to_string());
             assert!(!err.to_string().contains(secret));
         }
+    }
+
+    #[test]
+    fn page_state_text_with_invisible_characters_is_refused() {
+        let want = "invalid page context: pageState.filters values must not contain control, bidi or zero-width characters";
+        for value in [
+            json!("open\u{202e}"),
+            json!("a\u{200b}b"),
+            json!("a\u{2066}b\u{2069}"),
+            json!("\u{feff}x"),
+            json!("line\nbreak"),
+            json!("tab\there"),
+            json!(["ok", "no\u{200d}"]),
+        ] {
+            let page = json!({"pageType": "invoice_table", "pageState": {"filters": {"q": value}}});
+            let err = parse_page(&page, lookup).expect_err(&page.to_string());
+            assert_eq!(err.to_string(), want, "{page}");
+        }
+        let ok = json!({"pageType": "invoice_table",
+                        "pageState": {"filters": {"q": "Настройка LDAP", "tags": ["a b", "日本"], "n": 3}, "tab": "open"}});
+        assert!(parse_page(&ok, lookup).is_ok());
     }
 }
