@@ -96,4 +96,23 @@ SELECT lives_ok(format('SELECT ctxguard.set_context(%L, %L)', :'tok_alice', '{"p
                 'page state: ordinary text in any script is accepted');
 COMMIT;
 
+-- J.59 save_turn: a size limit with its own error (54000, naming the limit, not the value)
+BEGIN;
+SELECT ctxguard.set_context(:'tok_alice', :'lab') \g /dev/null
+SELECT throws_ok($$SELECT ctxguard.save_turn('conv-big', 'question', 'answer', (SELECT jsonb_agg(repeat('x', 1000)) FROM generate_series(1, 2000)))$$,
+                 '54000', 'ctxguard: a turn (message, answer and tool_calls) is larger than ctxguard.max_turn_bytes',
+                 'save_turn: 2 MB of tool calls refused (ctxguard.max_turn_bytes)');
+SELECT throws_ok($$SELECT ctxguard.save_turn('conv-big', 'question', repeat('a', 300000))$$,
+                 '54000', 'ctxguard: a turn''s answer is limited to 262144 bytes', 'save_turn: a 300 KB answer refused by its own limit');
+SELECT throws_ok($$SELECT ctxguard.save_turn('conv-big', repeat('q', 40000), 'answer')$$,
+                 '54000', 'ctxguard: a turn''s message is limited to 32768 bytes', 'save_turn: a 40 KB message refused');
+SELECT throws_ok($$SELECT ctxguard.save_turn('conv-big', 'question', 'answer', '{"not": "an array"}')$$,
+                 '22023', NULL, 'save_turn: malformed tool_calls are still 22023');
+SELECT is((SELECT count(*) FROM ctxguard.conversation_turns
+            WHERE conversation_id = 'conv-big' AND (octet_length(answer) > 262144 OR octet_length(message) > 32768 OR octet_length(tool_calls::text) > 1500000)),
+          0::bigint, 'save_turn: none of the refused turns was stored');
+SELECT ok(ctxguard.save_turn('conv-big', 'question', repeat('a', 200000), (SELECT jsonb_agg(repeat('x', 1000)) FROM generate_series(1, 500))) >= 1,
+          'save_turn: a 700 KB turn within the limits is stored');
+COMMIT;
+
 SELECT * FROM finish();

@@ -93,6 +93,16 @@ REVOKE SELECT ON ctxguard.documents FROM PUBLIC;
 GRANT SELECT (tenant_id, id, title, status, tags, product_version, language, page_count, entity_type, entity_id,
               created_at, updated_at) ON ctxguard.documents TO PUBLIC;
 
+-- save_turn's size limits (SQLSTATE 54000 naming the limit; ctxguard.max_turn_bytes for the whole turn).
+CREATE FUNCTION ctxguard."_check_turn_size"(
+	"message_bytes" bigint, /* i64 */
+	"answer_bytes" bigint, /* i64 */
+	"tool_calls_bytes" bigint /* i64 */
+) RETURNS void
+STRICT STABLE PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', '_check_turn_size_wrapper';
+
 -- protect_table and save_turn refuse inside a tool handler.
 CREATE OR REPLACE FUNCTION ctxguard.protect_table(tbl regclass, tenant_column name, entity_type text DEFAULT NULL, id_column name DEFAULT NULL)
     RETURNS void LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
@@ -147,10 +157,12 @@ BEGIN
     IF conversation_id IS NULL OR conversation_id !~ '^[!-~]{1,128}$' THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'ctxguard: conversation_id must be 1-128 printable ASCII characters';
     END IF;
-    IF message IS NULL OR octet_length(message) > 32768 OR octet_length(coalesce(answer, '')) > 262144
-       OR jsonb_typeof(coalesce(tool_calls, '[]')) <> 'array' THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'ctxguard: turn too large or malformed';
+    IF message IS NULL OR jsonb_typeof(coalesce(tool_calls, '[]')) <> 'array' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'ctxguard: a turn needs a message, and tool_calls must be an array';
     END IF;
+    -- 54000 naming the limit: message 32 KiB, answer 256 KiB, all three ctxguard.max_turn_bytes.
+    PERFORM ctxguard._check_turn_size(octet_length(message), octet_length(coalesce(answer, '')),
+                                      octet_length(coalesce(tool_calls, '[]')::text));
     PERFORM pg_advisory_xact_lock(hashtextextended(ctx->>'tenantId' || chr(31) || (ctx->>'userId') || chr(31) || conversation_id, 11));
     SELECT coalesce(max(t.turn), 0) + 1 INTO n FROM ctxguard.conversation_turns t
      WHERE t.tenant_id = ctx->>'tenantId' AND t.user_id = ctx->>'userId' AND t.conversation_id = save_turn.conversation_id;

@@ -201,3 +201,36 @@ impl Budget {
         })
     }
 }
+
+/// Most bytes of a turn's user message that `save_turn` stores.
+pub const MAX_TURN_MESSAGE_BYTES: i64 = 32 * 1024;
+/// Most bytes of a turn's answer that `save_turn` stores.
+pub const MAX_TURN_ANSWER_BYTES: i64 = 256 * 1024;
+
+/// `save_turn`'s size limits, called with the byte lengths of the message, the answer and the
+/// tool calls as JSON text. Raises SQLSTATE 54000 naming the limit (never the sizes).
+#[pg_extern(stable, parallel_safe)]
+fn _check_turn_size(message_bytes: i64, answer_bytes: i64, tool_calls_bytes: i64) {
+    let limit = PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED;
+    if message_bytes > MAX_TURN_MESSAGE_BYTES {
+        raise(
+            limit,
+            format!("ctxguard: a turn's message is limited to {MAX_TURN_MESSAGE_BYTES} bytes"),
+        );
+    }
+    if answer_bytes > MAX_TURN_ANSWER_BYTES {
+        raise(
+            limit,
+            format!("ctxguard: a turn's answer is limited to {MAX_TURN_ANSWER_BYTES} bytes"),
+        );
+    }
+    let total = message_bytes
+        .saturating_add(answer_bytes)
+        .saturating_add(tool_calls_bytes);
+    if total > i64::from(gucs::MAX_TURN_BYTES.get()) {
+        raise(
+            limit,
+            "ctxguard: a turn (message, answer and tool_calls) is larger than ctxguard.max_turn_bytes",
+        );
+    }
+}

@@ -45,6 +45,7 @@ pub static MAX_SECTION_TOKENS: GucSetting<i32> = GucSetting::<i32>::new(2000);
 pub static MAX_SEARCH_RESULTS: GucSetting<i32> = GucSetting::<i32>::new(5);
 pub static MAX_DOCUMENT_COVERAGE: GucSetting<f64> = GucSetting::<f64>::new(0.3);
 pub static MAX_MASK_BYTES: GucSetting<i32> = GucSetting::<i32>::new(8 * 1024 * 1024);
+pub static MAX_TURN_BYTES: GucSetting<i32> = GucSetting::<i32>::new(1024 * 1024);
 
 /// `(setting, GUC name)` of every context setting, in the order `set_context` writes them.
 pub const CONTEXT_GUCS: [(&GucSetting<Option<CString>>, &CStr); 9] = [
@@ -261,6 +262,16 @@ pub fn init() {
         &MAX_MASK_BYTES,
         64 * 1024,
         1024 * 1024 * 1024,
+        GucContext::Suset,
+        GucFlags::UNIT_BYTE,
+    );
+    GucRegistry::define_int_guc(
+        c"ctxguard.max_turn_bytes",
+        c"Largest chat turn save_turn stores: message, answer and tool_calls (as JSON text) together, in bytes.",
+        c"A larger turn is refused with SQLSTATE 54000.",
+        &MAX_TURN_BYTES,
+        1024,
+        64 * 1024 * 1024,
         GucContext::Suset,
         GucFlags::UNIT_BYTE,
     );
