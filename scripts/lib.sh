@@ -168,3 +168,17 @@ run_smoke_set() {
     -S "tok_carol=$(mint --sub carol --tenant globex --roles ap_clerk "${aud[@]}")" \
     "${SMOKE_SET[@]}")
 }
+
+# The gateway under test runs as an ordinary user: as root, the system user ctxguard-gw (made on first
+# use; CTXGUARD_GW_USER names another); otherwise the caller. Start it with "${GW_AS[@]}" binary ...
+gateway_user() {
+  GW_AS=()
+  if [ "$(id -u)" = 0 ]; then
+    GW_USER=${CTXGUARD_GW_USER:-ctxguard-gw}
+    id -u "$GW_USER" >/dev/null 2>&1 ||
+      useradd --system --no-create-home --shell /usr/sbin/nologin "$GW_USER" 2>/dev/null || id -u "$GW_USER" >/dev/null
+    GW_AS=(setpriv --reuid="$GW_USER" --regid="$GW_USER" --init-groups --)
+  else
+    GW_USER=$(id -un)
+  fi
+}

@@ -128,6 +128,36 @@ pub struct Config {
     /// Longest answer, in bytes: a longer one is cut, and ends with a visible marker.
     #[arg(long, env = "CTXGUARD_MAX_ANSWER_BYTES", default_value_t = 64 * 1024)]
     pub max_answer_bytes: usize,
+
+    /// Longest a client may take to send a request's head (request line and headers), in
+    /// milliseconds, counted from its first byte (from `accept` for a new connection).
+    #[arg(
+        long,
+        env = "CTXGUARD_HTTP_HEADER_TIMEOUT_MS",
+        default_value_t = 10_000
+    )]
+    pub http_header_timeout_ms: u64,
+
+    /// Longest a client may take to send a request's body, in milliseconds, after its head.
+    #[arg(long, env = "CTXGUARD_HTTP_BODY_TIMEOUT_MS", default_value_t = 30_000)]
+    pub http_body_timeout_ms: u64,
+
+    /// Longest a kept-alive connection may sit idle between requests, in milliseconds.
+    #[arg(long, env = "CTXGUARD_HTTP_IDLE_TIMEOUT_MS", default_value_t = 60_000)]
+    pub http_idle_timeout_ms: u64,
+
+    /// Most client connections open at once; more are answered 503 and closed at once.
+    #[arg(long, env = "CTXGUARD_HTTP_MAX_CONNECTIONS", default_value_t = 512)]
+    pub http_max_connections: usize,
+
+    /// Most event streams (SSE: streamed chat turns, MCP streams) one user may hold open.
+    #[arg(long, env = "CTXGUARD_HTTP_MAX_STREAMS_PER_USER", default_value_t = 16)]
+    pub http_max_streams_per_user: usize,
+
+    /// OS user (name or uid) stdio upstream MCP servers run as, instead of the gateway's own. The
+    /// gateway needs to be root or hold CAP_SETUID and CAP_SETGID (and CAP_KILL to end them).
+    #[arg(long, env = "CTXGUARD_MCP_STDIO_USER")]
+    pub mcp_stdio_user: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -147,6 +177,8 @@ impl Config {
             dotenvy::from_path(&path)
                 .map_err(|e| ConfigError::Invalid(format!("config file {path}: {e}")))?;
         }
+        // Secrets given as files (`CTXGUARD_LLM_API_KEY_FILE`, ...): see `secrets.rs`.
+        crate::secrets::files_to_env().map_err(ConfigError::Invalid)?;
         let c = Config::try_parse().map_err(|e| ConfigError::Invalid(e.to_string()))?;
         c.validate()?;
         Ok(c)
@@ -200,6 +232,26 @@ impl Config {
                 "CTXGUARD_LINK_ALLOWLIST: {h:?} is not a host name"
             )));
         }
+        for (name, ms) in [
+            (
+                "CTXGUARD_HTTP_HEADER_TIMEOUT_MS",
+                self.http_header_timeout_ms,
+            ),
+            ("CTXGUARD_HTTP_BODY_TIMEOUT_MS", self.http_body_timeout_ms),
+            ("CTXGUARD_HTTP_IDLE_TIMEOUT_MS", self.http_idle_timeout_ms),
+        ] {
+            if !(100..=3_600_000).contains(&ms) {
+                return Err(ConfigError::Invalid(format!(
+                    "{name} must be 100..3600000 (milliseconds)"
+                )));
+            }
+        }
+        if !(1..=1_000_000).contains(&self.http_max_connections) {
+            return bad("CTXGUARD_HTTP_MAX_CONNECTIONS must be 1..1000000");
+        }
+        if !(1..=10_000).contains(&self.http_max_streams_per_user) {
+            return bad("CTXGUARD_HTTP_MAX_STREAMS_PER_USER must be 1..10000");
+        }
         if self.demo {
             if !self.listen.ip().is_loopback() {
                 return bad(
@@ -231,6 +283,21 @@ impl Config {
         self.discovery_database_url
             .as_deref()
             .filter(|u| !u.is_empty())
+    }
+
+    /// Secret values of this configuration (database URLs, the provider key), so that copies
+    /// given on the command line can be overwritten (`secrets::seal`).
+    pub fn secret_values(&self) -> Vec<&str> {
+        [
+            Some(self.database_url.as_str()),
+            self.discovery_database_url.as_deref(),
+            self.demo_database_url.as_deref(),
+            self.llm_api_key.as_deref(),
+        ]
+        .into_iter()
+        .flatten()
+        .filter(|v| !v.is_empty())
+        .collect()
     }
 
     /// The demo screens' URL, if set (an empty value counts as unset).

@@ -25,9 +25,11 @@ pub mod demo;
 pub mod error;
 pub mod hygiene;
 pub mod legacy;
+pub mod limits;
 pub mod llm;
 pub mod mcp;
 pub mod metrics;
+pub mod secrets;
 pub mod tools;
 pub mod upstream;
 
@@ -56,6 +58,8 @@ pub struct AppState {
     pub pages: Arc<mcp::PageHub>,
     /// Demo mode's token minting and screens' pool (`None` unless `CTXGUARD_DEMO=true`).
     pub demo: Option<demo::Demo>,
+    /// HTTP timeouts, the connection cap and each user's open event streams.
+    pub limits: Arc<limits::Limits>,
 }
 
 impl AppState {
@@ -83,17 +87,27 @@ impl AppState {
             )),
         };
         let demo = demo::Demo::from_config(&config)?;
+        let stdio_user = match config.mcp_stdio_user.as_deref().filter(|u| !u.is_empty()) {
+            Some(spec) => secrets::StdioUser::resolve(spec)?,
+            None => None,
+        };
+        let metrics = Arc::new(Metrics::new());
+        let limits = Arc::new(limits::Limits::new(&config, &metrics));
         Ok(AppState {
             demo,
             db,
             model,
             config: Arc::new(config.clone()),
-            metrics: Arc::new(Metrics::new()),
-            upstreams: Arc::new(upstream::Upstreams::new(
-                config.mcp_connect_timeout(),
-                config.mcp_call_timeout(),
-                discovery,
-            )),
+            metrics,
+            limits,
+            upstreams: Arc::new(
+                upstream::Upstreams::new(
+                    config.mcp_connect_timeout(),
+                    config.mcp_call_timeout(),
+                    discovery,
+                )
+                .with_stdio_user(stdio_user),
+            ),
             pages: Arc::new(mcp::PageHub::default()),
         })
     }
@@ -221,6 +235,18 @@ async fn chat_endpoint(
         let resp = chat::run_turn(state, token, trace, req, page, question, None).await?;
         return Ok(Json(resp).into_response());
     }
+    // A stream counts against its user's open event streams (the database says who that is).
+    let identity = state.db.verify_token(&token).await?;
+    let who = (
+        identity["tenantId"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+        identity["userId"].as_str().unwrap_or_default().to_string(),
+    );
+    let Some(slot) = state.limits.reserve_stream(&who) else {
+        return Ok(limits::too_many_streams());
+    };
     let (tx, rx) = tokio::sync::mpsc::channel::<chat::Event>(32);
     let (etx, erx) = tokio::sync::oneshot::channel::<ApiError>();
     tokio::spawn(async move {
@@ -249,9 +275,11 @@ async fn chat_endpoint(
             }
         }
     });
-    Ok(Sse::new(events)
-        .keep_alive(KeepAlive::default())
-        .into_response())
+    Ok(slot.hold(
+        Sse::new(events)
+            .keep_alive(KeepAlive::default())
+            .into_response(),
+    ))
 }
 
 /// A body that names only a page: `{"pageContext": {...}}`.
@@ -461,14 +489,14 @@ pub fn app(state: Arc<AppState>) -> Router {
         .layer(PropagateRequestIdLayer::new(REQUEST_ID))
         .layer(TraceLayer::new_for_http())
         .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))
+        .layer(middleware::from_fn(limits::track))
         .with_state(state)
 }
 
-/// Serve until SIGINT/SIGTERM, then drain in-flight requests.
+/// Serve until SIGINT/SIGTERM, then drain in-flight requests; with the HTTP limits of `limits.rs`.
 pub async fn serve(listener: tokio::net::TcpListener, state: Arc<AppState>) -> std::io::Result<()> {
-    axum::serve(listener, app(state))
-        .with_graceful_shutdown(shutdown_signal())
-        .await
+    let limits = state.limits.clone();
+    limits::serve(listener, app(state), limits, shutdown_signal()).await
 }
 
 async fn shutdown_signal() {

@@ -1,12 +1,11 @@
-//! `ctxguard-gateway`: config → tracing → pool → serve (with graceful shutdown).
+//! `ctxguard-gateway`: config → secrets sealed → tracing → pool → serve (with graceful shutdown).
 
 use std::sync::Arc;
 
 use ctxguard_gateway::config::Config;
-use ctxguard_gateway::{serve, AppState};
+use ctxguard_gateway::{secrets, serve, AppState};
 
-#[tokio::main]
-async fn main() {
+fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -20,6 +19,32 @@ async fn main() {
             std::process::exit(2);
         }
     };
+    // Before any thread or child exists: secrets out of the environment, the process non-dumpable.
+    let sealed = secrets::seal(&config.secret_values());
+    tracing::info!(
+        moved = ?sealed.moved,
+        "variables moved out of the environment (kept in memory only)"
+    );
+    if let Some(e) = &sealed.scrub_failed {
+        tracing::warn!(error = %e, "could not overwrite the original environment and argument blocks");
+    }
+    if let Some(e) = &sealed.dumpable_failed {
+        tracing::warn!(error = %e, "could not make the process non-dumpable");
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("ctxguard-gateway: cannot start the runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    runtime.block_on(run(config));
+}
+
+async fn run(config: Config) {
     let listen = config.listen;
     let provider = config.provider;
     let state = match AppState::from_config(config) {
@@ -45,7 +70,10 @@ async fn main() {
             tracing::info!(servers = ?up, "upstream MCP discovery done");
         });
     }
-    if let Err(e) = serve(listener, state).await {
+    let served = serve(listener, state.clone()).await;
+    // Stdio servers end with the gateway.
+    state.upstreams.shutdown().await;
+    if let Err(e) = served {
         eprintln!("ctxguard-gateway: {e}");
         std::process::exit(1);
     }

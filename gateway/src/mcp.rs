@@ -237,8 +237,13 @@ pub async fn authenticate(
             .to_string(),
         identity["userId"].as_str().unwrap_or_default().to_string(),
     );
-    req.extensions_mut().insert(Caller { token, who });
-    next.run(req).await
+    req.extensions_mut().insert(Caller {
+        token,
+        who: who.clone(),
+    });
+    // An event stream (a GET stream, a streamed answer, a subscription) counts against the user's.
+    let response = next.run(req).await;
+    state.limits.hold_stream(&who, response)
 }
 
 /// `GET /.well-known/oauth-protected-resource[/mcp]` (RFC 9728): how to authenticate to `/mcp`.

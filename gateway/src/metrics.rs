@@ -59,6 +59,11 @@ impl Metrics {
         }
     }
 
+    /// Register a collector kept by another room (e.g. `limits.rs`'s connection counters).
+    pub fn register(&self, collector: Box<dyn prometheus::core::Collector>) {
+        self.registry.register(collector).expect("register metric");
+    }
+
     pub fn render(&self) -> String {
         let mut buf = Vec::new();
         TextEncoder::new()

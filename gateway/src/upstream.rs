@@ -8,8 +8,11 @@
 //! (`CTXGUARD_DISCOVERY_DATABASE_URL`), never the gateway role's. Without that pool nothing is
 //! recorded (one warning); tools already in the catalog keep working. A server that fails is
 //! excluded with a warning and retried after a back-off; the others keep working. The caller's
-//! token is never sent upstream: HTTP servers get the server's own bearer token from the gateway's
-//! environment.
+//! token is never sent upstream: HTTP servers get the server's own bearer token, read from the
+//! variable the registry names or from the file named by `<variable>_FILE` (`secrets.rs`).
+//! Stdio servers start with only `PATH` and their registry `env`, in their own process group, with
+//! `SIGKILL` as their parent-death signal, optionally as another OS user
+//! (`CTXGUARD_MCP_STDIO_USER`); [`Upstreams::shutdown`] ends their groups with the gateway.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,6 +28,8 @@ use serde_json::Value;
 use tokio::sync::Mutex;
 
 use crate::db::Db;
+use crate::secrets::StdioUser;
+use process_wrap::tokio::{CommandWrap, KillOnDrop, ProcessGroup};
 
 /// One row of `ctxguard.mcp_servers`.
 #[derive(Debug, Clone)]
@@ -46,6 +51,8 @@ type Client = RunningService<RoleClient, ()>;
 struct Slot {
     client: Option<Arc<Client>>,
     retry_after: Option<Instant>,
+    /// A stdio server's process group (its leader's pid).
+    pgid: Option<u32>,
 }
 
 pub struct Upstreams {
@@ -57,6 +64,8 @@ pub struct Upstreams {
     discovery: Option<Db>,
     /// Whether "discovered tools are not recorded" was logged (once).
     warned_unrecorded: AtomicBool,
+    /// The OS user stdio servers run as (`None`: the gateway's own).
+    stdio_user: Option<StdioUser>,
 }
 
 /// Why a forwarded call produced no upstream result. Messages are fixed: no upstream detail.
@@ -82,7 +91,35 @@ impl Upstreams {
             retry_backoff: Duration::from_secs(10),
             discovery,
             warned_unrecorded: AtomicBool::new(false),
+            stdio_user: None,
         }
+    }
+
+    /// Run stdio servers as `user` (see `secrets::StdioUser::resolve`).
+    pub fn with_stdio_user(mut self, user: Option<StdioUser>) -> Upstreams {
+        self.stdio_user = user;
+        self
+    }
+
+    /// End every stdio server's process group (`SIGTERM`, then `SIGKILL` after a grace period)
+    /// and drop every connection. Called when the gateway shuts down.
+    pub async fn shutdown(&self) {
+        let groups: Vec<u32> = {
+            let mut slots = self.slots.lock().await;
+            slots
+                .values_mut()
+                .filter_map(|s| {
+                    s.client = None;
+                    s.pgid.take()
+                })
+                .collect()
+        };
+        futures::future::join_all(
+            groups
+                .into_iter()
+                .map(|g| crate::secrets::end_group(g, Duration::from_secs(3))),
+        )
+        .await;
     }
 
     /// Record a server's tools through the discovery role (or, without it, warn once).
@@ -158,7 +195,8 @@ impl Upstreams {
 
     async fn connect_all(&self, configs: Vec<ServerConfig>) {
         let attempts = configs.into_iter().map(|cfg| async move {
-            let result = tokio::time::timeout(self.connect_timeout, connect(&cfg)).await;
+            let result =
+                tokio::time::timeout(self.connect_timeout, connect(&cfg, self.stdio_user)).await;
             let client = match result {
                 Ok(Ok(c)) => c,
                 Ok(Err(e)) => {
@@ -170,10 +208,11 @@ impl Upstreams {
                     return (cfg.name, None);
                 }
             };
+            let (client, pgid) = client;
             match tokio::time::timeout(self.call_timeout, client.list_all_tools()).await {
                 Ok(Ok(tools)) => {
                     self.record(&cfg.name, &tools).await;
-                    (cfg.name, Some(Arc::new(client)))
+                    (cfg.name, Some((Arc::new(client), pgid)))
                 }
                 _ => {
                     tracing::warn!(server = %cfg.name, "MCP server excluded: tools/list failed");
@@ -183,15 +222,18 @@ impl Upstreams {
         });
         let results = futures::future::join_all(attempts).await;
         let mut slots = self.slots.lock().await;
-        for (name, client) in results {
-            if client.is_some() {
+        for (name, connected) in results {
+            if connected.is_some() {
                 tracing::info!(server = %name, "MCP server connected");
             }
             let slot = slots.entry(name).or_default();
-            slot.retry_after = client
+            slot.retry_after = connected
                 .is_none()
                 .then(|| Instant::now() + self.retry_backoff);
-            slot.client = client;
+            (slot.client, slot.pgid) = match connected {
+                Some((client, pgid)) => (Some(client), pgid),
+                None => (None, None),
+            };
         }
     }
 
@@ -239,16 +281,17 @@ fn tools_json(tools: &[Tool]) -> Value {
     serde_json::to_value(tools).unwrap_or(Value::Array(Vec::new()))
 }
 
-async fn connect(cfg: &ServerConfig) -> Result<Client, String> {
+/// Connect to a server: the client and, for a stdio server, its process group.
+async fn connect(
+    cfg: &ServerConfig,
+    stdio_user: Option<StdioUser>,
+) -> Result<(Client, Option<u32>), String> {
     match cfg.transport.as_str() {
         "http" => {
             let url = cfg.url.clone().ok_or("http server without url")?;
             let mut config = StreamableHttpClientTransportConfig::with_uri(url);
             if let Some(var) = &cfg.bearer_token_env {
-                match std::env::var(var) {
-                    Ok(token) if !token.is_empty() => config = config.auth_header(token),
-                    _ => return Err(format!("environment variable {var} is not set")),
-                }
+                config = config.auth_header(crate::secrets::token(var)?);
             }
             let mut headers = HashMap::new();
             for (k, v) in &cfg.headers {
@@ -260,7 +303,8 @@ async fn connect(cfg: &ServerConfig) -> Result<Client, String> {
             }
             config.custom_headers = headers;
             let transport = StreamableHttpClientTransport::from_config(config);
-            ().serve(transport).await.map_err(|e| e.to_string())
+            let client = ().serve(transport).await.map_err(|e| e.to_string())?;
+            Ok((client, None))
         }
         "stdio" => {
             let program = cfg.command.clone().ok_or("stdio server without command")?;
@@ -270,12 +314,18 @@ async fn connect(cfg: &ServerConfig) -> Result<Client, String> {
             if let Ok(path) = std::env::var("PATH") {
                 cmd.env("PATH", path);
             }
-            cmd.args(&cfg.args).envs(&cfg.env).kill_on_drop(true);
+            cmd.args(&cfg.args).envs(&cfg.env);
             if let Some(dir) = &cfg.cwd {
                 cmd.current_dir(dir);
             }
-            let transport = TokioChildProcess::new(cmd).map_err(|e| e.to_string())?;
-            ().serve(transport).await.map_err(|e| e.to_string())
+            crate::secrets::isolate(&mut cmd, stdio_user);
+            // Its own process group: killing the server kills everything it started.
+            let mut wrapped = CommandWrap::from(cmd);
+            wrapped.wrap(ProcessGroup::leader()).wrap(KillOnDrop);
+            let transport = TokioChildProcess::new(wrapped).map_err(|e| e.to_string())?;
+            let pgid = transport.id();
+            let client = ().serve(transport).await.map_err(|e| e.to_string())?;
+            Ok((client, pgid))
         }
         other => Err(format!("unknown transport {other}")),
     }

@@ -6,7 +6,9 @@ The gateway, the database and the upstream servers are real; nothing here is moc
 import base64
 import json
 import os
+import pwd
 import subprocess
+import time
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -273,3 +275,118 @@ async def test_a_dead_upstream_does_not_break_the_others():
         assert not (await client.call_tool("scans__read_scan", {})).is_error
     log = (WORK / "gateway.log").read_text()
     assert "MCP server excluded" in log
+
+
+# --- secrets stay in the gateway -------------------------------------------------------------
+
+SECRETS = [s for s in os.environ["CTXGUARD_SECRETS"].split(",") if s]
+CANARY = "snoop-canary-7f3e9c"
+
+
+def snoop_report(name, timeout=20.0):
+    path = WORK / name / "report.json"
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} was never written"
+        time.sleep(0.1)
+    return json.loads(path.read_text())
+
+
+def uid_of(status):
+    return int(next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1])
+
+
+def assert_the_probe_works(report):
+    """The same reads on a process of the server's own user that did not protect itself succeed."""
+    control = report["control"]
+    assert CANARY in control["environ"]["ok"]
+    assert control["mem"].get("canary") is True, control["mem"]
+    assert control["attach"] == {"ok": "attached"}
+
+
+def assert_nothing_of_the_gateway(report):
+    parent = report["parent"]
+    assert parent["environ"] == {"error": "EACCES"}, parent["environ"]
+    assert "error" in parent["mem"], "the gateway's memory is unreadable"
+    assert parent["attach"] == {"error": "EPERM"}
+    cmdline = parent["cmdline"]["ok"]
+    assert "ctxguard-gateway" in cmdline, "the probe looked at the gateway"
+    for secret in SECRETS:
+        assert secret not in cmdline, "a secret given on the command line is still there"
+    # Its own environment: PATH and its registry env (none here); nothing of the gateway's.
+    assert set(report["own_environ"]) <= {"PATH", "LC_CTYPE"}, report["own_environ"]
+    for secret in SECRETS:
+        assert all(secret not in v for v in report["own_environ"].values())
+    assert report["pgid"] == report["pid"], "a stdio server leads its own process group"
+
+
+def test_a_stdio_server_of_the_gateways_user_cannot_read_its_secrets():
+    report = snoop_report("snoop")
+    assert report["uid"] != 0, "the gateway under test runs as an ordinary user"
+    assert uid_of(report["parent_status"]["ok"]) == report["uid"], "same user as the gateway"
+    assert_the_probe_works(report)
+    assert_nothing_of_the_gateway(report)
+    # Seen by root (who may read anything), the gateway's environment no longer holds its secrets:
+    # they left it once read, whether they came as variables or files.
+    if os.getuid() == 0:
+        environ = Path(f"/proc/{report['ppid']}/environ").read_bytes().decode("latin-1")
+        assert "CTXGUARD_LISTEN=" in environ
+        for secret in SECRETS:
+            assert secret not in environ
+
+
+def pid_alive(pid):
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def wait_gone(pid, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while pid_alive(pid):
+        assert time.monotonic() < deadline, f"stdio server {pid} outlived the gateway"
+        time.sleep(0.1)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="granting the gateway CAP_SETUID/CAP_SETGID needs root")
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
+def test_a_stdio_server_as_another_user_reaches_nothing_and_ends_with_the_gateway(how):
+    user = os.environ["CTXGUARD_STDIO_USER"]
+    report_path = WORK / "snoop-runas" / "report.json"
+    report_path.unlink(missing_ok=True)
+    caps = "+setuid,+setgid,+kill"
+    gw_user = os.environ["CTXGUARD_GW_USER"]
+    env = {
+        "PATH": os.environ["PATH"],
+        "CTXGUARD_DATABASE_URL": os.environ["CTXGUARD_RUNAS_DATABASE_URL"],
+        "CTXGUARD_LISTEN": f"127.0.0.1:{os.environ['CTXGUARD_RUNAS_PORT']}",
+        "CTXGUARD_PROVIDER": "offline",
+        "CTXGUARD_MCP_STDIO_USER": user,
+        "CTXGUARD_MCP_CONNECT_TIMEOUT_MS": "15000",
+    }
+    with open(WORK / f"gateway-runas-{how}.log", "wb") as log:
+        gw = subprocess.Popen(
+            ["setpriv", f"--reuid={gw_user}", f"--regid={gw_user}", "--init-groups",
+             f"--inh-caps={caps}", f"--ambient-caps={caps}", "--", os.environ["CTXGUARD_GATEWAY_BIN"]],
+            env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            report = snoop_report("snoop-runas")
+            status = Path(f"/proc/{report['pid']}/status").read_text()
+        finally:
+            if how == "SIGTERM":
+                gw.terminate()
+            else:
+                gw.kill()
+            gw.wait(timeout=20)
+    assert report["uid"] == pwd.getpwnam(user).pw_uid != uid_of(report["parent_status"]["ok"])
+    assert_the_probe_works(report)
+    assert_nothing_of_the_gateway(report)
+    # None of the gateway's capabilities or groups passed to the server.
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    for cap in ("CapInh", "CapPrm", "CapEff", "CapAmb"):
+        assert int(fields[cap], 16) == 0, (cap, fields[cap])
+    assert fields["Groups"].split() in ([], [str(pwd.getpwnam(user).pw_gid)]), fields["Groups"]
+    # Gone with the gateway: ended by its shutdown, or by the parent-death signal when it was killed.
+    wait_gone(report["pid"])
