@@ -467,3 +467,48 @@ async fn metrics_label_routes_by_template_and_unmatched_paths_once() {
     );
     assert!(lines.len() <= 3, "{lines:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_over_the_database_size_limit_is_turn_too_large() {
+    // A gateway role of its own whose turns the database limits to 2 KiB (ctxguard.max_turn_bytes
+    // is the DBA's; the gateway's bounds allow far more), so no other test sees the setting.
+    admin()
+        .await
+        .batch_execute(
+            "DO $$ BEGIN
+               IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'ctxguard_gateway_small_turns') THEN
+                 CREATE ROLE ctxguard_gateway_small_turns LOGIN IN ROLE ctxguard_gateway;
+               END IF;
+             END $$;
+             ALTER ROLE ctxguard_gateway_small_turns SET ctxguard.max_turn_bytes = 2048;",
+        )
+        .await
+        .unwrap();
+    let url = env("CTXGUARD_TEST_DATABASE_URL")
+        .replace("user=ctxguard_gateway", "user=ctxguard_gateway_small_turns");
+    let mock = Mock::new(vec![Step::Message(
+        json!({"role": "assistant", "content": "long enough. ".repeat(300)}),
+    )]);
+    let base = mock.serve().await;
+    let config = <ctxguard_gateway::config::Config as clap::Parser>::try_parse_from([
+        "ctxguard-gateway",
+        "--database-url",
+        &url,
+        "--provider",
+        "openai",
+        "--llm-base-url",
+        &base,
+    ])
+    .unwrap();
+    config.validate().unwrap();
+    let state = std::sync::Arc::new(ctxguard_gateway::AppState::from_config(config).unwrap());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let gw = listener.local_addr().unwrap();
+    tokio::spawn(async move { ctxguard_gateway::serve(listener, state).await.unwrap() });
+    let (status, body) = chat(gw, &format!("small-turns-{}", uuid::Uuid::new_v4()), "hi").await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (500, Some("TURN_TOO_LARGE")),
+        "{body}"
+    );
+}
