@@ -96,6 +96,16 @@ ctxguard.jwt_audience = ''
 log_min_messages = warning
 CONF
   fi
+  # The ledger (issue 13): one audit writer (a dynamic background worker) per database in use,
+  # besides PostgreSQL's own workers; prepared transactions for the rollback-attack tests.
+  # Added to clusters made before too (the restart below applies them).
+  if ! grep -q '^# --- ctxguard ledger ---' "$PGDATA_DIR/postgresql.conf"; then
+    as_pg tee -a "$PGDATA_DIR/postgresql.conf" >/dev/null <<CONF
+# --- ctxguard ledger ---
+max_worker_processes = 32
+max_prepared_transactions = 10
+CONF
+  fi
   # A preloaded library is read once, at postmaster start: restart so a fresh install takes effect.
   if as_pg "$PG_BIN/pg_ctl" -D "$PGDATA_DIR" status >/dev/null 2>&1; then
     [ "${CTXGUARD_KEEP_RUNNING:-}" = 1 ] && return 0

@@ -282,8 +282,10 @@ SELECT ctxguard.protect_table('t.owned', 'tenant_id');
 -- search query can hit (and ts_headline would mark), and two pages a budget cut falls inside a card
 -- number on (page 9: a section cut at ~8000 bytes; page 10: read_doc_pages cut at ~19,936 bytes).
 -- Written directly (a superuser bypasses RLS), as put_document(..., 'ready') would leave it.
+-- page_count 40 (pages 11-40 blank): the test reads all ten written pages in one day, and search
+-- results count toward the daily coverage (30% of 40 = 12 pages).
 INSERT INTO ctxguard.documents (tenant_id, id, title, status, language, page_count)
-VALUES ('acme', 'mask_secrets', 'Masking test: secrets on every page', 'ready', 'english', 10);
+VALUES ('acme', 'mask_secrets', 'Masking test: secrets on every page', 'ready', 'english', 40);
 INSERT INTO ctxguard.document_pages (tenant_id, doc_id, page_no, body, clean, tsv)
 SELECT 'acme', 'mask_secrets', n, body, body, to_tsvector('english', body)
   FROM (VALUES

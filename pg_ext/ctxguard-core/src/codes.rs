@@ -30,10 +30,13 @@ pub enum Code {
     /// The result holds more text than masking may process (`ctxguard.max_mask_bytes`): refused,
     /// never returned unmasked. The message names the limit.
     ResultTooLarge,
+    /// The call cannot be audited now (no audit writer, its queue or the shared-memory ledger is
+    /// full): refused before any handler ran. Retry later.
+    AuditUnavailable,
 }
 
 impl Code {
-    pub const ALL: [Code; 12] = [
+    pub const ALL: [Code; 13] = [
         Code::ContextMissing,
         Code::ToolNotFound,
         Code::ToolNotVisible,
@@ -46,6 +49,7 @@ impl Code {
         Code::DocumentNotReady,
         Code::RateLimitExceeded,
         Code::ResultTooLarge,
+        Code::AuditUnavailable,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -62,6 +66,7 @@ impl Code {
             Code::DocumentNotReady => "DOCUMENT_NOT_READY",
             Code::RateLimitExceeded => "RATE_LIMIT_EXCEEDED",
             Code::ResultTooLarge => "RESULT_TOO_LARGE",
+            Code::AuditUnavailable => "AUDIT_UNAVAILABLE",
         }
     }
 }

@@ -259,3 +259,41 @@ REVOKE EXECUTE ON FUNCTION ctxguard.mask_text(text) FROM PUBLIC;
 UPDATE ctxguard.mask_rules r SET pattern = d.pattern
   FROM ctxguard._default_mask_rules() d
  WHERE r.name = d.name AND r.pattern = replace(d.pattern, '(?-u:\b)', '\b');
+
+-- The ledger (issue 13): verify_audit and ledger_stats, then the tables of ledger.sql.
+CREATE FUNCTION ctxguard."verify_audit"(
+	"tenant" TEXT /* core::option::Option<&str> */
+) RETURNS jsonb /* pgrx::datum::json::JsonB */
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'verify_audit_wrapper';
+CREATE FUNCTION ctxguard."ledger_stats"() RETURNS jsonb /* pgrx::datum::json::JsonB */
+STRICT VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'ledger_stats_wrapper';
+
+-- Result bytes per user per UTC day (ctxguard.max_bytes_per_user_day), across generations.
+CREATE TABLE ctxguard.user_day_usage (
+    tenant_id text NOT NULL,
+    user_id   text NOT NULL,
+    day       date NOT NULL,
+    bytes     bigint NOT NULL,
+    PRIMARY KEY (tenant_id, user_id, day)
+);
+COMMENT ON TABLE ctxguard.user_day_usage IS 'Result bytes each user received per UTC day (ctxguard.max_bytes_per_user_day), written by the ledger writer.';
+ALTER TABLE ctxguard.user_day_usage ENABLE ROW LEVEL SECURITY;
+ALTER TABLE ctxguard.user_day_usage FORCE ROW LEVEL SECURITY;
+CREATE POLICY user_day_usage_owner ON ctxguard.user_day_usage USING (true) WITH CHECK (true);  -- no grants: owner only
+ALTER TABLE ctxguard.tenant_limits ADD COLUMN max_bytes_per_user_day integer CHECK (max_bytes_per_user_day > 0);
+
+-- The audit chain: the writer stores, per tenant, each row's hash over its content and the
+-- previous row's hash; ctxguard.verify_audit(tenant) reports the first broken link.
+ALTER TABLE ctxguard.audit_log
+    ADD COLUMN prev_hash text,
+    ADD COLUMN row_hash text;
+CREATE INDEX audit_log_tenant_id_idx ON ctxguard.audit_log (tenant_id, id);
+COMMENT ON COLUMN ctxguard.audit_log.row_hash IS 'sha256 over the row''s content and prev_hash (the tenant''s previous row), set by the audit writer; NULL for rows from before 0.2.0.';
+COMMENT ON FUNCTION ctxguard.verify_audit(text) IS 'Recompute a tenant''s audit hash chain: the first row whose hash does not match its content and predecessor.';
+COMMENT ON FUNCTION ctxguard.ledger_stats() IS 'This database''s audit writer: pid, last durable record, batches and batch sizes.';
+REVOKE EXECUTE ON FUNCTION ctxguard.verify_audit(text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION ctxguard.ledger_stats() FROM PUBLIC;

@@ -1,13 +1,17 @@
-//! Budgets and limits (anti-exfiltration). Counters live in tables shared by every backend.
+//! Budgets and limits (anti-exfiltration), charged in the shared-memory ledger (`ledger/`).
 //!
-//! A call with a generation locks that generation's row first (`FOR UPDATE`), so the calls of one
-//! generation are serialised across pooled backends and no two can both take the last unit.
+//! Limits come from the settings and `ctxguard.tenant_limits`; what was used comes from the
+//! ledger, which loads a missing entry from the tables and never gives a charge back: the
+//! caller's ROLLBACK, savepoints, isolation level or settings cannot undo one. Nothing here
+//! writes in the caller's transaction: the ledger's changes reach the tables through the audit
+//! writer, with the call's audit record.
 
 use pgrx::prelude::*;
 use serde_json::{json, Value};
 
 use crate::context::Ctx;
 use crate::gucs;
+use crate::ledger::{self, GenLimit, Over, Unavailable};
 use crate::owner::as_owner;
 use crate::pgutil::{raise, saved_plan, update_saved, TEXT};
 
@@ -20,13 +24,18 @@ pub struct Limits {
     pub section_tokens: i64,
     pub search_results: i64,
     pub coverage: f64,
+    pub bytes_per_user_day: i64,
 }
 
 /// The byte budget of the current call.
 pub struct Budget {
     pub limits: Limits,
-    generation: Option<String>,
+    /// The generation's id and expiry (Unix seconds).
+    generation: Option<(String, i64)>,
+    tenant: String,
+    user: String,
     pub bytes_used: i64,
+    day_used: Option<i64>,
 }
 
 fn internal(e: impl std::fmt::Display) -> ! {
@@ -36,37 +45,47 @@ fn internal(e: impl std::fmt::Display) -> ! {
     )
 }
 
+/// The ledger cannot take a charge in the middle of a call: fail closed (logged).
+pub fn unavailable(e: Unavailable) -> ! {
+    pgrx::log!("ctxguard: call refused, AUDIT_UNAVAILABLE: {}", e.0);
+    raise(
+        PgSqlErrorCode::ERRCODE_INSUFFICIENT_RESOURCES,
+        format!("ctxguard: AUDIT_UNAVAILABLE: {}", e.0),
+    )
+}
+
 impl Budget {
-    /// Read limits and, with a generation, lock its row and read what it has used.
-    pub fn open(ctx: &Ctx) -> Budget {
-        let (bytes_used, o) = as_owner(|| {
+    /// Read limits and, with a generation, what it has used (from the ledger).
+    pub fn open(ctx: &Ctx) -> Result<Budget, Unavailable> {
+        type Row = (Option<i64>, Option<i64>, [Option<i32>; 6], Option<f64>);
+        let (loaded, expires, ints, cov): Row = as_owner(|| {
             Spi::connect_mut(|c| {
                 let sql = match &ctx.generation {
-                    Some(_) => "SELECT g.bytes_used, tl.max_pages_per_call, tl.max_calls_per_document,
+                    Some(_) => "SELECT g.bytes_used, EXTRACT(epoch FROM g.expires_at)::pg_catalog.int8,
+                                       tl.max_pages_per_call, tl.max_calls_per_document,
                                        tl.max_bytes_per_generation, tl.max_section_tokens, tl.max_search_results,
-                                       tl.max_document_coverage::pg_catalog.float8
+                                       tl.max_bytes_per_user_day, tl.max_document_coverage::pg_catalog.float8
                                   FROM ctxguard.generations g
                                   LEFT JOIN ctxguard.tenant_limits tl ON tl.tenant_id = g.tenant_id
-                                 WHERE g.id = $1::pg_catalog.uuid AND g.tenant_id = $2 FOR UPDATE OF g",
-                    None => "SELECT 0::pg_catalog.int8, tl.max_pages_per_call, tl.max_calls_per_document,
+                                 WHERE g.id = $1::pg_catalog.uuid AND g.tenant_id = $2",
+                    None => "SELECT 0::pg_catalog.int8, 0::pg_catalog.int8, tl.max_pages_per_call, tl.max_calls_per_document,
                                     tl.max_bytes_per_generation, tl.max_section_tokens, tl.max_search_results,
-                                    tl.max_document_coverage::pg_catalog.float8
+                                    tl.max_bytes_per_user_day, tl.max_document_coverage::pg_catalog.float8
                                FROM (SELECT $2::pg_catalog.text AS tenant_id, $1::pg_catalog.text AS unused) t
                                LEFT JOIN ctxguard.tenant_limits tl ON tl.tenant_id = t.tenant_id",
                 };
                 let plan = saved_plan(c, sql, &[TEXT, TEXT], true)?;
                 let mut rows = c.update(&*plan, Some(1), &[ctx.generation.as_deref().into(), ctx.tenant_id.as_str().into()])?;
-                let Some(r) = rows.next() else { return Ok((None, [None; 5], None)) };
+                let Some(r) = rows.next() else { return Ok((None, None, [None; 6], None)) };
                 Ok::<_, pgrx::spi::Error>((
                     r.get::<i64>(1)?,
-                    [r.get::<i32>(2)?, r.get::<i32>(3)?, r.get::<i32>(4)?, r.get::<i32>(5)?, r.get::<i32>(6)?],
-                    r.get::<f64>(7)?,
+                    r.get::<i64>(2)?,
+                    [r.get::<i32>(3)?, r.get::<i32>(4)?, r.get::<i32>(5)?, r.get::<i32>(6)?, r.get::<i32>(7)?, r.get::<i32>(8)?],
+                    r.get::<f64>(9)?,
                 ))
             })
         })
-        .map(|(b, ints, cov)| (b, (ints, cov)))
         .unwrap_or_else(|e| internal(e));
-        let (ints, cov) = o;
         let pick =
             |o: Option<i32>, g: &pgrx::GucSetting<i32>| i64::from(o.unwrap_or_else(|| g.get()));
         let limits = Limits {
@@ -75,70 +94,109 @@ impl Budget {
             bytes_per_generation: pick(ints[2], &gucs::MAX_BYTES_PER_GENERATION),
             section_tokens: pick(ints[3], &gucs::MAX_SECTION_TOKENS),
             search_results: pick(ints[4], &gucs::MAX_SEARCH_RESULTS),
+            bytes_per_user_day: pick(ints[5], &gucs::MAX_BYTES_PER_USER_DAY),
             coverage: cov.unwrap_or_else(|| gucs::MAX_DOCUMENT_COVERAGE.get()),
         };
-        // A generation that vanished (or belongs to another tenant) leaves no budget at all.
-        let bytes_used = match (&ctx.generation, bytes_used) {
-            (Some(_), None) => limits.bytes_per_generation,
-            (_, b) => b.unwrap_or(0),
+        let (generation, bytes_used) = match (&ctx.generation, loaded) {
+            // A generation that vanished (or belongs to another tenant) leaves no budget at all.
+            (Some(_), None) => (None, limits.bytes_per_generation),
+            (Some(g), Some(b)) => {
+                let expires = expires.unwrap_or(0);
+                let used = ledger::generation_used(g, expires, b)?;
+                (Some((g.clone(), expires)), used)
+            }
+            (None, _) => (None, 0),
         };
-        Budget {
+        Ok(Budget {
             limits,
-            generation: ctx.generation.clone(),
+            generation,
+            tenant: ctx.tenant_id.clone(),
+            user: ctx.user_id.clone(),
             bytes_used,
-        }
+            day_used: None,
+        })
     }
 
     pub fn has_generation(&self) -> bool {
         self.generation.is_some()
     }
 
-    /// Bytes still available to this call.
+    /// Bytes still available to this call (at the time the budget was opened).
     pub fn remaining(&self) -> i64 {
         (self.limits.bytes_per_generation - self.bytes_used).max(0)
     }
 
-    /// Record `bytes` returned by this call.
-    pub fn consume(&mut self, bytes: i64) {
-        self.bytes_used += bytes;
-        if let Some(g) = &self.generation {
-            as_owner(|| {
-                Spi::connect_mut(|c| {
-                    let plan = saved_plan(
-                        c,
-                        "UPDATE ctxguard.generations SET bytes_used = bytes_used + $2::pg_catalog.int8 WHERE id = $1::pg_catalog.uuid",
-                        &[TEXT, TEXT],
-                        true,
-                    )?;
-                    c.update(&*plan, None, &[g.as_str().into(), bytes.to_string().as_str().into()]).map(|_| ())
-                })
-            })
-            .unwrap_or_else(|e| internal(e));
+    fn gen_limit(&self) -> Option<GenLimit<'_>> {
+        self.generation.as_ref().map(|(id, expires)| GenLimit {
+            id,
+            expires: *expires,
+            limit: self.limits.bytes_per_generation,
+        })
+    }
+
+    /// Charge `bytes` returned by this call to the generation and the user's day, atomically
+    /// against concurrent calls: `Err(message)` naming the limit if either would be exceeded.
+    pub fn charge(&mut self, bytes: i64) -> Result<Result<(), String>, Unavailable> {
+        if self.generation.is_none() && bytes > self.remaining() {
+            return Ok(Err(format!(
+                "bytes_per_generation: a {bytes}-byte result exceeds the {} bytes left",
+                self.remaining()
+            )));
         }
+        let (tenant, user) = (self.tenant.clone(), self.user.clone());
+        let charged = ledger::charge_bytes(
+            self.gen_limit().as_ref(),
+            &tenant,
+            &user,
+            self.limits.bytes_per_user_day,
+            bytes,
+            |day| {
+                load_i64(
+                "SELECT bytes FROM ctxguard.user_day_usage WHERE tenant_id = $1 AND user_id = $2
+                    AND day = '2000-01-01'::pg_catalog.date OPERATOR(pg_catalog.+) $3::pg_catalog.int4",
+                &[tenant.as_str().into(), user.as_str().into(), day.into()],
+            )
+            },
+        )?;
+        Ok(match charged {
+            Ok(c) => {
+                self.bytes_used = c.generation.unwrap_or(self.bytes_used + bytes);
+                self.day_used = Some(c.user_day);
+                Ok(())
+            }
+            Err(Over::Generation(left)) => {
+                self.bytes_used = self.limits.bytes_per_generation - left;
+                Err(format!(
+                    "bytes_per_generation: a {bytes}-byte result exceeds the {left} bytes left"
+                ))
+            }
+            Err(Over::UserDay(left)) => Err(format!(
+                "bytes_per_user_day: a {bytes}-byte result exceeds the {left} bytes left to this user today"
+            )),
+        })
     }
 
     /// Count one call on `doc_id` in this generation; `None` if the per-document limit is reached.
     pub fn take_document_call(&self, ctx: &Ctx, doc_id: &str) -> Option<i32> {
-        let g = self.generation.as_deref()?;
-        as_owner(|| {
-            Spi::connect_mut(|c| {
-                // No row comes back when the limit is reached (the conflict update's WHERE fails).
-                let mut rows = update_saved(
-                    c,
-                    "INSERT INTO ctxguard.document_calls AS d (generation, tenant_id, doc_id, calls) VALUES ($1::pg_catalog.uuid, $2, $3, 1)
-                     ON CONFLICT (generation, doc_id) DO UPDATE SET calls = d.calls + 1 WHERE d.calls < $4
-                     RETURNING calls",
-                    Some(1),
-                    &[g.into(), ctx.tenant_id.as_str().into(), doc_id.into(), self.limits.calls_per_document.into()],
-                )?;
-                rows.next().map(|r| r.get::<i32>(1)).transpose().map(Option::flatten)
-            })
-        })
-        .unwrap_or_else(|e| internal(e))
+        let g = self.gen_limit()?;
+        ledger::doc_call(
+            &g,
+            &ctx.tenant_id,
+            doc_id,
+            self.limits.calls_per_document,
+            || {
+                load_i64(
+                    "SELECT calls::pg_catalog.int8 FROM ctxguard.document_calls
+                  WHERE generation = $1::pg_catalog.uuid AND doc_id = $2",
+                    &[g.id.into(), doc_id.into()],
+                ) as i32
+            },
+        )
+        .unwrap_or_else(|e| unavailable(e))
     }
 
-    /// Record that the user reads `pages` of a document today; refuse if that would exceed the
-    /// coverage share. Returns `(pages read today, pages allowed)` on success.
+    /// Record that the user reads `pages` of a document today (UTC); refuse if that would exceed
+    /// the coverage share. Returns `(pages read today, pages allowed)` on success.
     pub fn take_coverage(
         &self,
         ctx: &Ctx,
@@ -148,46 +206,26 @@ impl Budget {
     ) -> Result<(i64, i64), (i64, i64)> {
         let allowed = ((page_count as f64 * self.limits.coverage).ceil() as i64)
             .max(self.limits.pages_per_call);
-        let key = format!("{}\u{1f}{}\u{1f}{}", ctx.tenant_id, ctx.user_id, doc_id);
-        let (already, fresh) = as_owner(|| {
-            Spi::connect_mut(|c| {
-                // Serialise this user's reads of this document (concurrent generations).
-                update_saved(c, "SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended($1, 7))", None, &[key.as_str().into()])?;
-                let mut rows = update_saved(
-                    c,
-                    "SELECT (SELECT pg_catalog.count(*) FROM ctxguard.document_coverage
-                              WHERE tenant_id = $1 AND user_id = $2 AND doc_id = $3 AND day = current_date),
-                            (SELECT pg_catalog.count(*) FROM pg_catalog.unnest($4::pg_catalog.int4[]) p(n)
-                              WHERE NOT EXISTS (SELECT 1 FROM ctxguard.document_coverage c
-                                                 WHERE c.tenant_id = $1 AND c.user_id = $2 AND c.doc_id = $3
-                                                   AND c.day = current_date AND c.page_no = p.n))",
-                    Some(1),
-                    &[ctx.tenant_id.as_str().into(), ctx.user_id.as_str().into(), doc_id.into(), pages.to_vec().into()],
-                )?;
-                let r = rows.next().expect("one row");
-                Ok::<_, pgrx::spi::Error>((r.get::<i64>(1)?.unwrap_or(0), r.get::<i64>(2)?.unwrap_or(0)))
-            })
-        })
-        .unwrap_or_else(|e| internal(e));
-        if already + fresh > allowed {
-            return Err((already, allowed));
-        }
-        if fresh > 0 {
+        let (t, u) = (ctx.tenant_id.as_str(), ctx.user_id.as_str());
+        let taken = ledger::coverage(t, u, doc_id, pages, allowed, |day| {
             as_owner(|| {
                 Spi::connect_mut(|c| {
                     update_saved(
                         c,
-                        "INSERT INTO ctxguard.document_coverage (tenant_id, user_id, doc_id, day, page_no)
-                         SELECT $1, $2, $3, current_date, n FROM pg_catalog.unnest($4::pg_catalog.int4[]) n ON CONFLICT DO NOTHING",
+                        "SELECT page_no FROM ctxguard.document_coverage
+                          WHERE tenant_id = $1 AND user_id = $2 AND doc_id = $3
+                            AND day = '2000-01-01'::pg_catalog.date OPERATOR(pg_catalog.+) $4::pg_catalog.int4",
                         None,
-                        &[ctx.tenant_id.as_str().into(), ctx.user_id.as_str().into(), doc_id.into(), pages.to_vec().into()],
-                    )
-                    .map(|_| ())
+                        &[t.into(), u.into(), doc_id.into(), day.into()],
+                    )?
+                    .map(|r| r.get::<i32>(1).map(Option::unwrap_or_default))
+                    .collect::<Result<Vec<_>, _>>()
                 })
             })
-            .unwrap_or_else(|e| internal(e));
-        }
-        Ok((already + fresh, allowed))
+            .unwrap_or_else(|e| internal(e))
+        })
+        .unwrap_or_else(|e| unavailable(e));
+        taken.map(|n| (n, allowed)).map_err(|n| (n, allowed))
     }
 
     /// Budget state for the audit row (numbers only).
@@ -198,8 +236,23 @@ impl Budget {
             "generation": self.generation.is_some(),
             "doc_calls": doc_calls,
             "doc_calls_limit": doc_calls.map(|_| self.limits.calls_per_document),
+            "user_day_bytes": self.day_used,
         })
     }
+}
+
+/// One int8 (0 if no row) read as the owner: a ledger entry's persisted value.
+fn load_i64(sql: &str, args: &[pgrx::datum::DatumWithOid]) -> i64 {
+    as_owner(|| {
+        Spi::connect_mut(|c| {
+            let mut rows = update_saved(c, sql, Some(1), args)?;
+            rows.next()
+                .map(|r| r.get::<i64>(1))
+                .transpose()
+                .map(|v| v.flatten().unwrap_or(0))
+        })
+    })
+    .unwrap_or_else(|e| internal(e))
 }
 
 /// Most bytes of a turn's user message that `save_turn` stores.

@@ -342,7 +342,7 @@ pub fn run(
         }
         "doc_local_search" => {
             let asked = int_arg(args, "max_results").unwrap_or(limits.search_results);
-            search(
+            let out = search(
                 ctx,
                 &doc,
                 str_arg(args, "query"),
@@ -351,7 +351,23 @@ pub fn run(
                 room,
                 job,
             )
-            .map_err(too_large)?
+            .map_err(too_large)?;
+            // The pages whose snippets are returned count toward the daily coverage.
+            let shown: Vec<i32> = out.value["results"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|r| r["page"].as_i64().and_then(|p| i32::try_from(p).ok()))
+                .collect();
+            if let Err((read, allowed)) = budget.take_coverage(ctx, &doc.id, doc.page_count, &shown)
+            {
+                return Err((
+                    Code::RateLimitExceeded,
+                    format!("document_coverage: at most {allowed} of {} pages per user per day ({read} read today); search results count", doc.page_count),
+                    None,
+                ));
+            }
+            out
         }
         _ => return refuse(Code::ToolNotFound, "no such tool"),
     };

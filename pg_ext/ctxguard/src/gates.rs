@@ -18,9 +18,10 @@ use crate::context::Ctx;
 use crate::documents;
 use crate::gucs;
 use crate::handler;
+use crate::ledger;
 use crate::masking;
 use crate::owner::as_owner;
-use crate::pgutil::{raise, saved_plan, TEXT};
+use crate::pgutil::raise;
 
 /// Words of a free-text query as an OR tsquery (`w1 | w2`); only `[a-z0-9]` so no tsquery syntax.
 fn or_query(text: &str) -> Option<String> {
@@ -320,8 +321,11 @@ fn gate_b(
         call.outcome = Outcome::Pending;
         return call;
     }
-    // Budgets: with a generation this locks its row, serialising the generation's calls.
-    let budget = Budget::open(ctx);
+    // Budgets: what the generation has used, from the shared-memory ledger (no row lock).
+    let budget = match Budget::open(ctx) {
+        Ok(b) => b,
+        Err(e) => return deny(call, Code::AuditUnavailable, &unavailable(e)),
+    };
     if budget.remaining() == 0 {
         call.budget = Some(budget.state(None));
         call.outcome = Outcome::Denied(
@@ -405,20 +409,21 @@ fn finish(
     let text = value.to_string();
     let bytes = text.len() as i64;
     call.masked = Some(job.counts);
-    if bytes > budget.remaining() {
-        call.budget = Some(budget.state(doc_calls));
-        call.outcome = Outcome::Denied(
-            Code::RateLimitExceeded,
-            format!(
-                "bytes_per_generation: a {bytes}-byte result exceeds the {} bytes left",
-                budget.remaining()
-            ),
-            None,
-        );
-        return;
-    }
+    // Charged atomically in the ledger (generation and the user's day): never refunded.
     let mut budget = budget;
-    budget.consume(bytes);
+    match budget.charge(bytes) {
+        Ok(Ok(())) => {}
+        Ok(Err(message)) => {
+            call.budget = Some(budget.state(doc_calls));
+            call.outcome = Outcome::Denied(Code::RateLimitExceeded, message, None);
+            return;
+        }
+        Err(e) => {
+            call.budget = Some(budget.state(doc_calls));
+            call.outcome = Outcome::Denied(Code::AuditUnavailable, unavailable(e), None);
+            return;
+        }
+    }
     call.budget = Some(budget.state(doc_calls));
     call.result_bytes = Some(i32::try_from(bytes).unwrap_or(i32::MAX));
     if call.tokens.is_none() {
@@ -502,8 +507,24 @@ fn record_pending_approval(ctx: &Ctx, tool: &str, args: &Value, hash: &str, call
     .unwrap_or_else(|_| raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, "ctxguard: could not record approval"));
 }
 
-/// Write the audit row. If this fails the whole call fails: no unaudited reads.
-fn audit(ctx: Option<&Ctx>, call: &Call) {
+/// Why a call cannot be audited, logged; the message for the envelope.
+fn unavailable(e: ledger::Unavailable) -> String {
+    pgrx::log!("ctxguard: call refused, AUDIT_UNAVAILABLE: {}", e.0);
+    "the call cannot be audited now; nothing was run or returned, retry later".into()
+}
+
+/// Can calls be audited now (a writer, room in its queue)? Checked before any handler runs.
+fn audit_ready(call_id: uuid::Uuid) -> Option<JsonB> {
+    let e = ledger::ready().err()?;
+    let mut call = Call::new(call_id);
+    call.outcome = Outcome::Denied(Code::AuditUnavailable, unavailable(e), None);
+    Some(envelope(call))
+}
+
+/// Queue the audit record (with the call's ledger changes) for the writer and, with
+/// `ctxguard.audit_wait`, wait until it is durable. If that fails the call fails: no result
+/// leaves without its audit record.
+fn audit(ctx: Option<&Ctx>, call: &mut Call) {
     let (decision, code) = match &call.outcome {
         Outcome::Ok(_) => ("allow", None),
         Outcome::Denied(c, _, _) => ("deny", Some(c.as_str())),
@@ -512,57 +533,33 @@ fn audit(ctx: Option<&Ctx>, call: &Call) {
         Outcome::Authorized { .. } => ("authorized", None),
     };
     let entity = ctx.and_then(|c| c.entity.as_ref());
-    let result_bytes = call.result_bytes.map(|b| b.to_string());
-    let tokens = call.tokens.map(|t| t.to_string());
     let masked = call
         .masked
         .as_ref()
         .filter(|m| !m.is_empty())
-        .and_then(|m| serde_json::to_string(m).ok());
-    let budget = call.budget.as_ref().map(Value::to_string);
-    let written = as_owner(|| {
-        Spi::connect_mut(|c| {
-            let plan = saved_plan(
-                c,
-                "INSERT INTO ctxguard.audit_log (call_id, tenant_id, user_id, page_type, entity_type, entity_id,
-                     tool, decision, code, args_hash, result_bytes, generation, trace_id, doc_id, tokens, masked, budget)
-                 VALUES ($1::pg_catalog.uuid, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11::pg_catalog.int4, $12::pg_catalog.uuid, $13, $14, $15::pg_catalog.int4,
-                         $16::pg_catalog.jsonb, $17::pg_catalog.jsonb)",
-                &[TEXT; 17],
-                true,
-            )?;
-            c.update(
-                &*plan,
-                None,
-                &[
-                    call.call_id.to_string().as_str().into(),
-                    ctx.map(|c| c.tenant_id.as_str()).into(),
-                    ctx.map(|c| c.user_id.as_str()).into(),
-                    ctx.map(|c| c.page_type.as_str()).into(),
-                    entity.map(|e| e.kind.as_str()).into(),
-                    entity.map(|e| e.id.as_str()).into(),
-                    call.tool.as_deref().into(),
-                    decision.into(),
-                    code.into(),
-                    call.args_hash.as_deref().into(),
-                    result_bytes.as_deref().into(),
-                    ctx.and_then(|c| c.generation.as_deref()).into(),
-                    ctx.and_then(|c| c.trace_id.as_deref()).into(),
-                    call.doc_id.as_deref().into(),
-                    tokens.as_deref().into(),
-                    masked.as_deref().into(),
-                    budget.as_deref().into(),
-                ],
-            )
-            .map(|_| ())
-        })
+        .and_then(|m| serde_json::to_value(m).ok());
+    let record = json!({
+        "call_id": call.call_id.to_string(),
+        "tenant_id": ctx.map(|c| c.tenant_id.as_str()),
+        "user_id": ctx.map(|c| c.user_id.as_str()),
+        "page_type": ctx.map(|c| c.page_type.as_str()),
+        "entity_type": entity.map(|e| e.kind.as_str()),
+        "entity_id": entity.map(|e| e.id.as_str()),
+        "tool": call.tool.as_deref(),
+        "decision": decision,
+        "code": code,
+        "args_hash": call.args_hash.as_deref(),
+        "result_bytes": call.result_bytes,
+        "generation": ctx.and_then(|c| c.generation.as_deref()),
+        "trace_id": ctx.and_then(|c| c.trace_id.as_deref()),
+        "doc_id": call.doc_id.as_deref(),
+        "tokens": call.tokens,
+        "masked": masked,
+        "budget": call.budget,
     });
-    written.unwrap_or_else(|_| {
-        raise(
-            PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
-            "ctxguard: audit write failed; call refused",
-        )
-    });
+    if let Err(e) = ledger::submit(record).and_then(|(q, seq)| ledger::wait(q, seq)) {
+        call.outcome = Outcome::Denied(Code::AuditUnavailable, unavailable(e), None);
+    }
 }
 
 fn envelope(call: Call) -> JsonB {
@@ -601,14 +598,12 @@ fn _call_tool(name: Option<&str>, args: Option<&str>) -> JsonB {
     // could change the catalog under it.
     handler::refuse_inside("call_tool");
     let ctx = Ctx::current();
-    let call = gate_b(
-        ctx.as_ref(),
-        name.unwrap_or_default(),
-        args,
-        false,
-        uuid::Uuid::new_v4(),
-    );
-    audit(ctx.as_ref(), &call);
+    let call_id = uuid::Uuid::new_v4();
+    if let Some(refused) = audit_ready(call_id) {
+        return refused;
+    }
+    let mut call = gate_b(ctx.as_ref(), name.unwrap_or_default(), args, false, call_id);
+    audit(ctx.as_ref(), &mut call);
     envelope(call)
 }
 
@@ -624,9 +619,12 @@ fn approve_call(call_id: Option<pgrx::Uuid>) -> JsonB {
     let invalid = |ctx: Option<&Ctx>, code: Code, msg: &str| {
         let mut call = Call::new(id);
         call.outcome = Outcome::Denied(code, msg.into(), None);
-        audit(ctx, &call);
+        audit(ctx, &mut call);
         envelope(call)
     };
+    if let Some(refused) = audit_ready(id) {
+        return refused;
+    }
     let Some(c) = ctx.as_ref() else {
         return invalid(
             None,
@@ -676,8 +674,8 @@ fn approve_call(call_id: Option<pgrx::Uuid>) -> JsonB {
             "no pending approval with this id for this user on this page",
         );
     };
-    let call = gate_b(ctx.as_ref(), &tool, Some(&args), true, id);
-    audit(ctx.as_ref(), &call);
+    let mut call = gate_b(ctx.as_ref(), &tool, Some(&args), true, id);
+    audit(ctx.as_ref(), &mut call);
     envelope(call)
 }
 
@@ -697,13 +695,16 @@ fn complete_call_text(
         .map(|u| uuid::Uuid::from_bytes(*u.as_bytes()))
         .unwrap_or_default();
     let mut call = Call::new(id);
+    if let Some(refused) = audit_ready(id) {
+        return refused;
+    }
     let Some(c) = ctx.as_ref() else {
         call.outcome = Outcome::Denied(
             Code::ContextMissing,
             "no context is set for this transaction".into(),
             None,
         );
-        audit(None, &call);
+        audit(None, &mut call);
         return envelope(call);
     };
     let claimed = as_owner(|| {
@@ -739,7 +740,7 @@ fn complete_call_text(
             "no authorized call with this id is awaiting completion".into(),
             None,
         );
-        audit(ctx.as_ref(), &call);
+        audit(ctx.as_ref(), &mut call);
         return envelope(call);
     };
     call.tool = Some(tool);
@@ -754,7 +755,7 @@ fn complete_call_text(
                 "the upstream result is larger than ctxguard.max_external_result_bytes".into(),
                 None,
             );
-            audit(ctx.as_ref(), &call);
+            audit(ctx.as_ref(), &mut call);
             return envelope(call);
         }
         Some(text) => match serde_json::from_str::<Value>(text) {
@@ -765,25 +766,31 @@ fn complete_call_text(
                     "the upstream result is not valid JSON or nested too deeply".into(),
                     None,
                 );
-                audit(ctx.as_ref(), &call);
+                audit(ctx.as_ref(), &mut call);
                 return envelope(call);
             }
         },
     };
     let catalog = cache::catalog();
     let job = masking::Job::new(catalog.key());
-    finish(&mut call, value, Budget::open(c), None, job);
+    match Budget::open(c) {
+        Ok(budget) => finish(&mut call, value, budget, None, job),
+        Err(e) => call.outcome = Outcome::Denied(Code::AuditUnavailable, unavailable(e), None),
+    }
     if is_error {
         if let Outcome::Ok(v) = &call.outcome {
             let masked = v.clone();
             call.outcome = Outcome::Failed("the upstream tool reported an error".into());
-            audit(ctx.as_ref(), &call);
+            audit(ctx.as_ref(), &mut call);
+            let audited = matches!(call.outcome, Outcome::Failed(_));
             let mut env = envelope(call);
-            env.0["result"] = masked;
+            if audited {
+                env.0["result"] = masked;
+            }
             return env;
         }
     }
-    audit(ctx.as_ref(), &call);
+    audit(ctx.as_ref(), &mut call);
     envelope(call)
 }
 

@@ -44,6 +44,10 @@ pub static MAX_BYTES_PER_GENERATION: GucSetting<i32> = GucSetting::<i32>::new(20
 pub static MAX_SECTION_TOKENS: GucSetting<i32> = GucSetting::<i32>::new(2000);
 pub static MAX_SEARCH_RESULTS: GucSetting<i32> = GucSetting::<i32>::new(5);
 pub static MAX_DOCUMENT_COVERAGE: GucSetting<f64> = GucSetting::<f64>::new(0.3);
+pub static MAX_BYTES_PER_USER_DAY: GucSetting<i32> = GucSetting::<i32>::new(64 * 1024 * 1024);
+pub static AUDIT_WAIT: GucSetting<bool> = GucSetting::<bool>::new(true);
+pub static AUDIT_WAIT_TIMEOUT: GucSetting<i32> = GucSetting::<i32>::new(10);
+pub static AUDIT_WRITER_IDLE: GucSetting<i32> = GucSetting::<i32>::new(60);
 pub static MAX_MASK_BYTES: GucSetting<i32> = GucSetting::<i32>::new(8 * 1024 * 1024);
 pub static MAX_TURN_BYTES: GucSetting<i32> = GucSetting::<i32>::new(1024 * 1024);
 
@@ -234,6 +238,44 @@ pub fn init() {
         1.0,
         GucContext::Suset,
         GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"ctxguard.max_bytes_per_user_day",
+        c"Most result bytes one user may receive per UTC day, across generations, pages and endpoints.",
+        c"Charged in shared memory before a result is returned; no rollback refunds it. Per-tenant overrides: ctxguard.tenant_limits.",
+        &MAX_BYTES_PER_USER_DAY,
+        1,
+        i32::MAX,
+        GucContext::Suset,
+        GucFlags::UNIT_BYTE,
+    );
+    GucRegistry::define_bool_guc(
+        c"ctxguard.audit_wait",
+        c"call_tool, complete_call and approve_call return only once their audit record is durable.",
+        c"off: they return at once; a crash may lose the audit records (and ledger changes) of the last moments.",
+        &AUDIT_WAIT,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"ctxguard.audit_wait_timeout",
+        c"How long a call waits for its audit record to become durable before it fails closed (AUDIT_UNAVAILABLE).",
+        c"",
+        &AUDIT_WAIT_TIMEOUT,
+        1,
+        3600,
+        GucContext::Suset,
+        GucFlags::UNIT_S,
+    );
+    GucRegistry::define_int_guc(
+        c"ctxguard.audit_writer_idle",
+        c"Seconds without work after which a database's audit writer exits (it restarts on demand).",
+        c"",
+        &AUDIT_WRITER_IDLE,
+        1,
+        86400,
+        GucContext::Sighup,
+        GucFlags::UNIT_S,
     );
     GucRegistry::define_int_guc(
         c"ctxguard.approval_ttl",

@@ -8,7 +8,8 @@
 //! - `catalog`: `register_page_type`, `register_tool` (policies are validated there).
 //! - `gates`: Gate A (`visible_tools`, `explain_tools`) and Gate B (`call_tool`, `approve_call`), audit.
 //! - `documents`: document ingestion and the seed-003 built-in document tools.
-//! - `budget`: byte, call, page and coverage limits shared by all backends.
+//! - `budget`: byte, call, page and coverage limits (charged in the ledger).
+//! - `ledger`: shared-memory charges no rollback undoes, the audit queue and its background writer.
 //! - `mcp`: upstream MCP servers: tool discovery (`sync_mcp_tools`), server policies, `complete_call`.
 //! - `masking`: the per-backend masker over `ctxguard.mask_rules`.
 //! - `cache`: per-backend catalog cache.
@@ -34,6 +35,7 @@ mod gates;
 mod gucs;
 mod handler;
 mod keys;
+mod ledger;
 mod masking;
 mod mcp;
 mod owner;
@@ -63,6 +65,7 @@ pub extern "C-unwind" fn _PG_init() {
     pgutil::reserve_prefix();
     if pgutil::loaded_at_startup() {
         context::PRELOADED.store(true, std::sync::atomic::Ordering::Relaxed);
+        ledger::shmem::init();
     }
 }
 

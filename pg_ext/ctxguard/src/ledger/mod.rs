@@ -1,0 +1,427 @@
+//! The ledger: limits and audit records that no rollback of the caller can undo.
+//!
+//! A charge (generation bytes, per-document calls, daily coverage, a user's daily bytes) is taken
+//! in shared memory under an LWLock before a result leaves, and is never refunded: the caller's
+//! ROLLBACK, savepoints, isolation level and settings do not reach shared memory. Days are UTC
+//! days from the wall clock. An entry missing from shared memory (first use, or after a restart)
+//! is loaded from the tables, so a restart forgets nothing the writer made durable.
+//!
+//! The audit record of every decision, with the ledger changes the call made, goes to a queue in
+//! shared memory that a background writer per database (`writer.rs`) drains into the tables in
+//! batches (group commit), chaining audit rows per tenant. With `ctxguard.audit_wait = on`, a
+//! call returns only once its record is durable. No writer, a full queue or a full ledger: the
+//! call fails closed (`AUDIT_UNAVAILABLE`) before any handler runs.
+
+pub mod shmem;
+pub mod writer;
+
+use std::cell::RefCell;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use ctxguard_core::ledger::{day_end, pg_date, utc_day, Coverage, Key, Table};
+use pgrx::pg_sys;
+use serde_json::{json, Value};
+
+use crate::gucs;
+use shmem::{Ledger, QUEUE_LEN, RECORD_BYTES};
+
+/// Why the ledger cannot take a call (logged; the caller sees `AUDIT_UNAVAILABLE`).
+#[derive(Debug)]
+pub struct Unavailable(pub String);
+
+/// Entries outlive their generation or day by this much (a call in flight at expiry).
+const GRACE: i64 = 3600;
+/// How long a call waits for a writer to start.
+const WRITER_START: Duration = Duration::from_secs(5);
+
+pub fn now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+/// Today, as PostgreSQL's `date` (days since 2000-01-01), in UTC.
+pub fn today() -> i32 {
+    pg_date(utc_day(now()))
+}
+
+fn db() -> u32 {
+    unsafe { pg_sys::MyDatabaseId }.to_u32()
+}
+
+fn key(kind: &str, parts: &[&str]) -> Key {
+    let d = db().to_le_bytes();
+    let mut all: Vec<&[u8]> = vec![kind.as_bytes(), &d];
+    all.extend(parts.iter().map(|p| p.as_bytes()));
+    Key::of(&all)
+}
+
+thread_local! {
+    /// Ledger changes of this backend not yet queued: they travel with its next audit record.
+    static PENDING: RefCell<Vec<Value>> = const { RefCell::new(Vec::new()) };
+}
+
+fn note(change: Value) {
+    PENDING.with(|p| p.borrow_mut().push(change));
+}
+
+fn full(what: &str) -> Unavailable {
+    Unavailable(format!(
+        "the shared-memory ledger has no free slot for {what}"
+    ))
+}
+
+/// Run `f` on the live entry of `key`, loading it first (outside the lock) if it is missing.
+fn with_entry<V: Copy + Default, const N: usize, R>(
+    table: fn(&mut Ledger) -> &mut Table<V, N>,
+    key: &Key,
+    expires: i64,
+    what: &str,
+    load: impl FnOnce() -> V,
+    f: impl FnOnce(&mut V) -> R,
+) -> Result<R, Unavailable> {
+    if !shmem::attached() {
+        return Err(Unavailable(
+            "ctxguard is not in shared_preload_libraries".into(),
+        ));
+    }
+    let t = now();
+    {
+        let mut l = shmem::ledger();
+        if let Some(v) = table(&mut l).get(key, t) {
+            return Ok(f(v));
+        }
+    }
+    let loaded = load();
+    let mut l = shmem::ledger();
+    // Another backend may have loaded it meanwhile: `insert` keeps the live entry.
+    let v = table(&mut l)
+        .insert(key, expires, loaded, t)
+        .map_err(|_| full(what))?;
+    Ok(f(v))
+}
+
+/// Bytes used by generation `id` (expiring at `expires`), `loaded` from its row if missing.
+pub fn generation_used(id: &str, expires: i64, loaded: i64) -> Result<i64, Unavailable> {
+    let k = key("gen", &[id]);
+    with_entry(
+        |l| &mut l.generations,
+        &k,
+        expires + GRACE,
+        "a generation",
+        || loaded,
+        |v| {
+            *v = (*v).max(loaded);
+            *v
+        },
+    )
+}
+
+/// A byte charge refused: which limit, and the bytes it has left.
+pub enum Over {
+    Generation(i64),
+    UserDay(i64),
+}
+
+/// What a generation or a user's day had used after a charge.
+pub struct Charged {
+    pub generation: Option<i64>,
+    pub user_day: i64,
+}
+
+/// The generation a call charges: id, expiry (Unix seconds) and byte limit.
+pub struct GenLimit<'a> {
+    pub id: &'a str,
+    pub expires: i64,
+    pub limit: i64,
+}
+
+/// Charge `bytes` to the generation (if any) and to the user's UTC day, both or neither.
+pub fn charge_bytes(
+    generation: Option<&GenLimit>,
+    tenant: &str,
+    user: &str,
+    day_limit: i64,
+    bytes: i64,
+    load_day: impl FnOnce(i32) -> i64,
+) -> Result<Result<Charged, Over>, Unavailable> {
+    let day = today();
+    let dk = key("day", &[tenant, user, &day.to_string()]);
+    let day_expires = day_end(day + 10_957) + GRACE;
+    with_entry(
+        |l| &mut l.user_days,
+        &dk,
+        day_expires,
+        "a user's day",
+        || load_day(day),
+        |_| (),
+    )?;
+    let gk = generation.map(|g| key("gen", &[g.id]));
+    if let (Some(g), Some(k)) = (generation, &gk) {
+        with_entry(
+            |l| &mut l.generations,
+            k,
+            g.expires + GRACE,
+            "a generation",
+            || 0,
+            |_| (),
+        )?;
+    }
+    let t = now();
+    let mut l = shmem::ledger();
+    let day_used = *l
+        .user_days
+        .get(&dk, t)
+        .ok_or_else(|| full("a user's day"))?;
+    let gen_used = match &gk {
+        Some(k) => Some(
+            *l.generations
+                .get(k, t)
+                .ok_or_else(|| full("a generation"))?,
+        ),
+        None => None,
+    };
+    if let (Some(g), Some(used)) = (generation, gen_used) {
+        if used + bytes > g.limit {
+            return Ok(Err(Over::Generation((g.limit - used).max(0))));
+        }
+    }
+    if day_used + bytes > day_limit {
+        return Ok(Err(Over::UserDay((day_limit - day_used).max(0))));
+    }
+    let new_day = day_used + bytes;
+    *l.user_days.get(&dk, t).expect("checked") = new_day;
+    let new_gen = match &gk {
+        Some(k) => {
+            let v = l.generations.get(k, t).expect("checked");
+            *v += bytes;
+            Some(*v)
+        }
+        None => None,
+    };
+    drop(l);
+    note(json!({"day": [tenant, user, day], "bytes": new_day}));
+    if let (Some(g), Some(b)) = (generation, new_gen) {
+        note(json!({"gen": g.id, "bytes": b}));
+    }
+    Ok(Ok(Charged {
+        generation: new_gen,
+        user_day: new_day,
+    }))
+}
+
+/// Count one call on `doc` in generation `gen`: the count, or `None` at the limit.
+pub fn doc_call(
+    gen: &GenLimit,
+    tenant: &str,
+    doc: &str,
+    limit: i32,
+    load: impl FnOnce() -> i32,
+) -> Result<Option<i32>, Unavailable> {
+    let k = key("doc", &[gen.id, doc]);
+    let taken = with_entry(
+        |l| &mut l.doc_calls,
+        &k,
+        gen.expires + GRACE,
+        "a document's call count",
+        load,
+        |v| {
+            if *v >= limit {
+                None
+            } else {
+                *v += 1;
+                Some(*v)
+            }
+        },
+    )?;
+    if let Some(n) = taken {
+        note(json!({"doc": [gen.id, tenant, doc], "calls": n}));
+    }
+    Ok(taken)
+}
+
+/// Mark `pages` of `doc` read by the user today, unless that exceeds `allowed`:
+/// `Ok(pages read today)` or `Err(pages read before)`.
+pub fn coverage(
+    tenant: &str,
+    user: &str,
+    doc: &str,
+    pages: &[i32],
+    allowed: i64,
+    load: impl FnOnce(i32) -> Vec<i32>,
+) -> Result<Result<i64, i64>, Unavailable> {
+    let day = today();
+    let k = key("cov", &[tenant, user, doc, &day.to_string()]);
+    let taken = with_entry(
+        |l| &mut l.coverage,
+        &k,
+        day_end(day + 10_957) + GRACE,
+        "a document's coverage",
+        || {
+            let mut c = Coverage::default();
+            c.add(&load(day));
+            c
+        },
+        |c| c.take(pages, allowed),
+    )?;
+    if taken.is_ok() && !pages.is_empty() {
+        note(json!({"cov": [tenant, user, doc, day], "pages": pages}));
+    }
+    Ok(taken)
+}
+
+/// Find (or take) this database's queue; `Err` if every slot serves another database.
+fn slot(qs: &mut [shmem::Queue; shmem::DATABASES]) -> Option<usize> {
+    let d = db();
+    if let Some(i) = qs.iter().position(|q| q.db == d) {
+        return Some(i);
+    }
+    let t = now();
+    let i = qs.iter().position(|q| {
+        q.db == 0 || (q.writer_pid == 0 && q.next_seq == q.durable && t - q.start_requested > 60)
+    })?;
+    let q = &mut qs[i];
+    q.db = d;
+    q.writer_pid = 0;
+    q.start_requested = 0;
+    q.next_seq = 0;
+    q.durable = 0;
+    Some(i)
+}
+
+/// Can a call be audited now? Starts this database's writer if it is not running, and waits a
+/// little for it. Called before any handler runs.
+pub fn ready() -> Result<usize, Unavailable> {
+    if !shmem::attached() {
+        return Err(Unavailable(
+            "ctxguard is not in shared_preload_libraries".into(),
+        ));
+    }
+    let deadline = Instant::now() + WRITER_START;
+    loop {
+        let (i, start) = {
+            let mut qs = shmem::queues();
+            let i = slot(&mut qs)
+                .ok_or_else(|| Unavailable("every ledger queue serves another database".into()))?;
+            let q = &mut qs[i];
+            if q.next_seq - q.durable >= QUEUE_LEN as u64 {
+                return Err(Unavailable("the audit queue is full".into()));
+            }
+            if q.writer_pid != 0 {
+                return Ok(i);
+            }
+            let t = now();
+            let start = t - q.start_requested >= WRITER_START.as_secs() as i64;
+            if start {
+                q.start_requested = t;
+            }
+            (i, start)
+        };
+        if start {
+            writer::start(db()).inspect_err(|_| {
+                let mut qs = shmem::queues();
+                qs[i].start_requested = 0;
+            })?;
+        }
+        if Instant::now() >= deadline {
+            return Err(Unavailable("the audit writer did not start".into()));
+        }
+        sleep(shmem::durable_cv(i), 50);
+    }
+}
+
+fn sleep(cv: *mut pg_sys::ConditionVariable, ms: i64) {
+    unsafe {
+        pg_sys::ConditionVariablePrepareToSleep(cv);
+        pg_sys::ConditionVariableTimedSleep(cv, ms, pg_sys::PG_WAIT_EXTENSION);
+        pg_sys::ConditionVariableCancelSleep();
+    }
+}
+
+/// Queue the audit record `audit` (with this backend's pending ledger changes); its sequence
+/// number and queue.
+pub fn submit(mut audit: Value) -> Result<(usize, u64), Unavailable> {
+    let i = ready()?;
+    let at = unsafe { pg_sys::GetCurrentTimestamp() };
+    audit["at_us"] = json!(at);
+    let changes = PENDING.with(|p| std::mem::take(&mut *p.borrow_mut()));
+    let text = json!({"a": audit, "l": changes}).to_string();
+    if text.len() > RECORD_BYTES {
+        return Err(Unavailable(format!(
+            "an audit record of {} bytes exceeds {RECORD_BYTES}",
+            text.len()
+        )));
+    }
+    let seq = {
+        let mut qs = shmem::queues();
+        let q = &mut qs[i];
+        if q.db != db() || q.next_seq - q.durable >= QUEUE_LEN as u64 {
+            return Err(Unavailable("the audit queue is full".into()));
+        }
+        let seq = q.next_seq + 1;
+        let r = &mut q.ring[(seq % QUEUE_LEN as u64) as usize];
+        r.seq = seq;
+        r.len = text.len() as u32;
+        r.data[..text.len()].copy_from_slice(text.as_bytes());
+        q.next_seq = seq;
+        seq
+    };
+    unsafe { pg_sys::ConditionVariableSignal(shmem::work_cv(i)) };
+    Ok((i, seq))
+}
+
+/// Wait until record `seq` of queue `i` is durable (`ctxguard.audit_wait`), interruptibly.
+pub fn wait(i: usize, seq: u64) -> Result<(), Unavailable> {
+    if !gucs::AUDIT_WAIT.get() {
+        return Ok(());
+    }
+    let deadline =
+        Instant::now() + Duration::from_secs(gucs::AUDIT_WAIT_TIMEOUT.get().max(1) as u64);
+    let cv = shmem::durable_cv(i);
+    unsafe { pg_sys::ConditionVariablePrepareToSleep(cv) };
+    let done = loop {
+        {
+            let qs = shmem::queues();
+            if qs[i].db != db() {
+                break true;
+            }
+            if qs[i].durable >= seq {
+                // Written, unless the writer could not write this record.
+                break !qs[i].failed.contains(&seq);
+            }
+        }
+        if Instant::now() >= deadline {
+            break false;
+        }
+        // Returns on a broadcast or after 100 ms; checks for interrupts (cancel, terminate).
+        unsafe { pg_sys::ConditionVariableTimedSleep(cv, 100, pg_sys::PG_WAIT_EXTENSION) };
+    };
+    unsafe { pg_sys::ConditionVariableCancelSleep() };
+    if done {
+        Ok(())
+    } else {
+        Err(Unavailable(
+            "the audit record could not be made durable (writer error, or ctxguard.audit_wait_timeout)"
+                .into(),
+        ))
+    }
+}
+
+/// This database's writer: pid, last durable sequence number, batches, records, last and largest
+/// batch (for `ctxguard.ledger_stats()`).
+pub fn stats() -> Option<(i32, u64, u64, u64, u32, u32)> {
+    if !shmem::attached() {
+        return None;
+    }
+    let qs = shmem::queues();
+    qs.iter().find(|q| q.db == db()).map(|q| {
+        (
+            q.writer_pid,
+            q.durable,
+            q.batches,
+            q.records,
+            q.last_batch,
+            q.max_batch,
+        )
+    })
+}

@@ -1,0 +1,479 @@
+//! The background writer: one per database, started on demand by the first call that needs it
+//! (a dynamic background worker, restarted by the postmaster if it fails), exiting after
+//! `ctxguard.audit_writer_idle` seconds without work so that it holds no worker slot forever.
+//!
+//! Each batch (every record queued since the last one, up to [`MAX_BATCH`]) is written in one
+//! transaction — group commit: one WAL flush for many calls — and then published as durable.
+//! The writer is the only process that inserts audit rows, so it alone extends each tenant's
+//! hash chain: `row_hash = sha256(prev_hash, canonical row text)` (`ctxguard_core::ledger`).
+//! `ctxguard.verify_audit(tenant)` recomputes the chain and reports the first broken link.
+//!
+//! Ledger changes travel as absolute values (`GREATEST` on write), so replays and reordering
+//! never lower a persisted counter.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use ctxguard_core::ledger::{chain_hash, first_broken};
+use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, SignalWakeFlags};
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use pgrx::JsonB;
+use serde_json::{json, Value};
+
+use super::{shmem, Unavailable};
+use crate::gucs;
+use crate::owner::as_owner;
+use crate::pgutil::{in_subtransaction, raise};
+
+/// Most records in one batch.
+pub const MAX_BATCH: usize = 256;
+
+/// Ask the postmaster for a writer for database `db`.
+pub fn start(db: u32) -> Result<(), Unavailable> {
+    BackgroundWorkerBuilder::new(&format!("ctxguard ledger writer {db}"))
+        .set_type("ctxguard ledger writer")
+        .set_library("ctxguard")
+        .set_function("ctxguard_ledger_writer_main")
+        .set_argument(Some(pg_sys::Datum::from(db as usize)))
+        .enable_spi_access()
+        .set_restart_time(Some(Duration::from_secs(1)))
+        .load_dynamic()
+        .map(|_| ())
+        .map_err(|_| {
+            Unavailable(
+                "no background worker slot for the audit writer (raise max_worker_processes)"
+                    .into(),
+            )
+        })
+}
+
+/// The canonical text of an audit row `r` that its hash covers (time as integer microseconds,
+/// so that no session setting changes it).
+const CANON: &str = "pg_catalog.jsonb_build_array(r.call_id, r.tenant_id, r.user_id, r.page_type,
+    r.entity_type, r.entity_id, r.tool, r.decision, r.code, r.args_hash, r.result_bytes, r.generation,
+    r.trace_id, r.doc_id, r.tokens, r.masked, r.budget,
+    (EXTRACT(epoch FROM r.at) * 1000000)::pg_catalog.int8)::pg_catalog.text";
+
+/// The columns of a queued audit row.
+const AUDIT_COLUMNS: &str = "v(i pg_catalog.int4, call_id pg_catalog.uuid, tenant_id pg_catalog.text,
+    user_id pg_catalog.text, page_type pg_catalog.text, entity_type pg_catalog.text, entity_id pg_catalog.text,
+    tool pg_catalog.text, decision pg_catalog.text, code pg_catalog.text, args_hash pg_catalog.text,
+    result_bytes pg_catalog.int4, generation pg_catalog.uuid, trace_id pg_catalog.text, doc_id pg_catalog.text,
+    tokens pg_catalog.int4, masked pg_catalog.jsonb, budget pg_catalog.jsonb, at_us pg_catalog.int8,
+    prev_hash pg_catalog.text, row_hash pg_catalog.text)";
+
+const AT: &str = "'2000-01-01 00:00:00+00'::pg_catalog.timestamptz + v.at_us * '1 microsecond'::pg_catalog.interval";
+
+#[pg_guard]
+#[no_mangle]
+pub extern "C-unwind" fn ctxguard_ledger_writer_main(arg: pg_sys::Datum) {
+    let db = arg.value() as u32;
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    BackgroundWorker::connect_worker_to_spi_by_oid(Some(pg_sys::Oid::from(db)), None);
+    let installed = BackgroundWorker::transaction(|| {
+        crate::owner::pinned(|| {
+            Spi::get_one::<bool>(
+                "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension
+                                 WHERE extname OPERATOR(pg_catalog.=) 'ctxguard'::pg_catalog.name)",
+            )
+        })
+        .ok()
+        .flatten()
+        .unwrap_or(false)
+    });
+    if !installed {
+        return;
+    }
+    let Some(i) = claim(db) else { return };
+    unsafe { pg_sys::before_shmem_exit(Some(release), pg_sys::Datum::from(i)) };
+    pgrx::log!("ctxguard: ledger writer started for database {db}");
+    let mut chains: HashMap<Option<String>, String> = HashMap::new();
+    let mut idle_since = Instant::now();
+    loop {
+        if BackgroundWorker::sighup_received() {
+            unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+        }
+        let cv = shmem::work_cv(i);
+        unsafe { pg_sys::ConditionVariablePrepareToSleep(cv) };
+        let batch = take(i);
+        if batch.is_empty() {
+            let idle = Duration::from_secs(gucs::AUDIT_WRITER_IDLE.get().max(1) as u64);
+            if BackgroundWorker::sigterm_received() || idle_since.elapsed() >= idle {
+                unsafe { pg_sys::ConditionVariableCancelSleep() };
+                if retire(i) {
+                    return;
+                }
+                continue;
+            }
+            unsafe {
+                pg_sys::ConditionVariableTimedSleep(cv, 1000, pg_sys::PG_WAIT_EXTENSION);
+                pg_sys::ConditionVariableCancelSleep();
+            }
+            continue;
+        }
+        unsafe { pg_sys::ConditionVariableCancelSleep() };
+        idle_since = Instant::now();
+        let last = batch.last().map_or(0, |(s, _)| *s);
+        let n = batch.len();
+        let chains_ref = std::panic::AssertUnwindSafe(&mut chains);
+        let failed = BackgroundWorker::transaction(std::panic::AssertUnwindSafe(move || {
+            let chains = chains_ref;
+            write(&batch, chains.0)
+        }));
+        publish(i, last, n, &failed);
+    }
+}
+
+/// Take queue slot `i` for this process, unless a live writer has it.
+fn claim(db: u32) -> Option<usize> {
+    let me = unsafe { pg_sys::MyProcPid };
+    let i = {
+        let mut qs = shmem::queues();
+        let i = match qs.iter().position(|q| q.db == db) {
+            Some(i) => i,
+            None => {
+                let i = qs.iter().position(|q| q.db == 0)?;
+                qs[i].db = db;
+                i
+            }
+        };
+        let q = &mut qs[i];
+        if q.writer_pid != 0 && q.writer_pid != me && unsafe { libc_kill(q.writer_pid) } {
+            return None;
+        }
+        q.writer_pid = me;
+        q.start_requested = 0;
+        i
+    };
+    unsafe { pg_sys::ConditionVariableBroadcast(shmem::durable_cv(i)) };
+    Some(i)
+}
+
+/// Is process `pid` alive?
+unsafe fn libc_kill(pid: i32) -> bool {
+    extern "C" {
+        fn kill(pid: i32, sig: i32) -> i32;
+    }
+    unsafe { kill(pid, 0) == 0 }
+}
+
+/// Give the slot up if nothing is queued; false if work arrived meanwhile.
+fn retire(i: usize) -> bool {
+    let mut qs = shmem::queues();
+    let q = &mut qs[i];
+    if q.next_seq != q.durable {
+        return false;
+    }
+    q.writer_pid = 0;
+    true
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn release(_code: i32, arg: pg_sys::Datum) {
+    let i = arg.value();
+    unsafe { pg_sys::LWLockReleaseAll() };
+    {
+        let mut qs = shmem::queues();
+        if qs[i].writer_pid == unsafe { pg_sys::MyProcPid } {
+            qs[i].writer_pid = 0;
+        }
+    }
+    unsafe { pg_sys::ConditionVariableBroadcast(shmem::durable_cv(i)) };
+}
+
+/// Copy the records not yet durable (up to MAX_BATCH) out of queue `i`.
+fn take(i: usize) -> Vec<(u64, String)> {
+    let qs = shmem::queues();
+    let q = &qs[i];
+    let end = q.next_seq.min(q.durable + MAX_BATCH as u64);
+    (q.durable + 1..=end)
+        .map(|seq| {
+            let r = &q.ring[(seq % shmem::QUEUE_LEN as u64) as usize];
+            let text = String::from_utf8_lossy(&r.data[..r.len as usize]).into_owned();
+            (seq, text)
+        })
+        .collect()
+}
+
+/// Write a batch in subtransactions: whole, or (if that fails) record by record, so that one
+/// record the tables refuse fails its own call only. Returns the records not written.
+fn write(batch: &[(u64, String)], chains: &mut HashMap<Option<String>, String>) -> Vec<u64> {
+    if let Ok(heads) = in_subtransaction(false, || apply(batch, chains)) {
+        chains.extend(heads);
+        return Vec::new();
+    }
+    let mut failed = Vec::new();
+    for rec in batch {
+        match in_subtransaction(false, || apply(std::slice::from_ref(rec), chains)) {
+            Ok(heads) => chains.extend(heads),
+            Err(c) => {
+                pgrx::warning!(
+                    "ctxguard: ledger writer could not write record {} (SQLSTATE {}); its call fails",
+                    rec.0,
+                    c.sqlstate
+                );
+                failed.push(rec.0);
+            }
+        }
+    }
+    failed
+}
+
+fn publish(i: usize, last: u64, n: usize, failed: &[u64]) {
+    {
+        let mut qs = shmem::queues();
+        let q = &mut qs[i];
+        for &f in failed {
+            let k = q.failed_next as usize % shmem::FAILED;
+            q.failed[k] = f;
+            q.failed_next = q.failed_next.wrapping_add(1);
+        }
+        q.durable = q.durable.max(last);
+        q.batches += 1;
+        q.records += n as u64;
+        q.last_batch = n as u32;
+        q.max_batch = q.max_batch.max(n as u32);
+    }
+    unsafe { pg_sys::ConditionVariableBroadcast(shmem::durable_cv(i)) };
+}
+
+fn s(v: &Value, i: usize) -> Value {
+    v.get(i).cloned().unwrap_or(Value::Null)
+}
+
+/// Write one batch (inside the writer's transaction); the new chain heads.
+fn apply(
+    batch: &[(u64, String)],
+    chains: &HashMap<Option<String>, String>,
+) -> HashMap<Option<String>, String> {
+    let mut heads: HashMap<Option<String>, String> = HashMap::new();
+    let mut audits = Vec::new();
+    let mut gens: HashMap<String, i64> = HashMap::new();
+    let mut docs: HashMap<(String, String), (Value, i64)> = HashMap::new();
+    let mut days: HashMap<(String, String, i64), i64> = HashMap::new();
+    let mut pages = Vec::new();
+    for (_, text) in batch {
+        let Ok(rec) = serde_json::from_str::<Value>(text) else {
+            pgrx::warning!("ctxguard: ledger writer skipped a malformed record");
+            continue;
+        };
+        for ch in rec["l"].as_array().into_iter().flatten() {
+            if let Some(g) = ch["gen"].as_str() {
+                let b = ch["bytes"].as_i64().unwrap_or(0);
+                let e = gens.entry(g.to_string()).or_insert(b);
+                *e = (*e).max(b);
+            } else if let Some(d) = ch["doc"].as_array() {
+                let d = Value::Array(d.clone());
+                let k = (
+                    s(&d, 0).as_str().unwrap_or_default().to_string(),
+                    s(&d, 2).as_str().unwrap_or_default().to_string(),
+                );
+                let n = ch["calls"].as_i64().unwrap_or(0);
+                let e = docs.entry(k).or_insert((s(&d, 1), n));
+                e.1 = e.1.max(n);
+            } else if let Some(d) = ch["day"].as_array() {
+                let d = Value::Array(d.clone());
+                let k = (
+                    s(&d, 0).as_str().unwrap_or_default().to_string(),
+                    s(&d, 1).as_str().unwrap_or_default().to_string(),
+                    s(&d, 2).as_i64().unwrap_or(0),
+                );
+                let b = ch["bytes"].as_i64().unwrap_or(0);
+                let e = days.entry(k).or_insert(b);
+                *e = (*e).max(b);
+            } else if let Some(c) = ch["cov"].as_array() {
+                for p in ch["pages"].as_array().into_iter().flatten() {
+                    pages.push(json!({"t": c.first(), "u": c.get(1), "d": c.get(2), "day": c.get(3), "p": p}));
+                }
+            }
+        }
+        if rec["a"].is_object() {
+            let mut a = rec["a"].clone();
+            a["i"] = json!(audits.len());
+            audits.push(a);
+        }
+    }
+    let gens: Vec<Value> = gens
+        .into_iter()
+        .map(|(g, b)| json!({"id": g, "b": b}))
+        .collect();
+    let docs: Vec<Value> = docs
+        .into_iter()
+        .map(|((g, d), (t, n))| json!({"g": g, "t": t, "d": d, "n": n}))
+        .collect();
+    let days: Vec<Value> = days
+        .into_iter()
+        .map(|((t, u, day), b)| json!({"t": t, "u": u, "day": day, "b": b}))
+        .collect();
+    let result = as_owner(|| {
+        Spi::connect_mut(|c| {
+            if !gens.is_empty() {
+                c.update(
+                    "UPDATE ctxguard.generations g SET bytes_used = v.b
+                       FROM pg_catalog.jsonb_to_recordset($1) AS v(id pg_catalog.uuid, b pg_catalog.int8)
+                      WHERE g.id OPERATOR(pg_catalog.=) v.id AND g.bytes_used OPERATOR(pg_catalog.<) v.b",
+                    None,
+                    &[JsonB(Value::Array(gens)).into()],
+                )?;
+            }
+            if !docs.is_empty() {
+                c.update(
+                    "INSERT INTO ctxguard.document_calls AS d (generation, tenant_id, doc_id, calls)
+                     SELECT v.g, v.t, v.d, v.n
+                       FROM pg_catalog.jsonb_to_recordset($1) AS v(g pg_catalog.uuid, t pg_catalog.text, d pg_catalog.text, n pg_catalog.int4)
+                      WHERE EXISTS (SELECT 1 FROM ctxguard.generations g WHERE g.id OPERATOR(pg_catalog.=) v.g FOR KEY SHARE)
+                     ON CONFLICT (generation, doc_id) DO UPDATE SET calls = GREATEST(d.calls, EXCLUDED.calls)",
+                    None,
+                    &[JsonB(Value::Array(docs)).into()],
+                )?;
+            }
+            if !days.is_empty() {
+                c.update(
+                    "INSERT INTO ctxguard.user_day_usage AS u (tenant_id, user_id, day, bytes)
+                     SELECT v.t, v.u, '2000-01-01'::pg_catalog.date OPERATOR(pg_catalog.+) v.day, v.b
+                       FROM pg_catalog.jsonb_to_recordset($1) AS v(t pg_catalog.text, u pg_catalog.text, day pg_catalog.int4, b pg_catalog.int8)
+                     ON CONFLICT (tenant_id, user_id, day) DO UPDATE SET bytes = GREATEST(u.bytes, EXCLUDED.bytes)",
+                    None,
+                    &[JsonB(Value::Array(days)).into()],
+                )?;
+            }
+            if !pages.is_empty() {
+                c.update(
+                    "INSERT INTO ctxguard.document_coverage (tenant_id, user_id, doc_id, day, page_no)
+                     SELECT v.t, v.u, v.d, '2000-01-01'::pg_catalog.date OPERATOR(pg_catalog.+) v.day, v.p
+                       FROM pg_catalog.jsonb_to_recordset($1) AS v(t pg_catalog.text, u pg_catalog.text, d pg_catalog.text, day pg_catalog.int4, p pg_catalog.int4)
+                     ON CONFLICT DO NOTHING",
+                    None,
+                    &[JsonB(Value::Array(pages)).into()],
+                )?;
+            }
+            if audits.is_empty() {
+                return Ok(());
+            }
+            let rows = Value::Array(audits.clone());
+            let canon: Vec<String> = c
+                .select(
+                    &format!(
+                        "SELECT {CANON} FROM (SELECT v.*, {AT} AS at
+                           FROM pg_catalog.jsonb_to_recordset($1) AS {AUDIT_COLUMNS}) r ORDER BY r.i"
+                    ),
+                    None,
+                    &[JsonB(rows).into()],
+                )?
+                .map(|r| r.get::<String>(1).map(Option::unwrap_or_default))
+                .collect::<Result<_, _>>()?;
+            for (a, text) in audits.iter_mut().zip(canon) {
+                let tenant = a["tenant_id"].as_str().map(str::to_string);
+                let prev = match heads.get(&tenant).or_else(|| chains.get(&tenant)) {
+                    Some(h) => h.clone(),
+                    None => last_hash(c, tenant.as_deref())?,
+                };
+                let hash = chain_hash(&prev, &[Some(&text)]);
+                a["prev_hash"] = json!(prev);
+                a["row_hash"] = json!(hash);
+                heads.insert(tenant, hash);
+            }
+            c.update(
+                &format!(
+                    "INSERT INTO ctxguard.audit_log (at, call_id, tenant_id, user_id, page_type, entity_type, entity_id,
+                         tool, decision, code, args_hash, result_bytes, generation, trace_id, doc_id, tokens, masked,
+                         budget, prev_hash, row_hash)
+                     SELECT {AT}, v.call_id, v.tenant_id, v.user_id, v.page_type, v.entity_type, v.entity_id,
+                            v.tool, v.decision, v.code, v.args_hash, v.result_bytes, v.generation, v.trace_id, v.doc_id,
+                            v.tokens, v.masked, v.budget, v.prev_hash, v.row_hash
+                       FROM pg_catalog.jsonb_to_recordset($1) AS {AUDIT_COLUMNS} ORDER BY v.i"
+                ),
+                None,
+                &[JsonB(Value::Array(audits)).into()],
+            )?;
+            Ok::<_, pgrx::spi::Error>(())
+        })
+    });
+    if let Err(e) = result {
+        raise(
+            PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+            format!("ctxguard: ledger writer: {e}"),
+        );
+    }
+    heads
+}
+
+fn last_hash(
+    c: &mut pgrx::spi::SpiClient<'_>,
+    tenant: Option<&str>,
+) -> Result<String, pgrx::spi::Error> {
+    let sql = match tenant {
+        Some(_) => "SELECT row_hash FROM ctxguard.audit_log WHERE tenant_id OPERATOR(pg_catalog.=) $1
+                     AND row_hash IS NOT NULL ORDER BY id DESC LIMIT 1",
+        None => "SELECT row_hash FROM ctxguard.audit_log WHERE tenant_id IS NULL AND $1::pg_catalog.text IS NULL
+                  AND row_hash IS NOT NULL ORDER BY id DESC LIMIT 1",
+    };
+    let mut rows = c.select(sql, Some(1), &[tenant.into()])?;
+    Ok(match rows.next() {
+        Some(r) => r.get::<String>(1)?.unwrap_or_default(),
+        None => String::new(),
+    })
+}
+
+/// Recompute a tenant's audit chain (rows the writer wrote, in id order): the first row whose
+/// hash does not cover its content and its predecessor's hash. Superuser or the owner only.
+#[pg_extern(volatile, parallel_unsafe)]
+fn verify_audit(tenant: Option<&str>) -> JsonB {
+    let _pin = crate::owner::pin();
+    crate::handler::refuse_inside("verify_audit");
+    let rows = as_owner(|| {
+        Spi::connect(|c| {
+            let sql = format!(
+                "SELECT r.id, r.prev_hash, r.row_hash, {CANON} FROM ctxguard.audit_log r
+                  WHERE (r.tenant_id OPERATOR(pg_catalog.=) $1 OR (r.tenant_id IS NULL AND $1 IS NULL))
+                    AND r.row_hash IS NOT NULL ORDER BY r.id"
+            );
+            c.select(&sql, None, &[tenant.into()])?
+                .map(|r| {
+                    Ok::<_, pgrx::spi::Error>((
+                        r.get::<i64>(1)?.unwrap_or_default(),
+                        r.get::<String>(2)?.unwrap_or_default(),
+                        r.get::<String>(3)?.unwrap_or_default(),
+                        r.get::<String>(4)?.unwrap_or_default(),
+                    ))
+                })
+                .collect::<Result<Vec<_>, _>>()
+        })
+    })
+    .unwrap_or_else(|e| raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, format!("ctxguard: {e}")));
+    let broken = first_broken(
+        rows.iter()
+            .map(|(_, p, h, t)| (p.as_str(), h.as_str(), vec![Some(t.as_str())])),
+    );
+    JsonB(json!({
+        "tenant_id": tenant,
+        "rows": rows.len(),
+        "intact": broken.is_none(),
+        "first_broken_id": broken.map(|b| rows[b].0),
+    }))
+}
+
+/// This database's audit writer: pid (NULL if none), last durable record, batches, records,
+/// last and largest batch size.
+#[pg_extern(volatile, parallel_unsafe)]
+fn ledger_stats() -> JsonB {
+    JsonB(match super::stats() {
+        Some((pid, durable, batches, records, last, max)) => json!({
+            "writer_pid": (pid != 0).then_some(pid),
+            "durable": durable,
+            "batches": batches,
+            "records": records,
+            "last_batch": last,
+            "max_batch": max,
+            "avg_batch": if batches > 0 { records as f64 / batches as f64 } else { 0.0 },
+        }),
+        None => json!({"writer_pid": null}),
+    })
+}
+
+pgrx::extension_sql_file!(
+    "../../sql/ledger.sql",
+    name = "ledger",
+    requires = ["documents", verify_audit, ledger_stats]
+);
