@@ -14,7 +14,9 @@ use support::{env, token};
 static CATALOG: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    CATALOG.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    CATALOG
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn visible_and_call(c: &mut Client, tok: &str) -> (Vec<String>, Value) {
