@@ -101,7 +101,9 @@ fn coverage_race(user: &str, level: IsolationLevel) {
     let tok = token(user, "acme", &["ap_clerk"]);
     let gens: Vec<String> = {
         let mut c = connect();
-        (0..8).map(|_| generation(&mut c, &tok, &library())).collect()
+        (0..8)
+            .map(|_| generation(&mut c, &tok, &library()))
+            .collect()
     };
     let t = tok.clone();
     let results = race(
@@ -162,8 +164,14 @@ fn racers_for_the_last_bytes_of_a_generation_never_overspend_it() {
         )
         .unwrap();
     let (returned, limit, rows): (i64, Option<i64>, i64) = (row.get(0), row.get(1), row.get(2));
-    assert_eq!(rows, 8, "every call is audited although every caller rolled back");
-    assert!(returned <= limit.unwrap_or(i64::MAX), "{returned} > {limit:?}");
+    assert_eq!(
+        rows, 8,
+        "every call is audited although every caller rolled back"
+    );
+    assert!(
+        returned <= limit.unwrap_or(i64::MAX),
+        "{returned} > {limit:?}"
+    );
     let persisted: i64 = a
         .query_one(
             "SELECT bytes_used FROM ctxguard.generations WHERE id = $1::text::uuid",
@@ -179,8 +187,11 @@ fn racers_for_the_last_bytes_of_a_users_day_never_overspend_it() {
     let tenant = "ledger_day_co";
     let tok = token("day_racer", tenant, &[]);
     let mut a = admin();
-    a.execute("DELETE FROM ctxguard.tenant_limits WHERE tenant_id = $1", &[&tenant])
-        .unwrap();
+    a.execute(
+        "DELETE FROM ctxguard.tenant_limits WHERE tenant_id = $1",
+        &[&tenant],
+    )
+    .unwrap();
     // One call to learn the size of list_available_tools' result.
     let first = {
         let mut c = connect();
@@ -188,7 +199,10 @@ fn racers_for_the_last_bytes_of_a_users_day_never_overspend_it() {
         tx.execute("SELECT ctxguard.set_context($1, $2)", &[&tok, &library()])
             .unwrap();
         let r: Value = tx
-            .query_one("SELECT ctxguard.call_tool('list_available_tools', '{}')", &[])
+            .query_one(
+                "SELECT ctxguard.call_tool('list_available_tools', '{}')",
+                &[],
+            )
             .unwrap()
             .get(0);
         tx.rollback().unwrap();
@@ -217,8 +231,11 @@ fn racers_for_the_last_bytes_of_a_users_day_never_overspend_it() {
         "list_available_tools",
         |_| json!({}),
     );
-    a.execute("DELETE FROM ctxguard.tenant_limits WHERE tenant_id = $1", &[&tenant])
-        .unwrap();
+    a.execute(
+        "DELETE FROM ctxguard.tenant_limits WHERE tenant_id = $1",
+        &[&tenant],
+    )
+    .unwrap();
     let ok = results.iter().filter(|r| code(r) == "ok").count();
     assert_eq!(ok, 3, "{results:?}");
     assert!(results
