@@ -119,6 +119,10 @@ struct Rule {
 /// A compiled rule set. Build once per backend (and whenever the rules change).
 pub struct Masker {
     rules: Vec<Rule>,
+    /// All patterns at once: a text of at most [`SEGMENT_BYTES`] that none of them matches is
+    /// passed over in one search instead of one per rule (most text; the keys and numbers of a
+    /// JSON result; a result whose text was masked before).
+    any: Option<regex::RegexSet>,
 }
 
 /// Matches masked per rule name.
@@ -409,7 +413,11 @@ impl Masker {
                 separators: separators(&s.pattern),
             });
         }
-        Ok(Masker { rules })
+        let any = regex::RegexSetBuilder::new(specs.iter().map(|s| s.pattern.as_str()))
+            .size_limit(8 << 20)
+            .build()
+            .ok();
+        Ok(Masker { rules, any })
     }
 
     /// The spans (view offsets) of one rule's accepted matches, in order, appended to `out`.
@@ -475,6 +483,10 @@ impl Masker {
         scan.work(text.len() / 8);
         let normalised = normalise(text);
         let view = normalised.as_ref().map_or(text, |n| n.text.as_str());
+        if view.len() <= SEGMENT_BYTES && self.any.as_ref().is_some_and(|a| !a.is_match(view)) {
+            scan.work(view.len());
+            return Ok(None);
+        }
         // Accepted spans (view offsets, rule index): sorted and disjoint.
         let mut spans: Vec<(usize, usize, usize)> = Vec::new();
         let mut fresh: Vec<(usize, usize)> = Vec::new();
