@@ -315,7 +315,7 @@ const INSTRUCTIONS: &str = "ctxguard tools follow the page the user is on: the l
 the page (you will get notifications/tools/list_changed), ids of the entity on the page are filled \
 in for you, and every call is re-checked, masked, budgeted and audited by the database. A refused \
 call is a tool error carrying a stable code (e.g. TOOL_NOT_VISIBLE, ENTITY_MISMATCH, \
-APPROVAL_REQUIRED, RATE_LIMIT_EXCEEDED).";
+APPROVAL_REQUIRED, RATE_LIMIT_EXCEEDED, RESULT_TOO_LARGE).";
 
 fn caller_of(ext: &rmcp::model::Extensions) -> Result<(Caller, Option<Value>), McpError> {
     let parts = ext
