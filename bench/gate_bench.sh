@@ -5,7 +5,7 @@
 #   bench/gate_bench.sh --write    # ... and rewrite the results block of BENCHMARKS.md
 #
 # Environment:
-#   BENCH_SECONDS   duration of each pgbench run (default 12; 8 runs, so ~2 min in all)
+#   BENCH_SECONDS   duration of each pgbench run (default 12; 10 runs, so ~2.5 min in all)
 #   BENCH_RUN       cluster directory (default /tmp/ctxguard-bench: a dedicated cluster, so that it
 #                   preloads the release build just installed; a shared dev cluster keeps whatever
 #                   ctxguard.so it preloaded at start until it is restarted)
@@ -105,21 +105,27 @@ stmt() {
 
 # Warm up shared buffers and the catalog caches after the (re)start: 2 s per script, discarded.
 log "warm-up"
-for script in baseline.sql ctxguard.sql context_gate_a.sql; do
+for script in baseline.sql baseline_audit.sql ctxguard.sql context_gate_a.sql; do
   pgbench -n -M prepared -c 1 -j 1 -T 2 -h "$RUN" -p "$PGPORT" -U ctxguard_gateway -D token="$TOKEN" \
     -f "$BENCH_DIR/$script" "$DB" >/dev/null 2>&1 || die "warm-up with $script failed"
 done
 
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 audit_before=$(psql_su -d "$DB" -Atc "SELECT count(*) FROM ctxguard.audit_log")
+# audit_wait is superuser-only: the off runs get it from a role setting.
+nowait() { psql_su -d "$DB" -c "ALTER ROLE ctxguard_gateway IN DATABASE $DB $1" >/dev/null; }
 for c in 1 4; do
   j=$(( c > 1 ? 2 : 1 ))
   run baseline baseline.sql "$c" "$j"
+  run baseline_audit baseline_audit.sql "$c" "$j"
   run ctxguard ctxguard.sql "$c" "$j"
   run gate_a context_gate_a.sql "$c" "$j"
-  # Diagnostic: the same ctxguard transaction without waiting for the WAL flush of its audit row.
-  run ctxguard_async ctxguard.sql "$c" "$j" "-c synchronous_commit=off"
+  # The same ctxguard transaction with ctxguard.audit_wait = off (results before the audit is durable).
+  nowait "SET ctxguard.audit_wait = off"
+  run ctxguard_nowait ctxguard.sql "$c" "$j"
+  nowait "RESET ctxguard.audit_wait"
 done
+writer=$(psql_su -d "$DB" -Atc "SELECT ctxguard.ledger_stats()")
 
 # Every Gate B call of the runs must have been allowed (no silent denials measured as speed).
 bad=$(psql_su -d "$DB" -Atc "SELECT count(*) FILTER (WHERE decision <> 'allow') || '|' || count(*) - $audit_before
@@ -132,23 +138,27 @@ bad=$(psql_su -d "$DB" -Atc "SELECT count(*) FILTER (WHERE decision <> 'allow') 
 # The backticks below are Markdown code spans, not command substitutions.
 # shellcheck disable=SC2016
 report() {
-  local c tps lat base_tps label
-  printf '| scenario | clients | tps | avg latency ms | ratio vs baseline |\n'
-  printf '|---|---:|---:|---:|---:|\n'
+  local c tps lat base_tps audit_tps label
+  printf '| scenario | clients | tps | avg latency ms | ratio vs baseline | ratio vs careful baseline |\n'
+  printf '|---|---:|---:|---:|---:|---:|\n'
   for c in 1 4; do
     base_tps=$(field "$OUT/baseline-c$c.txt" | cut -d'|' -f1)
-    for name in baseline ctxguard gate_a ctxguard_async; do
+    audit_tps=$(field "$OUT/baseline_audit-c$c.txt" | cut -d'|' -f1)
+    for name in baseline baseline_audit ctxguard gate_a ctxguard_nowait; do
       case $name in
-        baseline) label='baseline: `set_config` + `bench.invoice_get()`' ;;
+        baseline) label='baseline: `set_config` + `bench.invoice_get()` (no audit)' ;;
+        baseline_audit) label='careful baseline: the same + its own audit `INSERT`' ;;
         ctxguard) label='ctxguard: `set_context` + `visible_tools` + `call_tool(invoice.get)`' ;;
         gate_a) label='context + Gate A only: `set_context` + `visible_tools`' ;;
-        ctxguard_async) label='ctxguard, `synchronous_commit=off` (diagnostic)' ;;
+        ctxguard_nowait) label='ctxguard, `ctxguard.audit_wait = off`' ;;
       esac
       IFS='|' read -r tps lat <<<"$(field "$OUT/$name-c$c.txt")"
-      printf '| %s | %s | %s | %s | %s |\n' "$label" "$c" "$tps" "$lat" \
-        "$(awk -v a="$tps" -v b="$base_tps" 'BEGIN {printf "%.2f", a / b}')"
+      printf '| %s | %s | %s | %s | %s | %s |\n' "$label" "$c" "$tps" "$lat" \
+        "$(awk -v a="$tps" -v b="$base_tps" 'BEGIN {printf "%.2f", a / b}')" \
+        "$(awk -v a="$tps" -v b="$audit_tps" 'BEGIN {printf "%.2f", a / b}')"
     done
   done
+  printf '\nAudit writer after the runs: %s.\n' "$writer"
   local f=$OUT/gate_a-c1.txt g=$OUT/ctxguard-c1.txt
   local sc va cm
   sc=$(stmt "$f" 'set_context'); va=$(stmt "$f" 'visible_tools'); cm=$(stmt "$f" '^ *[0-9.]+ +[0-9]+ +COMMIT')
@@ -163,7 +173,7 @@ report() {
     "$(stmt "$OUT/baseline-c1.txt" 'set_config')" "$(stmt "$OUT/baseline-c1.txt" 'invoice_get')" \
     "$(stmt "$OUT/baseline-c1.txt" '^ *[0-9.]+ +[0-9]+ +COMMIT')"
   printf '\nRun: %s, commit %s, %s build, %s x %s s pgbench runs (`-n -M prepared -r`, 1 client `-j 1`, 4 clients `-j 2`), ' \
-    "$(date -u +%Y-%m-%dT%H:%MZ)" "$(bench_rev pg_ext)" "$PROFILE" 8 "$SECONDS_PER_RUN"
+    "$(date -u +%Y-%m-%dT%H:%MZ)" "$(bench_rev pg_ext)" "$PROFILE" 10 "$SECONDS_PER_RUN"
   printf '%s of %s catalogued tools visible on the page, %s audit rows written (all `allow`), load average before: %s.\n' \
     "$n_visible" "$n_catalog" "${bad#*|}" "$load_before"
   bench_machine "$(pgbench --version)"

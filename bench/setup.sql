@@ -196,3 +196,15 @@ REVOKE EXECUTE ON FUNCTION bench.invoice_get(jsonb) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION bench.invoice_get(jsonb) TO ctxguard_gateway;
 
 ANALYZE demo.vendors, demo.invoices, ctxguard.tools, ctxguard.tool_policies, ctxguard.page_types;
+
+-- 3. The CAREFUL BASELINE (issue 13): the same, plus the audit row a careful app writes for each
+--    call in its own transaction (and so a WAL flush at its COMMIT).
+CREATE TABLE bench.audit (
+    id        bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    at        timestamptz NOT NULL DEFAULT clock_timestamp(),
+    tenant_id text NOT NULL,
+    tool      text NOT NULL,
+    args_hash text NOT NULL,
+    result_bytes integer NOT NULL
+);
+GRANT INSERT ON bench.audit TO ctxguard_gateway;
