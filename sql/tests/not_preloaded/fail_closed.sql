@@ -15,5 +15,7 @@ BEGIN;
 SELECT throws_ok(format('SELECT ctxguard.set_context(%L, %L)', :'tok_alice', '{"pageType": "list_page"}'), '55000', NULL,
                  'not preloaded: set_context refuses');
 COMMIT;
-SELECT is(ctxguard.call_tool('np.read', '{}')->'error'->>'code', 'CONTEXT_MISSING', 'not preloaded: Gate B refuses');
+-- Gate B refuses before anything else: without the preloaded ledger no call can be audited.
+SELECT is(ctxguard.call_tool('np.read', '{}')->'error'->>'code', 'AUDIT_UNAVAILABLE', 'not preloaded: Gate B refuses');
+SELECT is(ctxguard.call_tool('np.read', '{}')->'result', NULL, 'not preloaded: and returns nothing');
 SELECT * FROM finish();

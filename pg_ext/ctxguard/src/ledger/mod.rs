@@ -380,15 +380,21 @@ pub fn wait(i: usize, seq: u64) -> Result<(), Unavailable> {
     let cv = shmem::durable_cv(i);
     unsafe { pg_sys::ConditionVariablePrepareToSleep(cv) };
     let done = loop {
-        {
+        let committed = {
             let qs = shmem::queues();
             if qs[i].db != db() {
                 break true;
             }
-            if qs[i].durable >= seq {
-                // Written, unless the writer could not write this record.
-                break !qs[i].failed.contains(&seq);
+            // Written, unless the writer could not write this record.
+            (qs[i].durable >= seq).then(|| (!qs[i].failed.contains(&seq), qs[i].durable_lsn))
+        };
+        if let Some((written, lsn)) = committed {
+            // The writer commits without waiting for the WAL flush; the waiter flushes (group
+            // flush with every other waiter), so the writer goes on with the next batch meanwhile.
+            if written {
+                unsafe { pg_sys::XLogFlush(lsn) };
             }
+            break written;
         }
         if Instant::now() >= deadline {
             break false;

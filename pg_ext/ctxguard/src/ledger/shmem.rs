@@ -58,8 +58,11 @@ pub struct Queue {
     pub start_requested: i64,
     /// Last sequence number assigned.
     pub next_seq: u64,
-    /// Last sequence number written and committed.
+    /// Last sequence number written and committed (asynchronously: see `durable_lsn`).
     pub durable: u64,
+    /// End of the WAL of the commit of the batch that made `durable`: a record is durable once
+    /// the WAL is flushed to here (its waiter flushes it; concurrent waiters share the flush).
+    pub durable_lsn: u64,
     /// Statistics: batches committed, records written, the last batch's size, the largest batch.
     pub batches: u64,
     pub records: u64,

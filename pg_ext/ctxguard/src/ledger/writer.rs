@@ -24,7 +24,7 @@ use serde_json::{json, Value};
 use super::{shmem, Unavailable};
 use crate::gucs;
 use crate::owner::as_owner;
-use crate::pgutil::{in_subtransaction, raise};
+use crate::pgutil::{in_subtransaction, raise, update_saved};
 
 /// Most records in one batch.
 pub const MAX_BATCH: usize = 256;
@@ -85,6 +85,16 @@ pub extern "C-unwind" fn ctxguard_ledger_writer_main(arg: pg_sys::Datum) {
     if !installed {
         return;
     }
+    // Commits do not wait for their WAL flush: each caller waiting on a record flushes the WAL up
+    // to its batch's commit (ctxguard.audit_wait), many callers in one flush.
+    unsafe {
+        pg_sys::SetConfigOption(
+            c"synchronous_commit".as_ptr(),
+            c"off".as_ptr(),
+            pg_sys::GucContext::PGC_SUSET,
+            pg_sys::GucSource::PGC_S_OVERRIDE,
+        );
+    }
     let Some(i) = claim(db) else { return };
     unsafe { pg_sys::before_shmem_exit(Some(release), pg_sys::Datum::from(i)) };
     pgrx::log!("ctxguard: ledger writer started for database {db}");
@@ -121,7 +131,8 @@ pub extern "C-unwind" fn ctxguard_ledger_writer_main(arg: pg_sys::Datum) {
             let chains = chains_ref;
             write(&batch, chains.0)
         }));
-        publish(i, last, n, &failed);
+        let lsn = unsafe { pg_sys::XactLastCommitEnd };
+        publish(i, last, n, &failed, lsn);
     }
 }
 
@@ -220,10 +231,11 @@ fn write(batch: &[(u64, String)], chains: &mut HashMap<Option<String>, String>) 
     failed
 }
 
-fn publish(i: usize, last: u64, n: usize, failed: &[u64]) {
+fn publish(i: usize, last: u64, n: usize, failed: &[u64], lsn: u64) {
     {
         let mut qs = shmem::queues();
         let q = &mut qs[i];
+        q.durable_lsn = q.durable_lsn.max(lsn);
         for &f in failed {
             let k = q.failed_next as usize % shmem::FAILED;
             q.failed[k] = f;
@@ -309,7 +321,8 @@ fn apply(
     let result = as_owner(|| {
         Spi::connect_mut(|c| {
             if !gens.is_empty() {
-                c.update(
+                update_saved(
+                    c,
                     "UPDATE ctxguard.generations g SET bytes_used = v.b
                        FROM pg_catalog.jsonb_to_recordset($1) AS v(id pg_catalog.uuid, b pg_catalog.int8)
                       WHERE g.id OPERATOR(pg_catalog.=) v.id AND g.bytes_used OPERATOR(pg_catalog.<) v.b",
@@ -318,7 +331,8 @@ fn apply(
                 )?;
             }
             if !docs.is_empty() {
-                c.update(
+                update_saved(
+                    c,
                     "INSERT INTO ctxguard.document_calls AS d (generation, tenant_id, doc_id, calls)
                      SELECT v.g, v.t, v.d, v.n
                        FROM pg_catalog.jsonb_to_recordset($1) AS v(g pg_catalog.uuid, t pg_catalog.text, d pg_catalog.text, n pg_catalog.int4)
@@ -329,7 +343,8 @@ fn apply(
                 )?;
             }
             if !days.is_empty() {
-                c.update(
+                update_saved(
+                    c,
                     "INSERT INTO ctxguard.user_day_usage AS u (tenant_id, user_id, day, bytes)
                      SELECT v.t, v.u, '2000-01-01'::pg_catalog.date OPERATOR(pg_catalog.+) v.day, v.b
                        FROM pg_catalog.jsonb_to_recordset($1) AS v(t pg_catalog.text, u pg_catalog.text, day pg_catalog.int4, b pg_catalog.int8)
@@ -339,7 +354,8 @@ fn apply(
                 )?;
             }
             if !pages.is_empty() {
-                c.update(
+                update_saved(
+                    c,
                     "INSERT INTO ctxguard.document_coverage (tenant_id, user_id, doc_id, day, page_no)
                      SELECT v.t, v.u, v.d, '2000-01-01'::pg_catalog.date OPERATOR(pg_catalog.+) v.day, v.p
                        FROM pg_catalog.jsonb_to_recordset($1) AS v(t pg_catalog.text, u pg_catalog.text, d pg_catalog.text, day pg_catalog.int4, p pg_catalog.int4)
@@ -352,17 +368,17 @@ fn apply(
                 return Ok(());
             }
             let rows = Value::Array(audits.clone());
-            let canon: Vec<String> = c
-                .select(
-                    &format!(
-                        "SELECT {CANON} FROM (SELECT v.*, {AT} AS at
-                           FROM pg_catalog.jsonb_to_recordset($1) AS {AUDIT_COLUMNS}) r ORDER BY r.i"
-                    ),
-                    None,
-                    &[JsonB(rows).into()],
-                )?
-                .map(|r| r.get::<String>(1).map(Option::unwrap_or_default))
-                .collect::<Result<_, _>>()?;
+            let canon: Vec<String> = update_saved(
+                c,
+                &format!(
+                    "SELECT {CANON} FROM (SELECT v.*, {AT} AS at
+                       FROM pg_catalog.jsonb_to_recordset($1) AS {AUDIT_COLUMNS}) r ORDER BY r.i"
+                ),
+                None,
+                &[JsonB(rows).into()],
+            )?
+            .map(|r| r.get::<String>(1).map(Option::unwrap_or_default))
+            .collect::<Result<_, _>>()?;
             for (a, text) in audits.iter_mut().zip(canon) {
                 let tenant = a["tenant_id"].as_str().map(str::to_string);
                 let prev = match heads.get(&tenant).or_else(|| chains.get(&tenant)) {
@@ -374,7 +390,8 @@ fn apply(
                 a["row_hash"] = json!(hash);
                 heads.insert(tenant, hash);
             }
-            c.update(
+            update_saved(
+                    c,
                 &format!(
                     "INSERT INTO ctxguard.audit_log (at, call_id, tenant_id, user_id, page_type, entity_type, entity_id,
                          tool, decision, code, args_hash, result_bytes, generation, trace_id, doc_id, tokens, masked,
@@ -409,7 +426,7 @@ fn last_hash(
         None => "SELECT row_hash FROM ctxguard.audit_log WHERE tenant_id IS NULL AND $1::pg_catalog.text IS NULL
                   AND row_hash IS NOT NULL ORDER BY id DESC LIMIT 1",
     };
-    let mut rows = c.select(sql, Some(1), &[tenant.into()])?;
+    let mut rows = update_saved(c, sql, Some(1), &[tenant.into()])?;
     Ok(match rows.next() {
         Some(r) => r.get::<String>(1)?.unwrap_or_default(),
         None => String::new(),
