@@ -5,7 +5,10 @@
 //! The user is currently viewing document "Service Agreement.pdf" (document_id: f47ac10b-…).
 //! ```
 //! Matter only → `matter_overview` with entity `matter`; with a document → `document_viewer` with entity
-//! `document`. Anything after the block is the user's question.
+//! `document` within the `matter` (`entity.within`). Anything after the block is the user's question.
+//!
+//! Every id is checked by the database, not here: `set_context` refuses a matter outside the user's
+//! tenant, and a document that is not that matter's own, with the same refusal as a foreign matter.
 
 use std::sync::LazyLock;
 
@@ -35,13 +38,11 @@ pub fn parse(message: &str) -> Result<Option<(Value, String)>, String> {
         .get(3)
         .map(|m| m.as_str().trim().to_string())
         .unwrap_or_default();
+    let matter = matter.to_ascii_lowercase();
     let page = match c.get(2) {
-        Some(doc) => {
-            json!({"pageType": "document_viewer", "entity": {"type": "document", "id": doc.as_str()}})
-        }
-        None => {
-            json!({"pageType": "matter_overview", "entity": {"type": "matter", "id": matter.to_ascii_lowercase()}})
-        }
+        Some(doc) => json!({"pageType": "document_viewer", "entity": {
+            "type": "document", "id": doc.as_str(), "within": {"type": "matter", "id": matter}}}),
+        None => json!({"pageType": "matter_overview", "entity": {"type": "matter", "id": matter}}),
     };
     Ok(Some((page, question)))
 }
@@ -61,7 +62,8 @@ mod tests {
         let (p, _) = parse("[CONTEXT] The user has selected matter \"Smith v. Jones\" (matter_id: 25e70284-6124-4a2b-9c89-abc123def456).\nThe user is currently viewing document \"Service Agreement.pdf\" (document_id: smith_agreement).").unwrap().unwrap();
         assert_eq!(
             p["entity"],
-            json!({"type": "document", "id": "smith_agreement"})
+            json!({"type": "document", "id": "smith_agreement",
+                   "within": {"type": "matter", "id": "25e70284-6124-4a2b-9c89-abc123def456"}})
         );
         assert_eq!(parse("hello").unwrap(), None);
         for bad in [

@@ -3,6 +3,8 @@
 //! ```json
 //! {"pageType": "invoice_detail",
 //!  "entity": {"type": "invoice", "id": "inv_1"} | null,
+//!  (a document may also name what it lies within: {"type": "document", "id": "d1",
+//!   "within": {"type": "matter", "id": "m1"}}; the database checks it is the document's own)
 //!  "pageState": {"visibleIds": [..], "filters": {..}, "tab": "..", "counts": {..}},
 //!  "states": ["..."]}
 //! ```
@@ -36,6 +38,8 @@ pub struct Entity {
 pub struct Page {
     pub page_type: String,
     pub entity: Option<Entity>,
+    /// The entity the page's entity lies within (`entity.within`), e.g. a document's matter.
+    pub within: Option<Entity>,
     /// Normalised `pageState` (always an object with the four keys).
     pub page_state: Value,
     pub states: Vec<String>,
@@ -150,6 +154,23 @@ fn parse_page_state(v: Option<&Value>) -> Result<Value, PageError> {
     Ok(Value::Object(out))
 }
 
+/// `type` and `id` of an entity object (its other keys are the caller's business).
+fn parse_entity(e: &Map<String, Value>) -> Result<Entity, PageError> {
+    let kind = match e.get("type") {
+        Some(Value::String(t)) if is_valid_name(t) => t.clone(),
+        _ => return Err(PageError("entity.type must be an entity type name")),
+    };
+    let id = match e.get("id") {
+        Some(Value::String(id)) if is_valid_id(id) => id.clone(),
+        _ => {
+            return Err(PageError(
+                "entity.id must be 1-128 printable ASCII characters",
+            ))
+        }
+    };
+    Ok(Entity { kind, id })
+}
+
 /// Validate `v` against the contract. `lookup` answers from `ctxguard.page_types`.
 pub fn parse_page(
     v: &Value,
@@ -169,27 +190,27 @@ pub fn parse_page(
         _ => return Err(PageError("pageType is required and must be a string")),
     };
     let info = lookup(&page_type).ok_or(PageError("unknown page type"))?;
-    let entity = match obj.get("entity") {
-        None | Some(Value::Null) => None,
+    let (entity, within) = match obj.get("entity") {
+        None | Some(Value::Null) => (None, None),
         Some(Value::Object(e)) => {
             only_keys(
                 e,
-                &["type", "id"],
-                "unknown key in entity (allowed: type, id)",
+                &["type", "id", "within"],
+                "unknown key in entity (allowed: type, id, within)",
             )?;
-            let kind = match e.get("type") {
-                Some(Value::String(t)) if is_valid_name(t) => t.clone(),
-                _ => return Err(PageError("entity.type must be an entity type name")),
-            };
-            let id = match e.get("id") {
-                Some(Value::String(id)) if is_valid_id(id) => id.clone(),
-                _ => {
-                    return Err(PageError(
-                        "entity.id must be 1-128 printable ASCII characters",
-                    ))
+            let within = match e.get("within") {
+                None | Some(Value::Null) => None,
+                Some(Value::Object(w)) => {
+                    only_keys(
+                        w,
+                        &["type", "id"],
+                        "unknown key in entity.within (allowed: type, id)",
+                    )?;
+                    Some(parse_entity(w)?)
                 }
+                Some(_) => return Err(PageError("entity.within must be an object or null")),
             };
-            Some(Entity { kind, id })
+            (Some(parse_entity(e)?), within)
         }
         Some(_) => return Err(PageError("entity must be an object or null")),
     };
@@ -227,6 +248,7 @@ pub fn parse_page(
     Ok(Page {
         page_type,
         entity,
+        within,
         page_state,
         states,
     })
@@ -237,10 +259,24 @@ impl Page {
     pub fn to_json(&self) -> Value {
         serde_json::json!({
             "pageType": self.page_type,
-            "entity": self.entity.as_ref().map(|e| serde_json::json!({"type": e.kind, "id": e.id})),
+            "entity": self.entity_json(),
             "pageState": self.page_state,
             "states": self.states,
         })
+    }
+
+    /// The entity as stored in the context: `{type, id}`, with `within` when the page names it.
+    pub fn entity_json(&self) -> Value {
+        match &self.entity {
+            None => Value::Null,
+            Some(e) => {
+                let mut v = serde_json::json!({"type": e.kind, "id": e.id});
+                if let Some(w) = &self.within {
+                    v["within"] = serde_json::json!({"type": w.kind, "id": w.id});
+                }
+                v
+            }
+        }
     }
 }
 
@@ -283,6 +319,24 @@ mod tests {
             })
         );
         assert_eq!(d.to_json()["pageState"]["filters"], json!({}));
+        assert_eq!(d.within, None);
+        let w = parse_page(
+            &json!({"pageType": "invoice_detail", "entity": {"type": "invoice", "id": "inv_1",
+                    "within": {"type": "vendor", "id": "v1"}}}),
+            lookup,
+        )
+        .unwrap();
+        assert_eq!(
+            w.within,
+            Some(Entity {
+                kind: "vendor".into(),
+                id: "v1".into()
+            })
+        );
+        assert_eq!(
+            w.to_json()["entity"],
+            json!({"type": "invoice", "id": "inv_1", "within": {"type": "vendor", "id": "v1"}})
+        );
     }
 
     #[test]
@@ -304,6 +358,10 @@ mod tests {
             json!({"pageType": "invoice_detail", "entity": {"type": "invoice", "id": "inv\u{0007}1"}}),
             json!({"pageType": "invoice_detail", "entity": {"type": "invoice", "id": 5}}),
             json!({"pageType": "invoice_detail", "entity": {"type": "invoice", "id": "i", "x": secret}}),
+            json!({"pageType": "invoice_detail", "entity": {"type": "invoice", "id": "i", "within": secret}}),
+            json!({"pageType": "invoice_detail", "entity": {"type": "invoice", "id": "i", "within": {"type": "v", "id": "x".repeat(129)}}}),
+            json!({"pageType": "invoice_detail", "entity": {"type": "invoice", "id": "i", "within": {"type": "v", "id": "1", "within": {"type": "w", "id": "2"}}}}),
+            json!({"pageType": "invoice_detail", "entity": {"type": "invoice", "id": "i", "within": {"type": format!("{secret} x"), "id": "1"}}}),
             json!({"pageType": "invoice_table", "pageState": {"secret": secret}}),
             json!({"pageType": "invoice_table", "pageState": {"visibleIds": [{"a": 1}]}}),
             json!({"pageType": "invoice_table", "pageState": {"filters": {"a": {"b": 1}}}}),

@@ -233,7 +233,7 @@ fn set_context_text(
         "userId": who.user_id,
         "roles": who.roles,
         "pageType": page.page_type,
-        "entity": page.entity.as_ref().map(|e| json!({"type": e.kind, "id": e.id})),
+        "entity": page.entity_json(),
         "pageState": page.page_state,
         "states": page.states,
         "generation": generation,
@@ -260,8 +260,14 @@ fn set_context_text(
         set_local(name, value);
     }
     if let Some(e) = &page.entity {
-        if !entity_exists(&catalog, e, &who.tenant_id) {
-            // Same message whether the row is in another tenant or does not exist at all.
+        // Same message whether the row (or what it lies within) is in another tenant, belongs
+        // elsewhere, or does not exist at all.
+        let found = entity_exists(&catalog, e, &who.tenant_id)
+            && page
+                .within
+                .as_ref()
+                .is_none_or(|w| within_holds(&catalog, e, w, &who.tenant_id));
+        if !found {
             deny(
                 invalid,
                 "invalid page context: entity not found",
@@ -314,6 +320,44 @@ fn entity_exists(catalog: &cache::Catalog, e: &Entity, tenant_id: &str) -> bool 
             c.select(&*plan, Some(1), &[e.id.as_str().into(), tenant_id.into()])?
                 .first()
                 .get_one::<bool>()
+        })
+    }) == Ok(Some(true))
+}
+
+/// Does `entity` lie within `within` in the caller's tenant? ctxguard knows one such relation: a
+/// document and the entity it is attached to (`put_document`'s `entity_type`, `entity_id`), which
+/// must exist in the tenant too. Any other pair is refused.
+fn within_holds(
+    catalog: &cache::Catalog,
+    entity: &Entity,
+    within: &Entity,
+    tenant_id: &str,
+) -> bool {
+    if entity.kind != "document" || !entity_exists(catalog, within, tenant_id) {
+        return false;
+    }
+    as_owner(|| {
+        Spi::connect(|c| {
+            let plan = saved_plan(
+                c,
+                "SELECT EXISTS (SELECT 1 FROM ctxguard.documents d
+                  WHERE d.tenant_id OPERATOR(pg_catalog.=) $1 AND d.id OPERATOR(pg_catalog.=) $2
+                    AND d.entity_type OPERATOR(pg_catalog.=) $3 AND d.entity_id OPERATOR(pg_catalog.=) $4)",
+                &[TEXT, TEXT, TEXT, TEXT],
+                false,
+            )?;
+            c.select(
+                &*plan,
+                Some(1),
+                &[
+                    tenant_id.into(),
+                    entity.id.as_str().into(),
+                    within.kind.as_str().into(),
+                    within.id.as_str().into(),
+                ],
+            )?
+            .first()
+            .get_one::<bool>()
         })
     }) == Ok(Some(true))
 }
