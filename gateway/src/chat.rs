@@ -396,12 +396,13 @@ pub async fn run_turn(
         .conversation_id
         .clone()
         .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
-    let mut scope = Scope {
+    let scope = Scope {
         token,
         page,
         generation: None,
         trace_id,
     };
+    let minted = std::time::Instant::now();
     let mut start = state
         .db
         .open_turn(
@@ -413,7 +414,9 @@ pub async fn run_turn(
         )
         .await?;
     check_claim(req.user.as_ref(), &start.context)?;
-    scope.generation = Some(start.generation);
+    // The turn's generation, renewed before the database's lifetime for it runs out (pages.rs).
+    let lease = crate::pages::Lease::new(start.generation, start.generation_ttl, minted);
+    let mut view = crate::pages::View::leased(scope, &conversation_id, lease);
     start.tools = crate::tools::reachable(&state, std::mem::take(&mut start.tools)).await;
     let visible: Vec<String> = start.tools.iter().map(|t| t.name.clone()).collect();
     emit(
@@ -483,7 +486,7 @@ pub async fn run_turn(
                 }
                 None => {
                     let envelope =
-                        crate::tools::call(&state, &scope, &call.name, &call.arguments).await?;
+                        crate::tools::call(&state, &mut view, &call.name, &call.arguments).await?;
                     let (decision, code) = decision_of(&envelope);
                     state
                         .metrics
@@ -538,9 +541,16 @@ pub async fn run_turn(
         emit(&events, Event::Answer(chunk.concat())).await;
     }
     let calls_json = stored_reports(&reports);
-    let turn = state
-        .db
-        .save_turn(&scope, &conversation_id, &question, &answer, &calls_json)
+    let (db, saved) = (
+        &state.db,
+        (&conversation_id, &question, &answer, &calls_json),
+    );
+    let turn = view
+        .run(db, |s| async move {
+            let (conversation_id, question, answer, calls) = saved;
+            db.save_turn(&s, conversation_id, question, answer, calls)
+                .await
+        })
         .await?;
     let pending = reports
         .iter()
@@ -550,7 +560,7 @@ pub async fn run_turn(
     let response = ChatResponse {
         answer,
         conversation_id,
-        generation_id: start.generation.to_string(),
+        generation_id: view.generation().unwrap_or(start.generation).to_string(),
         turn,
         page_type: start
             .context

@@ -31,6 +31,8 @@ pub struct Scope {
 pub struct TurnStart {
     pub context: Value,
     pub generation: Uuid,
+    /// How long the database keeps `generation` (the tenant's generation lifetime).
+    pub generation_ttl: Duration,
     pub page_description: String,
     pub tools: Vec<ToolSpec>,
     pub history: Vec<(String, String)>,
@@ -39,6 +41,11 @@ pub struct TurnStart {
 #[derive(Clone)]
 pub struct Db {
     pool: Pool,
+}
+
+/// A lifetime in seconds from the database (never below a second).
+fn ttl_secs(secs: i32) -> Duration {
+    Duration::from_secs(u64::try_from(secs).unwrap_or(0).max(1))
 }
 
 pub fn map_pg(e: tokio_postgres::Error) -> ApiError {
@@ -173,14 +180,17 @@ impl Db {
         let mut client = self.client().await?;
         let (tx, _) = Self::begin(&mut client, scope).await?;
         let mint = tx
-            .prepare_cached("SELECT ctxguard.begin_generation($1), ctxguard.context()")
+            .prepare_cached(
+                "SELECT ctxguard.begin_generation($1), ctxguard.context(),
+                        (SELECT generation_ttl FROM ctxguard.effective_ttls())",
+            )
             .await
             .map_err(map_pg)?;
         let row = tx
             .query_one(&mint, &[&conversation_id])
             .await
             .map_err(map_pg)?;
-        let (generation, context): (Uuid, Value) = (row.get(0), row.get(1));
+        let (generation, context, ttl): (Uuid, Value, i32) = (row.get(0), row.get(1), row.get(2));
         let (tools, page_description) =
             Self::page_tools_in(&tx, Some(message), Some(max_tools)).await?;
         let mut history: Vec<(String, String)> = Vec::new();
@@ -205,6 +215,7 @@ impl Db {
         Ok(TurnStart {
             context,
             generation,
+            generation_ttl: ttl_secs(ttl),
             page_description,
             tools,
             history,
@@ -230,8 +241,14 @@ impl Db {
     }
 
     /// The validated context, the page description, and every catalogued tool with Gate A's
-    /// verdict (`explain_tools`) and, for the visible ones, their policy flags. Visible first.
-    pub async fn explain_page(&self, scope: &Scope) -> Result<Value, ApiError> {
+    /// verdict (`explain_tools`), for the visible ones their policy flags, and whether each is in
+    /// the model's list for `query` and `top_k` (and if not, why). Offered first, then visible.
+    pub async fn explain_page(
+        &self,
+        scope: &Scope,
+        query: Option<&str>,
+        top_k: i32,
+    ) -> Result<Value, ApiError> {
         self.one(
             scope,
             "SELECT jsonb_build_object(
@@ -240,13 +257,14 @@ impl Db {
                             FROM ctxguard.page_types pt WHERE pt.name = ctxguard.page_type()),
                  'tools', (SELECT coalesce(jsonb_agg(jsonb_build_object(
                                       'name', e.name, 'visible', e.visible, 'reason', e.reason,
+                                      'offered', e.offered, 'leftOut', e.left_out,
                                       'description', t.description, 'readOnly', v.read_only,
                                       'danger', v.danger, 'requiresApproval', v.requires_approval)
-                                      ORDER BY NOT e.visible, e.name), '[]')
-                             FROM ctxguard.explain_tools() e
+                                      ORDER BY NOT e.visible, e.offered IS NOT TRUE, e.name), '[]')
+                             FROM ctxguard.explain_tools($1, $2) e
                              JOIN ctxguard.tools t ON t.name = e.name
                              LEFT JOIN ctxguard.visible_tools() v ON v.name = e.name))",
-            &[],
+            &[&query, &top_k],
         )
         .await
     }
@@ -287,18 +305,27 @@ impl Db {
         Ok(context)
     }
 
-    /// Mint a generation for a conversation.
+    /// Mint a generation for a conversation: its id and how long the database keeps it.
     pub async fn mint_generation(
         &self,
         scope: &Scope,
         conversation_id: &str,
-    ) -> Result<Uuid, ApiError> {
-        self.one(
-            scope,
-            "SELECT ctxguard.begin_generation($1)",
-            &[&conversation_id],
-        )
-        .await
+    ) -> Result<(Uuid, Duration), ApiError> {
+        let mut client = self.client().await?;
+        let (tx, _) = Self::begin(&mut client, scope).await?;
+        let stmt = tx
+            .prepare_cached(
+                "SELECT ctxguard.begin_generation($1),
+                        (SELECT generation_ttl FROM ctxguard.effective_ttls())",
+            )
+            .await
+            .map_err(map_pg)?;
+        let row = tx
+            .query_one(&stmt, &[&conversation_id])
+            .await
+            .map_err(map_pg)?;
+        tx.commit().await.map_err(map_pg)?;
+        Ok((row.get(0), ttl_secs(row.get(1))))
     }
 
     /// Persist a finished turn (tenant- and user-scoped, with its page context). A turn over the

@@ -29,6 +29,7 @@ pub mod limits;
 pub mod llm;
 pub mod mcp;
 pub mod metrics;
+pub mod pages;
 pub mod secrets;
 pub mod tools;
 pub mod upstream;
@@ -301,14 +302,44 @@ impl PageRequest {
     }
 }
 
+/// `POST /v1/tools` body: the page, and optionally the message the model's list is ranked by.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct ToolsRequest {
+    page_context: Value,
+    #[serde(default)]
+    message: Option<String>,
+}
+
 /// `POST /v1/tools`: what the assistant can do on a page, and why not the rest: the validated
-/// context, the page description, and every catalogued tool with Gate A's verdict and reason.
+/// context, the page description, and every catalogued tool with Gate A's verdict and reason, and
+/// whether it is in the model's list (the top `CTXGUARD_MAX_TOOLS`, ranked by `message`), and if
+/// not, why (`leftOut`).
 async fn tools_endpoint(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
-    ApiJson(req): ApiJson<PageRequest>,
+    ApiJson(req): ApiJson<ToolsRequest>,
 ) -> Result<Json<Value>, ApiError> {
-    Ok(Json(state.db.explain_page(&req.scope(&headers)?).await?))
+    if req
+        .message
+        .as_ref()
+        .is_some_and(|m| m.chars().count() > chat::MAX_MESSAGE_CHARS)
+    {
+        return Err(ApiError::Unprocessable(format!(
+            "message exceeds {} characters",
+            chat::MAX_MESSAGE_CHARS
+        )));
+    }
+    let scope = PageRequest {
+        page_context: req.page_context,
+    }
+    .scope(&headers)?;
+    Ok(Json(
+        state
+            .db
+            .explain_page(&scope, req.message.as_deref(), state.config.max_tools)
+            .await?,
+    ))
 }
 
 async fn approve_endpoint(
@@ -353,24 +384,30 @@ async fn execute_endpoint(
         .filter(|t| chat::is_valid_id(t))
         .unwrap_or_else(|| trace_id(&headers));
     let page = page_from(req.page_context)?;
-    let mut scope = Scope {
+    let scope = Scope {
         token,
         page,
         generation: req.generation_id,
         trace_id: trace.clone(),
     };
+    // The caller's generation, or a new one; one the database refuses (lapsed) is renewed once,
+    // and the new id returned (pages.rs).
+    let mut view = pages::View::named(scope, &trace);
     // Identity comes from the token only: a disagreeing `user` in the body is refused.
-    let context = state.db.context(&scope).await?;
+    let db = &state.db;
+    let context = view
+        .run(db, |s| async move { db.context(&s).await })
+        .await?;
     chat::check_claim(req.user.as_ref(), &context)?;
-    if scope.generation.is_none() {
-        scope.generation = Some(state.db.mint_generation(&scope, &trace).await?);
+    if view.generation().is_none() {
+        view.renew(db).await?;
     }
     let arguments = if req.arguments.is_null() {
         json!({})
     } else {
         req.arguments
     };
-    let envelope = tools::call(&state, &scope, &req.tool_name, &arguments).await?;
+    let envelope = tools::call(&state, &mut view, &req.tool_name, &arguments).await?;
     let code = envelope
         .pointer("/error/code")
         .and_then(Value::as_str)
@@ -380,7 +417,7 @@ async fn execute_endpoint(
         .tool_decisions
         .with_label_values(&[code])
         .inc();
-    let mut out = json!({"status": envelope["status"], "trace_id": trace, "generation_id": scope.generation.map(|g| g.to_string())});
+    let mut out = json!({"status": envelope["status"], "trace_id": trace, "generation_id": view.generation().map(|g| g.to_string())});
     if envelope["status"] == "ok" {
         out["result"] = envelope["result"].clone();
     } else {

@@ -16,7 +16,6 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue};
@@ -40,12 +39,11 @@ use uuid::Uuid;
 use crate::db::Scope;
 use crate::error::ApiError;
 use crate::llm::{wire_name, ToolSpec};
+use crate::pages::{Lease, View};
 use crate::{bearer, AppState};
 
 /// The header carrying the page context on MCP requests.
 pub const PAGE_HEADER: &str = "x-ctxguard-page";
-/// A page view's generation is renewed before `ctxguard.generation_ttl` (default 1 h) runs out.
-const GENERATION_RENEW: Duration = Duration::from_secs(45 * 60);
 
 /// The verified caller of an MCP request (inserted by [`authenticate`]).
 #[derive(Clone, Debug)]
@@ -66,7 +64,8 @@ enum Listener {
 #[derive(Default)]
 struct Entry {
     page: Option<Value>,
-    generation: Option<(Uuid, Instant)>,
+    /// The page view's generation (renewed before the database's lifetime for it runs out).
+    generation: Option<Lease>,
     listeners: Vec<(u64, Listener)>,
 }
 
@@ -150,21 +149,18 @@ impl PageHub {
         }
     }
 
-    fn generation(&self, who: &Who, page: &Value) -> Option<Uuid> {
+    /// The generation of `who`'s view of `page`, unless it is time to renew it.
+    fn generation(&self, who: &Who, page: &Value) -> Option<Lease> {
         let entries = self.entries.lock().expect("page hub lock");
         let e = entries.get(who)?;
-        match e.generation {
-            Some((g, at)) if e.page.as_ref() == Some(page) && at.elapsed() < GENERATION_RENEW => {
-                Some(g)
-            }
-            _ => None,
-        }
+        e.generation
+            .filter(|l| e.page.as_ref() == Some(page) && !l.due())
     }
 
-    fn set_generation(&self, who: &Who, page: &Value, g: Uuid) {
+    fn set_generation(&self, who: &Who, page: &Value, lease: Lease) {
         if let Some(e) = self.entries.lock().expect("page hub lock").get_mut(who) {
             if e.page.as_ref() == Some(page) {
-                e.generation = Some((g, Instant::now()));
+                e.generation = Some(lease);
             }
         }
     }
@@ -400,22 +396,26 @@ impl Server {
     async fn run_call(
         &self,
         caller: &Caller,
-        mut scope: Scope,
+        scope: Scope,
         request: CallToolRequestParams,
     ) -> Result<CallToolResult, ApiError> {
         let state = &self.state;
-        scope.generation = match state.pages.generation(&caller.who, &scope.page) {
-            Some(g) => Some(g),
-            None => {
-                let g = state.db.mint_generation(&scope, "mcp").await?;
-                state.pages.set_generation(&caller.who, &scope.page, g);
-                Some(g)
-            }
+        // The page view's generation: kept while it has time, renewed before the database's
+        // lifetime for it runs out, and once more if the database refuses it (pages.rs).
+        let mut view = match state.pages.generation(&caller.who, &scope.page) {
+            Some(lease) => View::leased(scope, "mcp", lease),
+            None => View::fresh(&state.db, scope, "mcp").await?,
         };
         // Accept both the wire name (`invoice__get`) and the catalog name (`invoice.get`).
         let name = request.name.replace("__", ".");
         let args = Value::Object(request.arguments.unwrap_or_default());
-        let envelope = crate::tools::call(state, &scope, &name, &args).await?;
+        let envelope = crate::tools::call(state, &mut view, &name, &args).await;
+        if let Some(lease) = view.lease() {
+            state
+                .pages
+                .set_generation(&caller.who, &view.scope.page, lease);
+        }
+        let envelope = envelope?;
         let code = envelope.pointer("/error/code").and_then(Value::as_str);
         state
             .metrics

@@ -1,5 +1,6 @@
 //! Tool calls as the gateway runs them: Gate B in the database, and for upstream MCP tools the
-//! forward between `call_tool` (which answers `authorized`) and `complete_call`.
+//! forward between `call_tool` (which answers `authorized`) and `complete_call`. Each database
+//! step runs under the page view's live generation (`pages::View::run`).
 
 use serde_json::{json, Value};
 use uuid::Uuid;
@@ -7,26 +8,31 @@ use uuid::Uuid;
 use crate::db::Scope;
 use crate::error::ApiError;
 use crate::llm::ToolSpec;
+use crate::pages::View;
 use crate::AppState;
 
 /// Gate B for one call; upstream tools are forwarded and completed.
 pub async fn call(
     state: &AppState,
-    scope: &Scope,
+    view: &mut View,
     name: &str,
     args: &Value,
 ) -> Result<Value, ApiError> {
-    let envelope = state.db.call_tool(scope, name, args).await?;
-    settle(state, scope, envelope).await
+    let envelope = view
+        .run(&state.db, |s| async move {
+            state.db.call_tool(&s, name, args).await
+        })
+        .await?;
+    settle(state, view, envelope).await
 }
 
 /// Run a pending approval once; an approved upstream call is forwarded and completed.
 pub async fn approve(state: &AppState, scope: &Scope, call_id: Uuid) -> Result<Value, ApiError> {
     let envelope = state.db.approve(scope, call_id).await?;
-    settle(state, scope, envelope).await
+    settle(state, &mut View::without(scope.clone()), envelope).await
 }
 
-async fn settle(state: &AppState, scope: &Scope, envelope: Value) -> Result<Value, ApiError> {
+async fn settle(state: &AppState, view: &mut View, envelope: Value) -> Result<Value, ApiError> {
     if envelope["status"] != "authorized" {
         return Ok(envelope);
     }
@@ -56,10 +62,11 @@ async fn settle(state: &AppState, scope: &Scope, envelope: Value) -> Result<Valu
             true,
         ),
     };
-    state
-        .db
-        .complete_call(scope, call_id, &result, is_error)
-        .await
+    let result = &result;
+    view.run(&state.db, |s| async move {
+        state.db.complete_call(&s, call_id, result, is_error).await
+    })
+    .await
 }
 
 /// Drop upstream tools whose server is not reachable now (with a warning, once per failure).

@@ -40,12 +40,14 @@ INSERT INTO ctxguard.mcp_servers (name, transport, url, bearer_token_env, descri
 INSERT INTO ctxguard.mcp_servers (name, transport, command, args, description, default_access) VALUES
   ('notes', 'stdio', '$VENV/bin/python', ARRAY['$ROOT/tests/mcp/upstream_server.py', 'stdio', '$WORK/notes'], 'Internal notes', 'deny'),
   ('snoop', 'stdio', '$VENV/bin/python', ARRAY['$ROOT/tests/mcp/snoop_server.py', '$WORK/snoop'], 'Tries to read the gateway''s secrets', 'deny'),
+  ('stuffer', 'stdio', '$VENV/bin/python', ARRAY['$ROOT/tests/mcp/stuffing_server.py', '$WORK/stuffer'], 'Thirty tools stuffed with the invoice page''s words', 'allow'),
   ('ghost', 'stdio', '/nonexistent/mcp-server', '{}', 'Command missing', 'allow');
 INSERT INTO ctxguard.mcp_server_grants (server, principal, access) VALUES ('notes', 'role:ap_clerk', 'allow');
 -- One statement per server: every scans tool that can bind the invoice on the page gets this policy.
 SELECT ctxguard.set_server_policy('scans', '{"page_types": ["invoice_detail"], "entity_type": "invoice", "entity_param": "invoice_id", "read_only": true}');
 SELECT ctxguard.set_server_policy('flaky', '{"page_types": ["invoice_detail"], "entity_type": "invoice", "entity_param": "invoice_id", "read_only": true}');
 SELECT ctxguard.set_server_policy('notes', '{"page_types": ["*"], "read_only": true}');
+SELECT ctxguard.set_server_policy('stuffer', '{"page_types": ["invoice_detail"], "read_only": true}');
 SQL
 
 PIDS=()

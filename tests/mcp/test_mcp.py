@@ -277,6 +277,65 @@ async def test_a_dead_upstream_does_not_break_the_others():
     assert "MCP server excluded" in log
 
 
+# --- ranking that upstream text cannot game --------------------------------------------------
+
+UPSTREAM = ("scans", "flaky", "dead", "notes", "snoop", "stuffer", "ghost")
+
+
+async def test_keyword_stuffed_upstream_tools_cannot_push_out_the_pages_own():
+    message = "get this invoice, mark the invoice paid, read the invoice document metadata and pages"
+    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {ALICE}"}, timeout=20) as http:
+        r = await http.post(f"{GW}/v1/tools", json={"pageContext": INV3, "message": message})
+        assert r.status_code == 200, r.text
+        tools = {t["name"]: t for t in r.json()["tools"]}
+        chat = await http.post(f"{GW}/v1/chat", json={"pageContext": INV3, "message": message})
+        assert chat.status_code == 200, chat.text
+    stuffed = [n for n, t in tools.items() if n.startswith("stuffer.") and t["visible"]]
+    assert len(stuffed) == 30, "thirty visible upstream tools, more than the list has room for"
+    own = {n for n, t in tools.items() if t["visible"] and n.split(".")[0] not in UPSTREAM}
+    assert {"invoice.get", "invoice.mark_paid", "read_doc_metadata"} <= own
+    offered = {n for n, t in tools.items() if t["offered"]}
+    assert own <= offered, f"the page's own tools are all offered: missing {own - offered}"
+    assert len(offered) <= 24, "CTXGUARD_MAX_TOOLS"
+    assert len([n for n in offered if n.startswith("stuffer.")]) <= 8, "ctxguard.max_offered_tools_per_server"
+    left_out = {tools[n]["leftOut"] for n in stuffed if not tools[n]["offered"]}
+    assert left_out and left_out <= {"server_cap", "top_k", "page_tools_first"}, left_out
+    assert all(t["offered"] is None and t["leftOut"] is None for t in tools.values() if not t["visible"])
+    # The model is offered the same list.
+    assert own <= set(chat.json()["visibleTools"])
+    # And explain_tools says the same in SQL.
+    reasons = admin_sql(f"""BEGIN; SELECT ctxguard.set_context('{ALICE}', '{json.dumps(INV3)}') \\g /dev/null
+        SELECT string_agg(DISTINCT left_out, ',' ORDER BY left_out) FROM ctxguard.explain_tools('{message}', 24)
+         WHERE name LIKE 'stuffer.%'; COMMIT;""")
+    assert set(reasons.split(",")) == left_out
+
+
+# --- generations follow the database -----------------------------------------------------------
+
+async def test_an_mcp_session_keeps_working_across_several_generation_lifetimes():
+    admin_sql("""INSERT INTO ctxguard.tenant_limits (tenant_id, generation_ttl) VALUES ('globex', 2)
+                 ON CONFLICT (tenant_id) DO UPDATE SET generation_ttl = 2""")
+    started = admin_sql("SELECT now()")
+    try:
+        async with connect(CAROL, GLX3) as (client, _):
+            # Eight calls 0.8 s apart: more than three lifetimes of 2 s.
+            for _ in range(8):
+                r = await client.call_tool("invoice__get", {})
+                assert not r.is_error, r
+                await anyio.sleep(0.8)
+            # A generation the database refuses anyway (expired behind the gateway's back) is
+            # renewed once and the call retried.
+            admin_sql("UPDATE ctxguard.generations SET expires_at = now() - interval '1 second' "
+                      "WHERE tenant_id = 'globex' AND user_id = 'carol'")
+            r = await client.call_tool("invoice__get", {})
+            assert not r.is_error, r
+        generations = admin_sql(f"""SELECT count(DISTINCT generation) FROM ctxguard.audit_log
+            WHERE tenant_id = 'globex' AND user_id = 'carol' AND tool = 'invoice.get' AND at >= '{started}'""")
+        assert int(generations) >= 4, generations
+    finally:
+        admin_sql("UPDATE ctxguard.tenant_limits SET generation_ttl = NULL WHERE tenant_id = 'globex'")
+
+
 # --- secrets stay in the gateway -------------------------------------------------------------
 
 SECRETS = [s for s in os.environ["CTXGUARD_SECRETS"].split(",") if s]

@@ -30,13 +30,17 @@ create_demo_db "$DB"
 
 GW_PORT=${CTXGUARD_UI_TEST_PORT:-31920}
 require_free_ports "$GW_PORT"
-log "gateway in demo mode on :$GW_PORT"
+# The gateway runs as an ordinary user (scripts/lib.sh), with its own copy of the demo's key.
+gateway_user
+install -m 600 "$RUN/jwt_secret" "$WORK/jwt_secret"
+[ "$(id -u)" = 0 ] && chown "$GW_USER" "$WORK/jwt_secret"
+log "gateway in demo mode on :$GW_PORT, as $GW_USER"
 cargo build --locked --release -p ctxguard-gateway >/dev/null
 CTXGUARD_DATABASE_URL="host=$RUN port=$PGPORT user=ctxguard_gateway dbname=$DB" \
 CTXGUARD_DEMO_DATABASE_URL="host=$RUN port=$PGPORT user=ctxguard_app dbname=$DB" \
 CTXGUARD_LISTEN="127.0.0.1:$GW_PORT" CTXGUARD_PROVIDER=offline \
-CTXGUARD_DEMO=true CTXGUARD_DEMO_JWT_SECRET_FILE="$RUN/jwt_secret" \
-  "$CARGO_TARGET_DIR/release/ctxguard-gateway" >"$WORK/gateway.log" 2>&1 &
+CTXGUARD_DEMO=true CTXGUARD_DEMO_JWT_SECRET_FILE="$WORK/jwt_secret" \
+  "${GW_AS[@]}" "$CARGO_TARGET_DIR/release/ctxguard-gateway" >"$WORK/gateway.log" 2>&1 &
 GW_PID=$!
 trap 'kill $GW_PID 2>/dev/null || true' EXIT
 for _ in $(seq 100); do curl -sf "http://127.0.0.1:$GW_PORT/ready" >/dev/null && break; sleep 0.1; done

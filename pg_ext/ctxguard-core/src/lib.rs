@@ -10,6 +10,8 @@
 //! - [`binding`]: entity binding of tool arguments and schema stripping.
 //! - [`args`]: argument shape limits and JSON Schema validation with value-free messages.
 //! - [`codes`]: the stable envelope error codes.
+//! - [`ranking`]: which visible tools fill the model's top-k (the page's own first, upstream
+//!   servers sharing what is left).
 //! - [`ledger`]: UTC days, keys, coverage bitmaps, slot tables and the audit chain of the ledger.
 
 pub mod args;
@@ -22,6 +24,7 @@ pub mod mcp;
 pub mod names;
 pub mod page;
 pub mod policy;
+pub mod ranking;
 pub mod token;
 
 pub use codes::Code;

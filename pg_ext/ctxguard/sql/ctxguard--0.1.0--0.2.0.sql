@@ -297,3 +297,35 @@ COMMENT ON FUNCTION ctxguard.verify_audit(text) IS 'Recompute a tenant''s audit 
 COMMENT ON FUNCTION ctxguard.ledger_stats() IS 'This database''s audit writer: pid, last durable record, batches and batch sizes.';
 REVOKE EXECUTE ON FUNCTION ctxguard.verify_audit(text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION ctxguard.ledger_stats() FROM PUBLIC;
+
+-- Gateway edges (issue 17): per-tenant lifetimes the gateway can read, ranking that upstream text
+-- cannot game (explain_tools says why a visible tool is not in the model's list).
+ALTER TABLE ctxguard.tenant_limits
+    ADD COLUMN generation_ttl integer CHECK (generation_ttl BETWEEN 2 AND 86400),
+    ADD COLUMN approval_ttl integer CHECK (approval_ttl BETWEEN 10 AND 86400),
+    ADD COLUMN external_call_ttl integer CHECK (external_call_ttl BETWEEN 5 AND 3600);
+COMMENT ON TABLE ctxguard.tenant_limits IS 'Optional per-tenant overrides of the ctxguard.max_* and ctxguard.*_ttl settings (NULL = use the setting).';
+
+CREATE FUNCTION ctxguard."effective_ttls"() RETURNS TABLE (
+	"generation_ttl" INT,  /* i32 */
+	"approval_ttl" INT,  /* i32 */
+	"external_call_ttl" INT  /* i32 */
+)
+STRICT STABLE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'effective_ttls_wrapper';
+
+DROP FUNCTION ctxguard.explain_tools();
+CREATE FUNCTION ctxguard."explain_tools"(
+	"query" TEXT DEFAULT NULL, /* Option < & str > */
+	"top_k" INT DEFAULT NULL /* Option < i32 > */
+) RETURNS TABLE (
+	"name" TEXT,  /* String */
+	"visible" bool,  /* bool */
+	"reason" TEXT,  /* String */
+	"offered" bool,  /* Option < bool > */
+	"left_out" TEXT  /* Option < String > */
+)
+STABLE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'explain_tools_wrapper';

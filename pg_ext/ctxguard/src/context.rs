@@ -412,7 +412,8 @@ fn generation() -> Option<pgrx::Uuid> {
     Some(pgrx::Uuid::from_bytes(*g.as_bytes()))
 }
 
-/// Mint a generation id bound to the current tenant and user (expires after `ctxguard.generation_ttl`).
+/// Mint a generation id bound to the current tenant and user (expires after the tenant's
+/// generation lifetime: `ctxguard.effective_ttls()`).
 /// It also becomes the current context's generation for the rest of the transaction.
 #[pg_extern(volatile, parallel_unsafe)]
 fn begin_generation(conversation_id: Option<&str>) -> pgrx::Uuid {
@@ -441,7 +442,7 @@ fn begin_generation(conversation_id: Option<&str>) -> pgrx::Uuid {
                 ctx.tenant_id.as_str().into(),
                 ctx.user_id.as_str().into(),
                 conv.into(),
-                f64::from(gucs::GENERATION_TTL.get()).into(),
+                f64::from(crate::ttls::for_tenant(&ctx.tenant_id).generation).into(),
             ],
         )
     })

@@ -1,5 +1,6 @@
 //! Gate A (`visible_tools`, `explain_tools`) and Gate B (`call_tool`, `approve_call`), with audit.
 
+use std::collections::HashMap;
 use std::rc::Rc;
 
 use ctxguard_core::args::{self, ArgError, Limits};
@@ -7,6 +8,7 @@ use ctxguard_core::binding;
 use ctxguard_core::mask::MaskCounts;
 use ctxguard_core::names::{is_valid_id, is_valid_name};
 use ctxguard_core::policy::Reason;
+use ctxguard_core::ranking::{self, Candidate, Placement, Tier};
 use ctxguard_core::Code;
 use pgrx::prelude::*;
 use pgrx::JsonB;
@@ -47,40 +49,80 @@ pub struct Visible {
     pub server: Option<String>,
 }
 
-/// Gate A proper: visible tools for `ctx`, optionally ranked by `query` and cut at `top_k`.
-pub fn visible(ctx: &Ctx, query: Option<&str>, top_k: Option<i32>) -> Vec<Visible> {
+/// Relevance of each of `names` to `query` (`ts_rank` over the catalog's search vector: the tool's
+/// name and description as catalogued, which for an upstream tool is the definition the DBA
+/// accepted, since a changed one is not visible).
+fn scores(query: Option<&str>, names: Vec<String>) -> HashMap<String, f32> {
+    let Some(tsq) = query.and_then(or_query) else {
+        return HashMap::new();
+    };
+    as_owner(|| Spi::connect(|c| {
+        c.select(
+            "SELECT t.name, pg_catalog.ts_rank(t.search, pg_catalog.to_tsquery('pg_catalog.english'::pg_catalog.regconfig, $1))
+               FROM ctxguard.tools t WHERE t.name OPERATOR(pg_catalog.=) ANY($2)",
+            None,
+            &[tsq.as_str().into(), names.into()],
+        )?
+        .map(|r| Ok((r.get::<String>(1)?.unwrap_or_default(), r.get::<f32>(2)?.unwrap_or(0.0))))
+        .collect::<Result<_, pgrx::spi::Error>>()
+    }))
+    .unwrap_or_else(|e| raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, format!("ctxguard: {e}")))
+}
+
+/// The tier a visible tool fills in the model's list: the page's own tools (DBA tools bound to
+/// the entity on the page), the DBA's other tools, then upstream tools (`ctxguard_core::ranking`).
+fn tier(t: &ToolEntry, ctx: &Ctx) -> Tier {
+    if t.kind == "external" {
+        return Tier::Upstream;
+    }
+    let bound = t.policy.as_ref().and_then(|p| p.entity_type.as_deref());
+    match (&ctx.entity, bound) {
+        (Some(e), Some(kind)) if e.kind == kind => Tier::Entity,
+        _ => Tier::Local,
+    }
+}
+
+/// Every visible tool of `ctx` with its place in the model's list: ranked by `query` within its
+/// tier, cut at `top_k` with upstream servers sharing what the page's own tools leave (see
+/// `ctxguard_core::ranking`). Offered tools first, in list order.
+pub fn ranked(
+    ctx: &Ctx,
+    query: Option<&str>,
+    top_k: Option<i32>,
+) -> Vec<(Rc<ToolEntry>, Placement)> {
     let catalog = cache::catalog();
-    let mut tools: Vec<&Rc<ToolEntry>> = catalog
+    let tools: Vec<&Rc<ToolEntry>> = catalog
         .tools
         .iter()
         .filter(|t| catalog.reason(t, Some(ctx)) == Reason::Visible)
         .collect();
-    if let Some(tsq) = query.and_then(or_query) {
-        let names: Vec<String> = tools.iter().map(|t| t.name.clone()).collect();
-        let ranks: std::collections::HashMap<String, f32> = as_owner(|| Spi::connect(|c| {
-            c.select(
-                "SELECT t.name, pg_catalog.ts_rank(t.search, pg_catalog.to_tsquery('pg_catalog.english'::pg_catalog.regconfig, $1))
-                   FROM ctxguard.tools t WHERE t.name OPERATOR(pg_catalog.=) ANY($2)",
-                None,
-                &[tsq.as_str().into(), names.into()],
-            )?
-            .map(|r| Ok((r.get::<String>(1)?.unwrap_or_default(), r.get::<f32>(2)?.unwrap_or(0.0))))
-            .collect::<Result<_, pgrx::spi::Error>>()
-        }))
-        .unwrap_or_else(|e| raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, format!("ctxguard: {e}")));
-        let rank = |t: &Rc<ToolEntry>| ranks.get(&t.name).copied().unwrap_or(0.0);
-        tools.sort_by(|a, b| {
-            rank(b)
-                .total_cmp(&rank(a))
-                .then_with(|| a.name.cmp(&b.name))
-        });
-    }
-    if let Some(k) = top_k {
-        tools.truncate(k.max(0) as usize);
-    }
-    tools
+    let scores = scores(query, tools.iter().map(|t| t.name.clone()).collect());
+    let candidates: Vec<Candidate<'_>> = tools
+        .iter()
+        .map(|t| Candidate {
+            name: &t.name,
+            tier: tier(t, ctx),
+            server: t.server.as_deref(),
+            score: scores.get(&t.name).copied().unwrap_or(0.0),
+        })
+        .collect();
+    let per_server = gucs::MAX_OFFERED_TOOLS_PER_SERVER.get().max(1) as usize;
+    let placements = ranking::rank(&candidates, top_k.map(|k| k.max(0) as usize), per_server);
+    let mut out: Vec<(Rc<ToolEntry>, Placement)> =
+        tools.into_iter().cloned().zip(placements).collect();
+    out.sort_by_key(|(t, p)| match p {
+        Placement::Offered(n) => (0, *n, String::new()),
+        Placement::LeftOut(_) => (1, 0, t.name.clone()),
+    });
+    out
+}
+
+/// Gate A proper: visible tools for `ctx`, optionally ranked by `query` and cut at `top_k`.
+pub fn visible(ctx: &Ctx, query: Option<&str>, top_k: Option<i32>) -> Vec<Visible> {
+    ranked(ctx, query, top_k)
         .into_iter()
-        .map(|t| {
+        .filter(|(_, p)| matches!(p, Placement::Offered(_)))
+        .map(|(t, _)| {
             let p = t.policy.as_ref().expect("visible tools have a policy");
             let input_schema = match &p.entity_param {
                 Some(param)
@@ -145,28 +187,53 @@ fn visible_tools(
     TableIterator::new(rows)
 }
 
-/// Diagnostics: every catalogued tool with whether it is visible here and why (stable codes).
+/// Diagnostics: every catalogued tool with whether it is visible here and why (stable codes),
+/// and, for a visible one, whether it is in the model's list for `query` and `top_k` (as
+/// `visible_tools(query, top_k)` ranks it) and why not (`top_k`, `page_tools_first`,
+/// `server_cap`).
 #[pg_extern(stable, parallel_unsafe)]
-fn explain_tools() -> TableIterator<
+#[expect(
+    clippy::type_complexity,
+    reason = "pgrx reads the column names from the name! entries of this signature"
+)]
+fn explain_tools(
+    query: default!(Option<&str>, "NULL"),
+    top_k: default!(Option<i32>, "NULL"),
+) -> TableIterator<
     'static,
     (
         name!(name, String),
         name!(visible, bool),
         name!(reason, String),
+        name!(offered, Option<bool>),
+        name!(left_out, Option<String>),
     ),
 > {
     let _pin = crate::owner::pin();
     let ctx = Ctx::current();
     let catalog = cache::catalog();
+    let placed: HashMap<String, Placement> = match &ctx {
+        Some(ctx) => ranked(ctx, query, top_k)
+            .into_iter()
+            .map(|(t, p)| (t.name.clone(), p))
+            .collect(),
+        None => HashMap::new(),
+    };
     let rows: Vec<_> = catalog
         .tools
         .iter()
         .map(|t| {
             let reason = catalog.reason(t, ctx.as_ref());
+            let placement = placed.get(&t.name);
             (
                 t.name.clone(),
                 reason == Reason::Visible,
                 reason.as_str().to_string(),
+                placement.map(|p| matches!(p, Placement::Offered(_))),
+                placement.and_then(|p| match p {
+                    Placement::LeftOut(why) => Some(why.as_str().to_string()),
+                    Placement::Offered(_) => None,
+                }),
             )
         })
         .collect();
@@ -471,7 +538,7 @@ fn record_external_call(ctx: &Ctx, tool: &str, call_id: uuid::Uuid) {
                 ctx.tenant_id.as_str().into(),
                 ctx.user_id.as_str().into(),
                 tool.into(),
-                f64::from(gucs::EXTERNAL_CALL_TTL.get()).into(),
+                f64::from(crate::ttls::for_tenant(&ctx.tenant_id).external_call).into(),
             ],
         )
     })
@@ -497,7 +564,7 @@ fn record_pending_approval(ctx: &Ctx, tool: &str, args: &Value, hash: &str, call
                 tool.into(),
                 JsonB(args.clone()).into(),
                 hash.into(),
-                f64::from(gucs::APPROVAL_TTL.get()).into(),
+                f64::from(crate::ttls::for_tenant(&ctx.tenant_id).approval).into(),
                 ctx.page_type.as_str().into(),
                 ctx.entity.as_ref().map(|e| e.kind.as_str()).into(),
                 ctx.entity.as_ref().map(|e| e.id.as_str()).into(),

@@ -35,6 +35,7 @@ pub static MAX_ARG_BYTES: GucSetting<i32> = GucSetting::<i32>::new(16 * 1024);
 pub static GENERATION_TTL: GucSetting<i32> = GucSetting::<i32>::new(3600);
 pub static APPROVAL_TTL: GucSetting<i32> = GucSetting::<i32>::new(900);
 pub static EXTERNAL_CALL_TTL: GucSetting<i32> = GucSetting::<i32>::new(300);
+pub static MAX_OFFERED_TOOLS_PER_SERVER: GucSetting<i32> = GucSetting::<i32>::new(8);
 pub static MCP_ADMIN_ROLE: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c"admin"));
 
@@ -170,7 +171,7 @@ pub fn init() {
         c"Lifetime of a generation id minted by ctxguard.begin_generation, in seconds.",
         c"",
         &GENERATION_TTL,
-        10,
+        2,
         86400,
         GucContext::Suset,
         GucFlags::UNIT_S,
@@ -316,6 +317,16 @@ pub fn init() {
         64 * 1024 * 1024,
         GucContext::Suset,
         GucFlags::UNIT_BYTE,
+    );
+    GucRegistry::define_int_guc(
+        c"ctxguard.max_offered_tools_per_server",
+        c"Most tools of one upstream MCP server in the list visible_tools(query, top_k) offers.",
+        c"Upstream servers share what the page's own tools leave of top_k, taking turns.",
+        &MAX_OFFERED_TOOLS_PER_SERVER,
+        1,
+        1000,
+        GucContext::Suset,
+        GucFlags::default(),
     );
     GucRegistry::define_string_guc(
         c"ctxguard.mcp_admin_role",

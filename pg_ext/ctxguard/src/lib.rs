@@ -10,6 +10,7 @@
 //! - `documents`: document ingestion and the seed-003 built-in document tools.
 //! - `budget`: byte, call, page and coverage limits (charged in the ledger).
 //! - `ledger`: shared-memory charges no rollback undoes, the audit queue and its background writer.
+//! - `ttls`: the lifetimes of generations, approvals and authorized upstream calls per tenant.
 //! - `mcp`: upstream MCP servers: tool discovery (`sync_mcp_tools`), server policies, `complete_call`.
 //! - `masking`: the per-backend masker over `ctxguard.mask_rules`.
 //! - `cache`: per-backend catalog cache.
@@ -40,6 +41,7 @@ mod masking;
 mod mcp;
 mod owner;
 mod pgutil;
+mod ttls;
 
 pgrx::pg_module_magic!();
 

@@ -50,6 +50,8 @@ pub enum Step {
     /// Answer with this assistant `message` as it is (OpenAI-compatible only): any number of
     /// tool calls, arguments or answer of any size.
     Message(Value),
+    /// Wait, then answer with the inner step (a model that takes its time between tool calls).
+    After(Duration, Box<Step>),
 }
 
 #[derive(Clone, Default)]
@@ -63,7 +65,7 @@ pub struct Mock {
 
 async fn completions(State(mock): State<Mock>, Json(body): Json<Value>) -> Response {
     mock.requests.lock().unwrap().push(body);
-    let step = mock.next_step();
+    let step = mock.next_step().await;
     match step {
         Some(Step::Tools(calls)) => {
             let calls: Vec<Value> = calls
@@ -93,6 +95,11 @@ async fn completions(State(mock): State<Mock>, Json(body): Json<Value>) -> Respo
         Some(Step::Message(message)) => {
             Json(json!({"choices": [{"message": message}]})).into_response()
         }
+        Some(Step::After(..)) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "waits are resolved by next_step",
+        )
+            .into_response(),
         None => Json(json!({"choices": [{"message": {"role": "assistant", "content": "done"}}]}))
             .into_response(),
     }
@@ -101,7 +108,7 @@ async fn completions(State(mock): State<Mock>, Json(body): Json<Value>) -> Respo
 /// The same script, spoken as the Anthropic Messages API.
 async fn messages(State(mock): State<Mock>, Json(body): Json<Value>) -> Response {
     mock.requests.lock().unwrap().push(body);
-    let step = mock.next_step();
+    let step = mock.next_step().await;
     match step {
         Some(Step::Tools(calls)) => {
             let content: Vec<Value> = calls
@@ -124,18 +131,30 @@ async fn messages(State(mock): State<Mock>, Json(body): Json<Value>) -> Response
             tokio::time::sleep(d).await;
             Json(json!({"content": [{"type": "text", "text": "too late"}]})).into_response()
         }
+        Some(Step::After(..)) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "waits are resolved by next_step",
+        )
+            .into_response(),
         None => Json(json!({"content": [{"type": "text", "text": "done"}]})).into_response(),
     }
 }
 
 impl Mock {
-    /// The next scripted step, or the repeated one once the script is spent.
-    fn next_step(&self) -> Option<Step> {
-        self.script
+    /// The next scripted step, or the repeated one once the script is spent (after its wait, for
+    /// a delayed one).
+    async fn next_step(&self) -> Option<Step> {
+        let mut step = self
+            .script
             .lock()
             .unwrap()
             .pop_front()
-            .or_else(|| self.repeat.lock().unwrap().clone())
+            .or_else(|| self.repeat.lock().unwrap().clone());
+        while let Some(Step::After(wait, inner)) = step {
+            tokio::time::sleep(wait).await;
+            step = Some(*inner);
+        }
+        step
     }
 
     pub fn new(steps: Vec<Step>) -> Mock {
