@@ -111,6 +111,8 @@ for script in baseline.sql baseline_audit.sql ctxguard.sql context_gate_a.sql; d
 done
 
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
+# Calls refused as AUDIT_UNAVAILABLE are not audited: count them in the server log instead.
+refused_before=$(grep -c 'AUDIT_UNAVAILABLE' "$RUN/postgres.log" || true)
 audit_before=$(psql_su -d "$DB" -Atc "SELECT count(*) FROM ctxguard.audit_log")
 # audit_wait is superuser-only: the off runs get it from a role setting.
 nowait() { psql_su -d "$DB" -c "ALTER ROLE ctxguard_gateway IN DATABASE $DB $1" >/dev/null; }
@@ -131,6 +133,8 @@ writer=$(psql_su -d "$DB" -Atc "SELECT ctxguard.ledger_stats()")
 bad=$(psql_su -d "$DB" -Atc "SELECT count(*) FILTER (WHERE decision <> 'allow') || '|' || count(*) - $audit_before
                              FROM ctxguard.audit_log")
 [ "${bad%%|*}" = 0 ] || die "audit_log holds ${bad%%|*} non-allow decisions"
+refused=$(( $(grep -c 'AUDIT_UNAVAILABLE' "$RUN/postgres.log" || true) - refused_before ))
+[ "$refused" = 0 ] || die "$refused calls were refused as AUDIT_UNAVAILABLE (see $RUN/postgres.log)"
 
 # ------------------------------------------------------------------------------------------------
 # 4. Report.

@@ -298,14 +298,23 @@ pub fn ready() -> Result<usize, Unavailable> {
         ));
     }
     let deadline = Instant::now() + WRITER_START;
+    // A full queue holds callers back (up to ctxguard.audit_wait_timeout) rather than refusing them.
+    let full_deadline =
+        Instant::now() + Duration::from_secs(gucs::AUDIT_WAIT_TIMEOUT.get().max(1) as u64);
     loop {
         let (i, start) = {
             let mut qs = shmem::queues();
             let i = slot(&mut qs)
                 .ok_or_else(|| Unavailable("every ledger queue serves another database".into()))?;
             let q = &mut qs[i];
-            if q.next_seq - q.durable >= QUEUE_LEN as u64 {
+            let full = q.next_seq - q.durable >= QUEUE_LEN as u64;
+            if full && (q.writer_pid == 0 || Instant::now() >= full_deadline) {
                 return Err(Unavailable("the audit queue is full".into()));
+            }
+            if full {
+                drop(qs);
+                sleep(shmem::durable_cv(i), 10);
+                continue;
             }
             if q.writer_pid != 0 {
                 return Ok(i);
@@ -341,7 +350,6 @@ fn sleep(cv: *mut pg_sys::ConditionVariable, ms: i64) {
 /// Queue the audit record `audit` (with this backend's pending ledger changes); its sequence
 /// number and queue.
 pub fn submit(mut audit: Value) -> Result<(usize, u64), Unavailable> {
-    let i = ready()?;
     let at = unsafe { pg_sys::GetCurrentTimestamp() };
     audit["at_us"] = json!(at);
     let changes = PENDING.with(|p| std::mem::take(&mut *p.borrow_mut()));
@@ -352,22 +360,28 @@ pub fn submit(mut audit: Value) -> Result<(usize, u64), Unavailable> {
             text.len()
         )));
     }
-    let seq = {
-        let mut qs = shmem::queues();
-        let q = &mut qs[i];
-        if q.db != db() || q.next_seq - q.durable >= QUEUE_LEN as u64 {
-            return Err(Unavailable("the audit queue is full".into()));
+    // ready() waits while the queue is full; another caller may take the room it saw first.
+    for _ in 0..1000 {
+        let i = ready()?;
+        let seq = {
+            let mut qs = shmem::queues();
+            let q = &mut qs[i];
+            (q.db == db() && q.next_seq - q.durable < QUEUE_LEN as u64).then(|| {
+                let seq = q.next_seq + 1;
+                let r = &mut q.ring[(seq % QUEUE_LEN as u64) as usize];
+                r.seq = seq;
+                r.len = text.len() as u32;
+                r.data[..text.len()].copy_from_slice(text.as_bytes());
+                q.next_seq = seq;
+                seq
+            })
+        };
+        if let Some(seq) = seq {
+            unsafe { pg_sys::ConditionVariableSignal(shmem::work_cv(i)) };
+            return Ok((i, seq));
         }
-        let seq = q.next_seq + 1;
-        let r = &mut q.ring[(seq % QUEUE_LEN as u64) as usize];
-        r.seq = seq;
-        r.len = text.len() as u32;
-        r.data[..text.len()].copy_from_slice(text.as_bytes());
-        q.next_seq = seq;
-        seq
-    };
-    unsafe { pg_sys::ConditionVariableSignal(shmem::work_cv(i)) };
-    Ok((i, seq))
+    }
+    Err(Unavailable("the audit queue is full".into()))
 }
 
 /// Wait until record `seq` of queue `i` is durable (`ctxguard.audit_wait`), interruptibly.
