@@ -8,17 +8,19 @@ BEGIN;
 
 -- 1. Raised limits for the bench tenant, so that every measured call does the full work (read,
 --    mask, audit, charge the budget) instead of being refused after a few calls. The checks
---    themselves still run on every call: the generation row is locked and charged, the
---    per-document call counter is incremented, the daily coverage is checked (and recorded for new
+--    themselves still run on every call: the generation's bytes, the per-document call counter and
+--    the user's day are charged in the ledger, the daily coverage is checked (and recorded for new
 --    pages). Pages per call (5) and search results (5) keep their defaults.
 --    Defaults: 20 KB per generation, 10 calls per document per generation, 30 % of a document's
---    pages per user per day.
-INSERT INTO ctxguard.tenant_limits (tenant_id, max_bytes_per_generation, max_calls_per_document, max_document_coverage)
-VALUES ('acme', 2147483647, 2147483647, 1.0)
+--    pages per user per day, 64 MiB per user per day.
+INSERT INTO ctxguard.tenant_limits (tenant_id, max_bytes_per_generation, max_calls_per_document, max_document_coverage,
+                                    max_bytes_per_user_day)
+VALUES ('acme', 2147483647, 2147483647, 1.0, 2147483647)
 ON CONFLICT (tenant_id) DO UPDATE
    SET max_bytes_per_generation = EXCLUDED.max_bytes_per_generation,
        max_calls_per_document = EXCLUDED.max_calls_per_document,
-       max_document_coverage = EXCLUDED.max_document_coverage;
+       max_document_coverage = EXCLUDED.max_document_coverage,
+       max_bytes_per_user_day = EXCLUDED.max_bytes_per_user_day;
 
 -- 2. Per pgbench client: its own user token and generation (one conversation per client, as in
 --    production; a shared generation would serialise all clients on its row lock, and a shared
