@@ -172,9 +172,11 @@ async fn connections_beyond_the_cap_are_refused_at_once() {
     let started = Instant::now();
     let mut extra = TcpStream::connect(gw).await.unwrap();
     let mut buf = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(2), extra.read_to_end(&mut buf)).await;
+    // "At once" means before any of the gateway's timeouts (the header timeout is 10 s here): a
+    // bound far from the machine's speed, so a loaded machine cannot make this flaky.
+    let _ = tokio::time::timeout(Duration::from_secs(8), extra.read_to_end(&mut buf)).await;
     assert!(
-        started.elapsed() < Duration::from_millis(500),
+        started.elapsed() < Duration::from_secs(5),
         "refused at once, not after a timeout: {:?}",
         started.elapsed()
     );

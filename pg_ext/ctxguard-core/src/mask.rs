@@ -923,18 +923,15 @@ mod tests {
     }
 
     #[test]
-    fn many_matches_cost_linear_time() {
-        // 1 MB of e-mail addresses (~60,000 matches): quadratic span bookkeeping took seconds.
+    fn many_matches_are_all_masked() {
+        // 1 MB of e-mail addresses (~60,000 matches): every one is found and replaced. How fast
+        // is measured by bench/mask_bench.sh (MB/s against a baseline), never by a timed test.
         let m = masker();
         let text: String = (0..60_000).map(|i| format!("u{i}@example.com\n")).collect();
-        let started = std::time::Instant::now();
-        let (_, counts) = mask_with(&m, &text);
+        let (out, counts) = mask_with(&m, &text);
         assert_eq!(counts.get("email"), Some(&60_000));
-        assert!(
-            started.elapsed() < std::time::Duration::from_secs(2),
-            "{:?}",
-            started.elapsed()
-        );
+        assert!(!out.contains("@example.com"));
+        assert_eq!(out.matches("[REDACTED:email]").count(), 60_000);
     }
 
     #[test]
