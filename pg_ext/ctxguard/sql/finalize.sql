@@ -62,6 +62,20 @@ END
 $$;
 COMMENT ON FUNCTION ctxguard.protect_table(regclass, name, text, name) IS 'Enable+force tenant RLS keyed on ctxguard.tenant_id(); optionally map an entity type.';
 
+-- The one definition of a role unfit to run tool handlers: a superuser, BYPASSRLS, the extension owner,
+-- or a member of the owner of a table with row level security or of a ctxguard table. Used by
+-- register_tool / set_tool_policy (through Rust) and by lint().
+CREATE FUNCTION ctxguard._run_as_unfit(role oid) RETURNS boolean
+    LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT r.rolsuper OR r.rolbypassrls OR r.oid = e.extowner
+           OR EXISTS (SELECT 1 FROM pg_class t
+                       WHERE t.relkind IN ('r', 'p') AND (t.relrowsecurity OR t.relnamespace = e.extnamespace)
+                         AND pg_has_role(r.oid, t.relowner, 'MEMBER'))
+      FROM pg_roles r, pg_extension e
+     WHERE r.oid = _run_as_unfit.role AND e.extname = 'ctxguard'
+$$;
+
 CREATE FUNCTION ctxguard.lint() RETURNS TABLE (kind text, object text, detail text)
     LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 AS $$
@@ -95,10 +109,7 @@ AS $$
     UNION ALL
     SELECT DISTINCT 'unsafe_run_as', p.run_as::text, 'run_as role is a superuser, can bypass RLS, or owns a protected table: its tools do not run'
       FROM ctxguard.tool_policies p JOIN pg_roles r ON r.oid = p.run_as
-     WHERE r.rolsuper OR r.rolbypassrls
-        OR EXISTS (SELECT 1 FROM pg_class t
-                    WHERE t.relkind IN ('r', 'p') AND (t.relrowsecurity OR t.relnamespace = 'ctxguard'::regnamespace)
-                      AND pg_has_role(r.oid, t.relowner, 'MEMBER'))
+     WHERE ctxguard._run_as_unfit(r.oid)
     UNION ALL
     SELECT DISTINCT 'caller_with_table_privileges', r.rolname::text,
            'can call ctxguard.call_tool and also holds privileges on ' || t.oid::regclass::text || ' (the role that runs model calls needs EXECUTE on ctxguard only)'

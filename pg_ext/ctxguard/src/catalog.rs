@@ -92,7 +92,7 @@ fn _register_tool(
     Spi::connect_mut(|c| {
         c.update(
             "INSERT INTO ctxguard.tools (name, description, input_schema, handler, kind)
-             VALUES ($1, $2, $3, $4::oid::pg_catalog.regprocedure, 'sql')
+             VALUES ($1, $2, $3, $4::pg_catalog.oid::pg_catalog.regprocedure, 'sql')
              ON CONFLICT (name) DO UPDATE SET description = EXCLUDED.description,
                  input_schema = EXCLUDED.input_schema, handler = EXCLUDED.handler, kind = EXCLUDED.kind,
                  version = ctxguard.tools.version + 1, updated_at = pg_catalog.now()",
@@ -134,21 +134,14 @@ fn parse_with_run_as(
     (p, Some(check_run_as(&role)))
 }
 
-/// The OID of `role` if it may run tool handlers: it exists, is not a superuser, cannot bypass
-/// RLS, is not the extension owner, and is not (a member of) the owner of a table with row level
-/// security or of a ctxguard table. Otherwise 22023.
+/// The OID of `role` if it may run tool handlers: it exists and `ctxguard._run_as_unfit` (the one
+/// definition, shared with `lint()`) says it is fit. Otherwise 22023.
 fn check_run_as(role: &str) -> pg_sys::Oid {
     let found = crate::owner::as_owner(|| {
         Spi::connect(|c| {
             let mut rows = c.select(
-                "SELECT r.oid,
-                        r.rolsuper OR r.rolbypassrls OR r.oid = e.extowner
-                        OR EXISTS (SELECT 1 FROM pg_catalog.pg_class t
-                                    WHERE t.relkind IN ('r', 'p')
-                                      AND (t.relrowsecurity OR t.relnamespace = e.extnamespace)
-                                      AND pg_catalog.pg_has_role(r.oid, t.relowner, 'MEMBER'))
-                   FROM pg_catalog.pg_roles r, pg_catalog.pg_extension e
-                  WHERE r.rolname = $1 AND e.extname = 'ctxguard'",
+                "SELECT r.oid, ctxguard._run_as_unfit(r.oid)
+                   FROM pg_catalog.pg_roles r WHERE r.rolname = $1",
                 Some(1),
                 &[role.into()],
             )?;

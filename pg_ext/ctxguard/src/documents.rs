@@ -484,8 +484,8 @@ fn read_pages(
 fn tsquery(any: bool, cfg: &str, query: &str) -> String {
     if any {
         format!(
-            "(SELECT pg_catalog.to_tsquery({cfg}::pg_catalog.regconfig, coalesce(nullif(array_to_string(ARRAY(
-        SELECT '''' || pg_catalog.replace(l, '''', '''''') || '''' FROM pg_catalog.unnest(tsvector_to_array(pg_catalog.to_tsvector({cfg}::pg_catalog.regconfig, {query}))) l),
+            "(SELECT pg_catalog.to_tsquery({cfg}::pg_catalog.regconfig, coalesce(nullif(pg_catalog.array_to_string(ARRAY(
+        SELECT '''' || pg_catalog.replace(l, '''', '''''') || '''' FROM pg_catalog.unnest(pg_catalog.tsvector_to_array(pg_catalog.to_tsvector({cfg}::pg_catalog.regconfig, {query}))) l),
         ' | '), ''), '''''')) AS q) qs"
         )
     } else {
