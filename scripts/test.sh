@@ -176,6 +176,11 @@ for m in ${PG_CHECK_MAJORS-16}; do
   timings+=("PostgreSQL $m: compile-checked only, in $((SECONDS - t0)) s")
 done
 for m in "${tested[@]}"; do
+  if pg_own_prefix "$m"; then
+    # A PostgreSQL of your own (CTXGUARD_PG<NN>_PREFIX) has no Debian package directory to install into.
+    timings+=("PostgreSQL $m .deb test: skipped, CTXGUARD_PG${m}_PREFIX names a PostgreSQL of your own")
+    continue
+  fi
   log "PostgreSQL $m: the .deb, installed into a clean cluster"
   t0=$SECONDS
   in_major "$m" bash scripts/package.sh "$m" --test
