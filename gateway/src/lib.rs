@@ -29,7 +29,9 @@ pub mod limits;
 pub mod llm;
 pub mod mcp;
 pub mod metrics;
+pub mod origin;
 pub mod pages;
+pub mod public_url;
 pub mod secrets;
 pub mod tools;
 pub mod upstream;
@@ -61,6 +63,10 @@ pub struct AppState {
     pub demo: Option<demo::Demo>,
     /// HTTP timeouts, the connection cap and each user's open event streams.
     pub limits: Arc<limits::Limits>,
+    /// Where clients reach the gateway (`CTXGUARD_PUBLIC_URL`): what it advertises.
+    pub public: public_url::PublicUrl,
+    /// Hosts and origins `/mcp` accepts.
+    pub mcp_guard: origin::Guard,
 }
 
 impl AppState {
@@ -94,7 +100,15 @@ impl AppState {
         };
         let metrics = Arc::new(Metrics::new());
         let limits = Arc::new(limits::Limits::new(&config, &metrics));
+        let public = public_url::PublicUrl::new(
+            config.public_url.as_deref(),
+            config.listen,
+            config.mcp_documentation_url.as_deref(),
+        )?;
+        let mcp_guard = origin::Guard::new(&config, &public);
         Ok(AppState {
+            public,
+            mcp_guard,
             demo,
             db,
             model,
@@ -482,6 +496,18 @@ async fn not_found() -> ApiError {
     ApiError::NotFound("no such endpoint".into())
 }
 
+/// RFC 9728 metadata at each well-known path the public URL derives (`public_url.rs`).
+fn metadata_routes(state: &Arc<AppState>) -> Router<Arc<AppState>> {
+    state
+        .public
+        .metadata_routes()
+        .into_iter()
+        .fold(Router::new(), |router, (path, resource)| {
+            let body = state.public.metadata(&resource);
+            router.route(&path, get(move || async move { Json(body) }))
+        })
+}
+
 /// The router, with request ids (propagated to audit rows as trace ids), tracing and body limits.
 pub fn app(state: Arc<AppState>) -> Router {
     let demo = if state.demo.is_some() {
@@ -499,17 +525,11 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/v1/approvals/{call_id}", post(approve_endpoint))
         .route("/internal/mcp/execute", post(execute_endpoint))
         .route("/v1/context", axum::routing::put(mcp::put_context))
-        .route(
-            "/.well-known/oauth-protected-resource",
-            get(mcp::protected_resource),
-        )
-        .route(
-            "/.well-known/oauth-protected-resource/mcp",
-            get(mcp::protected_resource),
-        )
+        .merge(metadata_routes(&state))
         .nest_service(
             "/mcp",
             tower::ServiceBuilder::new()
+                .layer(middleware::from_fn_with_state(state.clone(), origin::guard))
                 .layer(middleware::from_fn_with_state(state.clone(), limit_body))
                 .layer(middleware::from_fn_with_state(
                     state.clone(),

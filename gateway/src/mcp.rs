@@ -189,22 +189,10 @@ pub fn parse_page_header(headers: &HeaderMap) -> Result<Option<Value>, String> {
     }
 }
 
-/// 401 with a bearer challenge (RFC 6750: `error="invalid_token"` only when a token was sent).
-fn unauthorized(headers: &HeaderMap, message: &str, token_sent: bool) -> Response {
-    let host = headers
-        .get(header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .unwrap_or("localhost");
-    let error = if token_sent {
-        ", error=\"invalid_token\""
-    } else {
-        ""
-    };
-    let challenge = format!(
-        "Bearer realm=\"ctxguard\"{error}, resource_metadata=\"http://{host}/.well-known/oauth-protected-resource/mcp\""
-    );
+/// 401 with a bearer challenge pointing at the metadata (`public_url.rs`).
+fn unauthorized(state: &AppState, message: &str, token_sent: bool) -> Response {
     let mut resp = ApiError::Unauthorized(message.into()).into_response();
-    if let Ok(v) = HeaderValue::from_str(&challenge) {
+    if let Ok(v) = HeaderValue::from_str(&state.public.challenge(token_sent)) {
         resp.headers_mut().insert(header::WWW_AUTHENTICATE, v);
     }
     resp
@@ -219,11 +207,11 @@ pub async fn authenticate(
     let headers = req.headers().clone();
     let token = match bearer(&headers) {
         Ok(t) => t,
-        Err(_) => return unauthorized(&headers, "a bearer token is required", false),
+        Err(_) => return unauthorized(&state, "a bearer token is required", false),
     };
     let identity = match state.db.verify_token(&token).await {
         Ok(v) => v,
-        Err(ApiError::Unauthorized(m)) => return unauthorized(&headers, &m, true),
+        Err(ApiError::Unauthorized(m)) => return unauthorized(&state, &m, true),
         Err(e) => return e.into_response(),
     };
     let who = (
@@ -240,20 +228,6 @@ pub async fn authenticate(
     // An event stream (a GET stream, a streamed answer, a subscription) counts against the user's.
     let response = next.run(req).await;
     state.limits.hold_stream(&who, response)
-}
-
-/// `GET /.well-known/oauth-protected-resource[/mcp]` (RFC 9728): how to authenticate to `/mcp`.
-pub async fn protected_resource(headers: HeaderMap) -> Json<Value> {
-    let host = headers
-        .get(header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .unwrap_or("localhost");
-    Json(json!({
-        "resource": format!("http://{host}/mcp"),
-        "bearer_methods_supported": ["header"],
-        "authorization_servers": [],
-        "resource_documentation": "Context tokens (HS256 or EdDSA JWTs with sub, tenant_id, roles) are minted by your application; see the ctxguard README.",
-    }))
 }
 
 /// `PUT /v1/context`: set the caller's current page for their MCP sessions (body: a page context).
@@ -290,7 +264,9 @@ pub async fn put_context(
 pub fn service(state: Arc<AppState>) -> StreamableHttpService<Server, LocalSessionManager> {
     let config = StreamableHttpServerConfig::default()
         .with_legacy_session_mode(true)
-        .with_allowed_hosts(state.config.mcp_allowed_hosts());
+        .with_allowed_hosts(state.mcp_guard.hosts().to_vec())
+        .with_allowed_origins(state.config.mcp_allowed_origins())
+        .enforce_origin_validation();
     StreamableHttpService::new(
         move || {
             Ok(Server {
