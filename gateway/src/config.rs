@@ -201,6 +201,15 @@ pub enum ConfigError {
 impl Config {
     /// Parse the command line and environment (after loading `--config`), then validate.
     pub fn load() -> Result<Config, ConfigError> {
+        // `--help` and `--version` need no configuration: answered (exit 0) before anything is read.
+        if let Err(e) = Config::try_parse() {
+            if matches!(
+                e.kind(),
+                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion
+            ) {
+                e.exit();
+            }
+        }
         let file = std::env::args()
             .skip_while(|a| a != "--config")
             .nth(1)

@@ -28,6 +28,8 @@ pub mod legacy;
 pub mod limits;
 pub mod llm;
 pub mod mcp;
+pub mod mcp_jsonrpc;
+pub mod mcp_sessions;
 pub mod metrics;
 pub mod origin;
 pub mod pages;
@@ -57,8 +59,11 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// Connections to upstream MCP servers.
     pub upstreams: Arc<upstream::Upstreams>,
-    /// Each user's current page, for MCP sessions.
+    /// Each user's shared page and page views, and who to tell when a page changes (MCP).
     pub pages: Arc<mcp::PageHub>,
+    /// MCP session records: owner, own page, use (`mcp_sessions.rs`).
+    pub mcp_sessions: Arc<mcp_sessions::SessionStore>,
+    pub mcp_session_metrics: mcp_sessions::SessionMetrics,
     /// Demo mode's token minting and screens' pool (`None` unless `CTXGUARD_DEMO=true`).
     pub demo: Option<demo::Demo>,
     /// HTTP timeouts, the connection cap and each user's open event streams.
@@ -106,7 +111,13 @@ impl AppState {
             config.mcp_documentation_url.as_deref(),
         )?;
         let mcp_guard = origin::Guard::new(&config, &public);
+        let mcp_sessions = Arc::new(mcp_sessions::SessionStore::default());
+        let mcp_session_metrics = mcp_sessions::SessionMetrics::new(&metrics);
+        let pages = Arc::new(mcp::PageHub::new(mcp_sessions.clone(), &metrics));
         Ok(AppState {
+            pages,
+            mcp_sessions,
+            mcp_session_metrics,
             public,
             mcp_guard,
             demo,
@@ -123,7 +134,6 @@ impl AppState {
                 )
                 .with_stdio_user(stdio_user),
             ),
-            pages: Arc::new(mcp::PageHub::default()),
         })
     }
 }
@@ -421,7 +431,13 @@ async fn execute_endpoint(
     } else {
         req.arguments
     };
-    let envelope = tools::call(&state, &mut view, &req.tool_name, &arguments).await?;
+    let envelope = tools::call(
+        &state,
+        &mut view,
+        db::ToolName::Catalog(&req.tool_name),
+        &arguments,
+    )
+    .await?;
     let code = envelope
         .pointer("/error/code")
         .and_then(Value::as_str)
@@ -535,6 +551,7 @@ pub fn app(state: Arc<AppState>) -> Router {
                     state.clone(),
                     mcp::authenticate,
                 ))
+                .layer(middleware::from_fn(mcp_jsonrpc::validate))
                 .service(mcp::service(state.clone())),
         )
         .fallback(not_found)
