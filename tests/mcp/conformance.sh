@@ -19,6 +19,12 @@
 #   governed by the database does not have; sampling and elicitation are never requested.
 # - server-sse-polling: calls the suite's test_reconnection tool (closes the stream mid-call); a call
 #   of an unknown tool is TOOL_NOT_FOUND, which the scenario counts as a failure.
+if ! command -v npm >/dev/null; then
+  log "installing nodejs npm (for the MCP conformance suite's installer)"
+  if [ "$(id -u)" = 0 ]; then as_root=(); else as_root=(sudo); fi
+  "${as_root[@]}" apt-get update -qq
+  "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm
+fi
 if [ "$(id -u)" = 0 ]; then CACHE=/var/cache/ctxguard; else CACHE=$HOME/.cache/ctxguard; fi
 NODE_VERSION=22.23.3 SUITE_VERSION=0.1.16
 NODE_DIR=$CACHE/node22 SUITE_DIR=$CACHE/mcp-conformance
