@@ -79,11 +79,6 @@ async fn every_id_of_a_context_block_is_checked_by_the_database() {
             "[CONTEXT] The user has selected matter \"Some matter\" (matter_id: ------------------------------------).\nsummarize",
             "matter_id must be a UUID",
         ),
-        (
-            "a document line with a hostile id",
-            "[CONTEXT] The user has selected matter \"Some matter\" (matter_id: 25e70284-6124-4a2b-9c89-abc123def456).\nThe user is currently viewing document \"x\" (document_id: ../../etc).\nsummarize",
-            "malformed [CONTEXT] message",
-        ),
     ];
     for (what, message, reason) in malformed {
         let (status, body, trace) = chat(gw, message).await;
