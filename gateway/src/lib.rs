@@ -24,6 +24,7 @@ pub mod db;
 pub mod demo;
 pub mod error;
 pub mod hygiene;
+pub mod jwks_sync;
 pub mod legacy;
 pub mod limits;
 pub mod llm;
