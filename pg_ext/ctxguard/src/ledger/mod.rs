@@ -65,6 +65,59 @@ fn note(change: Value) {
     PENDING.with(|p| p.borrow_mut().push(change));
 }
 
+/// At the end of every transaction (preloaded backends): changes of a call that ended in an error
+/// before its audit record was queued are queued on their own, so that they do not wait for this
+/// backend's next record (or die with it). Never waits and never fails — it runs where an error is
+/// not allowed; what finds no room now stays pending for the next record.
+pub fn register_flush_at_transaction_end() {
+    unsafe { pg_sys::RegisterXactCallback(Some(at_transaction_end), std::ptr::null_mut()) };
+}
+
+unsafe extern "C-unwind" fn at_transaction_end(
+    event: pg_sys::XactEvent::Type,
+    _arg: *mut std::ffi::c_void,
+) {
+    if event == pg_sys::XactEvent::XACT_EVENT_COMMIT || event == pg_sys::XactEvent::XACT_EVENT_ABORT
+    {
+        flush_pending();
+    }
+}
+
+fn flush_pending() {
+    let changes = PENDING.with(|p| std::mem::take(&mut *p.borrow_mut()));
+    if changes.is_empty() || !shmem::attached() {
+        PENDING.with(|p| p.borrow_mut().extend(changes));
+        return;
+    }
+    let text = json!({"l": changes}).to_string();
+    let queued = text.len() <= RECORD_BYTES && enqueue_existing(&text).is_some();
+    if !queued {
+        PENDING.with(|p| p.borrow_mut().extend(changes));
+    }
+}
+
+/// Put `text` on this database's queue if it has one and room for it; the queue, or `None`.
+fn enqueue_existing(text: &str) -> Option<usize> {
+    let d = db();
+    let i = {
+        let mut qs = shmem::queues();
+        let i = qs.iter().position(|q| q.db == d)?;
+        let q = &mut qs[i];
+        if q.next_seq - q.durable >= QUEUE_LEN as u64 {
+            return None;
+        }
+        let seq = q.next_seq + 1;
+        let r = &mut q.ring[(seq % QUEUE_LEN as u64) as usize];
+        r.seq = seq;
+        r.len = text.len() as u32;
+        r.data[..text.len()].copy_from_slice(text.as_bytes());
+        q.next_seq = seq;
+        i
+    };
+    unsafe { pg_sys::ConditionVariableSignal(shmem::work_cv(i)) };
+    Some(i)
+}
+
 fn full(what: &str) -> Unavailable {
     Unavailable(format!(
         "the shared-memory ledger has no free slot for {what}"
@@ -202,7 +255,7 @@ pub fn charge_bytes(
     drop(l);
     note(json!({"day": [tenant, user, day], "bytes": new_day}));
     if let (Some(g), Some(b)) = (generation, new_gen) {
-        note(json!({"gen": g.id, "bytes": b}));
+        note(json!({"gen": g.id, "bytes": b, "exp": g.expires}));
     }
     Ok(Ok(Charged {
         generation: new_gen,
@@ -235,7 +288,7 @@ pub fn doc_call(
         },
     )?;
     if let Some(n) = taken {
-        note(json!({"doc": [gen.id, tenant, doc], "calls": n}));
+        note(json!({"doc": [gen.id, tenant, doc], "calls": n, "exp": gen.expires}));
     }
     Ok(taken)
 }
@@ -354,15 +407,20 @@ pub fn submit(mut audit: Value) -> Result<(usize, u64), Unavailable> {
     audit["at_us"] = json!(at);
     let changes = PENDING.with(|p| std::mem::take(&mut *p.borrow_mut()));
     let text = json!({"a": audit, "l": changes}).to_string();
+    // On failure the changes stay pending (the charges stand in shared memory either way).
+    let restore = |e: Unavailable| {
+        PENDING.with(|p| p.borrow_mut().extend(changes.iter().cloned()));
+        e
+    };
     if text.len() > RECORD_BYTES {
-        return Err(Unavailable(format!(
+        return Err(restore(Unavailable(format!(
             "an audit record of {} bytes exceeds {RECORD_BYTES}",
             text.len()
-        )));
+        ))));
     }
     // ready() waits while the queue is full; another caller may take the room it saw first.
     for _ in 0..1000 {
-        let i = ready()?;
+        let i = ready().map_err(restore)?;
         let seq = {
             let mut qs = shmem::queues();
             let q = &mut qs[i];
@@ -381,7 +439,7 @@ pub fn submit(mut audit: Value) -> Result<(usize, u64), Unavailable> {
             return Ok((i, seq));
         }
     }
-    Err(Unavailable("the audit queue is full".into()))
+    Err(restore(Unavailable("the audit queue is full".into())))
 }
 
 /// Wait until record `seq` of queue `i` is durable (`ctxguard.audit_wait`), interruptibly.
