@@ -37,8 +37,13 @@ pub struct SyncArgs {
 /// What a run did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
-    Updated { keys: Vec<String>, skipped: Vec<String> },
-    Unchanged { keys: Vec<String> },
+    Updated {
+        keys: Vec<String>,
+        skipped: Vec<String>,
+    },
+    Unchanged {
+        keys: Vec<String>,
+    },
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -30,6 +30,7 @@ pub mod limits;
 pub mod llm;
 pub mod mcp;
 pub mod metrics;
+pub mod oauth;
 pub mod pages;
 pub mod secrets;
 pub mod tools;
@@ -62,6 +63,8 @@ pub struct AppState {
     pub demo: Option<demo::Demo>,
     /// HTTP timeouts, the connection cap and each user's open event streams.
     pub limits: Arc<limits::Limits>,
+    /// Authorization servers and scopes advertised to MCP clients (`oauth.rs`).
+    pub oauth: oauth::OAuth,
 }
 
 impl AppState {
@@ -95,7 +98,9 @@ impl AppState {
         };
         let metrics = Arc::new(Metrics::new());
         let limits = Arc::new(limits::Limits::new(&config, &metrics));
+        let oauth = oauth::OAuth::from_config(&config)?;
         Ok(AppState {
+            oauth,
             demo,
             db,
             model,

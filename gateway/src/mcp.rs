@@ -189,8 +189,14 @@ pub fn parse_page_header(headers: &HeaderMap) -> Result<Option<Value>, String> {
     }
 }
 
-/// 401 with a bearer challenge (RFC 6750: `error="invalid_token"` only when a token was sent).
-fn unauthorized(headers: &HeaderMap, message: &str, token_sent: bool) -> Response {
+/// 401 with a bearer challenge (RFC 6750: `error="invalid_token"` only when a token was sent; the
+/// configured scopes, `oauth.rs`).
+fn unauthorized(
+    state: &AppState,
+    headers: &HeaderMap,
+    message: &str,
+    token_sent: bool,
+) -> Response {
     let host = headers
         .get(header::HOST)
         .and_then(|h| h.to_str().ok())
@@ -200,8 +206,9 @@ fn unauthorized(headers: &HeaderMap, message: &str, token_sent: bool) -> Respons
     } else {
         ""
     };
+    let scope = state.oauth.challenge_scope();
     let challenge = format!(
-        "Bearer realm=\"ctxguard\"{error}, resource_metadata=\"http://{host}/.well-known/oauth-protected-resource/mcp\""
+        "Bearer realm=\"ctxguard\"{error}{scope}, resource_metadata=\"http://{host}/.well-known/oauth-protected-resource/mcp\""
     );
     let mut resp = ApiError::Unauthorized(message.into()).into_response();
     if let Ok(v) = HeaderValue::from_str(&challenge) {
@@ -219,11 +226,11 @@ pub async fn authenticate(
     let headers = req.headers().clone();
     let token = match bearer(&headers) {
         Ok(t) => t,
-        Err(_) => return unauthorized(&headers, "a bearer token is required", false),
+        Err(_) => return unauthorized(&state, &headers, "a bearer token is required", false),
     };
     let identity = match state.db.verify_token(&token).await {
         Ok(v) => v,
-        Err(ApiError::Unauthorized(m)) => return unauthorized(&headers, &m, true),
+        Err(ApiError::Unauthorized(m)) => return unauthorized(&state, &headers, &m, true),
         Err(e) => return e.into_response(),
     };
     let who = (
@@ -243,17 +250,21 @@ pub async fn authenticate(
 }
 
 /// `GET /.well-known/oauth-protected-resource[/mcp]` (RFC 9728): how to authenticate to `/mcp`.
-pub async fn protected_resource(headers: HeaderMap) -> Json<Value> {
+/// `authorization_servers` and `scopes_supported` are the configured ones (`oauth.rs`).
+pub async fn protected_resource(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+) -> Json<Value> {
     let host = headers
         .get(header::HOST)
         .and_then(|h| h.to_str().ok())
         .unwrap_or("localhost");
-    Json(json!({
+    Json(state.oauth.metadata(json!({
         "resource": format!("http://{host}/mcp"),
         "bearer_methods_supported": ["header"],
-        "authorization_servers": [],
-        "resource_documentation": "Context tokens (HS256 or EdDSA JWTs with sub, tenant_id, roles) are minted by your application; see the ctxguard README.",
-    }))
+        // (No `resource_documentation`: RFC 9728 makes it a URL, and clients that validate the
+        // document, such as the MCP Python SDK, refuse prose there and skip the whole metadata.)
+    })))
 }
 
 /// `PUT /v1/context`: set the caller's current page for their MCP sessions (body: a page context).

@@ -55,7 +55,8 @@ const provider = new Provider(issuer, {
     })),
   cookies: { keys: ['ctxguard-test-cookie-key'] },
   findAccount: async (_ctx, id) => ({ accountId: id, claims: async () => ({ sub: id }) }),
-  scopes: ['openid', 'offline_access'],
+  // The API's scope is known to the provider too, so clients may register with it.
+  scopes: ['openid', 'offline_access', 'ctxguard'],
   features: {
     devInteractions: { enabled: false },
     clientCredentials: { enabled: true },

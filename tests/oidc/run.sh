@@ -34,6 +34,7 @@ grep -q "^ready $ISSUER" "$WORK/provider.log" || { cat "$WORK/provider.log"; exi
 cargo build --locked --release -p ctxguard-gateway >/dev/null
 GWBIN=$CARGO_TARGET_DIR/release/ctxguard-gateway
 log "jwks-sync from $ISSUER (the subcommand, as a timer runs it)"
+rm -f "$OIDC_DIR/jwks.json"
 "$GWBIN" jwks-sync --issuer "$ISSUER" --out "$OIDC_DIR/jwks.json" | tee "$WORK/sync.out"
 grep -q "^updated .*: 2 key(s) \[rsa1:RSA-2048, ec1:EC P-256\]" "$WORK/sync.out"
 "$GWBIN" jwks-sync --url "$ISSUER/jwks" --out "$OIDC_DIR/jwks.json" | grep -q "^unchanged "

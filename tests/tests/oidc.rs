@@ -41,10 +41,7 @@ impl Provider {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("oidc/provider.mjs");
         let mut child = Command::new("node")
             .arg(script)
-            .env(
-                "OIDC_NODE_MODULES",
-                env("CTXGUARD_TEST_OIDC_NODE_MODULES"),
-            )
+            .env("OIDC_NODE_MODULES", env("CTXGUARD_TEST_OIDC_NODE_MODULES"))
             .env("OIDC_PORT", port.to_string())
             .env("OIDC_KEYS", keys.join(","))
             .stdout(Stdio::piped())
@@ -150,7 +147,10 @@ async fn verify(db: &tokio_postgres::Client, token: &str) -> Result<Value, (Stri
 async fn refused(db: &tokio_postgres::Client, token: &str, why: &str) {
     assert_eq!(
         verify(db, token).await,
-        Err(("28000".into(), format!("ctxguard: invalid context token: {why}"))),
+        Err((
+            "28000".into(),
+            format!("ctxguard: invalid context token: {why}")
+        )),
     );
 }
 
@@ -231,8 +231,12 @@ async fn tokens_of_a_real_openid_provider_verify_and_survive_key_rotation() {
     ))
     .await
     .unwrap();
-    let url = env("CTXGUARD_TEST_DATABASE_URL").replace("user=ctxguard_gateway", &format!("user={ROLE}"));
-    assert!(url.contains(ROLE), "the test database URL names the gateway role");
+    let url =
+        env("CTXGUARD_TEST_DATABASE_URL").replace("user=ctxguard_gateway", &format!("user={ROLE}"));
+    assert!(
+        url.contains(ROLE),
+        "the test database URL names the gateway role"
+    );
     let mut db = connect_as(&url).await;
 
     // RS256 and ES256 tokens of the provider verify; tenant and roles come from the mapped claims.
@@ -242,19 +246,28 @@ async fn tokens_of_a_real_openid_provider_verify_and_survive_key_rotation() {
     assert_eq!(verify(&db, &rs).await, Ok(want.clone()));
     assert_eq!(verify(&db, &es).await, Ok(want.clone()));
     let tx = db.transaction().await.unwrap();
-    tx.execute("SELECT ctxguard.set_context($1, $2)", &[&es, &invoice_page("acme_inv3")])
-        .await
-        .unwrap();
+    tx.execute(
+        "SELECT ctxguard.set_context($1, $2)",
+        &[&es, &invoice_page("acme_inv3")],
+    )
+    .await
+    .unwrap();
     let row = tx
         .query_one("SELECT ctxguard.tenant_id(), ctxguard.user_id()", &[])
         .await
         .unwrap();
-    assert_eq!((row.get::<_, String>(0), row.get::<_, String>(1)), ("acme".into(), "svc-acme".into()));
+    assert_eq!(
+        (row.get::<_, String>(0), row.get::<_, String>(1)),
+        ("acme".into(), "svc-acme".into())
+    );
     tx.rollback().await.unwrap();
 
     // The key settings are not readable by the role.
     for setting in ["ctxguard.jwks_file", "ctxguard.jwks"] {
-        let e = db.query_one(&format!("SHOW {setting}"), &[]).await.unwrap_err();
+        let e = db
+            .query_one(&format!("SHOW {setting}"), &[])
+            .await
+            .unwrap_err();
         assert_eq!(e.code().unwrap().code(), "42501", "{setting}");
     }
 
@@ -262,7 +275,12 @@ async fn tokens_of_a_real_openid_provider_verify_and_survive_key_rotation() {
     let other = provider.token("svc-acme", "urn:other").await;
     refused(&db, &other, "token audience is not accepted").await;
     let bad_tenant = provider.token("svc-bad-tenant", "urn:ctxguard:rs").await;
-    refused(&db, &bad_tenant, "token claim tenant_id is missing or invalid").await;
+    refused(
+        &db,
+        &bad_tenant,
+        "token claim tenant_id is missing or invalid",
+    )
+    .await;
     {
         // The same keys behind another issuer: signature fine, issuer wrong.
         let elsewhere = Provider::start(port + 1, &["rsa1", "ec1"]);
@@ -275,10 +293,27 @@ async fn tokens_of_a_real_openid_provider_verify_and_survive_key_rotation() {
     expired["exp"] = json!(now() - 1800);
     let h = json!({"alg": "RS256", "typ": "at+jwt", "kid": "rsa1"});
     // Positive control: the forging itself yields a token that verifies.
-    assert_eq!(verify(&db, &forge(h.clone(), &claims_of(&rs), Algorithm::RS256, &rsa1)).await, Ok(want.clone()));
-    refused(&db, &forge(h.clone(), &expired, Algorithm::RS256, &rsa1), "token has expired").await;
+    assert_eq!(
+        verify(
+            &db,
+            &forge(h.clone(), &claims_of(&rs), Algorithm::RS256, &rsa1)
+        )
+        .await,
+        Ok(want.clone())
+    );
+    refused(
+        &db,
+        &forge(h.clone(), &expired, Algorithm::RS256, &rsa1),
+        "token has expired",
+    )
+    .await;
     let rsa2 = EncodingKey::from_rsa_pem(pem("rsa2").as_bytes()).unwrap();
-    let unknown = forge(json!({"alg": "RS256", "kid": "rsa2"}), &claims_of(&rs), Algorithm::RS256, &rsa2);
+    let unknown = forge(
+        json!({"alg": "RS256", "kid": "rsa2"}),
+        &claims_of(&rs),
+        Algorithm::RS256,
+        &rsa2,
+    );
     refused(&db, &unknown, "token key id (kid) names no configured key").await;
     let jku = forge(
         json!({"alg": "RS256", "kid": "rsa1", "jku": format!("{issuer}/jwks")}),
@@ -286,7 +321,12 @@ async fn tokens_of_a_real_openid_provider_verify_and_survive_key_rotation() {
         Algorithm::RS256,
         &rsa1,
     );
-    refused(&db, &jku, "token header names or carries a key (jku, x5u, x5c, jwk), which is never used").await;
+    refused(
+        &db,
+        &jku,
+        "token header names or carries a key (jku, x5u, x5c, jwk), which is never used",
+    )
+    .await;
     // Algorithm confusion: HS256 with the RSA public key (its PEM, and the JWKS text) as secret.
     let public_pem = String::from_utf8(
         Command::new("openssl")
@@ -325,7 +365,11 @@ async fn tokens_of_a_real_openid_provider_verify_and_survive_key_rotation() {
     );
     assert_eq!(verify(&db, &rs2).await, Ok(want.clone()));
     refused(&db, &rs, "token key id (kid) names no configured key").await;
-    assert_eq!(verify(&db, &es).await, Ok(want.clone()), "the kept key still verifies");
+    assert_eq!(
+        verify(&db, &es).await,
+        Ok(want.clone()),
+        "the kept key still verifies"
+    );
     // And a session opened after the rotation agrees.
     let fresh = connect_as(&url).await;
     assert_eq!(verify(&fresh, &rs2).await, Ok(want.clone()));
@@ -342,5 +386,10 @@ async fn tokens_of_a_real_openid_provider_verify_and_survive_key_rotation() {
 
     set_system("ctxguard.jwks_file", None).await;
     let after = connect_as(&url).await;
-    refused(&after, &rs2, "no verification key is configured for this algorithm").await;
+    refused(
+        &after,
+        &rs2,
+        "no verification key is configured for this algorithm",
+    )
+    .await;
 }

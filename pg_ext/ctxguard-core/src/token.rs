@@ -207,8 +207,9 @@ pub fn verify(token: &str, keys: &KeyConfig<'_>) -> Result<Identity, TokenError>
         return Err(TokenError::Malformed);
     }
     // Claim paths first: a broken setting refuses every token, whatever the token.
-    let tenant_path = ClaimPath::parse(non_empty(keys.claim_tenant).unwrap_or(DEFAULT_CLAIM_TENANT))
-        .map_err(|_| TokenError::BadClaimPath)?;
+    let tenant_path =
+        ClaimPath::parse(non_empty(keys.claim_tenant).unwrap_or(DEFAULT_CLAIM_TENANT))
+            .map_err(|_| TokenError::BadClaimPath)?;
     let roles_path = ClaimPath::parse(non_empty(keys.claim_roles).unwrap_or(DEFAULT_CLAIM_ROLES))
         .map_err(|_| TokenError::BadClaimPath)?;
     let raw = raw_header(token).ok_or(TokenError::Malformed)?;
@@ -234,7 +235,9 @@ pub fn verify(token: &str, keys: &KeyConfig<'_>) -> Result<Identity, TokenError>
     validation.validate_exp = true;
     validation.validate_nbf = true;
     validation.required_spec_claims = HashSet::from(["exp".to_string()]);
-    let audiences = non_empty(keys.audience).map(list_setting).unwrap_or_default();
+    let audiences = non_empty(keys.audience)
+        .map(list_setting)
+        .unwrap_or_default();
     if audiences.is_empty() {
         validation.validate_aud = false;
     } else {
@@ -613,14 +616,18 @@ mod tests {
                     .collect();
                 (EncodingKey::from_ed_der(&der), "ed")
             }
-            _ => (EncodingKey::from_rsa_pem(RSA_A.as_bytes()).unwrap(), "rsa-a"),
+            _ => (
+                EncodingKey::from_rsa_pem(RSA_A.as_bytes()).unwrap(),
+                "rsa-a",
+            ),
         }
     }
 
     /// The public JWK of a private key, with a kid.
     fn jwk(key: &EncodingKey, alg: Algorithm, kid: &str) -> serde_json::Value {
-        let mut j = serde_json::to_value(jsonwebtoken::jwk::Jwk::from_encoding_key(key, alg).unwrap())
-            .unwrap();
+        let mut j =
+            serde_json::to_value(jsonwebtoken::jwk::Jwk::from_encoding_key(key, alg).unwrap())
+                .unwrap();
         let obj = j.as_object_mut().unwrap();
         obj.remove("alg");
         obj.insert("kid".into(), json!(kid));
@@ -654,7 +661,12 @@ mod tests {
     }
 
     /// A token with this header (JSON) and claims, signed by `key` for `alg`.
-    fn raw_signed(header: serde_json::Value, claims: &serde_json::Value, alg: Algorithm, key: &EncodingKey) -> String {
+    fn raw_signed(
+        header: serde_json::Value,
+        claims: &serde_json::Value,
+        alg: Algorithm,
+        key: &EncodingKey,
+    ) -> String {
         let message = format!(
             "{}.{}",
             B64.encode(header.to_string()),
@@ -681,7 +693,10 @@ mod tests {
             let who = verify(&signed(alg, Some(kid), good()), &k);
             assert_eq!(who.map(|w| w.tenant_id), Ok("acme".into()), "{alg:?} kid");
             // Without kid, every key that fits the algorithm is tried (rsa-b first fails).
-            assert!(verify(&signed(alg, None, good()), &k).is_ok(), "{alg:?} no kid");
+            assert!(
+                verify(&signed(alg, None, good()), &k).is_ok(),
+                "{alg:?} no kid"
+            );
         }
     }
 
@@ -709,21 +724,139 @@ mod tests {
         h.kid = Some("weak".into());
         let weak_token = encode(&h, &good(), &weak).unwrap();
         let cases: Vec<(&str, String, KeyConfig, TokenError)> = vec![
-            ("unknown kid", signed(Algorithm::RS256, Some("gone"), good()), k.clone(), TokenError::UnknownKey),
+            (
+                "unknown kid",
+                signed(Algorithm::RS256, Some("gone"), good()),
+                k.clone(),
+                TokenError::UnknownKey,
+            ),
             // ES256 header naming the RSA key's kid: the key does not fit the algorithm.
-            ("alg/key mismatch", raw_signed(json!({"alg":"ES256","kid":"rsa-a"}), &good(), Algorithm::ES256, &enc(Algorithm::ES256).0), k.clone(), TokenError::AlgorithmNotAccepted),
-            ("signed by another key", raw_signed(json!({"alg":"RS256","kid":"rsa-b"}), &good(), Algorithm::RS256, &rsa), k.clone(), TokenError::BadSignature),
-            ("hs256 with the public key", confused, k.clone(), TokenError::BadSignature),
-            ("weak key", weak_token, with_jwks(&weak_set), TokenError::UnknownKey),
-            ("jku", raw_signed(json!({"alg":"RS256","kid":"rsa-a","jku":"https://evil.example/jwks"}), &good(), Algorithm::RS256, &rsa), k.clone(), TokenError::KeyInHeader),
-            ("x5u", raw_signed(json!({"alg":"RS256","kid":"rsa-a","x5u":"https://evil.example/c"}), &good(), Algorithm::RS256, &rsa), k.clone(), TokenError::KeyInHeader),
-            ("x5c", raw_signed(json!({"alg":"RS256","kid":"rsa-a","x5c":["MIIB"]}), &good(), Algorithm::RS256, &rsa), k.clone(), TokenError::KeyInHeader),
-            ("jwk", raw_signed(json!({"alg":"RS256","jwk":jwk(&rsa, Algorithm::RS256, "x")}), &good(), Algorithm::RS256, &rsa), k.clone(), TokenError::KeyInHeader),
-            ("crit", raw_signed(json!({"alg":"RS256","kid":"rsa-a","crit":["b64"],"b64":true}), &good(), Algorithm::RS256, &rsa), k.clone(), TokenError::CriticalHeader),
-            ("kid not a string", raw_signed(json!({"alg":"RS256","kid":5}), &good(), Algorithm::RS256, &rsa), k.clone(), TokenError::Malformed),
-            ("no jwks configured", signed(Algorithm::RS256, Some("rsa-a"), good()), keys(), TokenError::NoKey),
-            ("jwks invalid", signed(Algorithm::RS256, Some("rsa-a"), good()), KeyConfig { jwks: Jwks::Invalid, ..keys() }, TokenError::InvalidKey),
-            ("hs384", encode(&Header::new(Algorithm::HS384), &good(), &EncodingKey::from_secret(SECRET.as_bytes())).unwrap(), k.clone(), TokenError::AlgorithmNotAccepted),
+            (
+                "alg/key mismatch",
+                raw_signed(
+                    json!({"alg":"ES256","kid":"rsa-a"}),
+                    &good(),
+                    Algorithm::ES256,
+                    &enc(Algorithm::ES256).0,
+                ),
+                k.clone(),
+                TokenError::AlgorithmNotAccepted,
+            ),
+            (
+                "signed by another key",
+                raw_signed(
+                    json!({"alg":"RS256","kid":"rsa-b"}),
+                    &good(),
+                    Algorithm::RS256,
+                    &rsa,
+                ),
+                k.clone(),
+                TokenError::BadSignature,
+            ),
+            (
+                "hs256 with the public key",
+                confused,
+                k.clone(),
+                TokenError::BadSignature,
+            ),
+            (
+                "weak key",
+                weak_token,
+                with_jwks(&weak_set),
+                TokenError::UnknownKey,
+            ),
+            (
+                "jku",
+                raw_signed(
+                    json!({"alg":"RS256","kid":"rsa-a","jku":"https://evil.example/jwks"}),
+                    &good(),
+                    Algorithm::RS256,
+                    &rsa,
+                ),
+                k.clone(),
+                TokenError::KeyInHeader,
+            ),
+            (
+                "x5u",
+                raw_signed(
+                    json!({"alg":"RS256","kid":"rsa-a","x5u":"https://evil.example/c"}),
+                    &good(),
+                    Algorithm::RS256,
+                    &rsa,
+                ),
+                k.clone(),
+                TokenError::KeyInHeader,
+            ),
+            (
+                "x5c",
+                raw_signed(
+                    json!({"alg":"RS256","kid":"rsa-a","x5c":["MIIB"]}),
+                    &good(),
+                    Algorithm::RS256,
+                    &rsa,
+                ),
+                k.clone(),
+                TokenError::KeyInHeader,
+            ),
+            (
+                "jwk",
+                raw_signed(
+                    json!({"alg":"RS256","jwk":jwk(&rsa, Algorithm::RS256, "x")}),
+                    &good(),
+                    Algorithm::RS256,
+                    &rsa,
+                ),
+                k.clone(),
+                TokenError::KeyInHeader,
+            ),
+            (
+                "crit",
+                raw_signed(
+                    json!({"alg":"RS256","kid":"rsa-a","crit":["b64"],"b64":true}),
+                    &good(),
+                    Algorithm::RS256,
+                    &rsa,
+                ),
+                k.clone(),
+                TokenError::CriticalHeader,
+            ),
+            (
+                "kid not a string",
+                raw_signed(
+                    json!({"alg":"RS256","kid":5}),
+                    &good(),
+                    Algorithm::RS256,
+                    &rsa,
+                ),
+                k.clone(),
+                TokenError::Malformed,
+            ),
+            (
+                "no jwks configured",
+                signed(Algorithm::RS256, Some("rsa-a"), good()),
+                keys(),
+                TokenError::NoKey,
+            ),
+            (
+                "jwks invalid",
+                signed(Algorithm::RS256, Some("rsa-a"), good()),
+                KeyConfig {
+                    jwks: Jwks::Invalid,
+                    ..keys()
+                },
+                TokenError::InvalidKey,
+            ),
+            (
+                "hs384",
+                encode(
+                    &Header::new(Algorithm::HS384),
+                    &good(),
+                    &EncodingKey::from_secret(SECRET.as_bytes()),
+                )
+                .unwrap(),
+                k.clone(),
+                TokenError::AlgorithmNotAccepted,
+            ),
         ];
         for (label, token, keys, want) in cases {
             assert_eq!(verify(&token, &keys), Err(want), "{label}");
@@ -752,12 +885,30 @@ mod tests {
         assert!(verify(&claims(iss, json!("https://api.example/mcp")), &k).is_ok());
         assert!(verify(&claims(iss, json!("other")), &k).is_ok());
         assert!(verify(&claims(iss, json!(["x", "other"])), &k).is_ok());
-        assert_eq!(verify(&claims(iss, json!("x")), &k), Err(TokenError::WrongAudience));
-        assert_eq!(verify(&claims(iss, json!(["x", "y"])), &k), Err(TokenError::WrongAudience));
-        assert_eq!(verify(&claims(iss, json!(null)), &k), Err(TokenError::WrongAudience));
-        assert_eq!(verify(&claims(Some("https://id.example"), json!("other")), &k), Err(TokenError::WrongIssuer));
-        assert_eq!(verify(&claims(Some("https://evil.example/"), json!("other")), &k), Err(TokenError::WrongIssuer));
-        assert_eq!(verify(&claims(None, json!("other")), &k), Err(TokenError::WrongIssuer));
+        assert_eq!(
+            verify(&claims(iss, json!("x")), &k),
+            Err(TokenError::WrongAudience)
+        );
+        assert_eq!(
+            verify(&claims(iss, json!(["x", "y"])), &k),
+            Err(TokenError::WrongAudience)
+        );
+        assert_eq!(
+            verify(&claims(iss, json!(null)), &k),
+            Err(TokenError::WrongAudience)
+        );
+        assert_eq!(
+            verify(&claims(Some("https://id.example"), json!("other")), &k),
+            Err(TokenError::WrongIssuer)
+        );
+        assert_eq!(
+            verify(&claims(Some("https://evil.example/"), json!("other")), &k),
+            Err(TokenError::WrongIssuer)
+        );
+        assert_eq!(
+            verify(&claims(None, json!("other")), &k),
+            Err(TokenError::WrongIssuer)
+        );
         assert_eq!(list_setting(" a, b  c,,d "), ["a", "b", "c", "d"]);
     }
 
@@ -767,38 +918,88 @@ mod tests {
         let base = with_jwks(&set);
         let token = |c: serde_json::Value| signed(Algorithm::ES256, Some("ec"), c);
         let exp = now() + 60;
-        let keycloak = KeyConfig { claim_tenant: Some("org.id"), claim_roles: Some("realm_access.roles"), ..base.clone() };
+        let keycloak = KeyConfig {
+            claim_tenant: Some("org.id"),
+            claim_roles: Some("realm_access.roles"),
+            ..base.clone()
+        };
         let who = verify(&token(json!({"sub":"u","exp":exp,"org":{"id":"acme"},"realm_access":{"roles":["a","b","a"]}})), &keycloak).unwrap();
-        assert_eq!((who.tenant_id.as_str(), who.roles), ("acme", vec!["a".to_string(), "b".into()]));
+        assert_eq!(
+            (who.tenant_id.as_str(), who.roles),
+            ("acme", vec!["a".to_string(), "b".into()])
+        );
         let auth0 = KeyConfig {
             claim_tenant: Some(r#""https://acme.example/tenant""#),
             claim_roles: Some(r#""https://acme.example/roles""#),
             ..base.clone()
         };
         let who = verify(&token(json!({"sub":"u","exp":exp,"https://acme.example/tenant":"globex","https://acme.example/roles":["ap_clerk"]})), &auth0).unwrap();
-        assert_eq!((who.tenant_id.as_str(), who.roles), ("globex", vec!["ap_clerk".to_string()]));
-        let scope = KeyConfig { claim_roles: Some("scope"), ..base.clone() };
-        let who = verify(&token(json!({"sub":"u","exp":exp,"tenant_id":"t","scope":"openid  read:docs ap_clerk"})), &scope).unwrap();
+        assert_eq!(
+            (who.tenant_id.as_str(), who.roles),
+            ("globex", vec!["ap_clerk".to_string()])
+        );
+        let scope = KeyConfig {
+            claim_roles: Some("scope"),
+            ..base.clone()
+        };
+        let who = verify(
+            &token(
+                json!({"sub":"u","exp":exp,"tenant_id":"t","scope":"openid  read:docs ap_clerk"}),
+            ),
+            &scope,
+        )
+        .unwrap();
         assert_eq!(who.roles, ["openid", "read:docs", "ap_clerk"]);
         let who = verify(&token(json!({"sub":"u","exp":exp,"tenant_id":"t"})), &scope).unwrap();
         assert!(who.roles.is_empty(), "no roles claim: no roles");
-        let supabase = KeyConfig { claim_tenant: Some("app_metadata.tenant_id"), ..base.clone() };
+        let supabase = KeyConfig {
+            claim_tenant: Some("app_metadata.tenant_id"),
+            ..base.clone()
+        };
         for (label, claims) in [
             ("missing", json!({"sub":"u","exp":exp})),
-            ("top level only", json!({"sub":"u","exp":exp,"tenant_id":"t"})),
-            ("empty", json!({"sub":"u","exp":exp,"app_metadata":{"tenant_id":""}})),
-            ("number", json!({"sub":"u","exp":exp,"app_metadata":{"tenant_id":7}})),
-            ("object", json!({"sub":"u","exp":exp,"app_metadata":{"tenant_id":{}}})),
-            ("not an id", json!({"sub":"u","exp":exp,"app_metadata":{"tenant_id":"a b"}})),
+            (
+                "top level only",
+                json!({"sub":"u","exp":exp,"tenant_id":"t"}),
+            ),
+            (
+                "empty",
+                json!({"sub":"u","exp":exp,"app_metadata":{"tenant_id":""}}),
+            ),
+            (
+                "number",
+                json!({"sub":"u","exp":exp,"app_metadata":{"tenant_id":7}}),
+            ),
+            (
+                "object",
+                json!({"sub":"u","exp":exp,"app_metadata":{"tenant_id":{}}}),
+            ),
+            (
+                "not an id",
+                json!({"sub":"u","exp":exp,"app_metadata":{"tenant_id":"a b"}}),
+            ),
         ] {
-            assert_eq!(verify(&token(claims), &supabase), Err(TokenError::BadClaim("tenant_id")), "{label}");
+            assert_eq!(
+                verify(&token(claims), &supabase),
+                Err(TokenError::BadClaim("tenant_id")),
+                "{label}"
+            );
         }
         let too_many: Vec<String> = (0..=MAX_ROLES).map(|i| format!("r{i}")).collect();
         assert_eq!(
-            verify(&token(json!({"sub":"u","exp":exp,"tenant_id":"t","roles":too_many.join(" ")})), &base),
+            verify(
+                &token(json!({"sub":"u","exp":exp,"tenant_id":"t","roles":too_many.join(" ")})),
+                &base
+            ),
             Err(TokenError::BadClaim("roles"))
         );
-        let broken = KeyConfig { claim_roles: Some("a..b"), ..base.clone() };
-        assert_eq!(verify(&token(good()), &broken), Err(TokenError::BadClaimPath));
+        let broken = KeyConfig {
+            claim_roles: Some("a..b"),
+            ..base.clone()
+        };
+        assert_eq!(
+            verify(&token(good()), &broken),
+            Err(TokenError::BadClaimPath)
+        );
     }
 }

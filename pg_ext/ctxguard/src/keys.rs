@@ -129,9 +129,10 @@ fn with_jwks<R>(f: impl FnOnce(Jwks<'_>) -> R) -> R {
                     c.source = Some(path.clone());
                     c.stamp = stamp;
                     c.inline.clear();
-                    c.keys = Some(read_jwks_file(path).and_then(|text| {
-                        KeySet::parse(&text).map_err(|e| e.to_string())
-                    }));
+                    c.keys = Some(
+                        read_jwks_file(path)
+                            .and_then(|text| KeySet::parse(&text).map_err(|e| e.to_string())),
+                    );
                 }
                 !same
             }
