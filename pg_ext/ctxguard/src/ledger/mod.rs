@@ -119,14 +119,20 @@ fn enqueue_existing(text: &str) -> Option<usize> {
 }
 
 fn full(what: &str) -> Unavailable {
+    let setting = match what {
+        "a generation" => "ledger_generations",
+        "a document's call count" => "ledger_document_calls",
+        "a document's coverage" => "ledger_coverage",
+        _ => "ledger_user_days",
+    };
     Unavailable(format!(
-        "the shared-memory ledger has no free slot for {what}"
+        "the shared-memory ledger has no free slot for {what} (raise ctxguard.{setting} and restart)"
     ))
 }
 
 /// Run `f` on the live entry of `key`, loading it first (outside the lock) if it is missing.
-fn with_entry<V: Copy + Default, const N: usize, R>(
-    table: fn(&mut Ledger) -> &mut Table<V, N>,
+fn with_entry<V: Copy, R>(
+    table: for<'a> fn(&'a mut Ledger) -> Table<'a, V>,
     key: &Key,
     expires: i64,
     what: &str,
@@ -148,9 +154,8 @@ fn with_entry<V: Copy + Default, const N: usize, R>(
     let loaded = load();
     let mut l = shmem::ledger();
     // Another backend may have loaded it meanwhile: `insert` keeps the live entry.
-    let v = table(&mut l)
-        .insert(key, expires, loaded, t)
-        .map_err(|_| full(what))?;
+    let mut tb = table(&mut l);
+    let v = tb.insert(key, expires, loaded, t).map_err(|_| full(what))?;
     Ok(f(v))
 }
 
@@ -158,7 +163,7 @@ fn with_entry<V: Copy + Default, const N: usize, R>(
 pub fn generation_used(id: &str, expires: i64, loaded: i64) -> Result<i64, Unavailable> {
     let k = key("gen", &[id]);
     with_entry(
-        |l| &mut l.generations,
+        Ledger::generations,
         &k,
         expires + GRACE,
         "a generation",
@@ -202,7 +207,7 @@ pub fn charge_bytes(
     let dk = key("day", &[tenant, user, &day.to_string()]);
     let day_expires = day_end(day + 10_957) + GRACE;
     with_entry(
-        |l| &mut l.user_days,
+        Ledger::user_days,
         &dk,
         day_expires,
         "a user's day",
@@ -212,7 +217,7 @@ pub fn charge_bytes(
     let gk = generation.map(|g| key("gen", &[g.id]));
     if let (Some(g), Some(k)) = (generation, &gk) {
         with_entry(
-            |l| &mut l.generations,
+            Ledger::generations,
             k,
             g.expires + GRACE,
             "a generation",
@@ -223,12 +228,12 @@ pub fn charge_bytes(
     let t = now();
     let mut l = shmem::ledger();
     let day_used = *l
-        .user_days
+        .user_days()
         .get(&dk, t)
         .ok_or_else(|| full("a user's day"))?;
     let gen_used = match &gk {
         Some(k) => Some(
-            *l.generations
+            *l.generations()
                 .get(k, t)
                 .ok_or_else(|| full("a generation"))?,
         ),
@@ -243,10 +248,11 @@ pub fn charge_bytes(
         return Ok(Err(Over::UserDay((day_limit - day_used).max(0))));
     }
     let new_day = day_used + bytes;
-    *l.user_days.get(&dk, t).expect("checked") = new_day;
+    *l.user_days().get(&dk, t).expect("checked") = new_day;
     let new_gen = match &gk {
         Some(k) => {
-            let v = l.generations.get(k, t).expect("checked");
+            let mut g = l.generations();
+            let v = g.get(k, t).expect("checked");
             *v += bytes;
             Some(*v)
         }
@@ -273,7 +279,7 @@ pub fn doc_call(
 ) -> Result<Option<i32>, Unavailable> {
     let k = key("doc", &[gen.id, doc]);
     let taken = with_entry(
-        |l| &mut l.doc_calls,
+        Ledger::doc_calls,
         &k,
         gen.expires + GRACE,
         "a document's call count",
@@ -306,7 +312,7 @@ pub fn coverage(
     let day = today();
     let k = key("cov", &[tenant, user, doc, &day.to_string()]);
     let taken = with_entry(
-        |l| &mut l.coverage,
+        Ledger::coverage,
         &k,
         day_end(day + 10_957) + GRACE,
         "a document's coverage",
@@ -483,6 +489,20 @@ pub fn wait(i: usize, seq: u64) -> Result<(), Unavailable> {
                 .into(),
         ))
     }
+}
+
+/// Slots and live entries of each ledger table, by setting name (for `ctxguard.ledger_stats()`).
+pub fn tables() -> Option<Value> {
+    let sizes = shmem::sizes()?;
+    let t = now();
+    let mut l = shmem::ledger();
+    let row = |slots: usize, live: usize| json!({"slots": slots, "live": live});
+    Some(json!({
+        "ledger_generations": row(sizes.generations, l.generations().live(t)),
+        "ledger_document_calls": row(sizes.doc_calls, l.doc_calls().live(t)),
+        "ledger_coverage": row(sizes.coverage, l.coverage().live(t)),
+        "ledger_user_days": row(sizes.user_days, l.user_days().live(t)),
+    }))
 }
 
 /// This database's writer: pid, last durable sequence number, batches, records, last and largest

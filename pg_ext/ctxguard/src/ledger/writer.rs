@@ -637,10 +637,10 @@ fn verify_audit(tenant: Option<&str>) -> JsonB {
 }
 
 /// This database's audit writer: pid (NULL if none), last durable record, batches, records,
-/// last and largest batch size.
+/// last and largest batch size; and the slots and live entries of each ledger table.
 #[pg_extern(volatile, parallel_unsafe)]
 fn ledger_stats() -> JsonB {
-    JsonB(match super::stats() {
+    let mut stats = match super::stats() {
         Some((pid, durable, batches, records, last, max)) => json!({
             "writer_pid": (pid != 0).then_some(pid),
             "durable": durable,
@@ -651,7 +651,11 @@ fn ledger_stats() -> JsonB {
             "avg_batch": if batches > 0 { records as f64 / batches as f64 } else { 0.0 },
         }),
         None => json!({"writer_pid": null}),
-    })
+    };
+    if let Some(t) = super::tables() {
+        stats["tables"] = t;
+    }
+    JsonB(stats)
 }
 
 pgrx::extension_sql_file!(
