@@ -384,6 +384,12 @@ async fn tokens_of_a_real_openid_provider_verify_and_survive_key_rotation() {
     ));
     assert_eq!(verify(&db, &rs2).await, Ok(want));
 
+    // A missing file is no key: refused, call after call (fail closed).
+    std::fs::remove_file(&jwks_file).unwrap();
+    for _ in 0..2 {
+        refused(&db, &rs2, "configured verification key is invalid").await;
+    }
+
     set_system("ctxguard.jwks_file", None).await;
     let after = connect_as(&url).await;
     refused(

@@ -122,8 +122,9 @@ fn with_jwks<R>(f: impl FnOnce(Jwks<'_>) -> R) -> R {
                 let stamp = std::fs::metadata(path)
                     .ok()
                     .and_then(|m| Some((m.dev(), m.ino(), m.modified().ok()?, m.len())));
+                // (A missing file stays missing without a re-read or a log line per call.)
                 let same = c.source.as_deref() == Some(path.as_str())
-                    && c.stamp.is_some()
+                    && c.keys.is_some()
                     && c.stamp == stamp;
                 if !same {
                     c.source = Some(path.clone());
