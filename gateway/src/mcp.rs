@@ -26,19 +26,19 @@ use base64::Engine;
 use rmcp::model::{
     CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock,
     Implementation, InitializeRequestParams, InitializeResult, ListToolsResult,
-    PaginatedRequestParams, ServerCapabilities, ServerConfig, SubscriptionFilter, Tool,
-    ToolAnnotations,
+    PaginatedRequestParams, ProtocolVersion, ServerCapabilities, ServerConfig, SubscriptionFilter,
+    Tool, ToolAnnotations,
 };
 use rmcp::service::{NotificationContext, RequestContext, SubscriptionContext, SubscriptionSink};
-use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData as McpError, Peer, RoleServer, ServerHandler};
 use serde_json::{json, Map, Value};
 use uuid::Uuid;
 
-use crate::db::Scope;
+use crate::db::{Scope, ToolName};
 use crate::error::ApiError;
 use crate::llm::{wire_name, ToolSpec};
+use crate::mcp_sessions::{BoundSessions, SessionKey, SessionStore, Who};
 use crate::pages::{Lease, View};
 use crate::{bearer, AppState};
 
@@ -49,11 +49,8 @@ pub const PAGE_HEADER: &str = "x-ctxguard-page";
 #[derive(Clone, Debug)]
 pub struct Caller {
     token: String,
-    who: Who,
+    pub(crate) who: Who,
 }
-
-/// (tenant, user): whose screen a page belongs to.
-type Who = (String, String);
 
 #[derive(Clone)]
 enum Listener {
@@ -61,51 +58,115 @@ enum Listener {
     Subscription(SubscriptionSink),
 }
 
+/// Page views a user keeps generations for (their budgets): the most recent ones.
+const GENERATIONS_PER_USER: usize = 8;
+
 #[derive(Default)]
 struct Entry {
-    page: Option<Value>,
-    /// The page view's generation (renewed before the database's lifetime for it runs out).
-    generation: Option<Lease>,
-    listeners: Vec<(u64, Listener)>,
+    /// The user's shared page (`PUT /v1/context`), which sessions without their own page follow.
+    shared: Option<Value>,
+    /// The generation of each recent page view of the user (renewed before the database's lifetime
+    /// for it runs out), newest last.
+    generations: Vec<(Value, Lease)>,
+    /// Who to tell when a page changes: sessions (with their key) and subscriptions.
+    listeners: Vec<(u64, Listener, Option<SessionKey>)>,
 }
 
-/// The current page of each user, and who to tell when it changes.
-#[derive(Default)]
+/// Each user's shared page, the generations of their page views, and who to tell when a page
+/// changes. A session's own page lives in its record ([`SessionStore`]).
+///
+/// - A page in a request's `X-Ctxguard-Page` header belongs to that request, and in a session to the
+///   session from then on: it never changes the user's shared page or another session's.
+/// - `PUT /v1/context` sets the user's shared page: sessions without a page of their own and
+///   `subscriptions/listen` streams follow it.
+///
+/// So two clients of one user on different screens each keep their own list, and re-listing after
+/// `list_changed` changes nothing (no notification storm).
 pub struct PageHub {
+    sessions: Arc<SessionStore>,
     entries: Mutex<HashMap<Who, Entry>>,
     next_id: AtomicU64,
+    notified: prometheus::IntCounter,
 }
 
 impl PageHub {
-    /// Record `page` (if given) as `who`'s current page; returns the page now in effect.
-    fn observe(self: &Arc<Self>, who: &Who, page: Option<Value>) -> Option<Value> {
-        let mut entries = self.entries.lock().expect("page hub lock");
-        let entry = entries.entry(who.clone()).or_default();
-        if let Some(page) = page {
-            if entry.page.as_ref() != Some(&page) {
-                entry.page = Some(page);
-                entry.generation = None;
-                let listeners = entry.listeners.clone();
-                if !listeners.is_empty() {
-                    tokio::spawn(self.clone().notify(who.clone(), listeners));
-                }
-            }
+    pub fn new(sessions: Arc<SessionStore>, metrics: &crate::metrics::Metrics) -> PageHub {
+        let notified = prometheus::IntCounter::new(
+            "ctxguard_mcp_list_changed_total",
+            "notifications/tools/list_changed sent to MCP sessions and subscriptions",
+        )
+        .expect("metric");
+        metrics.register(Box::new(notified.clone()));
+        PageHub {
+            sessions,
+            entries: Mutex::default(),
+            next_id: AtomicU64::new(0),
+            notified,
         }
-        entry.page.clone()
     }
 
-    /// `who`'s current page, if any.
-    fn current(&self, who: &Who) -> Option<Value> {
-        self.entries
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Who, Entry>> {
+        self.entries.lock().expect("page hub lock")
+    }
+
+    /// The page in effect for a session (its own, else the user's shared one), or for a request
+    /// outside sessions (the shared one).
+    fn page_for(&self, who: &Who, session: Option<&SessionKey>) -> Option<Value> {
+        if let Some(own) = session
+            .and_then(|k| self.sessions.get(&k.0))
+            .and_then(|r| r.page)
+        {
+            return Some(own);
+        }
+        self.lock().get(who).and_then(|e| e.shared.clone())
+    }
+
+    /// Set `who`'s shared page (`PUT /v1/context`); its followers are told if it changed.
+    pub fn set_shared(self: &Arc<Self>, who: Who, page: Value) {
+        let mut entries = self.lock();
+        let entry = entries.entry(who.clone()).or_default();
+        if entry.shared.as_ref() == Some(&page) {
+            return;
+        }
+        entry.shared = Some(page);
+        let followers: Vec<_> = entry
+            .listeners
+            .iter()
+            .filter(|(_, _, session)| match session {
+                None => true,
+                Some(k) => self.sessions.get(&k.0).is_some_and(|r| r.page.is_none()),
+            })
+            .map(|(id, l, _)| (*id, l.clone()))
+            .collect();
+        drop(entries);
+        self.spawn_notify(who, followers);
+    }
+
+    /// Give a session its own page; the session is told if its page in effect changed.
+    fn set_session_page(self: &Arc<Self>, who: &Who, session: &SessionKey, page: Value) {
+        let before = self.page_for(who, Some(session));
+        self.sessions.set_page(&session.0, page.clone());
+        if before.as_ref() == Some(&page) {
+            return;
+        }
+        let listeners: Vec<_> = self
             .lock()
-            .expect("page hub lock")
             .get(who)
-            .and_then(|e| e.page.clone())
+            .map(|e| {
+                e.listeners
+                    .iter()
+                    .filter(|(_, _, k)| k.as_ref() == Some(session))
+                    .map(|(id, l, _)| (*id, l.clone()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        self.spawn_notify(who.clone(), listeners);
     }
 
-    /// Set `who`'s page out of band (`PUT /v1/context`).
-    pub fn set(self: &Arc<Self>, who: Who, page: Value) {
-        self.observe(&who, Some(page));
+    fn spawn_notify(self: &Arc<Self>, who: Who, listeners: Vec<(u64, Listener)>) {
+        if !listeners.is_empty() {
+            tokio::spawn(self.clone().notify(who, listeners));
+        }
     }
 
     async fn notify(self: Arc<Self>, who: Who, listeners: Vec<(u64, Listener)>) {
@@ -115,7 +176,9 @@ impl PageHub {
                 Listener::Session(peer) => peer.notify_tool_list_changed().await.is_ok(),
                 Listener::Subscription(sink) => sink.notify_tool_list_changed().await.is_ok(),
             };
-            if !ok {
+            if ok {
+                self.notified.inc();
+            } else {
                 gone.push(id);
             }
         }
@@ -124,44 +187,52 @@ impl PageHub {
         }
     }
 
-    /// Add a listener. `seen` is the page the listener's client last listed tools for: if the
-    /// user's page is another one by now (another request changed it while this listener was
-    /// being set up), the listener is told at once. With no page recorded yet, nothing was listed. Under the same lock as `observe`, so a change is
-    /// reported exactly once, by whichever of the two runs second.
-    fn listen(self: &Arc<Self>, who: &Who, l: Listener, seen: Option<&Value>) -> u64 {
+    /// Add a listener: a session's peer (with its key), or a subscription stream (following the
+    /// user's shared page).
+    fn listen(&self, who: &Who, l: Listener, session: Option<SessionKey>) -> u64 {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let mut entries = self.entries.lock().expect("page hub lock");
+        let mut entries = self.lock();
         let entry = entries.entry(who.clone()).or_default();
-        entry.listeners.retain(|(_, l)| match l {
+        entry.listeners.retain(|(_, l, _)| match l {
             Listener::Session(p) => !p.is_transport_closed(),
             Listener::Subscription(_) => true,
         });
-        if entry.page.is_some() && seen.is_some() && entry.page.as_ref() != seen {
-            tokio::spawn(self.clone().notify(who.clone(), vec![(id, l.clone())]));
-        }
-        entry.listeners.push((id, l));
+        entry.listeners.push((id, l, session));
         id
     }
 
     fn remove(&self, who: &Who, ids: &[u64]) {
-        if let Some(e) = self.entries.lock().expect("page hub lock").get_mut(who) {
-            e.listeners.retain(|(id, _)| !ids.contains(id));
+        if let Some(e) = self.lock().get_mut(who) {
+            e.listeners.retain(|(id, _, _)| !ids.contains(id));
+        }
+    }
+
+    /// A session ended: drop its listeners.
+    pub fn forget_session(&self, session: &SessionKey) {
+        for e in self.lock().values_mut() {
+            e.listeners.retain(|(_, _, k)| k.as_ref() != Some(session));
         }
     }
 
     /// The generation of `who`'s view of `page`, unless it is time to renew it.
     fn generation(&self, who: &Who, page: &Value) -> Option<Lease> {
-        let entries = self.entries.lock().expect("page hub lock");
-        let e = entries.get(who)?;
-        e.generation
-            .filter(|l| e.page.as_ref() == Some(page) && !l.due())
+        let entries = self.lock();
+        entries
+            .get(who)?
+            .generations
+            .iter()
+            .find(|(p, _)| p == page)
+            .map(|(_, l)| *l)
+            .filter(|l| !l.due())
     }
 
     fn set_generation(&self, who: &Who, page: &Value, lease: Lease) {
-        if let Some(e) = self.entries.lock().expect("page hub lock").get_mut(who) {
-            if e.page.as_ref() == Some(page) {
-                e.generation = Some(lease);
-            }
+        let mut entries = self.lock();
+        let generations = &mut entries.entry(who.clone()).or_default().generations;
+        generations.retain(|(p, _)| p != page);
+        generations.push((page.clone(), lease));
+        if generations.len() > GENERATIONS_PER_USER {
+            generations.remove(0);
         }
     }
 }
@@ -189,32 +260,36 @@ pub fn parse_page_header(headers: &HeaderMap) -> Result<Option<Value>, String> {
     }
 }
 
-/// 401 with a bearer challenge (RFC 6750: `error="invalid_token"` only when a token was sent; the
-/// configured scopes, `oauth.rs`).
-fn unauthorized(
-    state: &AppState,
-    headers: &HeaderMap,
-    message: &str,
-    token_sent: bool,
-) -> Response {
-    let host = headers
-        .get(header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .unwrap_or("localhost");
-    let error = if token_sent {
-        ", error=\"invalid_token\""
-    } else {
-        ""
-    };
-    let scope = state.oauth.challenge_scope();
-    let challenge = format!(
-        "Bearer realm=\"ctxguard\"{error}{scope}, resource_metadata=\"http://{host}/.well-known/oauth-protected-resource/mcp\""
-    );
+/// 401 with a bearer challenge pointing at the metadata (`public_url.rs`).
+fn unauthorized(state: &AppState, message: &str, token_sent: bool) -> Response {
     let mut resp = ApiError::Unauthorized(message.into()).into_response();
+    // The configured scopes (`oauth.rs`) join the challenge (RFC 6750 §3 `scope`).
+    let challenge = format!(
+        "{}{}",
+        state.public.challenge(token_sent),
+        state.oauth.challenge_scope()
+    );
     if let Ok(v) = HeaderValue::from_str(&challenge) {
         resp.headers_mut().insert(header::WWW_AUTHENTICATE, v);
     }
     resp
+}
+
+/// The session header of the session-based protocol revisions.
+const SESSION_HEADER: &str = "mcp-session-id";
+
+/// 404 for a session that does not exist, ended, or is another user's (the same answer for all).
+fn session_not_found() -> Response {
+    (
+        axum::http::StatusCode::NOT_FOUND,
+        Json(json!({
+            "jsonrpc": "2.0",
+            "id": null,
+            "error": {"code": -32001, "message": "Session not found: initialize a new session",
+                      "data": {"code": "SESSION_NOT_FOUND"}},
+        })),
+    )
+        .into_response()
 }
 
 /// Middleware on `/mcp`: verify the bearer token in the database, then hand the caller to rmcp.
@@ -226,11 +301,11 @@ pub async fn authenticate(
     let headers = req.headers().clone();
     let token = match bearer(&headers) {
         Ok(t) => t,
-        Err(_) => return unauthorized(&state, &headers, "a bearer token is required", false),
+        Err(_) => return unauthorized(&state, "a bearer token is required", false),
     };
     let identity = match state.db.verify_token(&token).await {
         Ok(v) => v,
-        Err(ApiError::Unauthorized(m)) => return unauthorized(&state, &headers, &m, true),
+        Err(ApiError::Unauthorized(m)) => return unauthorized(&state, &m, true),
         Err(e) => return e.into_response(),
     };
     let who = (
@@ -240,6 +315,18 @@ pub async fn authenticate(
             .to_string(),
         identity["userId"].as_str().unwrap_or_default().to_string(),
     );
+    // A session is answered only to the user who initialized it: another user's session id is an
+    // unknown one (404), and nothing of it is touched.
+    if let Some(id) = headers.get(SESSION_HEADER) {
+        let owned = id
+            .to_str()
+            .ok()
+            .and_then(|id| state.mcp_sessions.get(id))
+            .is_some_and(|r| r.who == who);
+        if !owned {
+            return session_not_found();
+        }
+    }
     req.extensions_mut().insert(Caller {
         token,
         who: who.clone(),
@@ -247,24 +334,6 @@ pub async fn authenticate(
     // An event stream (a GET stream, a streamed answer, a subscription) counts against the user's.
     let response = next.run(req).await;
     state.limits.hold_stream(&who, response)
-}
-
-/// `GET /.well-known/oauth-protected-resource[/mcp]` (RFC 9728): how to authenticate to `/mcp`.
-/// `authorization_servers` and `scopes_supported` are the configured ones (`oauth.rs`).
-pub async fn protected_resource(
-    State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
-) -> Json<Value> {
-    let host = headers
-        .get(header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .unwrap_or("localhost");
-    Json(state.oauth.metadata(json!({
-        "resource": format!("http://{host}/mcp"),
-        "bearer_methods_supported": ["header"],
-        // (No `resource_documentation`: RFC 9728 makes it a URL, and clients that validate the
-        // document, such as the MCP Python SDK, refuse prose there and skip the whole metadata.)
-    })))
 }
 
 /// `PUT /v1/context`: set the caller's current page for their MCP sessions (body: a page context).
@@ -291,24 +360,34 @@ pub async fn put_context(
         context["tenantId"].as_str().unwrap_or_default().to_string(),
         context["userId"].as_str().unwrap_or_default().to_string(),
     );
-    state.pages.set(who, page);
+    state.pages.set_shared(who, page);
     Ok(Json(
         json!({"status": "ok", "pageType": context["pageType"]}),
     ))
 }
 
-/// The rmcp service at `/mcp`.
-pub fn service(state: Arc<AppState>) -> StreamableHttpService<Server, LocalSessionManager> {
+/// The rmcp service at `/mcp`, on sessions bound to their users (`mcp_sessions.rs`).
+pub fn service(state: Arc<AppState>) -> StreamableHttpService<Server, BoundSessions> {
     let config = StreamableHttpServerConfig::default()
         .with_legacy_session_mode(true)
-        .with_allowed_hosts(state.config.mcp_allowed_hosts());
+        .with_sse_keep_alive(Some(state.config.mcp_keepalive()))
+        .with_allowed_hosts(state.mcp_guard.hosts().to_vec())
+        .with_allowed_origins(state.config.mcp_allowed_origins())
+        .enforce_origin_validation();
+    let pages = state.pages.clone();
+    let sessions = Arc::new(BoundSessions::new(
+        state.mcp_sessions.clone(),
+        state.mcp_session_metrics.clone(),
+        move |key| pages.forget_session(key),
+    ));
+    BoundSessions::spawn_reaper(&sessions, state.config.mcp_session_idle_timeout());
     StreamableHttpService::new(
         move || {
             Ok(Server {
                 state: state.clone(),
             })
         },
-        Arc::new(LocalSessionManager::default()),
+        sessions,
         config,
     )
 }
@@ -324,7 +403,10 @@ in for you, and every call is re-checked, masked, budgeted and audited by the da
 call is a tool error carrying a stable code (e.g. TOOL_NOT_VISIBLE, ENTITY_MISMATCH, \
 APPROVAL_REQUIRED, RATE_LIMIT_EXCEEDED, RESULT_TOO_LARGE).";
 
-fn caller_of(ext: &rmcp::model::Extensions) -> Result<(Caller, Option<Value>), McpError> {
+/// The verified caller, the page header (if any) and the session (if any) of a message.
+fn caller_of(
+    ext: &rmcp::model::Extensions,
+) -> Result<(Caller, Option<Value>, Option<SessionKey>), McpError> {
     let parts = ext
         .get::<axum::http::request::Parts>()
         .ok_or_else(|| McpError::internal_error("no HTTP request", None))?;
@@ -333,33 +415,76 @@ fn caller_of(ext: &rmcp::model::Extensions) -> Result<(Caller, Option<Value>), M
         .get::<Caller>()
         .cloned()
         .ok_or_else(|| McpError::invalid_request("not authenticated", None))?;
-    let page = parse_page_header(&parts.headers).map_err(|m| McpError::invalid_params(m, None))?;
-    Ok((caller, page))
+    let page = parse_page_header(&parts.headers)
+        .map_err(|m| McpError::invalid_params(m, Some(json!({"code": "INVALID_PAGE_CONTEXT"}))))?;
+    Ok((caller, page, ext.get::<SessionKey>().cloned()))
 }
 
+/// A JSON-RPC error for the API's, carrying its stable code in `data.code`.
 fn api_error(e: ApiError) -> McpError {
+    let data = Some(json!({"code": e.code()}));
     match e {
         ApiError::Unauthorized(m) | ApiError::Unprocessable(m) | ApiError::BadRequest(m) => {
-            McpError::invalid_params(m, None)
+            McpError::invalid_params(m, data)
         }
-        other => McpError::internal_error(other.to_string(), None),
+        ApiError::Internal(detail) => {
+            tracing::error!(%detail, "internal error");
+            McpError::internal_error("internal error", data)
+        }
+        other => McpError::internal_error(other.to_string(), data),
     }
 }
 
+/// A readable title from a catalog name: `invoice.mark_paid` → `Invoice: mark paid`.
+pub fn readable_title(name: &str) -> String {
+    let words = |s: &str| s.replace(['_', '-'], " ");
+    let mut parts: Vec<String> = name.split('.').map(words).collect();
+    let last = parts.pop().unwrap_or_default();
+    let title = if parts.is_empty() {
+        last
+    } else {
+        format!("{}: {last}", parts.join(" "))
+    };
+    let mut chars = title.chars();
+    match chars.next() {
+        Some(c) => c.to_uppercase().chain(chars).collect(),
+        None => title,
+    }
+}
+
+/// A listed tool: its wire name, the catalog's title, and hints from its policy. `destructiveHint` is
+/// true for `danger: destructive`, false only for read-only tools (for other writes it is left to
+/// the client's default, true); read-only tools are idempotent; upstream tools reach an open world,
+/// the database's own tools do not.
 fn to_tool(t: &ToolSpec) -> Tool {
     let schema: Map<String, Value> = match &t.input_schema {
         Value::Object(o) => o.clone(),
         _ => Map::new(),
     };
+    let title = t
+        .title
+        .clone()
+        .filter(|s| !s.trim().is_empty())
+        .unwrap_or_else(|| readable_title(&t.name));
     let mut annotations = ToolAnnotations::new();
-    annotations.title = Some(t.name.clone());
+    annotations.title = Some(title.clone());
     annotations.read_only_hint = Some(t.read_only);
-    annotations.destructive_hint = Some(t.danger == "destructive");
+    annotations.destructive_hint = if t.danger == "destructive" {
+        Some(true)
+    } else if t.read_only {
+        Some(false)
+    } else {
+        None
+    };
+    annotations.idempotent_hint = t.read_only.then_some(true);
+    annotations.open_world_hint = Some(t.server.is_some());
     let mut description = t.description.clone();
     if t.requires_approval {
         description.push_str(" (Runs only after the user approves the call.)");
     }
-    Tool::new(wire_name(&t.name), description, Arc::new(schema)).annotate(annotations)
+    Tool::new(wire_name(&t.name), description, Arc::new(schema))
+        .with_title(title)
+        .annotate(annotations)
 }
 
 fn tool_error(code: &str, message: &str, extra: Value) -> CallToolResult {
@@ -374,13 +499,14 @@ fn tool_error(code: &str, message: &str, extra: Value) -> CallToolResult {
 
 impl Server {
     /// The scope of a request: the verified caller and the page in effect (None: no page yet).
-    /// A new page from the header is checked by the database (`set_context`) before it replaces
-    /// the user's page and the user's sessions are told, so a bad page changes nothing.
+    /// A page from the header is the request's; in a session it becomes the session's own page,
+    /// checked by the database (`set_context`) first, so a bad page changes nothing. Without a
+    /// header: the session's own page, else the user's shared page (`PUT /v1/context`).
     async fn scope(
         &self,
         ext: &rmcp::model::Extensions,
     ) -> Result<(Caller, Option<Scope>), McpError> {
-        let (caller, header_page) = caller_of(ext)?;
+        let (caller, header_page, session) = caller_of(ext)?;
         let scope_for = |page: Value| Scope {
             token: caller.token.clone(),
             page,
@@ -388,17 +514,22 @@ impl Server {
             trace_id: Uuid::new_v4().to_string(),
         };
         let pages = &self.state.pages;
-        let page = match header_page {
-            Some(p) if pages.current(&caller.who).as_ref() != Some(&p) => {
-                self.state
-                    .db
-                    .context(&scope_for(p.clone()))
-                    .await
-                    .map_err(api_error)?;
-                pages.observe(&caller.who, Some(p))
+        let page = match (header_page, session) {
+            (Some(p), Some(session)) => {
+                let own = self.state.mcp_sessions.get(&session.0).and_then(|r| r.page);
+                if own.as_ref() != Some(&p) {
+                    self.state
+                        .db
+                        .context(&scope_for(p.clone()))
+                        .await
+                        .map_err(api_error)?;
+                    pages.set_session_page(&caller.who, &session, p.clone());
+                }
+                Some(p)
             }
-            Some(p) => Some(p),
-            None => pages.current(&caller.who),
+            // Outside a session (2026-07-28): the request's alone; every statement checks it.
+            (Some(p), None) => Some(p),
+            (None, session) => pages.page_for(&caller.who, session.as_ref()),
         };
         let scope = page.map(scope_for);
         Ok((caller, scope))
@@ -417,10 +548,15 @@ impl Server {
             Some(lease) => View::leased(scope, "mcp", lease),
             None => View::fresh(&state.db, scope, "mcp").await?,
         };
-        // Accept both the wire name (`invoice__get`) and the catalog name (`invoice.get`).
-        let name = request.name.replace("__", ".");
+        // The name it was listed under (`invoice__get`, `vendor__report__daily`): the database maps
+        // it back to the catalog's; a catalog name (`invoice.get`) is its own.
         let args = Value::Object(request.arguments.unwrap_or_default());
-        let envelope = crate::tools::call(state, &mut view, &name, &args).await;
+        let name = if request.name.contains('.') {
+            ToolName::Catalog(&request.name)
+        } else {
+            ToolName::Wire(&request.name)
+        };
+        let envelope = crate::tools::call(state, &mut view, name, &args).await;
         if let Some(lease) = view.lease() {
             state
                 .pages
@@ -464,7 +600,20 @@ impl Server {
     }
 }
 
+/// The protocol revisions offered: all rmcp knows but 2025-03-26, the one whose clients may send
+/// JSON-RPC batches (`mcp_jsonrpc.rs` refuses batches).
+const OFFERED_VERSIONS: &[ProtocolVersion] = &[
+    ProtocolVersion::V_2024_11_05,
+    ProtocolVersion::V_2025_06_18,
+    ProtocolVersion::V_2025_11_25,
+    ProtocolVersion::V_2026_07_28,
+];
+
 impl ServerHandler for Server {
+    fn supported_protocol_versions(&self) -> std::borrow::Cow<'static, [ProtocolVersion]> {
+        std::borrow::Cow::Borrowed(OFFERED_VERSIONS)
+    }
+
     fn get_info(&self) -> ServerConfig {
         InitializeResult::new(
             ServerCapabilities::builder()
@@ -499,10 +648,12 @@ impl ServerHandler for Server {
     }
 
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
-        if let Ok((caller, _)) = caller_of(&context.extensions) {
-            self.state
-                .pages
-                .listen(&caller.who, Listener::Session(context.peer.clone()), None);
+        if let Ok((caller, _, Some(session))) = caller_of(&context.extensions) {
+            self.state.pages.listen(
+                &caller.who,
+                Listener::Session(context.peer.clone()),
+                Some(session),
+            );
         }
     }
 
@@ -516,11 +667,11 @@ impl ServerHandler for Server {
     async fn listen(&self, context: SubscriptionContext) -> Result<(), McpError> {
         // No database work before registering: a page change racing this request must not slip
         // between the subscription being acknowledged and the listener being in place.
-        let (caller, seen) = caller_of(&context.request_context().extensions)?;
+        let (caller, _, _) = caller_of(&context.request_context().extensions)?;
         let id = self.state.pages.listen(
             &caller.who,
             Listener::Subscription(context.sink().clone()),
-            seen.as_ref(),
+            None,
         );
         context.cancelled().await;
         self.state.pages.remove(&caller.who, &[id]);
@@ -529,9 +680,16 @@ impl ServerHandler for Server {
 
     async fn list_tools(
         &self,
-        _request: Option<PaginatedRequestParams>,
+        request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
+        // Every tool is listed at once: no cursor was ever handed out, so none is valid.
+        if request.is_some_and(|r| r.cursor.is_some()) {
+            return Err(McpError::invalid_params(
+                "invalid cursor: this server lists every tool in one page",
+                None,
+            ));
+        }
         let (_, scope) = self.scope(&context.extensions).await?;
         let tools = match scope {
             // Fail closed: without a page there is nothing to show.
@@ -609,6 +767,55 @@ mod tests {
             Some(page)
         );
         assert_eq!(parse_page_header(&HeaderMap::new()).unwrap(), None);
+    }
+
+    fn spec(name: &str, read_only: bool, danger: &str, server: Option<&str>) -> ToolSpec {
+        ToolSpec {
+            name: name.into(),
+            description: "d".into(),
+            input_schema: json!({"type": "object"}),
+            read_only,
+            danger: danger.into(),
+            requires_approval: false,
+            server: server.map(Into::into),
+            title: None,
+        }
+    }
+
+    #[test]
+    fn titles_and_hints_come_from_the_catalog_and_the_policy() {
+        assert_eq!(readable_title("invoice.mark_paid"), "Invoice: mark paid");
+        assert_eq!(readable_title("read_doc_metadata"), "Read doc metadata");
+        assert_eq!(readable_title("scans.read-scan"), "Scans: read scan");
+        let get = to_tool(&spec("invoice.get", true, "safe", None));
+        let a = get.annotations.clone().unwrap();
+        assert_eq!(get.name, "invoice__get");
+        assert_eq!(get.title.as_deref(), Some("Invoice: get"));
+        assert_eq!(
+            (
+                a.read_only_hint,
+                a.destructive_hint,
+                a.idempotent_hint,
+                a.open_world_hint
+            ),
+            (Some(true), Some(false), Some(true), Some(false))
+        );
+        let write = to_tool(&spec("invoice.mark_paid", false, "moderate", None));
+        let a = write.annotations.unwrap();
+        assert_eq!((a.destructive_hint, a.idempotent_hint), (None, None));
+        let drop = to_tool(&spec("x.purge", false, "destructive", Some("up")));
+        let a = drop.annotations.unwrap();
+        assert_eq!(
+            (a.destructive_hint, a.open_world_hint),
+            (Some(true), Some(true))
+        );
+        let mut titled = spec("vendor.report__daily", true, "safe", None);
+        titled.title = Some("Daily vendor report".into());
+        let t = to_tool(&titled);
+        assert_eq!(
+            (t.name.as_ref(), t.title.as_deref()),
+            ("vendor__report__daily", Some("Daily vendor report"))
+        );
     }
 
     #[test]
