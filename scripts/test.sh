@@ -92,6 +92,13 @@ if grep -q "eyJ" <<<"$denied"; then echo "a token reached the refusal log lines"
 echo "ok: $(wc -l <<<"$denied") refusals logged without tokens"
 
 if [ "$MODE" != --major-sql-suite ]; then
+# A real OpenID provider (npm oidc-provider) for tests/tests/oidc.rs and tests/oidc/run.sh: installed
+# once into a cache outside the checkout; its keys in the run directory. Ports: the base and 3 more.
+OIDC_NODE_MODULES=$(bash tests/oidc/install.sh)
+OIDC_DIR=$RUN/oidc
+bash tests/oidc/keys.sh "$OIDC_DIR"
+OIDC_PORT=${CTXGUARD_OIDC_TEST_PORT:-31940}
+require_free_ports "$OIDC_PORT" $((OIDC_PORT + 1)) $((OIDC_PORT + 2)) $((OIDC_PORT + 3))
 log "client integration tests (tests/, real connections as ctxguard_gateway and the demo's other roles)"
 CTXGUARD_TEST_DATABASE_URL="host=$RUN port=$PGPORT user=ctxguard_gateway dbname=$DB" \
 CTXGUARD_TEST_DISCOVERY_URL="host=$RUN port=$PGPORT user=ctxguard_discovery dbname=$DB" \
@@ -99,9 +106,13 @@ CTXGUARD_TEST_APP_URL="host=$RUN port=$PGPORT user=ctxguard_app dbname=$DB" \
 CTXGUARD_TEST_ADMIN_URL="host=$RUN port=$PGPORT user=postgres dbname=$DB" \
 CTXGUARD_TEST_JWT_SECRET="$(cat "$RUN/jwt_secret")" \
 CTXGUARD_TEST_PGDATA="$PGDATA_DIR" CTXGUARD_TEST_PG_BIN="$PG_BIN" \
+CTXGUARD_TEST_OIDC_NODE_MODULES="$OIDC_NODE_MODULES" CTXGUARD_TEST_OIDC_DIR="$OIDC_DIR" \
+CTXGUARD_TEST_OIDC_PORT="$OIDC_PORT" \
   cargo test --locked -p ctxguard-tests
 
 bash tests/mcp/run.sh
+
+OIDC_NODE_MODULES="$OIDC_NODE_MODULES" OIDC_DIR="$OIDC_DIR" OIDC_PORT="$OIDC_PORT" bash tests/oidc/run.sh
 
 bash tests/ui/run.sh
 fi

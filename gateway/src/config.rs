@@ -111,6 +111,18 @@ pub struct Config {
     #[arg(long, env = "CTXGUARD_MCP_DISCOVER", default_value_t = true, action = clap::ArgAction::Set)]
     pub mcp_discover: bool,
 
+    /// OpenID provider(s) issuing the tokens `/mcp` accepts: issuer URLs, comma-separated, exactly
+    /// as each provider's `issuer` reads. Listed as `authorization_servers` in the protected
+    /// resource metadata, so MCP clients sign users in there (`oauth.rs`). The database verifies
+    /// the tokens (`ctxguard.jwks_file`, `ctxguard.jwt_issuer`).
+    #[arg(long, env = "CTXGUARD_OAUTH_ISSUER")]
+    pub oauth_issuer: Option<String>,
+
+    /// Scopes MCP clients should request (comma- or space-separated): `scopes_supported` in the
+    /// metadata and `scope` in the 401 challenge.
+    #[arg(long, env = "CTXGUARD_OAUTH_SCOPES")]
+    pub oauth_scopes: Option<String>,
+
     #[arg(long, env = "CTXGUARD_MCP_CONNECT_TIMEOUT_MS", default_value_t = 5_000)]
     pub mcp_connect_timeout_ms: u64,
 
@@ -263,6 +275,7 @@ impl Config {
         if !(1024..=256 * 1024).contains(&self.max_answer_bytes) {
             return bad("CTXGUARD_MAX_ANSWER_BYTES must be 1024..262144");
         }
+        crate::oauth::OAuth::from_config(self).map_err(ConfigError::Invalid)?;
         if let Some(h) = self
             .link_allowlist
             .split(',')

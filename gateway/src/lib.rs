@@ -24,6 +24,7 @@ pub mod db;
 pub mod demo;
 pub mod error;
 pub mod hygiene;
+pub mod jwks_sync;
 pub mod legacy;
 pub mod limits;
 pub mod llm;
@@ -31,6 +32,7 @@ pub mod mcp;
 pub mod mcp_jsonrpc;
 pub mod mcp_sessions;
 pub mod metrics;
+pub mod oauth;
 pub mod origin;
 pub mod pages;
 pub mod public_url;
@@ -68,6 +70,8 @@ pub struct AppState {
     pub demo: Option<demo::Demo>,
     /// HTTP timeouts, the connection cap and each user's open event streams.
     pub limits: Arc<limits::Limits>,
+    /// Authorization servers and scopes advertised to MCP clients (`oauth.rs`).
+    pub oauth: oauth::OAuth,
     /// Where clients reach the gateway (`CTXGUARD_PUBLIC_URL`): what it advertises.
     pub public: public_url::PublicUrl,
     /// Hosts and origins `/mcp` accepts.
@@ -105,6 +109,7 @@ impl AppState {
         };
         let metrics = Arc::new(Metrics::new());
         let limits = Arc::new(limits::Limits::new(&config, &metrics));
+        let oauth = oauth::OAuth::from_config(&config)?;
         let public = public_url::PublicUrl::new(
             config.public_url.as_deref(),
             config.listen,
@@ -115,6 +120,7 @@ impl AppState {
         let mcp_session_metrics = mcp_sessions::SessionMetrics::new(&metrics);
         let pages = Arc::new(mcp::PageHub::new(mcp_sessions.clone(), &metrics));
         Ok(AppState {
+            oauth,
             pages,
             mcp_sessions,
             mcp_session_metrics,
@@ -519,7 +525,8 @@ fn metadata_routes(state: &Arc<AppState>) -> Router<Arc<AppState>> {
         .metadata_routes()
         .into_iter()
         .fold(Router::new(), |router, (path, resource)| {
-            let body = state.public.metadata(&resource);
+            // The authorization servers and scopes of `CTXGUARD_OAUTH_ISSUER`/`_SCOPES` (`oauth.rs`).
+            let body = state.oauth.metadata(state.public.metadata(&resource));
             router.route(&path, get(move || async move { Json(body) }))
         })
 }

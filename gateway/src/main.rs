@@ -1,4 +1,5 @@
 //! `ctxguard-gateway`: config → secrets sealed → tracing → pool → serve (with graceful shutdown).
+//! `ctxguard-gateway jwks-sync --url … --out …`: fetch, check and write an identity provider's JWKS.
 
 use std::sync::Arc;
 
@@ -6,6 +7,11 @@ use ctxguard_gateway::config::Config;
 use ctxguard_gateway::{secrets, serve, AppState};
 
 fn main() {
+    // `ctxguard-gateway jwks-sync …`: keep ctxguard.jwks_file current (gateway/src/jwks_sync.rs).
+    if std::env::args().nth(1).as_deref() == Some("jwks-sync") {
+        let args = std::env::args().skip(1);
+        std::process::exit(ctxguard_gateway::jwks_sync::main(args));
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()

@@ -263,7 +263,13 @@ pub fn parse_page_header(headers: &HeaderMap) -> Result<Option<Value>, String> {
 /// 401 with a bearer challenge pointing at the metadata (`public_url.rs`).
 fn unauthorized(state: &AppState, message: &str, token_sent: bool) -> Response {
     let mut resp = ApiError::Unauthorized(message.into()).into_response();
-    if let Ok(v) = HeaderValue::from_str(&state.public.challenge(token_sent)) {
+    // The configured scopes (`oauth.rs`) join the challenge (RFC 6750 §3 `scope`).
+    let challenge = format!(
+        "{}{}",
+        state.public.challenge(token_sent),
+        state.oauth.challenge_scope()
+    );
+    if let Ok(v) = HeaderValue::from_str(&challenge) {
         resp.headers_mut().insert(header::WWW_AUTHENTICATE, v);
     }
     resp

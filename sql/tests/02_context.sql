@@ -15,6 +15,18 @@ SELECT throws_ok($$SET ctxguard.jwt_secret = 'attacker-chosen-secret-attacker-ch
 SELECT throws_ok($$SET ctxguard.made_up = 'x'$$, '42602', NULL, 'B.8 the ctxguard prefix is reserved');
 SELECT throws_ok($$ALTER ROLE ctxguard_gateway SET ctxguard.tenant_id = 'globex'$$, '42501', NULL, 'B.8 ALTER ROLE SET denied');
 SELECT throws_ok($$SELECT current_setting('ctxguard.jwt_secret')$$, '42501', NULL, 'B.8 the secret is unreadable');
+-- Issue 19: the identity-provider settings cannot be changed or read by the gateway role (a role
+-- that could remap the tenant claim, name its own issuer or add a key could pick its tenant).
+SELECT throws_ok(format('SET %s = %L', name, 'x'), '42501', NULL, 'B.8 cannot SET ' || name)
+  FROM unnest(ARRAY['ctxguard.jwks', 'ctxguard.jwt_issuer', 'ctxguard.jwt_audience',
+                    'ctxguard.claim_tenant', 'ctxguard.claim_roles']) AS name;
+SELECT throws_ok($$SET ctxguard.jwks_file = '/tmp/mine.json'$$, '55P02', NULL, 'B.8 the JWKS file is server configuration only');
+SELECT throws_ok(format('SELECT current_setting(%L)', name), '42501', NULL, 'B.8 cannot read ' || name)
+  FROM unnest(ARRAY['ctxguard.jwks', 'ctxguard.jwks_file']) AS name;
+SELECT is((SELECT count(*) FROM pg_settings WHERE name IN ('ctxguard.jwks', 'ctxguard.jwks_file')), 0::bigint,
+          'B.8 the key settings are not in pg_settings for the gateway role');
+SELECT is(current_setting('ctxguard.claim_tenant'), 'tenant_id', 'B.8 the claim paths default to tenant_id');
+SELECT is(current_setting('ctxguard.claim_roles'), 'roles', 'B.8 ... and roles');
 SELECT is(ctxguard.tenant_id(), NULL, 'B.8 still no context');
 
 -- B.9 bad tokens: SQLSTATE 28000, no context

@@ -4,7 +4,9 @@
 //! calls into these modules, and maps their errors onto SQLSTATEs and envelope codes.
 //!
 //! - [`names`]: identifier and entity-id rules shared by every input.
-//! - [`token`]: JWT verification (HS256 / EdDSA) into an [`token::Identity`].
+//! - [`token`]: JWT verification (HS256 secret, JWKS keys, Ed25519 key) into an [`token::Identity`].
+//! - [`jwks`]: JWKS documents parsed and checked once into usable keys.
+//! - [`claims`]: claim paths (`realm_access.roles`, `"https://acme.example/roles"`).
 //! - [`page`]: the seed-000 page-context contract, validated against the page-type catalog.
 //! - [`policy`]: tool policies (parse + contradiction checks) and their evaluation (Gate A/B).
 //! - [`binding`]: entity binding of tool arguments and schema stripping.
@@ -16,8 +18,10 @@
 
 pub mod args;
 pub mod binding;
+pub mod claims;
 pub mod codes;
 pub mod docs;
+pub mod jwks;
 pub mod ledger;
 pub mod mask;
 pub mod mcp;

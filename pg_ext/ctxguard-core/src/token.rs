@@ -1,14 +1,20 @@
 //! JWT verification for `ctxguard.set_context`.
 //!
-//! Accepted algorithms are chosen by configuration, never by the token: HS256 only when a shared
-//! secret is configured, EdDSA (Ed25519) only when a public key is configured. `alg: none`, other
-//! algorithms and HS/EdDSA confusion are rejected before any signature work.
+//! Accepted algorithms are chosen by the configured keys, never by the token: HS256 only with the
+//! shared secret; RS256/384/512, PS256/384/512, ES256, ES384 and EdDSA only with a key of the
+//! configured JWKS ([`crate::jwks`]) that fits the algorithm (chosen by `kid`), and EdDSA also with
+//! the single configured Ed25519 key. `alg: none`, other algorithms, a key that does not fit the
+//! algorithm (HS/RSA or HS/EdDSA confusion), keys named or carried by the token itself (`jku`,
+//! `x5u`, `x5c`, `jwk`) and any `crit` are refused before any signature work. Where the tenant and
+//! roles are in the claims is configured ([`crate::claims`]).
 
 use std::collections::HashSet;
 
 use jsonwebtoken::{decode, decode_header, errors::ErrorKind, Algorithm, DecodingKey, Validation};
-use serde::Deserialize;
+use serde_json::Value;
 
+use crate::claims::ClaimPath;
+use crate::jwks::KeySet;
 use crate::names::{is_valid_id, is_valid_label};
 
 /// Tokens longer than this are rejected unparsed.
@@ -17,6 +23,22 @@ pub const MAX_TOKEN_LEN: usize = 8192;
 pub const MIN_SECRET_LEN: usize = 32;
 /// At most this many roles per token.
 pub const MAX_ROLES: usize = 32;
+/// Default claim paths.
+pub const DEFAULT_CLAIM_TENANT: &str = "tenant_id";
+pub const DEFAULT_CLAIM_ROLES: &str = "roles";
+
+/// Header members that name or carry a key: keys are never fetched or taken from the token.
+const KEY_HEADERS: [&str; 4] = ["jku", "x5u", "x5c", "jwk"];
+
+/// The JWKS as configured: none, a document that failed to parse (tokens needing it are refused),
+/// or its keys.
+#[derive(Debug, Default, Clone, Copy)]
+pub enum Jwks<'a> {
+    #[default]
+    Unset,
+    Invalid,
+    Set(&'a KeySet),
+}
 
 /// Verification keys and options, read from the superuser-only `ctxguard.jwt_*` settings.
 #[derive(Debug, Default, Clone)]
@@ -24,8 +46,16 @@ pub struct KeyConfig<'a> {
     pub hs256_secret: Option<&'a str>,
     /// PEM (`-----BEGIN PUBLIC KEY-----`) or the base64url raw 32-byte key (JWK `x`).
     pub ed25519_public_key: Option<&'a str>,
-    /// When set, `aud` must be present and contain this value.
+    /// Keys from `ctxguard.jwks_file` / `ctxguard.jwks`.
+    pub jwks: Jwks<'a>,
+    /// When set, `iss` must be present and equal to it.
+    pub issuer: Option<&'a str>,
+    /// When set: a list (comma or white space separated); `aud` (a string or an array) must
+    /// contain one of them.
     pub audience: Option<&'a str>,
+    /// Claim paths of the tenant and the roles (None: the defaults).
+    pub claim_tenant: Option<&'a str>,
+    pub claim_roles: Option<&'a str>,
     pub leeway_secs: u64,
 }
 
@@ -56,10 +86,18 @@ pub enum TokenError {
     NotYetValid,
     #[error("token audience is not accepted")]
     WrongAudience,
+    #[error("token issuer is not accepted")]
+    WrongIssuer,
     #[error("token claim {0} is missing or invalid")]
     BadClaim(&'static str),
     #[error("token header names critical extensions, none of which are understood")]
     CriticalHeader,
+    #[error("token header names or carries a key (jku, x5u, x5c, jwk), which is never used")]
+    KeyInHeader,
+    #[error("token key id (kid) names no configured key")]
+    UnknownKey,
+    #[error("configured claim path (ctxguard.claim_tenant or ctxguard.claim_roles) is invalid")]
+    BadClaimPath,
 }
 
 impl TokenError {
@@ -74,18 +112,14 @@ impl TokenError {
             TokenError::Expired => "expired",
             TokenError::NotYetValid => "not_yet_valid",
             TokenError::WrongAudience => "audience",
+            TokenError::WrongIssuer => "issuer",
             TokenError::BadClaim(_) => "claim",
             TokenError::CriticalHeader => "crit",
+            TokenError::KeyInHeader => "key_in_header",
+            TokenError::UnknownKey => "unknown_kid",
+            TokenError::BadClaimPath => "claim_path",
         }
     }
-}
-
-#[derive(Deserialize)]
-struct Claims {
-    sub: Option<serde_json::Value>,
-    tenant_id: Option<serde_json::Value>,
-    #[serde(default)]
-    roles: Option<serde_json::Value>,
 }
 
 fn non_empty(s: Option<&str>) -> Option<&str> {
@@ -101,78 +135,141 @@ fn ed25519_key(configured: &str) -> Result<DecodingKey, TokenError> {
     }
 }
 
-/// Verify `token` and extract the identity claims (`sub`, `tenant_id`, `roles`).
-pub fn verify(token: &str, keys: &KeyConfig<'_>) -> Result<Identity, TokenError> {
-    if token.is_empty() || token.len() > MAX_TOKEN_LEN {
-        return Err(TokenError::Malformed);
-    }
-    // `decode_header` fails for `alg: none` and unknown algorithms: jsonwebtoken has no such variant.
-    let header = decode_header(token).map_err(|_| header_error(token))?;
-    // RFC 7515 §4.1.11: a recipient that does not understand every listed extension must reject
-    // the token. We understand none, so any `crit` (even empty, which the RFC forbids) is refused.
-    if raw_header(token).is_some_and(|h| h.get("crit").is_some()) {
-        return Err(TokenError::CriticalHeader);
-    }
-    let key = match header.alg {
+/// A list setting: values separated by commas and/or white space.
+pub fn list_setting(s: &str) -> Vec<&str> {
+    s.split(|c: char| c == ',' || c.is_whitespace())
+        .filter(|v| !v.is_empty())
+        .collect()
+}
+
+/// The keys to try for a token with this `alg` and `kid`, in order.
+fn candidate_keys(
+    alg: Algorithm,
+    kid: Option<&str>,
+    keys: &KeyConfig<'_>,
+) -> Result<Vec<DecodingKey>, TokenError> {
+    match alg {
         Algorithm::HS256 => {
             let secret = non_empty(keys.hs256_secret).ok_or(TokenError::NoKey)?;
             if secret.len() < MIN_SECRET_LEN {
                 return Err(TokenError::InvalidKey);
             }
-            DecodingKey::from_secret(secret.as_bytes())
+            return Ok(vec![DecodingKey::from_secret(secret.as_bytes())]);
         }
-        Algorithm::EdDSA => {
-            ed25519_key(non_empty(keys.ed25519_public_key).ok_or(TokenError::NoKey)?)?
-        }
+        Algorithm::RS256
+        | Algorithm::RS384
+        | Algorithm::RS512
+        | Algorithm::PS256
+        | Algorithm::PS384
+        | Algorithm::PS512
+        | Algorithm::ES256
+        | Algorithm::ES384
+        | Algorithm::EdDSA => {}
         _ => return Err(TokenError::AlgorithmNotAccepted),
+    }
+    let mut out = Vec::new();
+    let mut named = false;
+    if let Jwks::Set(set) = keys.jwks {
+        for k in set.with_kid(kid) {
+            named = true;
+            if k.fits(alg) {
+                out.push(k.decoding.clone());
+            }
+        }
+    }
+    // The single Ed25519 key has no kid: it is tried for every EdDSA token.
+    let legacy = match (alg, non_empty(keys.ed25519_public_key)) {
+        (Algorithm::EdDSA, Some(k)) => Some(ed25519_key(k)),
+        _ => None,
     };
+    if let Some(legacy) = legacy {
+        match legacy {
+            Ok(k) => out.push(k),
+            Err(e) if out.is_empty() => return Err(e),
+            Err(_) => {}
+        }
+    }
+    if !out.is_empty() {
+        return Ok(out);
+    }
+    Err(match (keys.jwks, kid) {
+        // A key of that kid exists, but not for this algorithm: algorithm confusion.
+        (Jwks::Set(_), _) if named && kid.is_some() => TokenError::AlgorithmNotAccepted,
+        (Jwks::Set(_), Some(_)) => TokenError::UnknownKey,
+        (Jwks::Invalid, _) => TokenError::InvalidKey,
+        _ => TokenError::NoKey,
+    })
+}
+
+/// Verify `token` and extract the identity (`sub`, the tenant and roles claims).
+pub fn verify(token: &str, keys: &KeyConfig<'_>) -> Result<Identity, TokenError> {
+    if token.is_empty() || token.len() > MAX_TOKEN_LEN {
+        return Err(TokenError::Malformed);
+    }
+    // Claim paths first: a broken setting refuses every token, whatever the token.
+    let tenant_path =
+        ClaimPath::parse(non_empty(keys.claim_tenant).unwrap_or(DEFAULT_CLAIM_TENANT))
+            .map_err(|_| TokenError::BadClaimPath)?;
+    let roles_path = ClaimPath::parse(non_empty(keys.claim_roles).unwrap_or(DEFAULT_CLAIM_ROLES))
+        .map_err(|_| TokenError::BadClaimPath)?;
+    let raw = raw_header(token).ok_or(TokenError::Malformed)?;
+    // RFC 7515 §4.1.11: a recipient that does not understand every listed extension must reject
+    // the token. We understand none, so any `crit` (even empty, which the RFC forbids) is refused.
+    if raw.get("crit").is_some() {
+        return Err(TokenError::CriticalHeader);
+    }
+    if KEY_HEADERS.iter().any(|h| raw.get(*h).is_some()) {
+        return Err(TokenError::KeyInHeader);
+    }
+    let kid = match raw.get("kid") {
+        None => None,
+        Some(Value::String(k)) => Some(k.as_str()),
+        Some(_) => return Err(TokenError::Malformed),
+    };
+    // `decode_header` fails for `alg: none` and unknown algorithms: jsonwebtoken has no such variant.
+    let header = decode_header(token).map_err(|_| header_error(token))?;
+    let candidates = candidate_keys(header.alg, kid, keys)?;
 
     let mut validation = Validation::new(header.alg);
     validation.leeway = keys.leeway_secs;
     validation.validate_exp = true;
     validation.validate_nbf = true;
     validation.required_spec_claims = HashSet::from(["exp".to_string()]);
-    match non_empty(keys.audience) {
-        Some(aud) => {
-            validation.set_audience(&[aud]);
-            validation.required_spec_claims.insert("aud".into());
-        }
-        None => validation.validate_aud = false,
+    let audiences = non_empty(keys.audience)
+        .map(list_setting)
+        .unwrap_or_default();
+    if audiences.is_empty() {
+        validation.validate_aud = false;
+    } else {
+        validation.set_audience(&audiences);
+        validation.required_spec_claims.insert("aud".into());
+    }
+    if let Some(iss) = non_empty(keys.issuer) {
+        validation.set_issuer(&[iss]);
+        validation.required_spec_claims.insert("iss".into());
     }
 
-    let data = decode::<Claims>(token, &key, &validation).map_err(|e| match e.kind() {
-        ErrorKind::InvalidSignature => TokenError::BadSignature,
-        ErrorKind::ExpiredSignature => TokenError::Expired,
-        ErrorKind::ImmatureSignature => TokenError::NotYetValid,
-        ErrorKind::InvalidAudience => TokenError::WrongAudience,
-        ErrorKind::MissingRequiredClaim(c) if c == "aud" => TokenError::WrongAudience,
-        ErrorKind::MissingRequiredClaim(_) => TokenError::BadClaim("exp"),
-        ErrorKind::InvalidAlgorithm => TokenError::AlgorithmNotAccepted,
-        ErrorKind::InvalidKeyFormat | ErrorKind::InvalidEcdsaKey => TokenError::InvalidKey,
-        _ => TokenError::Malformed,
-    })?;
-
-    let claims = data.claims;
-    let user_id = id_claim(claims.sub, "sub")?;
-    let tenant_id = id_claim(claims.tenant_id, "tenant_id")?;
-    let roles = match claims.roles {
-        None | Some(serde_json::Value::Null) => Vec::new(),
-        Some(serde_json::Value::Array(items)) if items.len() <= MAX_ROLES => {
-            let mut roles = Vec::with_capacity(items.len());
-            for item in items {
-                match item {
-                    serde_json::Value::String(r) if is_valid_label(&r) => {
-                        if !roles.contains(&r) {
-                            roles.push(r)
-                        }
-                    }
-                    _ => return Err(TokenError::BadClaim("roles")),
+    let mut last = TokenError::BadSignature;
+    let mut claims = None;
+    for key in &candidates {
+        match decode::<Value>(token, key, &validation) {
+            Ok(data) => {
+                claims = Some(data.claims);
+                break;
+            }
+            Err(e) => {
+                last = decode_error(&e);
+                // Only a bad signature lets the next key try; any other error is about the token.
+                if last != TokenError::BadSignature {
+                    return Err(last);
                 }
             }
-            roles
         }
-        Some(_) => return Err(TokenError::BadClaim("roles")),
-    };
+    }
+    let claims = claims.ok_or(last)?;
+    let user_id = id_claim(claims.get("sub"), "sub")?;
+    let tenant_id = id_claim(tenant_path.lookup(&claims), "tenant_id")?;
+    let roles = roles_claim(roles_path.lookup(&claims))?;
     Ok(Identity {
         user_id,
         tenant_id,
@@ -180,19 +277,38 @@ pub fn verify(token: &str, keys: &KeyConfig<'_>) -> Result<Identity, TokenError>
     })
 }
 
-/// The token's JOSE header as JSON (None if it is not base64url JSON).
-fn raw_header(token: &str) -> Option<serde_json::Value> {
+fn decode_error(e: &jsonwebtoken::errors::Error) -> TokenError {
+    match e.kind() {
+        ErrorKind::InvalidSignature => TokenError::BadSignature,
+        ErrorKind::ExpiredSignature => TokenError::Expired,
+        ErrorKind::ImmatureSignature => TokenError::NotYetValid,
+        ErrorKind::InvalidAudience => TokenError::WrongAudience,
+        ErrorKind::InvalidIssuer => TokenError::WrongIssuer,
+        ErrorKind::MissingRequiredClaim(c) if c == "aud" => TokenError::WrongAudience,
+        ErrorKind::MissingRequiredClaim(c) if c == "iss" => TokenError::WrongIssuer,
+        ErrorKind::MissingRequiredClaim(_) => TokenError::BadClaim("exp"),
+        ErrorKind::InvalidAlgorithm => TokenError::AlgorithmNotAccepted,
+        ErrorKind::InvalidKeyFormat
+        | ErrorKind::InvalidEcdsaKey
+        | ErrorKind::InvalidEddsaKey
+        | ErrorKind::InvalidRsaKey(_) => TokenError::InvalidKey,
+        _ => TokenError::Malformed,
+    }
+}
+
+/// The token's JOSE header as a JSON object (None if it is not base64url JSON).
+fn raw_header(token: &str) -> Option<serde_json::Map<String, Value>> {
     use base64::Engine;
     let head = token.split('.').next().unwrap_or_default();
     base64::engine::general_purpose::URL_SAFE_NO_PAD
         .decode(head.trim_end_matches('='))
         .ok()
-        .and_then(|raw| serde_json::from_slice::<serde_json::Value>(&raw).ok())
+        .and_then(|raw| serde_json::from_slice::<serde_json::Map<String, Value>>(&raw).ok())
 }
 
 /// Distinguish "well-formed header naming an algorithm we do not accept" (e.g. `none`) from garbage.
 fn header_error(token: &str) -> TokenError {
-    let alg = raw_header(token).and_then(|h| h.get("alg").map(serde_json::Value::is_string));
+    let alg = raw_header(token).and_then(|h| h.get("alg").map(Value::is_string));
     if alg == Some(true) {
         TokenError::AlgorithmNotAccepted
     } else {
@@ -200,11 +316,39 @@ fn header_error(token: &str) -> TokenError {
     }
 }
 
-fn id_claim(v: Option<serde_json::Value>, name: &'static str) -> Result<String, TokenError> {
+fn id_claim(v: Option<&Value>, name: &'static str) -> Result<String, TokenError> {
     match v {
-        Some(serde_json::Value::String(s)) if is_valid_id(&s) => Ok(s),
+        Some(Value::String(s)) if is_valid_id(s) => Ok(s.clone()),
         _ => Err(TokenError::BadClaim(name)),
     }
+}
+
+/// Roles: absent or null (none), an array of labels, or one string of labels separated by
+/// spaces (`scope`-style). Any entry that is not a label refuses the token; duplicates collapse.
+fn roles_claim(v: Option<&Value>) -> Result<Vec<String>, TokenError> {
+    let bad = TokenError::BadClaim("roles");
+    let items: Vec<&str> = match v {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(items)) if items.len() <= MAX_ROLES => items
+            .iter()
+            .map(|i| i.as_str().ok_or(bad.clone()))
+            .collect::<Result<_, _>>()?,
+        Some(Value::String(s)) => s.split(' ').filter(|r| !r.is_empty()).collect(),
+        Some(_) => return Err(bad),
+    };
+    if items.len() > MAX_ROLES {
+        return Err(bad);
+    }
+    let mut roles: Vec<String> = Vec::with_capacity(items.len());
+    for r in items {
+        if !is_valid_label(r) {
+            return Err(bad);
+        }
+        if !roles.iter().any(|x| x == r) {
+            roles.push(r.to_string());
+        }
+    }
+    Ok(roles)
 }
 
 #[cfg(test)]
@@ -254,8 +398,8 @@ mod tests {
         KeyConfig {
             hs256_secret: Some(SECRET),
             ed25519_public_key: Some(ED_PUB_X),
-            audience: None,
             leeway_secs: 5,
+            ..KeyConfig::default()
         }
     }
 
@@ -379,8 +523,14 @@ mod tests {
                 TokenError::BadClaim("tenant_id"),
             ),
             (
-                "roles not array",
-                hs(json!({"sub":"u","tenant_id":"t","roles":"admin","exp": now()+60})),
+                "roles a number",
+                hs(json!({"sub":"u","tenant_id":"t","roles":7,"exp": now()+60})),
+                keys(),
+                TokenError::BadClaim("roles"),
+            ),
+            (
+                "roles string with an invalid label",
+                hs(json!({"sub":"u","tenant_id":"t","roles":"admin a/b","exp": now()+60})),
                 keys(),
                 TokenError::BadClaim("roles"),
             ),
@@ -445,5 +595,411 @@ mod tests {
         assert_eq!(verify(&token, &keys()), Err(TokenError::CriticalHeader));
         // The same claims without crit verify: the refusal is for crit alone.
         assert!(verify(&hs(claims), &keys()).is_ok());
+    }
+
+    // --- JWKS keys (RS*, PS256, ES256/384, EdDSA), kid selection, issuer, audiences, claim paths.
+
+    const RSA_A: &str = include_str!("../testdata/rsa2048.pem");
+    const RSA_B: &str = include_str!("../testdata/rsa2048b.pem");
+    const RSA_WEAK: &str = include_str!("../testdata/rsa1024.pem");
+    const P256: &str = include_str!("../testdata/p256.pem");
+    const P384: &str = include_str!("../testdata/p384.pem");
+
+    fn enc(alg: Algorithm) -> (EncodingKey, &'static str) {
+        match alg {
+            Algorithm::ES256 => (EncodingKey::from_ec_pem(P256.as_bytes()).unwrap(), "ec"),
+            Algorithm::ES384 => (EncodingKey::from_ec_pem(P384.as_bytes()).unwrap(), "ec384"),
+            Algorithm::EdDSA => {
+                let der: Vec<u8> = (0..ED_PKCS8_DER_HEX.len())
+                    .step_by(2)
+                    .map(|i| u8::from_str_radix(&ED_PKCS8_DER_HEX[i..i + 2], 16).unwrap())
+                    .collect();
+                (EncodingKey::from_ed_der(&der), "ed")
+            }
+            _ => (
+                EncodingKey::from_rsa_pem(RSA_A.as_bytes()).unwrap(),
+                "rsa-a",
+            ),
+        }
+    }
+
+    /// The public JWK of a private key, with a kid.
+    fn jwk(key: &EncodingKey, alg: Algorithm, kid: &str) -> serde_json::Value {
+        let mut j =
+            serde_json::to_value(jsonwebtoken::jwk::Jwk::from_encoding_key(key, alg).unwrap())
+                .unwrap();
+        let obj = j.as_object_mut().unwrap();
+        obj.remove("alg");
+        obj.insert("kid".into(), json!(kid));
+        j
+    }
+
+    fn key_set() -> KeySet {
+        let rsa_b = EncodingKey::from_rsa_pem(RSA_B.as_bytes()).unwrap();
+        let doc = json!({"keys": [
+            jwk(&enc(Algorithm::RS256).0, Algorithm::RS256, "rsa-a"),
+            jwk(&rsa_b, Algorithm::RS256, "rsa-b"),
+            jwk(&enc(Algorithm::ES256).0, Algorithm::ES256, "ec"),
+            jwk(&enc(Algorithm::ES384).0, Algorithm::ES384, "ec384"),
+            {"kty": "OKP", "crv": "Ed25519", "x": ED_PUB_X, "kid": "ed"},
+        ]});
+        KeySet::parse(&doc.to_string()).unwrap()
+    }
+
+    fn signed(alg: Algorithm, kid: Option<&str>, claims: serde_json::Value) -> String {
+        let mut h = Header::new(alg);
+        h.kid = kid.map(String::from);
+        encode(&h, &claims, &enc(alg).0).unwrap()
+    }
+
+    fn with_jwks(set: &KeySet) -> KeyConfig<'_> {
+        KeyConfig {
+            jwks: Jwks::Set(set),
+            ed25519_public_key: None,
+            ..keys()
+        }
+    }
+
+    /// A token with this header (JSON) and claims, signed by `key` for `alg`.
+    fn raw_signed(
+        header: serde_json::Value,
+        claims: &serde_json::Value,
+        alg: Algorithm,
+        key: &EncodingKey,
+    ) -> String {
+        let message = format!(
+            "{}.{}",
+            B64.encode(header.to_string()),
+            B64.encode(claims.to_string())
+        );
+        let sig = jsonwebtoken::crypto::sign(message.as_bytes(), key, alg).unwrap();
+        format!("{message}.{sig}")
+    }
+
+    #[test]
+    fn every_jwks_algorithm_verifies_with_and_without_kid() {
+        let set = key_set();
+        let k = with_jwks(&set);
+        for alg in [
+            Algorithm::RS256,
+            Algorithm::RS384,
+            Algorithm::RS512,
+            Algorithm::PS256,
+            Algorithm::ES256,
+            Algorithm::ES384,
+            Algorithm::EdDSA,
+        ] {
+            let kid = enc(alg).1;
+            let who = verify(&signed(alg, Some(kid), good()), &k);
+            assert_eq!(who.map(|w| w.tenant_id), Ok("acme".into()), "{alg:?} kid");
+            // Without kid, every key that fits the algorithm is tried (rsa-b first fails).
+            assert!(
+                verify(&signed(alg, None, good()), &k).is_ok(),
+                "{alg:?} no kid"
+            );
+        }
+    }
+
+    #[test]
+    fn jwks_refusals() {
+        let set = key_set();
+        let k = with_jwks(&set);
+        let (rsa, _) = enc(Algorithm::RS256);
+        // HS256 signed with the RSA public key's JWK text, and with its PEM: algorithm confusion.
+        let pub_jwk = jwk(&rsa, Algorithm::RS256, "rsa-a").to_string();
+        let confused = encode(
+            &Header::new(Algorithm::HS256),
+            &good(),
+            &EncodingKey::from_secret(pub_jwk.as_bytes()),
+        )
+        .unwrap();
+        let weak = EncodingKey::from_rsa_pem(RSA_WEAK.as_bytes()).unwrap();
+        let weak_set = KeySet::parse(
+            &json!({"keys": [jwk(&weak, Algorithm::RS256, "weak"), {"kty":"OKP","crv":"Ed25519","x":ED_PUB_X}]})
+                .to_string(),
+        )
+        .unwrap();
+        assert_eq!(weak_set.skipped[0].reason, "RSA key shorter than 2048 bits");
+        let mut h = Header::new(Algorithm::RS256);
+        h.kid = Some("weak".into());
+        let weak_token = encode(&h, &good(), &weak).unwrap();
+        let cases: Vec<(&str, String, KeyConfig, TokenError)> = vec![
+            (
+                "unknown kid",
+                signed(Algorithm::RS256, Some("gone"), good()),
+                k.clone(),
+                TokenError::UnknownKey,
+            ),
+            // ES256 header naming the RSA key's kid: the key does not fit the algorithm.
+            (
+                "alg/key mismatch",
+                raw_signed(
+                    json!({"alg":"ES256","kid":"rsa-a"}),
+                    &good(),
+                    Algorithm::ES256,
+                    &enc(Algorithm::ES256).0,
+                ),
+                k.clone(),
+                TokenError::AlgorithmNotAccepted,
+            ),
+            (
+                "signed by another key",
+                raw_signed(
+                    json!({"alg":"RS256","kid":"rsa-b"}),
+                    &good(),
+                    Algorithm::RS256,
+                    &rsa,
+                ),
+                k.clone(),
+                TokenError::BadSignature,
+            ),
+            (
+                "hs256 with the public key",
+                confused,
+                k.clone(),
+                TokenError::BadSignature,
+            ),
+            (
+                "weak key",
+                weak_token,
+                with_jwks(&weak_set),
+                TokenError::UnknownKey,
+            ),
+            (
+                "jku",
+                raw_signed(
+                    json!({"alg":"RS256","kid":"rsa-a","jku":"https://evil.example/jwks"}),
+                    &good(),
+                    Algorithm::RS256,
+                    &rsa,
+                ),
+                k.clone(),
+                TokenError::KeyInHeader,
+            ),
+            (
+                "x5u",
+                raw_signed(
+                    json!({"alg":"RS256","kid":"rsa-a","x5u":"https://evil.example/c"}),
+                    &good(),
+                    Algorithm::RS256,
+                    &rsa,
+                ),
+                k.clone(),
+                TokenError::KeyInHeader,
+            ),
+            (
+                "x5c",
+                raw_signed(
+                    json!({"alg":"RS256","kid":"rsa-a","x5c":["MIIB"]}),
+                    &good(),
+                    Algorithm::RS256,
+                    &rsa,
+                ),
+                k.clone(),
+                TokenError::KeyInHeader,
+            ),
+            (
+                "jwk",
+                raw_signed(
+                    json!({"alg":"RS256","jwk":jwk(&rsa, Algorithm::RS256, "x")}),
+                    &good(),
+                    Algorithm::RS256,
+                    &rsa,
+                ),
+                k.clone(),
+                TokenError::KeyInHeader,
+            ),
+            (
+                "crit",
+                raw_signed(
+                    json!({"alg":"RS256","kid":"rsa-a","crit":["b64"],"b64":true}),
+                    &good(),
+                    Algorithm::RS256,
+                    &rsa,
+                ),
+                k.clone(),
+                TokenError::CriticalHeader,
+            ),
+            (
+                "kid not a string",
+                raw_signed(
+                    json!({"alg":"RS256","kid":5}),
+                    &good(),
+                    Algorithm::RS256,
+                    &rsa,
+                ),
+                k.clone(),
+                TokenError::Malformed,
+            ),
+            (
+                "no jwks configured",
+                signed(Algorithm::RS256, Some("rsa-a"), good()),
+                keys(),
+                TokenError::NoKey,
+            ),
+            (
+                "jwks invalid",
+                signed(Algorithm::RS256, Some("rsa-a"), good()),
+                KeyConfig {
+                    jwks: Jwks::Invalid,
+                    ..keys()
+                },
+                TokenError::InvalidKey,
+            ),
+            (
+                "hs384",
+                encode(
+                    &Header::new(Algorithm::HS384),
+                    &good(),
+                    &EncodingKey::from_secret(SECRET.as_bytes()),
+                )
+                .unwrap(),
+                k.clone(),
+                TokenError::AlgorithmNotAccepted,
+            ),
+        ];
+        for (label, token, keys, want) in cases {
+            assert_eq!(verify(&token, &keys), Err(want), "{label}");
+        }
+    }
+
+    #[test]
+    fn issuer_and_audiences() {
+        let set = key_set();
+        let k = KeyConfig {
+            issuer: Some("https://id.example/"),
+            audience: Some("https://api.example/mcp, other"),
+            ..with_jwks(&set)
+        };
+        let claims = |iss: Option<&str>, aud: serde_json::Value| {
+            let mut c = good();
+            if let Some(iss) = iss {
+                c["iss"] = json!(iss);
+            }
+            if !aud.is_null() {
+                c["aud"] = aud;
+            }
+            signed(Algorithm::ES256, Some("ec"), c)
+        };
+        let iss = Some("https://id.example/");
+        assert!(verify(&claims(iss, json!("https://api.example/mcp")), &k).is_ok());
+        assert!(verify(&claims(iss, json!("other")), &k).is_ok());
+        assert!(verify(&claims(iss, json!(["x", "other"])), &k).is_ok());
+        assert_eq!(
+            verify(&claims(iss, json!("x")), &k),
+            Err(TokenError::WrongAudience)
+        );
+        assert_eq!(
+            verify(&claims(iss, json!(["x", "y"])), &k),
+            Err(TokenError::WrongAudience)
+        );
+        assert_eq!(
+            verify(&claims(iss, json!(null)), &k),
+            Err(TokenError::WrongAudience)
+        );
+        assert_eq!(
+            verify(&claims(Some("https://id.example"), json!("other")), &k),
+            Err(TokenError::WrongIssuer)
+        );
+        assert_eq!(
+            verify(&claims(Some("https://evil.example/"), json!("other")), &k),
+            Err(TokenError::WrongIssuer)
+        );
+        assert_eq!(
+            verify(&claims(None, json!("other")), &k),
+            Err(TokenError::WrongIssuer)
+        );
+        assert_eq!(list_setting(" a, b  c,,d "), ["a", "b", "c", "d"]);
+    }
+
+    #[test]
+    fn claim_paths() {
+        let set = key_set();
+        let base = with_jwks(&set);
+        let token = |c: serde_json::Value| signed(Algorithm::ES256, Some("ec"), c);
+        let exp = now() + 60;
+        let keycloak = KeyConfig {
+            claim_tenant: Some("org.id"),
+            claim_roles: Some("realm_access.roles"),
+            ..base.clone()
+        };
+        let who = verify(&token(json!({"sub":"u","exp":exp,"org":{"id":"acme"},"realm_access":{"roles":["a","b","a"]}})), &keycloak).unwrap();
+        assert_eq!(
+            (who.tenant_id.as_str(), who.roles),
+            ("acme", vec!["a".to_string(), "b".into()])
+        );
+        let auth0 = KeyConfig {
+            claim_tenant: Some(r#""https://acme.example/tenant""#),
+            claim_roles: Some(r#""https://acme.example/roles""#),
+            ..base.clone()
+        };
+        let who = verify(&token(json!({"sub":"u","exp":exp,"https://acme.example/tenant":"globex","https://acme.example/roles":["ap_clerk"]})), &auth0).unwrap();
+        assert_eq!(
+            (who.tenant_id.as_str(), who.roles),
+            ("globex", vec!["ap_clerk".to_string()])
+        );
+        let scope = KeyConfig {
+            claim_roles: Some("scope"),
+            ..base.clone()
+        };
+        let who = verify(
+            &token(
+                json!({"sub":"u","exp":exp,"tenant_id":"t","scope":"openid  read:docs ap_clerk"}),
+            ),
+            &scope,
+        )
+        .unwrap();
+        assert_eq!(who.roles, ["openid", "read:docs", "ap_clerk"]);
+        let who = verify(&token(json!({"sub":"u","exp":exp,"tenant_id":"t"})), &scope).unwrap();
+        assert!(who.roles.is_empty(), "no roles claim: no roles");
+        let supabase = KeyConfig {
+            claim_tenant: Some("app_metadata.tenant_id"),
+            ..base.clone()
+        };
+        for (label, claims) in [
+            ("missing", json!({"sub":"u","exp":exp})),
+            (
+                "top level only",
+                json!({"sub":"u","exp":exp,"tenant_id":"t"}),
+            ),
+            (
+                "empty",
+                json!({"sub":"u","exp":exp,"app_metadata":{"tenant_id":""}}),
+            ),
+            (
+                "number",
+                json!({"sub":"u","exp":exp,"app_metadata":{"tenant_id":7}}),
+            ),
+            (
+                "object",
+                json!({"sub":"u","exp":exp,"app_metadata":{"tenant_id":{}}}),
+            ),
+            (
+                "not an id",
+                json!({"sub":"u","exp":exp,"app_metadata":{"tenant_id":"a b"}}),
+            ),
+        ] {
+            assert_eq!(
+                verify(&token(claims), &supabase),
+                Err(TokenError::BadClaim("tenant_id")),
+                "{label}"
+            );
+        }
+        let too_many: Vec<String> = (0..=MAX_ROLES).map(|i| format!("r{i}")).collect();
+        assert_eq!(
+            verify(
+                &token(json!({"sub":"u","exp":exp,"tenant_id":"t","roles":too_many.join(" ")})),
+                &base
+            ),
+            Err(TokenError::BadClaim("roles"))
+        );
+        let broken = KeyConfig {
+            claim_roles: Some("a..b"),
+            ..base.clone()
+        };
+        assert_eq!(
+            verify(&token(good()), &broken),
+            Err(TokenError::BadClaimPath)
+        );
     }
 }

@@ -30,6 +30,13 @@ pub static JWT_PUBLIC_KEY_FILE: GucSetting<Option<CString>> =
 pub static DEFAULT_RUN_AS: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 pub static MAX_EXTERNAL_RESULT_BYTES: GucSetting<i32> = GucSetting::<i32>::new(1024 * 1024);
 pub static JWT_AUDIENCE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+pub static JWT_ISSUER: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+pub static JWKS: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+pub static JWKS_FILE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+pub static CLAIM_TENANT: GucSetting<Option<CString>> =
+    GucSetting::<Option<CString>>::new(Some(c"tenant_id"));
+pub static CLAIM_ROLES: GucSetting<Option<CString>> =
+    GucSetting::<Option<CString>>::new(Some(c"roles"));
 pub static JWT_LEEWAY: GucSetting<i32> = GucSetting::<i32>::new(30);
 pub static MAX_ARG_BYTES: GucSetting<i32> = GucSetting::<i32>::new(16 * 1024);
 pub static GENERATION_TTL: GucSetting<i32> = GucSetting::<i32>::new(3600);
@@ -125,6 +132,46 @@ pub fn init() {
         secret,
     );
     GucRegistry::define_string_guc(
+        c"ctxguard.jwks",
+        c"JWKS document (RFC 7517) with the identity provider's public keys, inline.",
+        c"Superuser-only. RS256/384/512, PS256/384/512 (RSA 2048-4096 bits), ES256, ES384, EdDSA; the key is chosen by kid. Prefer ctxguard.jwks_file.",
+        &JWKS,
+        GucContext::Suset,
+        secret,
+    );
+    GucRegistry::define_string_guc(
+        c"ctxguard.jwks_file",
+        c"File holding the identity provider's JWKS (read by the server; used instead of ctxguard.jwks).",
+        c"postgresql.conf only. Re-read when the file changes; after replacing it, SELECT pg_reload_conf(). Keep it current with ctxguard-gateway jwks-sync.",
+        &JWKS_FILE,
+        GucContext::Sighup,
+        secret,
+    );
+    GucRegistry::define_string_guc(
+        c"ctxguard.jwt_issuer",
+        c"When set, tokens must carry exactly this issuer in iss.",
+        c"",
+        &JWT_ISSUER,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_string_guc(
+        c"ctxguard.claim_tenant",
+        c"Path of the tenant claim in a token (dotted; a segment containing dots in double quotes).",
+        c"Examples: tenant_id, app_metadata.tenant_id, \"https://acme.example/tenant\".",
+        &CLAIM_TENANT,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_string_guc(
+        c"ctxguard.claim_roles",
+        c"Path of the roles claim in a token (an array, or a string of space-separated roles).",
+        c"Examples: roles, realm_access.roles, scope, \"https://acme.example/roles\".",
+        &CLAIM_ROLES,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_string_guc(
         c"ctxguard.default_run_as",
         c"Role that tool handlers run as when a tool's policy names no run_as (read at registration).",
         c"Must be NOSUPERUSER NOBYPASSRLS and own no protected table.",
@@ -144,7 +191,7 @@ pub fn init() {
     );
     GucRegistry::define_string_guc(
         c"ctxguard.jwt_audience",
-        c"When set, tokens must carry this audience in aud.",
+        c"When set, tokens must carry one of these audiences (comma-separated list) in aud.",
         c"",
         &JWT_AUDIENCE,
         GucContext::Suset,

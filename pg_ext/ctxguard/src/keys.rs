@@ -1,20 +1,30 @@
 //! Verification keys: from the superuser-only settings, or from files named by
-//! `ctxguard.jwt_secret_file` / `ctxguard.jwt_public_key_file` (read by the server process, so the
-//! key never sits in a setting that `SHOW`, `pg_settings` or `pg_db_role_setting` could reveal).
+//! `ctxguard.jwt_secret_file` / `ctxguard.jwt_public_key_file` / `ctxguard.jwks_file` (read by the
+//! server process, so the key never sits in a setting that `SHOW`, `pg_settings` or
+//! `pg_db_role_setting` could reveal).
 //!
-//! A file is re-read when its modification time or size changes, so rotating a key is: write the
-//! new file, then `SELECT pg_reload_conf()` if the path changed. The pure verification lives in
-//! `ctxguard_core::token`.
+//! Each backend keeps what it read and parsed: a file is re-read (and a JWKS re-parsed) only when
+//! its identity (device, inode), modification time or size changes, an inline `ctxguard.jwks`
+//! only when its text changes; every other call costs one `stat`. Rotating a key is: replace the
+//! file (atomically: `ctxguard-gateway jwks-sync` writes a new file and renames it), then
+//! `SELECT pg_reload_conf()`. The pure verification lives in `ctxguard_core::token`, the JWKS
+//! parsing in `ctxguard_core::jwks`.
 
 use std::cell::RefCell;
+use std::io::Read;
+use std::os::unix::fs::MetadataExt;
 use std::time::SystemTime;
 
-use ctxguard_core::token::{self, KeyConfig};
+use ctxguard_core::jwks::{KeySet, MAX_JWKS_BYTES};
+use ctxguard_core::token::{self, Jwks, KeyConfig};
 
 use crate::gucs;
 
 /// Largest key file read (a PEM public key or a secret is far smaller).
 const MAX_KEY_FILE: u64 = 16 * 1024;
+
+/// What identifies one version of a file: device, inode, modification time, size.
+type Stamp = (u64, u64, SystemTime, u64);
 
 #[derive(Default)]
 struct Cached {
@@ -23,9 +33,20 @@ struct Cached {
     value: Option<String>,
 }
 
+/// The parsed JWKS and where it came from.
+#[derive(Default)]
+struct CachedJwks {
+    /// `Some(path)` from the file setting, `None` from the inline setting.
+    source: Option<String>,
+    stamp: Option<Stamp>,
+    inline: String,
+    keys: Option<Result<KeySet, String>>,
+}
+
 thread_local! {
     static SECRET_FILE: RefCell<Cached> = RefCell::new(Cached::default());
     static PUBLIC_KEY_FILE: RefCell<Cached> = RefCell::new(Cached::default());
+    static JWKS: RefCell<CachedJwks> = RefCell::new(CachedJwks::default());
 }
 
 /// The trimmed contents of `path` (cached by modification time and size); None if unreadable.
@@ -62,6 +83,106 @@ fn key(
     }
 }
 
+/// The JWKS document of a file, read only up to its size limit (None: unreadable or too large).
+fn read_jwks_file(path: &str) -> Result<String, String> {
+    let file = std::fs::File::open(path).map_err(|_| "the JWKS file cannot be read".to_string())?;
+    let mut text = String::new();
+    file.take(MAX_JWKS_BYTES as u64 + 1)
+        .read_to_string(&mut text)
+        .map_err(|_| "the JWKS file cannot be read as text".to_string())?;
+    Ok(text)
+}
+
+/// A line for the server log only (LOG_SERVER_ONLY: never sent to the client, whatever its
+/// client_min_messages), so the gateway's connection learns nothing about the key configuration.
+fn server_log(message: String) {
+    pgrx::pg_sys::panic::ErrorReport::new(
+        pgrx::PgSqlErrorCode::ERRCODE_SUCCESSFUL_COMPLETION,
+        message,
+        "ctxguard::keys",
+    )
+    .report(pgrx::PgLogLevel::LOG_SERVER_ONLY);
+}
+
+/// Run `f` with the configured JWKS, parsed once per change of the file or the inline setting.
+fn with_jwks<R>(f: impl FnOnce(Jwks<'_>) -> R) -> R {
+    let file = gucs::get(&gucs::JWKS_FILE);
+    let inline = if file.is_none() {
+        gucs::get(&gucs::JWKS)
+    } else {
+        None
+    };
+    if file.is_none() && inline.is_none() {
+        return f(Jwks::Unset);
+    }
+    JWKS.with(|c| {
+        let mut c = c.borrow_mut();
+        let fresh = match &file {
+            Some(path) => {
+                let stamp = std::fs::metadata(path)
+                    .ok()
+                    .and_then(|m| Some((m.dev(), m.ino(), m.modified().ok()?, m.len())));
+                // (A missing file stays missing without a re-read or a log line per call.)
+                let same = c.source.as_deref() == Some(path.as_str())
+                    && c.keys.is_some()
+                    && c.stamp == stamp;
+                if !same {
+                    c.source = Some(path.clone());
+                    c.stamp = stamp;
+                    c.inline.clear();
+                    c.keys = Some(
+                        read_jwks_file(path)
+                            .and_then(|text| KeySet::parse(&text).map_err(|e| e.to_string())),
+                    );
+                }
+                !same
+            }
+            None => {
+                let text = inline.as_deref().unwrap_or_default();
+                let same = c.source.is_none() && c.keys.is_some() && c.inline == text;
+                if !same {
+                    c.source = None;
+                    c.stamp = None;
+                    c.inline = text.to_string();
+                    c.keys = Some(KeySet::parse(text).map_err(|e| e.to_string()));
+                }
+                !same
+            }
+        };
+        if fresh {
+            // Once per change and backend: what was loaded (kids and kinds, never key material).
+            match &c.keys {
+                Some(Ok(set)) => {
+                    let kids: Vec<String> = set
+                        .keys
+                        .iter()
+                        .map(|k| format!("{}:{}", k.kid.as_deref().unwrap_or("-"), k.kind.label()))
+                        .collect();
+                    server_log(format!(
+                        "ctxguard: JWKS loaded: {} key(s) [{}], {} skipped",
+                        set.keys.len(),
+                        kids.join(", "),
+                        set.skipped.len()
+                    ));
+                    for s in &set.skipped {
+                        server_log(format!(
+                            "ctxguard: JWKS key {} skipped: {}",
+                            s.kid.as_deref().unwrap_or("-"),
+                            s.reason
+                        ));
+                    }
+                }
+                Some(Err(e)) => server_log(format!("ctxguard: JWKS not loaded: {e}")),
+                None => {}
+            }
+        }
+        match &c.keys {
+            Some(Ok(set)) => f(Jwks::Set(set)),
+            _ => f(Jwks::Invalid),
+        }
+    })
+}
+
 /// Verify a context token against the configured keys.
 pub fn verify(token: Option<&str>) -> Result<token::Identity, token::TokenError> {
     let secret = key(&gucs::JWT_SECRET_FILE, &SECRET_FILE, &gucs::JWT_SECRET);
@@ -71,11 +192,25 @@ pub fn verify(token: Option<&str>) -> Result<token::Identity, token::TokenError>
         &gucs::JWT_PUBLIC_KEY,
     );
     let audience = gucs::get(&gucs::JWT_AUDIENCE);
-    let keys = KeyConfig {
-        hs256_secret: secret.as_deref(),
-        ed25519_public_key: public_key.as_deref(),
-        audience: audience.as_deref(),
-        leeway_secs: gucs::JWT_LEEWAY.get().max(0) as u64,
-    };
-    token::verify(token.unwrap_or_default(), &keys)
+    let issuer = gucs::get(&gucs::JWT_ISSUER);
+    let claim_tenant = gucs::get(&gucs::CLAIM_TENANT);
+    let claim_roles = gucs::get(&gucs::CLAIM_ROLES);
+    let token = token.unwrap_or_default();
+    // Size first: an oversized token is refused before the JWKS is even looked at.
+    if token.len() > token::MAX_TOKEN_LEN {
+        return Err(token::TokenError::Malformed);
+    }
+    with_jwks(|jwks| {
+        let keys = KeyConfig {
+            hs256_secret: secret.as_deref(),
+            ed25519_public_key: public_key.as_deref(),
+            jwks,
+            issuer: issuer.as_deref(),
+            audience: audience.as_deref(),
+            claim_tenant: claim_tenant.as_deref(),
+            claim_roles: claim_roles.as_deref(),
+            leeway_secs: gucs::JWT_LEEWAY.get().max(0) as u64,
+        };
+        token::verify(token, &keys)
+    })
 }
