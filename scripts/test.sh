@@ -84,6 +84,12 @@ echo "ok: $(wc -l <<<"$denied") refusals logged without tokens"
 
 if [ "$MODE" != --major-sql-suite ]; then
 log "client integration tests (tests/, real connections as ctxguard_gateway and the demo's other roles)"
+# pgbouncer (transaction mode, a server pool of 2) for the tests of gateways behind a pooler.
+start_pgbouncer
+trap stop_pgbouncer EXIT
+CTXGUARD_TEST_POOLER_URL="host=127.0.0.1 port=$PGBOUNCER_PORT user=ctxguard_gateway dbname=$DB" \
+CTXGUARD_TEST_POOLER_ADMIN_URL="host=127.0.0.1 port=$PGBOUNCER_PORT user=postgres dbname=pgbouncer" \
+CTXGUARD_TEST_PGBOUNCER_INI="$PGB_DIR/pgbouncer.ini" \
 CTXGUARD_TEST_DATABASE_URL="host=$RUN port=$PGPORT user=ctxguard_gateway dbname=$DB" \
 CTXGUARD_TEST_DISCOVERY_URL="host=$RUN port=$PGPORT user=ctxguard_discovery dbname=$DB" \
 CTXGUARD_TEST_APP_URL="host=$RUN port=$PGPORT user=ctxguard_app dbname=$DB" \
@@ -91,6 +97,7 @@ CTXGUARD_TEST_ADMIN_URL="host=$RUN port=$PGPORT user=postgres dbname=$DB" \
 CTXGUARD_TEST_JWT_SECRET="$(cat "$RUN/jwt_secret")" \
 CTXGUARD_TEST_PGDATA="$PGDATA_DIR" CTXGUARD_TEST_PG_BIN="$PG_BIN" \
   cargo test --locked -p ctxguard-tests
+stop_pgbouncer
 
 bash tests/mcp/run.sh
 

@@ -55,8 +55,11 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// Connections to upstream MCP servers.
     pub upstreams: Arc<upstream::Upstreams>,
-    /// Each user's current page, for MCP sessions.
+    /// Who to tell here when a user's page changes (the pages themselves are in the database).
     pub pages: Arc<mcp::PageHub>,
+    /// The MCP sessions this gateway serves now (each also recorded in the database).
+    pub mcp_sessions:
+        Arc<rmcp::transport::streamable_http_server::session::local::LocalSessionManager>,
     /// Demo mode's token minting and screens' pool (`None` unless `CTXGUARD_DEMO=true`).
     pub demo: Option<demo::Demo>,
     /// HTTP timeouts, the connection cap and each user's open event streams.
@@ -66,11 +69,16 @@ pub struct AppState {
 impl AppState {
     /// Build the state from config: pools (lazy; no connection is made here) and provider.
     pub fn from_config(config: Config) -> Result<AppState, String> {
-        let db = Db::connect(&config.database_url, config.pool_size, config.db_timeout())?;
+        let db = Db::connect(
+            &config.database_url,
+            config.pool_size,
+            config.db_timeout(),
+            config.db_statements,
+        )?;
         // Discovery records a server's tools once per (re)connection: two connections are plenty.
         let discovery = config
             .discovery_url()
-            .map(|url| Db::connect(url, 2, config.db_timeout()))
+            .map(|url| Db::connect(url, 2, config.db_timeout(), config.db_statements))
             .transpose()?;
         let model: Arc<dyn ChatModel> = match config.provider {
             Provider::Offline => Arc::new(llm::offline::Offline),
@@ -110,6 +118,7 @@ impl AppState {
                 .with_stdio_user(stdio_user),
             ),
             pages: Arc::new(mcp::PageHub::default()),
+            mcp_sessions: Arc::default(),
         })
     }
 }
@@ -180,7 +189,11 @@ async fn health() -> Json<Value> {
 async fn ready(State(state): State<Arc<AppState>>) -> Response {
     let want = env!("CARGO_PKG_VERSION");
     let (status, body) = match state.db.extension_version().await {
-        Ok(Some(v)) if v == want => (StatusCode::OK, json!({"status": "ready", "extension": v})),
+        Ok(Some(v)) if v == want => (
+            StatusCode::OK,
+            json!({"status": "ready", "extension": v, "statements": state.db.statements(),
+                   "pageNotifications": state.pages.following()}),
+        ),
         Ok(Some(v)) => (
             StatusCode::SERVICE_UNAVAILABLE,
             json!({"error": {"code": "EXTENSION_VERSION", "message": format!("ctxguard extension is {v}, the gateway expects {want}")}}),
@@ -532,8 +545,26 @@ pub fn app(state: Arc<AppState>) -> Router {
 
 /// Serve until SIGINT/SIGTERM, then drain in-flight requests; with the HTTP limits of `limits.rs`.
 pub async fn serve(listener: tokio::net::TcpListener, state: Arc<AppState>) -> std::io::Result<()> {
+    // Page changes made through other gateways (one listening connection, reconnecting).
+    let follower = {
+        let state = state.clone();
+        tokio::spawn(async move {
+            if let Some(url) = pages::notify_url(&state).await {
+                pages::follow(url, state.pages.clone()).await;
+            }
+        })
+    };
+    let _stop_following = AbortOnDrop(follower);
     let limits = state.limits.clone();
     limits::serve(listener, app(state), limits, shutdown_signal()).await
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 async fn shutdown_signal() {

@@ -6,9 +6,16 @@
 //!   expects. The token is never passed to upstream servers.
 //! - **Page context**: the `X-Ctxguard-Page` header (a JSON page context, or base64url of one) on
 //!   any request sets the caller's current page; `PUT /v1/context` sets it out of band (e.g. from
-//!   the app the user is looking at). The page is kept per (tenant, user), so every MCP session of
-//!   that user follows the screen. When it changes, each of the user's sessions (and
-//!   `subscriptions/listen` streams) gets `notifications/tools/list_changed`.
+//!   the app the user is looking at). The page is kept per (tenant, user) in the database
+//!   (`ctxguard.user_pages`, written by `put_user_page` in the transaction whose `set_context`
+//!   validated it), so every MCP session of that user follows the screen, through any gateway.
+//!   When it changes, each of the user's sessions (and `subscriptions/listen` streams) gets
+//!   `notifications/tools/list_changed`: on this gateway at once, on the others through
+//!   `NOTIFY ctxguard_pages` (pages.rs `follow`).
+//! - **Sessions** live in the database too (`ctxguard.mcp_sessions`: a hash of the id, the tenant
+//!   and user, the initialize parameters, the expiry): a session opened through one gateway is
+//!   restored by rmcp on any other ([`DbSessionStore`]), a session that is not the caller's or no
+//!   longer exists is 404 on every gateway, and a DELETE through one ends it everywhere.
 //! - **tools/list** is Gate A for the current page; **tools/call** is Gate B (denials come back as
 //!   tool errors carrying the ctxguard code). Without a page nothing is listed and nothing runs.
 //!   Each page view gets its own generation, so byte and document budgets apply per page view.
@@ -31,6 +38,9 @@ use rmcp::model::{
 };
 use rmcp::service::{NotificationContext, RequestContext, SubscriptionContext, SubscriptionSink};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::session::{
+    SessionId, SessionManager, SessionState, SessionStore, SessionStoreError,
+};
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData as McpError, Peer, RoleServer, ServerHandler};
 use serde_json::{json, Map, Value};
@@ -44,16 +54,26 @@ use crate::{bearer, AppState};
 
 /// The header carrying the page context on MCP requests.
 pub const PAGE_HEADER: &str = "x-ctxguard-page";
+/// The Streamable HTTP session header.
+const SESSION_HEADER: &str = "mcp-session-id";
 
-/// The verified caller of an MCP request (inserted by [`authenticate`]).
+/// The verified caller of an MCP request (inserted by [`authenticate`]), with the user's current
+/// page as the database had it when the request came in.
 #[derive(Clone, Debug)]
 pub struct Caller {
     token: String,
     who: Who,
+    page: Option<Value>,
 }
 
-/// (tenant, user): whose screen a page belongs to.
-type Who = (String, String);
+/// The opaque key of a user (tenant and user) the database announces page changes under.
+type Who = String;
+
+tokio::task_local! {
+    /// The caller of the MCP request being served, for [`DbSessionStore`] (rmcp calls the store
+    /// inside the request, without its extensions).
+    static MCP_CALLER: Caller;
+}
 
 #[derive(Clone)]
 enum Listener {
@@ -74,6 +94,8 @@ struct Entry {
 pub struct PageHub {
     entries: Mutex<HashMap<Who, Entry>>,
     next_id: AtomicU64,
+    /// 0 off, 1 lost, 2 listening (see [`PageHub::following`]).
+    following: AtomicU64,
 }
 
 impl PageHub {
@@ -94,18 +116,48 @@ impl PageHub {
         entry.page.clone()
     }
 
-    /// `who`'s current page, if any.
-    fn current(&self, who: &Who) -> Option<Value> {
-        self.entries
-            .lock()
-            .expect("page hub lock")
-            .get(who)
-            .and_then(|e| e.page.clone())
-    }
-
     /// Set `who`'s page out of band (`PUT /v1/context`).
     pub fn set(self: &Arc<Self>, who: Who, page: Value) {
         self.observe(&who, Some(page));
+    }
+
+    /// Another gateway changed `who`'s page (a notification): tell `who`'s listeners here.
+    pub fn changed(self: &Arc<Self>, who: &str) {
+        let mut entries = self.entries.lock().expect("page hub lock");
+        if let Some(entry) = entries.get_mut(who) {
+            entry.generation = None;
+            let listeners = entry.listeners.clone();
+            if !listeners.is_empty() {
+                tokio::spawn(self.clone().notify(who.to_string(), listeners));
+            }
+        }
+    }
+
+    /// Notifications may have been missed (the listening connection was lost): every listener
+    /// here is told to re-list.
+    pub fn resync(self: &Arc<Self>) {
+        let mut entries = self.entries.lock().expect("page hub lock");
+        for (who, entry) in entries.iter_mut() {
+            entry.generation = None;
+            if !entry.listeners.is_empty() {
+                tokio::spawn(self.clone().notify(who.clone(), entry.listeners.clone()));
+            }
+        }
+    }
+
+    /// Whether the listening connection is up (for `/ready` and `/metrics`).
+    pub fn set_following(&self, up: bool) {
+        self.following
+            .store(if up { 2 } else { 1 }, Ordering::Relaxed);
+    }
+
+    /// `off` (no listening connection configured), `listening` or `lost`.
+    pub fn following(&self) -> &'static str {
+        match self.following.load(Ordering::Relaxed) {
+            0 => "off",
+            2 => "listening",
+            _ => "lost",
+        }
     }
 
     async fn notify(self: Arc<Self>, who: Who, listeners: Vec<(u64, Listener)>) {
@@ -221,25 +273,41 @@ pub async fn authenticate(
         Ok(t) => t,
         Err(_) => return unauthorized(&headers, "a bearer token is required", false),
     };
-    let identity = match state.db.verify_token(&token).await {
+    let session = headers
+        .get(SESSION_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let identity = match state.db.mcp_identity(&token, session.as_deref()).await {
         Ok(v) => v,
         Err(ApiError::Unauthorized(m)) => return unauthorized(&headers, &m, true),
         Err(e) => return e.into_response(),
     };
-    let who = (
+    if let Some(id) = &session {
+        if identity["session"].is_null() {
+            // Not the caller's, expired, or ended through any gateway: gone here too.
+            let _ = state
+                .mcp_sessions
+                .close_session(&SessionId::from(id.as_str()))
+                .await;
+            return ApiError::NotFound("no such MCP session".into()).into_response();
+        }
+    }
+    let user = (
         identity["tenantId"]
             .as_str()
             .unwrap_or_default()
             .to_string(),
         identity["userId"].as_str().unwrap_or_default().to_string(),
     );
-    req.extensions_mut().insert(Caller {
+    let caller = Caller {
         token,
-        who: who.clone(),
-    });
+        who: identity["key"].as_str().unwrap_or_default().to_string(),
+        page: Some(identity["page"].clone()).filter(Value::is_object),
+    };
+    req.extensions_mut().insert(caller.clone());
     // An event stream (a GET stream, a streamed answer, a subscription) counts against the user's.
-    let response = next.run(req).await;
-    state.limits.hold_stream(&who, response)
+    let response = MCP_CALLER.scope(caller, next.run(req)).await;
+    state.limits.hold_stream(&user, response)
 }
 
 /// `GET /.well-known/oauth-protected-resource[/mcp]` (RFC 9728): how to authenticate to `/mcp`.
@@ -275,11 +343,8 @@ pub async fn put_context(
         generation: None,
         trace_id: Uuid::new_v4().to_string(),
     };
-    let context = state.db.context(&scope).await?;
-    let who = (
-        context["tenantId"].as_str().unwrap_or_default().to_string(),
-        context["userId"].as_str().unwrap_or_default().to_string(),
-    );
+    let (context, put) = state.db.put_user_page(&scope).await?;
+    let who = put["key"].as_str().unwrap_or_default().to_string();
     state.pages.set(who, page);
     Ok(Json(
         json!({"status": "ok", "pageType": context["pageType"]}),
@@ -288,18 +353,76 @@ pub async fn put_context(
 
 /// The rmcp service at `/mcp`.
 pub fn service(state: Arc<AppState>) -> StreamableHttpService<Server, LocalSessionManager> {
-    let config = StreamableHttpServerConfig::default()
+    let mut config = StreamableHttpServerConfig::default()
         .with_legacy_session_mode(true)
         .with_allowed_hosts(state.config.mcp_allowed_hosts());
+    config.session_store = Some(Arc::new(DbSessionStore {
+        db: state.db.clone(),
+        ttl_secs: state.config.mcp_session_ttl_secs,
+    }));
+    let sessions = state.mcp_sessions.clone();
     StreamableHttpService::new(
         move || {
             Ok(Server {
                 state: state.clone(),
             })
         },
-        Arc::new(LocalSessionManager::default()),
+        sessions,
         config,
     )
+}
+
+/// MCP sessions in the database (`ctxguard.mcp_sessions`), keyed by a hash of the id and bound to
+/// the token's tenant and user: rmcp records a session after its handshake, restores one it does
+/// not hold in memory (replaying the recorded `initialize`), and removes one on DELETE. Every call
+/// runs as the caller of the request being served ([`MCP_CALLER`]).
+struct DbSessionStore {
+    db: crate::db::Db,
+    ttl_secs: i32,
+}
+
+fn store_error(e: ApiError) -> SessionStoreError {
+    Box::new(std::io::Error::other(e.code()))
+}
+
+fn current_caller() -> Result<Caller, SessionStoreError> {
+    MCP_CALLER
+        .try_with(Clone::clone)
+        .map_err(|_| Box::new(std::io::Error::other("no MCP caller")) as SessionStoreError)
+}
+
+#[async_trait::async_trait]
+impl SessionStore for DbSessionStore {
+    async fn load(&self, session_id: &str) -> Result<Option<SessionState>, SessionStoreError> {
+        let caller = current_caller()?;
+        let Some(params) = self
+            .db
+            .mcp_session_load(&caller.token, session_id)
+            .await
+            .map_err(store_error)?
+        else {
+            return Ok(None);
+        };
+        Ok(serde_json::from_value(params).ok().map(SessionState::new))
+    }
+
+    async fn store(&self, session_id: &str, state: &SessionState) -> Result<(), SessionStoreError> {
+        let caller = current_caller()?;
+        let params = serde_json::to_value(&state.initialize_params)?;
+        self.db
+            .mcp_session_open(&caller.token, session_id, &params, self.ttl_secs)
+            .await
+            .map_err(store_error)
+    }
+
+    async fn delete(&self, session_id: &str) -> Result<(), SessionStoreError> {
+        let caller = current_caller()?;
+        self.db
+            .mcp_session_close(&caller.token, session_id)
+            .await
+            .map(|_| ())
+            .map_err(store_error)
+    }
 }
 
 #[derive(Clone)]
@@ -378,16 +501,21 @@ impl Server {
         };
         let pages = &self.state.pages;
         let page = match header_page {
-            Some(p) if pages.current(&caller.who).as_ref() != Some(&p) => {
+            Some(p) if caller.page.as_ref() != Some(&p) => {
                 self.state
                     .db
-                    .context(&scope_for(p.clone()))
+                    .put_user_page(&scope_for(p.clone()))
                     .await
                     .map_err(api_error)?;
-                pages.observe(&caller.who, Some(p))
+                pages.observe(&caller.who, Some(p.clone()));
+                Some(p)
             }
-            Some(p) => Some(p),
-            None => pages.current(&caller.who),
+            // The database's page (any gateway may have set it): listeners here that saw another
+            // one are told.
+            _ => {
+                pages.observe(&caller.who, caller.page.clone());
+                caller.page.clone()
+            }
         };
         let scope = page.map(scope_for);
         Ok((caller, scope))
