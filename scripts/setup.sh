@@ -27,7 +27,7 @@ elif [ "$PG_MAJOR" = "$PG_DEBIAN_MAJOR" ]; then
   want+=("postgresql-$PG_MAJOR" "postgresql-server-dev-$PG_MAJOR" "postgresql-$PG_MAJOR-pgtap" postgresql-contrib)
 else
   # To build PostgreSQL and pgTAP.
-  want+=(make gcc bison flex libicu-dev libreadline-dev zlib1g-dev bzip2 xz-utils perl)
+  want+=(make gcc bison flex libicu-dev libreadline-dev zlib1g-dev bzip2 xz-utils perl curl debian-keyring gpgv)
 fi
 for pkg in "${want[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need_apt+=("$pkg")
@@ -78,12 +78,50 @@ fetch_source() {
     $2 ~ /\.orig\.tar\./ { print $2; exit }')
   [ -n "$orig" ] || { echo "setup: Debian's $suite has no source package $pkg ($(debian_archive_uri))" >&2; exit 3; }
   apt_src source --download-only "$pkg/$suite" >"$PG_CACHE/src/$pkg.fetch.log" 2>&1 || true
-  [ -f "$orig" ] || {
+  [ -f "$orig" ] || orig=$(fetch_earlier_release "$pkg" "$suite") || {
     cat "$PG_CACHE/src/$pkg.fetch.log" >&2
     echo "setup: could not fetch Debian's source package $pkg from $suite ($(debian_archive_uri))" >&2
     exit 3
   }
   echo "$orig"
+}
+
+# A mirror whose index names a point release its pool does not have yet (seen here: trixie's index
+# at postgresql-17 17.12-0+deb13u1, the pool at 17.11): the nearest earlier point release of the same
+# Debian revision that the pool has. Nothing vouches for it through the signed index, so its .dsc
+# must carry a good signature from a Debian developer (debian-keyring), and the orig tarball the
+# sha256 that signed .dsc names. Prints the tarball; fails if none can be had and verified.
+fetch_earlier_release() {
+  local pkg=$1 suite=$2 url base version upstream rev major minor m v dsc verified sum name
+  # The .dsc apt would fetch: its directory on the mirror and its version.
+  url=$(apt_src source --print-uris "$pkg/$suite" 2>/dev/null | awk -v q="'" '$2 ~ /\.dsc$/ { gsub(q, "", $1); print $1; exit }')
+  [ -n "$url" ] || return 1
+  base=${url%/*}
+  version=$(basename "$url" .dsc); version=${version#"${pkg}_"}; version=${version//%2b/+}
+  upstream=${version%%-*} rev=${version#*-}
+  major=${upstream%%.*} minor=${upstream#*.}
+  [[ "$minor" =~ ^[0-9]+$ ]] || return 1
+  for ((m = minor - 1; m >= 0 && m >= minor - 4; m--)); do
+    v=$major.$m-$rev
+    dsc=${pkg}_${v}.dsc
+    curl -fsS -o "$dsc" "$base/${dsc//+/%2b}" 2>/dev/null || continue
+    verified=$dsc.verified
+    if ! gpgv --keyring /usr/share/keyrings/debian-keyring.gpg --output "$verified" "$dsc" 2>>"$PG_CACHE/src/$pkg.fetch.log"; then
+      echo "setup: $dsc has no good signature of a Debian developer; not used" >&2
+      rm -f "$dsc" "$verified"; continue
+    fi
+    read -r sum name < <(awk '/^Checksums-Sha256:/ { c = 1; next } /^[^ ]/ { c = 0 } c && $3 ~ /\.orig\.tar\./ { print $1, $3; exit }' "$verified")
+    [ -n "$name" ] || continue
+    curl -fsS -o "$name" "$base/${name//+/%2b}" || continue
+    if [ "$(sha256sum "$name" | awk '{ print $1 }')" != "$sum" ]; then
+      echo "setup: $name does not match the sha256 its signed .dsc names; not used" >&2
+      rm -f "$name"; continue
+    fi
+    echo "setup: the mirror's pool lacks $pkg $version (its index names it); using $v, verified by its signed .dsc" >&2
+    echo "$name"
+    return 0
+  done
+  return 1
 }
 
 # PostgreSQL $PG_MAJOR from Debian's source package into $(pg_prefix), then pgTAP into it. Each step

@@ -11,6 +11,8 @@ mod support;
 
 use std::collections::HashMap;
 use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -77,15 +79,25 @@ struct Received {
     ok_after_fault: usize,
 }
 
-/// One client calling read_doc_pages (one page) in its own transactions until `until`, a new
-/// generation every 10 calls, reconnecting whenever the server goes away.
-fn client(user: String, until: Instant, fault_at: Instant) -> Received {
+/// One client calling read_doc_pages (one page) in its own transactions until `until` and until
+/// the clients together have 10 results after the fault (a slow recovery on a busy machine is
+/// waited for, up to `hard`), a new generation every 10 calls, reconnecting whenever the server
+/// goes away. A result counts as after the fault once this client has seen the fault (a failure
+/// after `fault_at`).
+fn client(
+    user: String,
+    until: Instant,
+    hard: Instant,
+    fault_at: Instant,
+    after_fault: Arc<AtomicUsize>,
+) -> Received {
     let tok = token(&user, "acme", &["viewer"]);
     let url = env("CTXGUARD_TEST_DATABASE_URL");
     let mut got = Received::default();
     let mut c: Option<Client> = None;
     let mut g: Option<(String, u32)> = None;
-    while Instant::now() < until {
+    let mut felt = false;
+    while Instant::now() < until || (after_fault.load(Relaxed) < 10 && Instant::now() < hard) {
         let conn = match c.as_mut() {
             Some(c) => c,
             None => match Client::connect(&url, NoTls) {
@@ -128,13 +140,18 @@ fn client(user: String, until: Instant, fault_at: Instant) -> Received {
                 let (id, _) = g.as_ref().expect("a generation");
                 got.ok
                     .push((r["call_id"].as_str().unwrap().to_string(), id.clone()));
-                if Instant::now() > fault_at + Duration::from_secs(1) {
+                if felt {
                     got.ok_after_fault += 1;
+                    after_fault.fetch_add(1, Relaxed);
                 }
             }
-            Ok(_) => got.failed += 1,
+            Ok(_) => {
+                got.failed += 1;
+                felt |= Instant::now() > fault_at;
+            }
             Err(_) => {
                 got.failed += 1;
+                felt |= Instant::now() > fault_at;
                 c = None;
                 // A generation minted in a transaction that died may not exist: start over.
                 g = None;
@@ -145,16 +162,19 @@ fn client(user: String, until: Instant, fault_at: Instant) -> Received {
     got
 }
 
-/// Load from 4 clients for `secs` seconds with `fault` applied after 1.5 s; then check that
-/// everything clients received is audited and counted.
+/// Load from 4 clients (9 s, and until 10 results came after the fault) with `fault` applied after
+/// 1.5 s; then check that everything clients received is audited and counted.
 fn under_load(name: &str, fault: impl FnOnce()) {
     let start = Instant::now();
     let fault_at = start + Duration::from_millis(1500);
     let until = start + Duration::from_secs(9);
+    let hard = start + Duration::from_secs(120);
+    let after_fault = Arc::new(AtomicUsize::new(0));
     let clients: Vec<_> = (0..4)
         .map(|k| {
             let user = format!("{name}_{k}");
-            thread::spawn(move || client(user, until, fault_at))
+            let after = after_fault.clone();
+            thread::spawn(move || client(user, until, hard, fault_at, after))
         })
         .collect();
     thread::sleep(fault_at.saturating_duration_since(Instant::now()));
@@ -228,6 +248,8 @@ fn under_load(name: &str, fault: impl FnOnce()) {
 
 #[test]
 fn crashes_forget_no_charge_and_no_audit_row_of_a_returned_result() {
+    // One test: each step restarts the shared cluster, so none may run beside another.
+    generation_minted_with_its_calls();
     // kill -9 of the writer: the postmaster restarts every backend (shared memory may be
     // inconsistent), and restarts the writer; calls fail meanwhile.
     under_load("killwriter", || {
@@ -245,4 +267,60 @@ fn crashes_forget_no_charge_and_no_audit_row_of_a_returned_result() {
         thread::sleep(Duration::from_millis(500));
         pg_ctl(&["start"]);
     });
+}
+
+/// A generation minted in the transaction of its own calls: when their records reach the writer,
+/// the generation's row is not committed yet, so the writer cannot save its counters then. They
+/// are saved once the row commits, and a restart (which empties shared memory) loads them.
+fn generation_minted_with_its_calls() {
+    let tok = token("sametx", "acme", &["viewer"]);
+    let mut c = connect_retrying(&env("CTXGUARD_TEST_DATABASE_URL"), Duration::from_secs(30));
+    let mut tx = c.transaction().unwrap();
+    tx.execute("SELECT ctxguard.set_context($1, $2)", &[&tok, &viewer()])
+        .unwrap();
+    let g: String = tx
+        .query_one("SELECT ctxguard.begin_generation('same-tx')::text", &[])
+        .unwrap()
+        .get(0);
+    for p in 1..=2 {
+        let args = json!({"page_start": p, "page_end": p}).to_string();
+        let r: Value = tx
+            .query_one(
+                "SELECT ctxguard.call_tool('read_doc_pages', $1::text::jsonb)",
+                &[&args],
+            )
+            .unwrap()
+            .get(0);
+        assert_eq!(r["status"], "ok", "{r}");
+    }
+    tx.commit().unwrap();
+    drop(c);
+    pg_ctl(&["-m", "fast", "restart"]);
+    let mut admin = connect_retrying(&env("CTXGUARD_TEST_ADMIN_URL"), Duration::from_secs(30));
+    let received: i64 = admin
+        .query_one(
+            "SELECT coalesce(sum(result_bytes), 0)::int8 FROM ctxguard.audit_log
+              WHERE generation = $1::text::uuid AND decision = 'allow'",
+            &[&g],
+        )
+        .unwrap()
+        .get(0);
+    assert!(received > 0, "the two calls were audited with their bytes");
+    let r = admin
+        .query_one(
+            "SELECT g.bytes_used, coalesce(d.calls, 0) FROM ctxguard.generations g
+               LEFT JOIN ctxguard.document_calls d ON d.generation = g.id AND d.doc_id = 'acme_guide'
+              WHERE g.id = $1::text::uuid",
+            &[&g],
+        )
+        .unwrap();
+    let (used, counted): (i64, i32) = (r.get(0), r.get(1));
+    assert_eq!(
+        used, received,
+        "generation bytes persisted across the restart"
+    );
+    assert_eq!(
+        counted, 2,
+        "per-document calls persisted across the restart"
+    );
 }

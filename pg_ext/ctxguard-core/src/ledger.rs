@@ -45,10 +45,11 @@ impl Key {
         self.0 == [0u8; 16]
     }
 
-    /// Bucket index in a table of `buckets` buckets.
-    fn bucket(&self, buckets: usize) -> usize {
+    /// The two candidate buckets (`which` 0 or 1) in a table of `buckets` buckets: each half of
+    /// the key picks one.
+    fn bucket(&self, buckets: usize, which: usize) -> usize {
         let mut b = [0u8; 8];
-        b.copy_from_slice(&self.0[8..]);
+        b.copy_from_slice(&self.0[8 * which..8 * which + 8]);
         (u64::from_le_bytes(b) % buckets as u64) as usize
     }
 }
@@ -139,49 +140,63 @@ pub const BUCKET: usize = 16;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Full;
 
-/// A fixed-size hash table of `N` slots (`N` a multiple of [`BUCKET`]) with expiry.
-#[derive(Debug, Clone, Copy)]
-pub struct Table<V: Copy + Default, const N: usize> {
-    pub slots: [Slot<V>; N],
+/// A hash table with expiry over a fixed array of slots (in shared memory: sized once, at server
+/// start). The number of slots is a multiple of [`BUCKET`]; a key lives in one bucket.
+#[derive(Debug)]
+pub struct Table<'a, V: Copy> {
+    slots: &'a mut [Slot<V>],
 }
 
-impl<V: Copy + Default, const N: usize> Default for Table<V, N> {
-    fn default() -> Self {
-        Table {
-            slots: [Slot::default(); N],
-        }
+/// Slots for `wanted` entries: rounded up to whole buckets (at least one).
+pub fn table_slots(wanted: usize) -> usize {
+    wanted.max(1).div_ceil(BUCKET) * BUCKET
+}
+
+impl<'a, V: Copy> Table<'a, V> {
+    /// The table over `slots` (all-zero slots are free). Panics unless its length is a positive
+    /// multiple of [`BUCKET`].
+    pub fn new(slots: &'a mut [Slot<V>]) -> Self {
+        assert!(
+            !slots.is_empty() && slots.len().is_multiple_of(BUCKET),
+            "a ledger table needs whole buckets"
+        );
+        Table { slots }
     }
-}
 
-impl<V: Copy + Default, const N: usize> Table<V, N> {
-    fn range(key: &Key) -> std::ops::Range<usize> {
-        let b = key.bucket(N / BUCKET);
-        b * BUCKET..(b + 1) * BUCKET
+    /// The slots of the key's two candidate buckets (the same bucket twice in a one-bucket table).
+    fn candidates(&self, key: &Key) -> [std::ops::Range<usize>; 2] {
+        let n = self.slots.len() / BUCKET;
+        [0, 1].map(|w| {
+            let b = key.bucket(n, w);
+            b * BUCKET..(b + 1) * BUCKET
+        })
+    }
+
+    fn find_live(&self, key: &Key, now: i64) -> Option<usize> {
+        self.candidates(key)
+            .into_iter()
+            .flatten()
+            .find(|&i| self.slots[i].key == *key && self.slots[i].expires > now)
     }
 
     /// The live entry for `key` at time `now`.
     pub fn get(&mut self, key: &Key, now: i64) -> Option<&mut V> {
-        let i = Self::range(key).find(|&i| {
-            let s = &self.slots[i];
-            s.key == *key && s.expires > now
-        })?;
+        let i = self.find_live(key, now)?;
         Some(&mut self.slots[i].value)
     }
 
-    /// Insert `key` with `value` (or keep the live entry), evicting an expired slot of its bucket
-    /// if needed. Returns the entry.
+    /// Insert `key` with `value` (or keep the live entry), into the emptier of its two buckets
+    /// ("two choices": buckets stay even, so a table fills almost completely before any insert
+    /// fails), evicting an expired slot if needed. Returns the entry.
     pub fn insert(&mut self, key: &Key, expires: i64, value: V, now: i64) -> Result<&mut V, Full> {
-        let range = Self::range(key);
-        if let Some(i) = range
-            .clone()
-            .find(|&i| self.slots[i].key == *key && self.slots[i].expires > now)
-        {
+        if let Some(i) = self.find_live(key, now) {
             return Ok(&mut self.slots[i].value);
         }
-        let i = range
-            .clone()
-            .find(|&i| self.slots[i].expires <= now || self.slots[i].key.is_free())
-            .ok_or(Full)?;
+        let open = |s: &Slot<V>| s.expires <= now || s.key.is_free();
+        let [a, b] = self.candidates(key);
+        let free = |r: &std::ops::Range<usize>| r.clone().filter(|&i| open(&self.slots[i])).count();
+        let best = if free(&b) > free(&a) { b } else { a };
+        let i = best.clone().find(|&i| open(&self.slots[i])).ok_or(Full)?;
         self.slots[i] = Slot {
             key: *key,
             expires,
@@ -196,6 +211,11 @@ impl<V: Copy + Default, const N: usize> Table<V, N> {
             .iter()
             .filter(|s| !s.key.is_free() && s.expires > now)
             .count()
+    }
+
+    /// Slots in all.
+    pub fn capacity(&self) -> usize {
+        self.slots.len()
     }
 }
 
@@ -292,7 +312,8 @@ mod tests {
 
     #[test]
     fn table_inserts_finds_and_evicts_expired() {
-        let mut t: Table<i64, 32> = Table::default();
+        let mut slots = [Slot::<i64>::default(); 32];
+        let mut t = Table::new(&mut slots);
         let k = Key::of(&[b"g1"]);
         *t.insert(&k, 100, 5, 0).unwrap() += 1;
         assert_eq!(t.get(&k, 50).copied(), Some(6));
@@ -305,7 +326,8 @@ mod tests {
 
     #[test]
     fn a_full_bucket_fails_closed_until_entries_expire() {
-        let mut t: Table<i64, 16> = Table::default(); // one bucket
+        let mut slots = [Slot::<i64>::default(); 16];
+        let mut t = Table::new(&mut slots); // one bucket
         for i in 0..16u8 {
             t.insert(&Key::of(&[&[i]]), 100, 1, 0).unwrap();
         }
@@ -316,6 +338,41 @@ mod tests {
             "expired slots are reused"
         );
         assert_eq!(t.live(100), 1);
+    }
+
+    #[test]
+    fn tables_are_whole_buckets() {
+        assert_eq!(table_slots(0), BUCKET);
+        assert_eq!(table_slots(1), BUCKET);
+        assert_eq!(table_slots(BUCKET), BUCKET);
+        assert_eq!(table_slots(BUCKET + 1), 2 * BUCKET);
+        let mut odd = [Slot::<i64>::default(); 17];
+        assert!(std::panic::catch_unwind(move || {
+            Table::new(&mut odd);
+        })
+        .is_err());
+    }
+
+    /// Two choices keep buckets even: a table of 4,096 slots takes 3,482 keys (85 % full; the
+    /// first insert fails at 3,664) without a full bucket. With one choice per key, half as many
+    /// (2,048) already overflowed one. (Keys are SHA-256 of fixed inputs: deterministic.)
+    #[test]
+    fn tables_fill_to_ninety_percent_before_any_insert_fails() {
+        let mut slots = vec![Slot::<i64>::default(); 4096];
+        let mut t = Table::new(&mut slots);
+        for i in 0..3482u32 {
+            let k = Key::of(&[&i.to_le_bytes()]);
+            t.insert(&k, 100, i64::from(i), 0).unwrap();
+        }
+        assert_eq!(t.live(0), 3482);
+        for i in 0..3482u32 {
+            let k = Key::of(&[&i.to_le_bytes()]);
+            assert_eq!(
+                t.get(&k, 0).copied(),
+                Some(i64::from(i)),
+                "every key is found"
+            );
+        }
     }
 
     #[test]

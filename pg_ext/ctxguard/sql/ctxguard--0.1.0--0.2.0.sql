@@ -305,7 +305,7 @@ ALTER TABLE ctxguard.audit_log
 CREATE INDEX audit_log_tenant_id_idx ON ctxguard.audit_log (tenant_id, id);
 COMMENT ON COLUMN ctxguard.audit_log.row_hash IS 'sha256 over the row''s content and prev_hash (the tenant''s previous row), set by the audit writer; NULL for rows from before 0.2.0.';
 COMMENT ON FUNCTION ctxguard.verify_audit(text) IS 'Recompute a tenant''s audit hash chain: the first row whose hash does not match its content and predecessor.';
-COMMENT ON FUNCTION ctxguard.ledger_stats() IS 'This database''s audit writer: pid, last durable record, batches and batch sizes.';
+COMMENT ON FUNCTION ctxguard.ledger_stats() IS 'This database''s audit writer: pid, last durable record, batches and batch sizes; the slots and live entries of each shared-memory ledger table.';
 REVOKE EXECUTE ON FUNCTION ctxguard.verify_audit(text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION ctxguard.ledger_stats() FROM PUBLIC;
 

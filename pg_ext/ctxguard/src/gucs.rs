@@ -51,6 +51,10 @@ pub static MAX_BYTES_PER_USER_DAY: GucSetting<i32> = GucSetting::<i32>::new(64 *
 pub static AUDIT_WAIT: GucSetting<bool> = GucSetting::<bool>::new(true);
 pub static AUDIT_WAIT_TIMEOUT: GucSetting<i32> = GucSetting::<i32>::new(10);
 pub static AUDIT_WRITER_IDLE: GucSetting<i32> = GucSetting::<i32>::new(60);
+pub static LEDGER_GENERATIONS: GucSetting<i32> = GucSetting::<i32>::new(32_768);
+pub static LEDGER_DOCUMENT_CALLS: GucSetting<i32> = GucSetting::<i32>::new(32_768);
+pub static LEDGER_COVERAGE: GucSetting<i32> = GucSetting::<i32>::new(16_384);
+pub static LEDGER_USER_DAYS: GucSetting<i32> = GucSetting::<i32>::new(32_768);
 pub static MAX_MASK_BYTES: GucSetting<i32> = GucSetting::<i32>::new(8 * 1024 * 1024);
 pub static MAX_TURN_BYTES: GucSetting<i32> = GucSetting::<i32>::new(1024 * 1024);
 
@@ -271,6 +275,42 @@ pub fn init() {
         GucContext::Suset,
         GucFlags::UNIT_S,
     );
+    // The ledger's tables, sized once at server start (shared memory). A table fills to about
+    // 85 % before an insert can find both of its key's buckets full; then calls that need a new
+    // entry fail closed (AUDIT_UNAVAILABLE, the log names the setting to raise).
+    for (name, desc, setting) in [
+        (
+            c"ctxguard.ledger_generations",
+            c"Live generations the shared-memory ledger tracks (their byte budgets); about 32 bytes each.",
+            &LEDGER_GENERATIONS,
+        ),
+        (
+            c"ctxguard.ledger_document_calls",
+            c"Live (generation, document) call counters in the shared-memory ledger; about 32 bytes each.",
+            &LEDGER_DOCUMENT_CALLS,
+        ),
+        (
+            c"ctxguard.ledger_coverage",
+            c"Live (user, document, UTC day) coverage bitmaps in the shared-memory ledger; about 160 bytes each.",
+            &LEDGER_COVERAGE,
+        ),
+        (
+            c"ctxguard.ledger_user_days",
+            c"Live (user, UTC day) byte totals in the shared-memory ledger; about 32 bytes each.",
+            &LEDGER_USER_DAYS,
+        ),
+    ] {
+        GucRegistry::define_int_guc(
+            name,
+            desc,
+            c"Rounded up to whole buckets of 16. Takes effect at server start.",
+            setting,
+            16,
+            16_777_216,
+            GucContext::Postmaster,
+            GucFlags::default(),
+        );
+    }
     GucRegistry::define_int_guc(
         c"ctxguard.audit_writer_idle",
         c"Seconds without work after which a database's audit writer exits (it restarts on demand).",

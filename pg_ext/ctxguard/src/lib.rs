@@ -69,6 +69,7 @@ pub extern "C-unwind" fn _PG_init() {
     if pgutil::loaded_at_startup() {
         context::PRELOADED.store(true, std::sync::atomic::Ordering::Relaxed);
         ledger::shmem::init();
+        ledger::register_flush_at_transaction_end();
     }
 }
 

@@ -16,4 +16,13 @@ DELETE FROM ctxguard.audit_log WHERE id = :victim;
 SELECT ok((ctxguard.verify_audit('acme')->>'first_broken_id')::bigint > :victim::bigint, 'a deleted row breaks the next link');
 ROLLBACK;
 SELECT ok((ctxguard.ledger_stats()->>'batches')::bigint > 0, 'the writer committed batches');
+-- The ledger's tables have the sizes the server started with (whole buckets of 16 slots).
+SELECT is((SELECT jsonb_object_agg(k, (ctxguard.ledger_stats()->'tables'->k->>'slots')::bigint)
+             FROM unnest(ARRAY['ledger_generations', 'ledger_document_calls', 'ledger_coverage', 'ledger_user_days']) k),
+          (SELECT jsonb_object_agg(k, ((current_setting('ctxguard.' || k)::bigint + 15) / 16) * 16)
+             FROM unnest(ARRAY['ledger_generations', 'ledger_document_calls', 'ledger_coverage', 'ledger_user_days']) k),
+          'ledger tables sized by the ctxguard.ledger_* settings');
+SELECT ok((ctxguard.ledger_stats()->'tables'->'ledger_generations'->>'live')::int > 0
+          AND (ctxguard.ledger_stats()->'tables'->'ledger_user_days'->>'live')::int > 0,
+          'ledger_stats counts live entries (the suite charged generations and user-days)');
 SELECT * FROM finish();

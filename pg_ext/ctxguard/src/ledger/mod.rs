@@ -65,15 +65,74 @@ fn note(change: Value) {
     PENDING.with(|p| p.borrow_mut().push(change));
 }
 
+/// At the end of every transaction (preloaded backends): changes of a call that ended in an error
+/// before its audit record was queued are queued on their own, so that they do not wait for this
+/// backend's next record (or die with it). Never waits and never fails — it runs where an error is
+/// not allowed; what finds no room now stays pending for the next record.
+pub fn register_flush_at_transaction_end() {
+    unsafe { pg_sys::RegisterXactCallback(Some(at_transaction_end), std::ptr::null_mut()) };
+}
+
+unsafe extern "C-unwind" fn at_transaction_end(
+    event: pg_sys::XactEvent::Type,
+    _arg: *mut std::ffi::c_void,
+) {
+    if event == pg_sys::XactEvent::XACT_EVENT_COMMIT || event == pg_sys::XactEvent::XACT_EVENT_ABORT
+    {
+        flush_pending();
+    }
+}
+
+fn flush_pending() {
+    let changes = PENDING.with(|p| std::mem::take(&mut *p.borrow_mut()));
+    if changes.is_empty() || !shmem::attached() {
+        PENDING.with(|p| p.borrow_mut().extend(changes));
+        return;
+    }
+    let text = json!({"l": changes}).to_string();
+    let queued = text.len() <= RECORD_BYTES && enqueue_existing(&text).is_some();
+    if !queued {
+        PENDING.with(|p| p.borrow_mut().extend(changes));
+    }
+}
+
+/// Put `text` on this database's queue if it has one and room for it; the queue, or `None`.
+fn enqueue_existing(text: &str) -> Option<usize> {
+    let d = db();
+    let i = {
+        let mut qs = shmem::queues();
+        let i = qs.iter().position(|q| q.db == d)?;
+        let q = &mut qs[i];
+        if q.next_seq - q.durable >= QUEUE_LEN as u64 {
+            return None;
+        }
+        let seq = q.next_seq + 1;
+        let r = &mut q.ring[(seq % QUEUE_LEN as u64) as usize];
+        r.seq = seq;
+        r.len = text.len() as u32;
+        r.data[..text.len()].copy_from_slice(text.as_bytes());
+        q.next_seq = seq;
+        i
+    };
+    unsafe { pg_sys::ConditionVariableSignal(shmem::work_cv(i)) };
+    Some(i)
+}
+
 fn full(what: &str) -> Unavailable {
+    let setting = match what {
+        "a generation" => "ledger_generations",
+        "a document's call count" => "ledger_document_calls",
+        "a document's coverage" => "ledger_coverage",
+        _ => "ledger_user_days",
+    };
     Unavailable(format!(
-        "the shared-memory ledger has no free slot for {what}"
+        "the shared-memory ledger has no free slot for {what} (raise ctxguard.{setting} and restart)"
     ))
 }
 
 /// Run `f` on the live entry of `key`, loading it first (outside the lock) if it is missing.
-fn with_entry<V: Copy + Default, const N: usize, R>(
-    table: fn(&mut Ledger) -> &mut Table<V, N>,
+fn with_entry<V: Copy, R>(
+    table: for<'a> fn(&'a mut Ledger) -> Table<'a, V>,
     key: &Key,
     expires: i64,
     what: &str,
@@ -95,9 +154,8 @@ fn with_entry<V: Copy + Default, const N: usize, R>(
     let loaded = load();
     let mut l = shmem::ledger();
     // Another backend may have loaded it meanwhile: `insert` keeps the live entry.
-    let v = table(&mut l)
-        .insert(key, expires, loaded, t)
-        .map_err(|_| full(what))?;
+    let mut tb = table(&mut l);
+    let v = tb.insert(key, expires, loaded, t).map_err(|_| full(what))?;
     Ok(f(v))
 }
 
@@ -105,7 +163,7 @@ fn with_entry<V: Copy + Default, const N: usize, R>(
 pub fn generation_used(id: &str, expires: i64, loaded: i64) -> Result<i64, Unavailable> {
     let k = key("gen", &[id]);
     with_entry(
-        |l| &mut l.generations,
+        Ledger::generations,
         &k,
         expires + GRACE,
         "a generation",
@@ -149,7 +207,7 @@ pub fn charge_bytes(
     let dk = key("day", &[tenant, user, &day.to_string()]);
     let day_expires = day_end(day + 10_957) + GRACE;
     with_entry(
-        |l| &mut l.user_days,
+        Ledger::user_days,
         &dk,
         day_expires,
         "a user's day",
@@ -159,7 +217,7 @@ pub fn charge_bytes(
     let gk = generation.map(|g| key("gen", &[g.id]));
     if let (Some(g), Some(k)) = (generation, &gk) {
         with_entry(
-            |l| &mut l.generations,
+            Ledger::generations,
             k,
             g.expires + GRACE,
             "a generation",
@@ -170,12 +228,12 @@ pub fn charge_bytes(
     let t = now();
     let mut l = shmem::ledger();
     let day_used = *l
-        .user_days
+        .user_days()
         .get(&dk, t)
         .ok_or_else(|| full("a user's day"))?;
     let gen_used = match &gk {
         Some(k) => Some(
-            *l.generations
+            *l.generations()
                 .get(k, t)
                 .ok_or_else(|| full("a generation"))?,
         ),
@@ -190,10 +248,11 @@ pub fn charge_bytes(
         return Ok(Err(Over::UserDay((day_limit - day_used).max(0))));
     }
     let new_day = day_used + bytes;
-    *l.user_days.get(&dk, t).expect("checked") = new_day;
+    *l.user_days().get(&dk, t).expect("checked") = new_day;
     let new_gen = match &gk {
         Some(k) => {
-            let v = l.generations.get(k, t).expect("checked");
+            let mut g = l.generations();
+            let v = g.get(k, t).expect("checked");
             *v += bytes;
             Some(*v)
         }
@@ -202,7 +261,7 @@ pub fn charge_bytes(
     drop(l);
     note(json!({"day": [tenant, user, day], "bytes": new_day}));
     if let (Some(g), Some(b)) = (generation, new_gen) {
-        note(json!({"gen": g.id, "bytes": b}));
+        note(json!({"gen": g.id, "bytes": b, "exp": g.expires}));
     }
     Ok(Ok(Charged {
         generation: new_gen,
@@ -220,7 +279,7 @@ pub fn doc_call(
 ) -> Result<Option<i32>, Unavailable> {
     let k = key("doc", &[gen.id, doc]);
     let taken = with_entry(
-        |l| &mut l.doc_calls,
+        Ledger::doc_calls,
         &k,
         gen.expires + GRACE,
         "a document's call count",
@@ -235,7 +294,7 @@ pub fn doc_call(
         },
     )?;
     if let Some(n) = taken {
-        note(json!({"doc": [gen.id, tenant, doc], "calls": n}));
+        note(json!({"doc": [gen.id, tenant, doc], "calls": n, "exp": gen.expires}));
     }
     Ok(taken)
 }
@@ -253,7 +312,7 @@ pub fn coverage(
     let day = today();
     let k = key("cov", &[tenant, user, doc, &day.to_string()]);
     let taken = with_entry(
-        |l| &mut l.coverage,
+        Ledger::coverage,
         &k,
         day_end(day + 10_957) + GRACE,
         "a document's coverage",
@@ -354,15 +413,20 @@ pub fn submit(mut audit: Value) -> Result<(usize, u64), Unavailable> {
     audit["at_us"] = json!(at);
     let changes = PENDING.with(|p| std::mem::take(&mut *p.borrow_mut()));
     let text = json!({"a": audit, "l": changes}).to_string();
+    // On failure the changes stay pending (the charges stand in shared memory either way).
+    let restore = |e: Unavailable| {
+        PENDING.with(|p| p.borrow_mut().extend(changes.iter().cloned()));
+        e
+    };
     if text.len() > RECORD_BYTES {
-        return Err(Unavailable(format!(
+        return Err(restore(Unavailable(format!(
             "an audit record of {} bytes exceeds {RECORD_BYTES}",
             text.len()
-        )));
+        ))));
     }
     // ready() waits while the queue is full; another caller may take the room it saw first.
     for _ in 0..1000 {
-        let i = ready()?;
+        let i = ready().map_err(restore)?;
         let seq = {
             let mut qs = shmem::queues();
             let q = &mut qs[i];
@@ -381,7 +445,7 @@ pub fn submit(mut audit: Value) -> Result<(usize, u64), Unavailable> {
             return Ok((i, seq));
         }
     }
-    Err(Unavailable("the audit queue is full".into()))
+    Err(restore(Unavailable("the audit queue is full".into())))
 }
 
 /// Wait until record `seq` of queue `i` is durable (`ctxguard.audit_wait`), interruptibly.
@@ -425,6 +489,20 @@ pub fn wait(i: usize, seq: u64) -> Result<(), Unavailable> {
                 .into(),
         ))
     }
+}
+
+/// Slots and live entries of each ledger table, by setting name (for `ctxguard.ledger_stats()`).
+pub fn tables() -> Option<Value> {
+    let sizes = shmem::sizes()?;
+    let t = now();
+    let mut l = shmem::ledger();
+    let row = |slots: usize, live: usize| json!({"slots": slots, "live": live});
+    Some(json!({
+        "ledger_generations": row(sizes.generations, l.generations().live(t)),
+        "ledger_document_calls": row(sizes.doc_calls, l.doc_calls().live(t)),
+        "ledger_coverage": row(sizes.coverage, l.coverage().live(t)),
+        "ledger_user_days": row(sizes.user_days, l.user_days().live(t)),
+    }))
 }
 
 /// This database's writer: pid, last durable sequence number, batches, records, last and largest

@@ -1,7 +1,9 @@
 //! The ledger's shared memory: one segment, zero-filled by the postmaster, with two LWLocks.
 //!
 //! - [`Ledger`] (lock 0): generation byte budgets, per-(generation, document) call counts,
-//!   per-(user, document, UTC day) coverage bitmaps and per-(user, UTC day) byte totals.
+//!   per-(user, document, UTC day) coverage bitmaps and per-(user, UTC day) byte totals: four
+//!   hash tables sized at server start by `ctxguard.ledger_generations`, `…_document_calls`,
+//!   `…_coverage` and `…_user_days` (whole buckets of `ctxguard_core::ledger::BUCKET` slots).
 //! - [`Queue`]s (lock 1): one per database with a writer: fixed-size records (audit rows with the
 //!   ledger changes they carry), the last sequence number assigned and the last one made durable.
 //!
@@ -12,18 +14,12 @@
 
 use std::sync::atomic::{AtomicPtr, Ordering};
 
-use ctxguard_core::ledger::{Coverage, Table};
+use ctxguard_core::ledger::{table_slots, Coverage, Slot, Table};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
-/// Live generations tracked at once (their byte budgets).
-pub const GENERATIONS: usize = 4096;
-/// Live (generation, document) call counters.
-pub const DOC_CALLS: usize = 4096;
-/// Live (tenant, user, document, UTC day) coverage bitmaps.
-pub const COVERAGE: usize = 1024;
-/// Live (tenant, user, UTC day) byte totals.
-pub const USER_DAYS: usize = 2048;
+use crate::gucs;
+
 /// Databases with a writer at once.
 pub const DATABASES: usize = 8;
 /// Records queued per database before calls fail closed.
@@ -33,12 +29,75 @@ pub const FAILED: usize = 64;
 /// Bytes of one record (a JSON object).
 pub const RECORD_BYTES: usize = 4096 - 16;
 
+/// Slots of each ledger table, fixed at server start (`ctxguard.ledger_*`, rounded up to whole
+/// buckets).
 #[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Sizes {
+    pub generations: usize,
+    pub doc_calls: usize,
+    pub coverage: usize,
+    pub user_days: usize,
+}
+
+impl Sizes {
+    fn from_settings() -> Sizes {
+        let n = |g: &pgrx::GucSetting<i32>| table_slots(g.get().max(1) as usize);
+        Sizes {
+            generations: n(&gucs::LEDGER_GENERATIONS),
+            doc_calls: n(&gucs::LEDGER_DOCUMENT_CALLS),
+            coverage: n(&gucs::LEDGER_COVERAGE),
+            user_days: n(&gucs::LEDGER_USER_DAYS),
+        }
+    }
+
+    /// Byte offsets of the four tables after the header, and the segment's size.
+    fn layout(&self) -> ([usize; 4], usize) {
+        let align = |n: usize| n.div_ceil(64) * 64;
+        let mut at = align(std::mem::size_of::<Header>());
+        let mut offsets = [0; 4];
+        for (k, bytes) in [
+            self.generations * std::mem::size_of::<Slot<i64>>(),
+            self.doc_calls * std::mem::size_of::<Slot<i32>>(),
+            self.coverage * std::mem::size_of::<Slot<Coverage>>(),
+            self.user_days * std::mem::size_of::<Slot<i64>>(),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            offsets[k] = at;
+            at = align(at + bytes);
+        }
+        (offsets, at)
+    }
+}
+
+/// The ledger's four tables (process-local pointers into the segment), used under lock 0.
 pub struct Ledger {
-    pub generations: Table<i64, GENERATIONS>,
-    pub doc_calls: Table<i32, DOC_CALLS>,
-    pub coverage: Table<Coverage, COVERAGE>,
-    pub user_days: Table<i64, USER_DAYS>,
+    base: *mut u8,
+    sizes: Sizes,
+    offsets: [usize; 4],
+}
+
+impl Ledger {
+    fn table<V: Copy>(&mut self, k: usize, n: usize) -> Table<'_, V> {
+        unsafe {
+            let p = self.base.add(self.offsets[k]).cast::<Slot<V>>();
+            Table::new(std::slice::from_raw_parts_mut(p, n))
+        }
+    }
+    pub fn generations(&mut self) -> Table<'_, i64> {
+        self.table(0, self.sizes.generations)
+    }
+    pub fn doc_calls(&mut self) -> Table<'_, i32> {
+        self.table(1, self.sizes.doc_calls)
+    }
+    pub fn coverage(&mut self) -> Table<'_, Coverage> {
+        self.table(2, self.sizes.coverage)
+    }
+    pub fn user_days(&mut self) -> Table<'_, i64> {
+        self.table(3, self.sizes.user_days)
+    }
 }
 
 #[repr(C)]
@@ -77,13 +136,14 @@ pub struct Queue {
     pub ring: [Record; QUEUE_LEN],
 }
 
+/// The start of the segment; the ledger's tables follow it ([`Sizes::layout`]).
 #[repr(C)]
-pub struct Shared {
-    pub ledger: Ledger,
+pub struct Header {
+    pub sizes: Sizes,
     pub queues: [Queue; DATABASES],
 }
 
-static SHARED: AtomicPtr<Shared> = AtomicPtr::new(std::ptr::null_mut());
+static SHARED: AtomicPtr<Header> = AtomicPtr::new(std::ptr::null_mut());
 static LOCKS: AtomicPtr<pg_sys::LWLockPadded> = AtomicPtr::new(std::ptr::null_mut());
 const NAME: &std::ffi::CStr = c"ctxguard ledger";
 
@@ -106,7 +166,7 @@ unsafe extern "C-unwind" fn request() {
         if let Some(prev) = PREV_REQUEST {
             prev();
         }
-        pg_sys::RequestAddinShmemSpace(std::mem::size_of::<Shared>());
+        pg_sys::RequestAddinShmemSpace(Sizes::from_settings().layout().1);
         pg_sys::RequestNamedLWLockTranche(NAME.as_ptr(), 2);
     }
 }
@@ -121,10 +181,12 @@ unsafe extern "C-unwind" fn startup() {
         let init_lock = &raw mut (*pg_sys::MainLWLockArray.add(21)).lock;
         pg_sys::LWLockAcquire(init_lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
         let mut found = false;
-        let p = pg_sys::ShmemInitStruct(NAME.as_ptr(), std::mem::size_of::<Shared>(), &mut found)
-            .cast::<Shared>();
+        let sizes = Sizes::from_settings();
+        let bytes = sizes.layout().1;
+        let p = pg_sys::ShmemInitStruct(NAME.as_ptr(), bytes, &mut found).cast::<Header>();
         if !found {
-            std::ptr::write_bytes(p.cast::<u8>(), 0, std::mem::size_of::<Shared>());
+            std::ptr::write_bytes(p.cast::<u8>(), 0, bytes);
+            (*p).sizes = sizes;
             for q in (*p).queues.iter_mut() {
                 pg_sys::ConditionVariableInit(&mut q.work);
                 pg_sys::ConditionVariableInit(&mut q.durable_cv);
@@ -181,20 +243,60 @@ fn lock(n: usize) -> *mut pg_sys::LWLock {
     unsafe { &raw mut (*locks.add(n)).lock }
 }
 
-fn shared() -> *mut Shared {
+fn shared() -> *mut Header {
     let p = SHARED.load(Ordering::Acquire);
     assert!(!p.is_null(), "ctxguard ledger is not attached");
     p
 }
 
 /// The ledger, exclusively locked.
-pub fn ledger() -> Guard<Ledger> {
+pub fn ledger() -> LedgerGuard {
     let l = lock(0);
     unsafe {
+        let h = shared();
+        let sizes = (*h).sizes;
         pg_sys::LWLockAcquire(l, pg_sys::LWLockMode::LW_EXCLUSIVE);
-        Guard {
-            data: &mut (*shared()).ledger,
+        LedgerGuard {
+            ledger: Ledger {
+                base: h.cast::<u8>(),
+                sizes,
+                offsets: sizes.layout().0,
+            },
             lock: l,
+        }
+    }
+}
+
+/// The slots of each table (what the server started with).
+pub fn sizes() -> Option<Sizes> {
+    attached().then(|| unsafe { (*shared()).sizes })
+}
+
+/// [`Ledger`] under lock 0, released on drop (on an ERROR, by the abort).
+pub struct LedgerGuard {
+    ledger: Ledger,
+    lock: *mut pg_sys::LWLock,
+}
+
+impl std::ops::Deref for LedgerGuard {
+    type Target = Ledger;
+    fn deref(&self) -> &Ledger {
+        &self.ledger
+    }
+}
+
+impl std::ops::DerefMut for LedgerGuard {
+    fn deref_mut(&mut self) -> &mut Ledger {
+        &mut self.ledger
+    }
+}
+
+impl Drop for LedgerGuard {
+    fn drop(&mut self) {
+        unsafe {
+            if pg_sys::InterruptHoldoffCount > 0 {
+                pg_sys::LWLockRelease(self.lock);
+            }
         }
     }
 }

@@ -99,6 +99,8 @@ pub extern "C-unwind" fn ctxguard_ledger_writer_main(arg: pg_sys::Datum) {
     unsafe { pg_sys::before_shmem_exit(Some(release), pg_sys::Datum::from(i)) };
     pgrx::log!("ctxguard: ledger writer started for database {db}");
     let mut chains: HashMap<Option<String>, String> = HashMap::new();
+    let mut unsaved = Unsaved::default();
+    let (mut last_retry, mut retry_every) = (Instant::now(), RETRY_UNSAVED);
     let mut idle_since = Instant::now();
     loop {
         if BackgroundWorker::sighup_received() {
@@ -108,16 +110,46 @@ pub extern "C-unwind" fn ctxguard_ledger_writer_main(arg: pg_sys::Datum) {
         unsafe { pg_sys::ConditionVariablePrepareToSleep(cv) };
         let batch = take(i);
         if batch.is_empty() {
+            let stopping = BackgroundWorker::sigterm_received();
+            if !unsaved.is_empty() && (stopping || last_retry.elapsed() >= retry_every) {
+                // Generation counters waiting for their generation's row to commit; less often
+                // while nothing changes (a generation that rolled back waits until it expires).
+                unsafe { pg_sys::ConditionVariableCancelSleep() };
+                let before = unsaved.len();
+                let u = std::panic::AssertUnwindSafe(&mut unsaved);
+                BackgroundWorker::transaction(std::panic::AssertUnwindSafe(move || {
+                    let u = u;
+                    retry_unsaved(u.0)
+                }));
+                last_retry = Instant::now();
+                retry_every = if unsaved.len() < before {
+                    RETRY_UNSAVED
+                } else {
+                    (retry_every * 2).min(RETRY_UNSAVED_MAX)
+                };
+                if !stopping {
+                    continue;
+                }
+            }
             let idle = Duration::from_secs(gucs::AUDIT_WRITER_IDLE.get().max(1) as u64);
-            if BackgroundWorker::sigterm_received() || idle_since.elapsed() >= idle {
+            let waiting = !unsaved.is_empty() && !stopping;
+            if !waiting && (stopping || idle_since.elapsed() >= idle) {
                 unsafe { pg_sys::ConditionVariableCancelSleep() };
                 if retire(i) {
                     return;
                 }
                 continue;
             }
+            let ms = if waiting {
+                retry_every
+                    .saturating_sub(last_retry.elapsed())
+                    .as_millis()
+                    .max(1) as i64
+            } else {
+                1000
+            };
             unsafe {
-                pg_sys::ConditionVariableTimedSleep(cv, 1000, pg_sys::PG_WAIT_EXTENSION);
+                pg_sys::ConditionVariableTimedSleep(cv, ms, pg_sys::PG_WAIT_EXTENSION);
                 pg_sys::ConditionVariableCancelSleep();
             }
             continue;
@@ -126,11 +158,15 @@ pub extern "C-unwind" fn ctxguard_ledger_writer_main(arg: pg_sys::Datum) {
         idle_since = Instant::now();
         let last = batch.last().map_or(0, |(s, _)| *s);
         let n = batch.len();
-        let chains_ref = std::panic::AssertUnwindSafe(&mut chains);
+        let chains_ref = std::panic::AssertUnwindSafe((&mut chains, &mut unsaved));
         let failed = BackgroundWorker::transaction(std::panic::AssertUnwindSafe(move || {
-            let chains = chains_ref;
-            write(&batch, chains.0)
+            let refs = chains_ref;
+            let (chains, unsaved) = refs.0;
+            write(&batch, chains, unsaved)
         }));
+        if !unsaved.is_empty() {
+            retry_every = RETRY_UNSAVED;
+        }
         let lsn = unsafe { pg_sys::XactLastCommitEnd };
         publish(i, last, n, &failed, lsn);
     }
@@ -209,15 +245,23 @@ fn take(i: usize) -> Vec<(u64, String)> {
 
 /// Write a batch in subtransactions: whole, or (if that fails) record by record, so that one
 /// record the tables refuse fails its own call only. Returns the records not written.
-fn write(batch: &[(u64, String)], chains: &mut HashMap<Option<String>, String>) -> Vec<u64> {
-    if let Ok(heads) = in_subtransaction(false, || apply(batch, chains)) {
+fn write(
+    batch: &[(u64, String)],
+    chains: &mut HashMap<Option<String>, String>,
+    unsaved: &mut Unsaved,
+) -> Vec<u64> {
+    if let Ok((heads, u)) = in_subtransaction(false, || apply(batch, chains)) {
         chains.extend(heads);
+        unsaved.merge(u);
         return Vec::new();
     }
     let mut failed = Vec::new();
     for rec in batch {
         match in_subtransaction(false, || apply(std::slice::from_ref(rec), chains)) {
-            Ok(heads) => chains.extend(heads),
+            Ok((heads, u)) => {
+                chains.extend(heads);
+                unsaved.merge(u);
+            }
             Err(c) => {
                 pgrx::warning!(
                     "ctxguard: ledger writer could not write record {} (SQLSTATE {}); its call fails",
@@ -258,11 +302,11 @@ fn s(v: &Value, i: usize) -> Value {
 fn apply(
     batch: &[(u64, String)],
     chains: &HashMap<Option<String>, String>,
-) -> HashMap<Option<String>, String> {
+) -> (HashMap<Option<String>, String>, Unsaved) {
     let mut heads: HashMap<Option<String>, String> = HashMap::new();
     let mut audits = Vec::new();
-    let mut gens: HashMap<String, i64> = HashMap::new();
-    let mut docs: HashMap<(String, String), (Value, i64)> = HashMap::new();
+    let mut gens: HashMap<String, (i64, i64)> = HashMap::new();
+    let mut docs: HashMap<(String, String), (Value, i64, i64)> = HashMap::new();
     let mut days: HashMap<(String, String, i64), i64> = HashMap::new();
     let mut pages = Vec::new();
     for (_, text) in batch {
@@ -271,10 +315,12 @@ fn apply(
             continue;
         };
         for ch in rec["l"].as_array().into_iter().flatten() {
+            let exp = ch["exp"].as_i64().unwrap_or(0);
             if let Some(g) = ch["gen"].as_str() {
                 let b = ch["bytes"].as_i64().unwrap_or(0);
-                let e = gens.entry(g.to_string()).or_insert(b);
-                *e = (*e).max(b);
+                let e = gens.entry(g.to_string()).or_insert((b, exp));
+                e.0 = e.0.max(b);
+                e.1 = e.1.max(exp);
             } else if let Some(d) = ch["doc"].as_array() {
                 let d = Value::Array(d.clone());
                 let k = (
@@ -282,8 +328,9 @@ fn apply(
                     s(&d, 2).as_str().unwrap_or_default().to_string(),
                 );
                 let n = ch["calls"].as_i64().unwrap_or(0);
-                let e = docs.entry(k).or_insert((s(&d, 1), n));
+                let e = docs.entry(k).or_insert((s(&d, 1), n, exp));
                 e.1 = e.1.max(n);
+                e.2 = e.2.max(exp);
             } else if let Some(d) = ch["day"].as_array() {
                 let d = Value::Array(d.clone());
                 let k = (
@@ -306,42 +353,14 @@ fn apply(
             audits.push(a);
         }
     }
-    let gens: Vec<Value> = gens
-        .into_iter()
-        .map(|(g, b)| json!({"id": g, "b": b}))
-        .collect();
-    let docs: Vec<Value> = docs
-        .into_iter()
-        .map(|((g, d), (t, n))| json!({"g": g, "t": t, "d": d, "n": n}))
-        .collect();
+    let mut unsaved = Unsaved { gens, docs };
     let days: Vec<Value> = days
         .into_iter()
         .map(|((t, u, day), b)| json!({"t": t, "u": u, "day": day, "b": b}))
         .collect();
     let result = as_owner(|| {
         Spi::connect_mut(|c| {
-            if !gens.is_empty() {
-                update_saved(
-                    c,
-                    "UPDATE ctxguard.generations g SET bytes_used = v.b
-                       FROM pg_catalog.jsonb_to_recordset($1) AS v(id pg_catalog.uuid, b pg_catalog.int8)
-                      WHERE g.id OPERATOR(pg_catalog.=) v.id AND g.bytes_used OPERATOR(pg_catalog.<) v.b",
-                    None,
-                    &[JsonB(Value::Array(gens)).into()],
-                )?;
-            }
-            if !docs.is_empty() {
-                update_saved(
-                    c,
-                    "INSERT INTO ctxguard.document_calls AS d (generation, tenant_id, doc_id, calls)
-                     SELECT v.g, v.t, v.d, v.n
-                       FROM pg_catalog.jsonb_to_recordset($1) AS v(g pg_catalog.uuid, t pg_catalog.text, d pg_catalog.text, n pg_catalog.int4)
-                      WHERE EXISTS (SELECT 1 FROM ctxguard.generations g WHERE g.id OPERATOR(pg_catalog.=) v.g FOR KEY SHARE)
-                     ON CONFLICT (generation, doc_id) DO UPDATE SET calls = GREATEST(d.calls, EXCLUDED.calls)",
-                    None,
-                    &[JsonB(Value::Array(docs)).into()],
-                )?;
-            }
+            save_generations(c, &mut unsaved)?;
             if !days.is_empty() {
                 update_saved(
                     c,
@@ -365,7 +384,7 @@ fn apply(
                 )?;
             }
             if audits.is_empty() {
-                return Ok(());
+                return Ok(unsaved);
             }
             let rows = Value::Array(audits.clone());
             let canon: Vec<String> = update_saved(
@@ -404,16 +423,162 @@ fn apply(
                 None,
                 &[JsonB(Value::Array(audits)).into()],
             )?;
-            Ok::<_, pgrx::spi::Error>(())
+            Ok::<_, pgrx::spi::Error>(unsaved)
         })
     });
-    if let Err(e) = result {
-        raise(
+    match result {
+        Ok(unsaved) => (heads, unsaved),
+        Err(e) => raise(
             PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
             format!("ctxguard: ledger writer: {e}"),
-        );
+        ),
     }
-    heads
+}
+
+/// Generation counters whose generation row the writer cannot see yet: the generation was minted
+/// in a transaction still open (its calls charged before it committed), or one that rolled back.
+/// They are kept and written again with every later batch (and at least every
+/// [`RETRY_UNSAVED`] while any wait) until their row appears or their generation expires.
+#[derive(Default)]
+pub struct Unsaved {
+    /// generation -> (bytes used, expiry in Unix seconds)
+    gens: HashMap<String, (i64, i64)>,
+    /// (generation, document) -> (tenant, calls, expiry)
+    docs: HashMap<(String, String), (Value, i64, i64)>,
+}
+
+/// How often counters of generations not yet visible are written again while no batch comes:
+/// first after this, then twice as long each time nothing was saved, up to [`RETRY_UNSAVED_MAX`].
+pub const RETRY_UNSAVED: Duration = Duration::from_millis(100);
+pub const RETRY_UNSAVED_MAX: Duration = Duration::from_secs(10);
+/// Most generation counters kept waiting (each was a charged call; beyond this, the newest wait
+/// only in shared memory, which a restart forgets).
+const UNSAVED_MAX: usize = 16_384;
+
+impl Unsaved {
+    pub fn is_empty(&self) -> bool {
+        self.gens.is_empty() && self.docs.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.gens.len() + self.docs.len()
+    }
+
+    /// Take `other`'s counters too (the larger value wins, as on disk).
+    pub fn merge(&mut self, other: Unsaved) {
+        if self.len() + other.len() > UNSAVED_MAX {
+            pgrx::warning!(
+                "ctxguard: ledger writer keeps {} generation counters waiting; newer ones are not kept",
+                self.len()
+            );
+            return;
+        }
+        for (g, (b, e)) in other.gens {
+            let v = self.gens.entry(g).or_insert((b, e));
+            v.0 = v.0.max(b);
+            v.1 = v.1.max(e);
+        }
+        for (k, (t, n, e)) in other.docs {
+            let v = self.docs.entry(k).or_insert((t, n, e));
+            v.1 = v.1.max(n);
+            v.2 = v.2.max(e);
+        }
+    }
+
+    /// Forget the counters of generations that have expired (with the ledger's grace).
+    fn drop_expired(&mut self) {
+        let t = super::now() - super::GRACE;
+        self.gens.retain(|_, (_, e)| *e >= t);
+        self.docs.retain(|_, (_, _, e)| *e >= t);
+    }
+}
+
+/// Write generation bytes and per-document calls (absolute values, `GREATEST`), and keep in
+/// `unsaved` only those whose generation row is not visible to this transaction.
+fn save_generations(
+    c: &mut pgrx::spi::SpiClient<'_>,
+    unsaved: &mut Unsaved,
+) -> Result<(), pgrx::spi::Error> {
+    unsaved.drop_expired();
+    if !unsaved.gens.is_empty() {
+        let gens: Vec<Value> = unsaved
+            .gens
+            .iter()
+            .map(|(g, (b, _))| json!({"id": g, "b": b}))
+            .collect();
+        // The UPDATE locks what it changes; the SELECT names the generations with no row.
+        update_saved(
+            c,
+            "UPDATE ctxguard.generations g SET bytes_used = v.b
+               FROM pg_catalog.jsonb_to_recordset($1) AS v(id pg_catalog.uuid, b pg_catalog.int8)
+              WHERE g.id OPERATOR(pg_catalog.=) v.id AND g.bytes_used OPERATOR(pg_catalog.<) v.b",
+            None,
+            &[JsonB(Value::Array(gens.clone())).into()],
+        )?;
+        let missing = missing_generations(c, gens, "id")?;
+        unsaved.gens.retain(|g, _| missing.contains(g));
+    }
+    if !unsaved.docs.is_empty() {
+        let docs: Vec<Value> = unsaved
+            .docs
+            .iter()
+            .map(|((g, d), (t, n, _))| json!({"g": g, "t": t, "d": d, "n": n}))
+            .collect();
+        update_saved(
+            c,
+            "INSERT INTO ctxguard.document_calls AS d (generation, tenant_id, doc_id, calls)
+             SELECT v.g, v.t, v.d, v.n
+               FROM pg_catalog.jsonb_to_recordset($1) AS v(g pg_catalog.uuid, t pg_catalog.text, d pg_catalog.text, n pg_catalog.int4)
+              WHERE EXISTS (SELECT 1 FROM ctxguard.generations g WHERE g.id OPERATOR(pg_catalog.=) v.g FOR KEY SHARE)
+             ON CONFLICT (generation, doc_id) DO UPDATE SET calls = GREATEST(d.calls, EXCLUDED.calls)",
+            None,
+            &[JsonB(Value::Array(docs.clone())).into()],
+        )?;
+        let missing = missing_generations(c, docs, "g")?;
+        unsaved.docs.retain(|(g, _), _| missing.contains(g));
+    }
+    Ok(())
+}
+
+/// Of the generation ids in field `field` of `rows`, those with no visible generation row.
+fn missing_generations(
+    c: &mut pgrx::spi::SpiClient<'_>,
+    rows: Vec<Value>,
+    field: &str,
+) -> Result<std::collections::HashSet<String>, pgrx::spi::Error> {
+    let ids: Vec<Value> = rows.iter().map(|r| r[field].clone()).collect();
+    update_saved(
+        c,
+        "SELECT v.id::pg_catalog.text FROM pg_catalog.jsonb_array_elements_text($1) AS v(id)
+          WHERE NOT EXISTS (SELECT 1 FROM ctxguard.generations g
+                             WHERE g.id OPERATOR(pg_catalog.=) v.id::pg_catalog.uuid)",
+        None,
+        &[JsonB(Value::Array(ids)).into()],
+    )?
+    .map(|r| r.get::<String>(1).map(Option::unwrap_or_default))
+    .collect()
+}
+
+/// Write again the counters still waiting for their generation row (in the writer's transaction).
+fn retry_unsaved(unsaved: &mut Unsaved) {
+    let mut u = std::mem::take(unsaved);
+    let result = in_subtransaction(false, || {
+        as_owner(|| Spi::connect_mut(|c| save_generations(c, &mut u)))
+            .map(|()| u)
+            .unwrap_or_else(|e| {
+                raise(
+                    PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+                    format!("ctxguard: ledger writer: {e}"),
+                )
+            })
+    });
+    match result {
+        Ok(u) => *unsaved = u,
+        Err(c) => pgrx::warning!(
+            "ctxguard: ledger writer could not write waiting generation counters (SQLSTATE {})",
+            c.sqlstate
+        ),
+    }
 }
 
 fn last_hash(
@@ -472,10 +637,10 @@ fn verify_audit(tenant: Option<&str>) -> JsonB {
 }
 
 /// This database's audit writer: pid (NULL if none), last durable record, batches, records,
-/// last and largest batch size.
+/// last and largest batch size; and the slots and live entries of each ledger table.
 #[pg_extern(volatile, parallel_unsafe)]
 fn ledger_stats() -> JsonB {
-    JsonB(match super::stats() {
+    let mut stats = match super::stats() {
         Some((pid, durable, batches, records, last, max)) => json!({
             "writer_pid": (pid != 0).then_some(pid),
             "durable": durable,
@@ -486,7 +651,11 @@ fn ledger_stats() -> JsonB {
             "avg_batch": if batches > 0 { records as f64 / batches as f64 } else { 0.0 },
         }),
         None => json!({"writer_pid": null}),
-    })
+    };
+    if let Some(t) = super::tables() {
+        stats["tables"] = t;
+    }
+    JsonB(stats)
 }
 
 pgrx::extension_sql_file!(
