@@ -157,7 +157,7 @@ DECLARE
     u text := who->>'userId';
 BEGIN
     PERFORM ctxguard._refuse_inside_handler('mcp_session_open');
-    IF session_id IS NULL OR session_id !~ '^[!-~]{16,256}$' THEN
+    IF session_id IS NULL OR length(session_id) NOT BETWEEN 16 AND 256 OR session_id !~ '^[!-~]+$' THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'ctxguard: a session id is 16-256 printable ASCII characters';
     END IF;
     IF init_params IS NULL OR jsonb_typeof(init_params) <> 'object' OR octet_length(init_params::text) > 65536 THEN
