@@ -96,6 +96,10 @@ log "client integration tests (tests/, real connections as ctxguard_gateway and 
 # pgbouncer (transaction mode, a server pool of 2) for the tests of gateways behind a pooler.
 start_pgbouncer
 trap stop_pgbouncer EXIT
+# The gateway binary for the drill that kills one (tests/gateway_drills.rs).
+cargo build --locked -p ctxguard-gateway
+CTXGUARD_TEST_GATEWAY_BIN="$CARGO_TARGET_DIR/debug/ctxguard-gateway" \
+CTXGUARD_TEST_DRILL_PORT=${CTXGUARD_DRILL_TEST_PORT:-31990} \
 CTXGUARD_TEST_POOLER_URL="host=127.0.0.1 port=$PGBOUNCER_PORT user=ctxguard_gateway dbname=$DB" \
 CTXGUARD_TEST_POOLER_ADMIN_URL="host=127.0.0.1 port=$PGBOUNCER_PORT user=postgres dbname=pgbouncer" \
 CTXGUARD_TEST_PGBOUNCER_INI="$PGB_DIR/pgbouncer.ini" \
