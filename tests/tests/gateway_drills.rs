@@ -101,6 +101,9 @@ async fn call(
     Ok((status, resp.json().await.unwrap_or(Value::Null)))
 }
 
+/// A call's trace id and its (status, body), or the client's error.
+type Outcome = (String, Result<(u16, Value), String>);
+
 /// Calls through `gw` until `stop`: every (trace, outcome).
 fn load(
     gw: SocketAddr,
@@ -108,7 +111,7 @@ fn load(
     run: String,
     who: &'static str,
     stop: Arc<AtomicBool>,
-) -> tokio::task::JoinHandle<Vec<(String, Result<(u16, Value), String>)>> {
+) -> tokio::task::JoinHandle<Vec<Outcome>> {
     tokio::spawn(async move {
         let page = json!({"pageType": "vendor_table"});
         let mut out = Vec::new();
@@ -187,7 +190,7 @@ async fn kill_a_gateway_restart_pgbouncer_and_postgres_under_load() {
         "A's client saw the kill"
     );
     assert!(
-        matches!(a_out.last().unwrap().1, Err(_)),
+        a_out.last().unwrap().1.is_err(),
         "A stays gone: {:?}",
         a_out.last()
     );

@@ -143,7 +143,7 @@ async fn worker(w: usize, gateways: Vec<String>, tokens: Vec<String>, until: Ins
                             sid
                         }
                     };
-                    let msg = if (i / 4) % 2 == 0 {
+                    let msg = if (i / 4).is_multiple_of(2) {
                         json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
                     } else {
                         json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "invoice__get", "arguments": {}}})
