@@ -9,7 +9,8 @@
 #
 # Environment: SOAK_SECONDS (default 120), SOAK_WORKERS (16), SOAK_PORT (first of two gateway ports,
 # default 18491), CTXGUARD_RUN / CTXGUARD_PGPORT / CTXGUARD_PGBOUNCER_PORT (scripts/lib.sh's cluster and
-# pgbouncer, restarted here), PGBOUNCER_POOL_SIZE (server connections, default 4 here).
+# pgbouncer, restarted here), PGBOUNCER_POOL_SIZE (server connections, default 4 here),
+# SOAK_SKIP_BUILD=1 (use the release binaries and the installed extension as they are).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
 cd "$ROOT"
@@ -20,9 +21,11 @@ PORT=${SOAK_PORT:-18491}
 export PGBOUNCER_POOL_SIZE=${PGBOUNCER_POOL_SIZE:-4}
 require_free_ports "$PORT" "$((PORT + 1))"
 
-log "building (release): the gateway and the load generator"
-cargo build --locked --release -p ctxguard-gateway -p ctxguard-tests --bin ctxguard-gateway --bin soak
-install_extension
+if [ "${SOAK_SKIP_BUILD:-}" != 1 ]; then
+  log "building (release): the gateway and the load generator"
+  cargo build --locked --release -p ctxguard-gateway -p ctxguard-tests --bin ctxguard-gateway --bin soak
+  install_extension
+fi
 start_cluster
 DB=ctxguard_soak
 create_demo_db "$DB"

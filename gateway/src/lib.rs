@@ -545,10 +545,12 @@ pub fn app(state: Arc<AppState>) -> Router {
 
 /// Serve until SIGINT/SIGTERM, then drain in-flight requests; with the HTTP limits of `limits.rs`.
 pub async fn serve(listener: tokio::net::TcpListener, state: Arc<AppState>) -> std::io::Result<()> {
-    // Page changes made through other gateways (one listening connection, reconnecting).
+    // Page changes made through other gateways (one listening connection, reconnecting), from
+    // the first MCP session or subscription on.
     let follower = {
         let state = state.clone();
         tokio::spawn(async move {
+            state.pages.wanted().await;
             if let Some(url) = pages::notify_url(&state).await {
                 pages::follow(url, state.pages.clone()).await;
             }

@@ -96,6 +96,9 @@ pub struct PageHub {
     next_id: AtomicU64,
     /// 0 off, 1 lost, 2 listening (see [`PageHub::following`]).
     following: AtomicU64,
+    /// Signalled when the first listener registers: the listening connection starts then (a
+    /// gateway without MCP sessions holds no extra connection).
+    wanted: tokio::sync::Notify,
 }
 
 impl PageHub {
@@ -145,6 +148,16 @@ impl PageHub {
         }
     }
 
+    /// Ask for the listening connection (at the first listener; idempotent).
+    pub fn want(&self) {
+        self.wanted.notify_one();
+    }
+
+    /// Until someone asked for the listening connection.
+    pub async fn wanted(&self) {
+        self.wanted.notified().await;
+    }
+
     /// Whether the listening connection is up (for `/ready` and `/metrics`).
     pub fn set_following(&self, up: bool) {
         self.following
@@ -182,6 +195,7 @@ impl PageHub {
     /// reported exactly once, by whichever of the two runs second.
     fn listen(self: &Arc<Self>, who: &Who, l: Listener, seen: Option<&Value>) -> u64 {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.want();
         let mut entries = self.entries.lock().expect("page hub lock");
         let entry = entries.entry(who.clone()).or_default();
         entry.listeners.retain(|(_, l)| match l {

@@ -165,7 +165,8 @@ pub async fn notify_url(state: &crate::AppState) -> Option<String> {
     Some(state.config.database_url.clone())
 }
 
-/// Follow page changes of every gateway: `LISTEN ctxguard_pages` on a connection of its own,
+/// Follow page changes of every gateway (started by `serve` once the first MCP session or
+/// subscription registers): `LISTEN ctxguard_pages` on a connection of its own,
 /// reconnecting (100 ms doubling to 2 s) when it is lost. After a reconnect every local listener
 /// is told to re-list (a change made while nobody listened is not missed; the pages themselves are
 /// read from the database on every request, so nothing cached goes stale).

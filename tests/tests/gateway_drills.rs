@@ -167,6 +167,8 @@ async fn kill_a_gateway_restart_pgbouncer_and_postgres_under_load() {
     )
     .await;
     recovered(a, &tok, &run, "start").await;
+    // B follows page changes (as it does from its first MCP session on).
+    state_b.pages.want();
 
     // 1. Gateway A killed mid-stream: its client gets connection errors, B's clients none.
     let stop = Arc::new(AtomicBool::new(false));

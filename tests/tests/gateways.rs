@@ -8,32 +8,36 @@
 mod support;
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ctxguard_gateway::AppState;
 use futures::StreamExt;
 use serde_json::{json, Value};
 use support::*;
 
 const ACCEPT: &str = "application/json, text/event-stream";
 
-/// Two gateways through pgbouncer, each listening for page changes on a direct connection.
-async fn two_gateways() -> (SocketAddr, SocketAddr) {
+/// Two gateways through pgbouncer, each listening for page changes on a direct connection (from
+/// its first MCP session on).
+async fn two_gateways() -> (SocketAddr, SocketAddr, Arc<AppState>) {
     let pooled = env("CTXGUARD_TEST_POOLER_URL");
     let direct = env("CTXGUARD_TEST_DATABASE_URL");
     let args = ["--notify-database-url", direct.as_str()];
-    let (a, sa) = gateway_at(&pooled, &args).await;
+    let (a, _) = gateway_at(&pooled, &args).await;
     let (b, sb) = gateway_at(&pooled, &args).await;
-    // Wait (on the event, not the clock) until both follow notifications.
-    for s in [&sa, &sb] {
-        for _ in 0..200 {
-            if s.pages.following() == "listening" {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
+    (a, b, sb)
+}
+
+/// Wait (on the state, not the clock) until the gateway follows notifications.
+async fn listening(state: &AppState) {
+    for _ in 0..400 {
+        if state.pages.following() == "listening" {
+            return;
         }
-        assert_eq!(s.pages.following(), "listening");
+        tokio::time::sleep(Duration::from_millis(25)).await;
     }
-    (a, b)
+    panic!("not listening: {}", state.pages.following());
 }
 
 /// The JSON-RPC message answering `id` in an SSE (or JSON) body.
@@ -125,11 +129,13 @@ async fn put_page(gw: SocketAddr, tok: &str, page: &Value) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_page_set_through_one_gateway_reaches_a_session_on_the_other_within_a_second() {
-    let (a, b) = two_gateways().await;
+    let (a, b, state_b) = two_gateways().await;
     let run = uuid::Uuid::new_v4().simple().to_string();
     let tok = token(&format!("mcp-{run}"), "acme", &["ap_clerk"]);
     put_page(a, &tok, &json!({"pageType": "vendor_table"})).await;
     let sid = initialize(b, &tok).await;
+    // B's first session started its listening connection.
+    listening(&state_b).await;
     let names = tool_names(b, &tok, &sid).await;
     assert!(names.contains(&"vendor__list".to_string()), "{names:?}");
     assert!(!names.contains(&"invoice__get".to_string()), "{names:?}");
@@ -181,7 +187,7 @@ async fn a_page_set_through_one_gateway_reaches_a_session_on_the_other_within_a_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_opened_on_one_gateway_is_used_and_ended_on_the_other() {
-    let (a, b) = two_gateways().await;
+    let (a, b, _) = two_gateways().await;
     let run = uuid::Uuid::new_v4().simple().to_string();
     let tok = token(&format!("mcp-{run}"), "acme", &["ap_clerk"]);
     put_page(a, &tok, &invoice_page("acme_inv3")).await;

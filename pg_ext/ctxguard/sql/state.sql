@@ -35,6 +35,14 @@ CREATE TABLE ctxguard.mcp_sessions (
 CREATE INDEX mcp_sessions_user_idx ON ctxguard.mcp_sessions (tenant_id, user_id);
 COMMENT ON TABLE ctxguard.mcp_sessions IS 'MCP sessions: sha256 of the session id, the tenant and user of the token that opened it, its initialize parameters, its own page (validated) and its expiry (owner only).';
 
+-- No grants: owner only (the policies satisfy lint's forced-RLS rule for tables with a tenant_id).
+ALTER TABLE ctxguard.user_pages ENABLE ROW LEVEL SECURITY;
+ALTER TABLE ctxguard.user_pages FORCE ROW LEVEL SECURITY;
+CREATE POLICY user_pages_owner ON ctxguard.user_pages USING (true) WITH CHECK (true);
+ALTER TABLE ctxguard.mcp_sessions ENABLE ROW LEVEL SECURITY;
+ALTER TABLE ctxguard.mcp_sessions FORCE ROW LEVEL SECURITY;
+CREATE POLICY mcp_sessions_owner ON ctxguard.mcp_sessions USING (true) WITH CHECK (true);
+
 -- The opaque key of a user on the ctxguard_pages channel.
 CREATE FUNCTION ctxguard._user_key(tenant_id text, user_id text) RETURNS text
     LANGUAGE sql STABLE STRICT SET search_path = pg_catalog, pg_temp
