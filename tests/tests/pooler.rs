@@ -259,4 +259,16 @@ async fn ten_thousand_interleaved_requests_of_two_tenants_through_two_gateways_s
     assert_ne!(pids[0], pids[1], "two server connections checked");
     c1.batch_execute("COMMIT").await.unwrap();
     c2.batch_execute("COMMIT").await.unwrap();
+
+    // This run's tenants leave the demo data as they found it (other tests count its rows).
+    let admin = admin().await;
+    for table in ["demo.invoices", "demo.vendors", "ctxguard.tenant_limits"] {
+        admin
+            .execute(
+                &format!("DELETE FROM {table} WHERE tenant_id IN ($1, $2)"),
+                &[&format!("poola-{run}"), &format!("poolb-{run}")],
+            )
+            .await
+            .unwrap();
+    }
 }
