@@ -74,11 +74,23 @@ baseline=$(psql_gw -At -F '|' <<'SQL'
 BEGIN;
 SELECT set_config('app.tenant_id', 'acme', true) \g /dev/null
 SELECT bench.invoice_get('{"invoice_id": "acme_inv3"}')->>'id',
-       bench.invoice_get('{"invoice_id": "glx_inv3"}')->>'found';
+       bench.invoice_get('{"invoice_id": "glx_inv3"}')->>'found',
+       jsonb_array_length(bench.invoice_get('{"invoice_id": "acme_inv3"}')->'documents');
 COMMIT;
 SQL
 )
-[ "$baseline" = "acme_inv3|false" ] || die "baseline handler returned '$baseline'"
+[ "$baseline" = "acme_inv3|false|1" ] || die "baseline handler returned '$baseline' (expected the invoice with its 1 document)"
+# The same work minus what is measured: the baseline's result is ctxguard's, byte for byte.
+same=$(psql_gw -At -v token="$TOKEN" -v page="$PAGE" <<'SQL'
+BEGIN;
+SELECT ctxguard.set_context(:'token', :'page') \g /dev/null
+SELECT ctxguard.call_tool('invoice.get', '{}')->'result' AS gated \gset
+SELECT set_config('app.tenant_id', 'acme', true) \g /dev/null
+SELECT bench.invoice_get('{"invoice_id": "acme_inv3"}') = :'gated'::jsonb;
+COMMIT;
+SQL
+)
+[ "$same" = t ] || die "the baseline handler's result differs from demo.invoice_get's through ctxguard"
 log "ok: invoice.get status ok; Gate A shows $n_visible of $n_catalog tools; baseline returns the invoice"
 
 # ------------------------------------------------------------------------------------------------

@@ -334,7 +334,7 @@ report() {
          else if ($0 ~ /COMMIT;/) k = "COMMIT"
          else if ($0 ~ /set_context/) k = "`set_context`"
          else if ($0 ~ /begin_generation/) k = "`begin_generation`"
-         else if ($0 ~ /visible_tools/) k = "`visible_tools`"
+         else if ($0 ~ /visible_tools/ || $0 ~ /pt\.description/) k = "`visible_tools`"
          else if ($0 ~ /page_types/) k = "page description"
          else if ($0 ~ /conversation_turns/) k = "history"
          else if ($0 ~ /call_tool/) k = "`call_tool`"

@@ -1,21 +1,28 @@
 -- The database work of one gateway turn with one tool call (page vendor_table, tool vendor.list),
 -- statement for statement as gateway/src/db.rs sends it: open_turn, call_tool and save_turn, each
--- its own transaction. Diagnostic for bench/gateway_bench.sh: what the turn's database round trips
+-- its own transaction (keep the two in step when db.rs changes). Diagnostic for bench/gateway_bench.sh: what the turn's database round trips
 -- cost without HTTP, JSON or the model.
 -- :token is a pgbench variable (-D token=...). A new conversation per turn, as when the gateway is
 -- called without a conversationId; :conv doubles as the trace id.
 \set conv random(1, 9000000000000000000)
+-- open_turn (Db::begin, then the mint, then Db::page_tools_in; no history for a new conversation)
 BEGIN;
 SELECT ctxguard.set_context(:token, '{"pageType": "vendor_table", "entity": null}', NULL, 'gwbench-' || :conv);
-SELECT ctxguard.begin_generation('gwbench-' || :conv) AS gen, ctxguard.context() \gset
-SELECT name, description, input_schema, read_only, danger, requires_approval,
-       (SELECT description FROM ctxguard.page_types WHERE name = ctxguard.page_type())
-  FROM ctxguard.visible_tools('what vendors do I have?', 24);
+SELECT ctxguard.begin_generation('gwbench-' || :conv) AS gen, ctxguard.context(),
+       (SELECT generation_ttl FROM ctxguard.effective_ttls()) \gset
+SELECT pt.description, v.name, v.description, v.input_schema, v.read_only, v.danger,
+       v.requires_approval, v.server
+  FROM ctxguard.page_types pt
+  LEFT JOIN LATERAL ctxguard.visible_tools('what vendors do I have?', 24) WITH ORDINALITY v ON true
+ WHERE pt.name = ctxguard.page_type()
+ ORDER BY v.ordinality;
 COMMIT;
+-- call_tool (Db::one: Db::begin with the generation, then the call)
 BEGIN;
 SELECT ctxguard.set_context(:token, '{"pageType": "vendor_table", "entity": null}', :gen, 'gwbench-' || :conv);
 SELECT ctxguard.call_tool('vendor.list', '{}');
 COMMIT;
+-- save_turn (Db::one)
 BEGIN;
 SELECT ctxguard.set_context(:token, '{"pageType": "vendor_table", "entity": null}', :gen, 'gwbench-' || :conv);
 SELECT ctxguard.save_turn('gwbench-' || :conv, 'what vendors do I have?', 'Here is what the tool returned.', '[{"id": "call_mock_0", "tool": "vendor.list", "arguments": {}, "decision": "allow", "code": null, "callId": null}]');

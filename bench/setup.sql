@@ -183,11 +183,25 @@ CREATE POLICY app_tenant ON bench.vendors USING (tenant_id = current_setting('ap
 CREATE POLICY app_tenant ON bench.invoices USING (tenant_id = current_setting('app.tenant_id', true));
 GRANT SELECT ON bench.vendors, bench.invoices TO ctxguard_gateway;
 
--- Same body as demo.invoice_get, over the bench tables.
+-- The invoice's documents, as demo.invoice_get reads them (ctxguard.documents' columns and index),
+-- under the baseline's RLS.
+CREATE TABLE bench.documents (LIKE ctxguard.documents INCLUDING ALL);
+INSERT INTO bench.documents SELECT * FROM ctxguard.documents;
+ALTER TABLE bench.documents ENABLE ROW LEVEL SECURITY;
+ALTER TABLE bench.documents FORCE ROW LEVEL SECURITY;
+CREATE POLICY app_tenant ON bench.documents USING (tenant_id = current_setting('app.tenant_id', true));
+GRANT SELECT ON bench.documents TO ctxguard_gateway;
+
+-- The same body as demo.invoice_get (sql/demo/schema.sql), over the bench tables: the same work
+-- minus what is measured (gate_bench.sh checks that both return the same JSON).
 CREATE FUNCTION bench.invoice_get(args jsonb) RETURNS jsonb LANGUAGE sql STABLE AS $$
     SELECT coalesce((SELECT jsonb_build_object('id', i.id, 'number', i.number, 'amount', i.amount, 'currency', i.currency,
                                               'status', i.status, 'issued_on', i.issued_on, 'due_on', i.due_on,
-                                              'vendor', jsonb_build_object('id', v.id, 'name', v.name, 'country', v.country))
+                                              'vendor', jsonb_build_object('id', v.id, 'name', v.name, 'country', v.country),
+                                              'documents', (SELECT coalesce(jsonb_agg(jsonb_build_object('doc_id', d.id, 'title', d.title, 'status', d.status)
+                                                                                      ORDER BY d.title), '[]')
+                                                              FROM bench.documents d
+                                                             WHERE d.entity_type = 'invoice' AND d.entity_id = i.id))
                        FROM bench.invoices i JOIN bench.vendors v ON v.tenant_id = i.tenant_id AND v.id = i.vendor_id
                       WHERE i.id = args->>'invoice_id'),
                     jsonb_build_object('found', false))
@@ -195,7 +209,7 @@ $$;
 REVOKE EXECUTE ON FUNCTION bench.invoice_get(jsonb) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION bench.invoice_get(jsonb) TO ctxguard_gateway;
 
-ANALYZE demo.vendors, demo.invoices, ctxguard.tools, ctxguard.tool_policies, ctxguard.page_types;
+ANALYZE demo.vendors, demo.invoices, bench.vendors, bench.invoices, bench.documents, ctxguard.documents, ctxguard.tools, ctxguard.tool_policies, ctxguard.page_types;
 
 -- 3. The CAREFUL BASELINE (issue 13): the same, plus the audit row a careful app writes for each
 --    call in its own transaction (and so a WAL flush at its COMMIT).

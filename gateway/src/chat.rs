@@ -485,8 +485,13 @@ pub async fn run_turn(
                     refused_report(&call, refusal, None)
                 }
                 None => {
-                    let envelope =
-                        crate::tools::call(&state, &mut view, &call.name, &call.arguments).await?;
+                    let envelope = crate::tools::call(
+                        &state,
+                        &mut view,
+                        crate::db::ToolName::Catalog(&call.name),
+                        &call.arguments,
+                    )
+                    .await?;
                     let (decision, code) = decision_of(&envelope);
                     state
                         .metrics

@@ -98,6 +98,38 @@ pub struct Config {
     )]
     pub mcp_allowed_hosts: String,
 
+    /// The gateway's public URL, `http(s)://host[:port][/prefix]`: what clients connect to (behind
+    /// TLS or a reverse proxy, the proxy's URL). Everything the gateway advertises (the MCP resource,
+    /// its metadata, the 401 challenge) is built from it, never from request headers. Its host is
+    /// always allowed on `/mcp`. Unset: `http://` and the listen address.
+    #[arg(long, env = "CTXGUARD_PUBLIC_URL")]
+    pub public_url: Option<String>,
+
+    /// Documentation of the MCP resource (`resource_documentation` in its metadata), a URL.
+    #[arg(long, env = "CTXGUARD_MCP_DOCUMENTATION_URL")]
+    pub mcp_documentation_url: Option<String>,
+
+    /// Browser origins (`scheme://host[:port]`, `scheme://host:*`, or `null`) allowed to call `/mcp`.
+    /// A request with any other `Origin` gets 403 `ORIGIN_NOT_ALLOWED`; requests without `Origin`
+    /// (non-browser clients) are not affected. Empty: no browser origin.
+    #[arg(long, env = "CTXGUARD_MCP_ALLOWED_ORIGINS", default_value = "")]
+    pub mcp_allowed_origins: String,
+
+    /// An MCP session with no request and no open stream for this long ends (its id then gets 404,
+    /// and the client initializes again), in milliseconds. A session with an open GET stream lives
+    /// as long as the stream.
+    #[arg(
+        long,
+        env = "CTXGUARD_MCP_SESSION_IDLE_TIMEOUT_MS",
+        default_value_t = 300_000
+    )]
+    pub mcp_session_idle_timeout_ms: u64,
+
+    /// Interval of keep-alive comments on MCP event streams, in milliseconds (keeps proxies from
+    /// closing a quiet stream, and finds streams whose client went away).
+    #[arg(long, env = "CTXGUARD_MCP_KEEPALIVE_MS", default_value_t = 15_000)]
+    pub mcp_keepalive_ms: u64,
+
     /// Connect to every enabled upstream MCP server at start-up and record its tools.
     #[arg(long, env = "CTXGUARD_MCP_DISCOVER", default_value_t = true, action = clap::ArgAction::Set)]
     pub mcp_discover: bool,
@@ -192,6 +224,15 @@ pub enum ConfigError {
 impl Config {
     /// Parse the command line and environment (after loading `--config`), then validate.
     pub fn load() -> Result<Config, ConfigError> {
+        // `--help` and `--version` need no configuration: answered (exit 0) before anything is read.
+        if let Err(e) = Config::try_parse() {
+            if matches!(
+                e.kind(),
+                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion
+            ) {
+                e.exit();
+            }
+        }
         let file = std::env::args()
             .skip_while(|a| a != "--config")
             .nth(1)
@@ -271,6 +312,27 @@ impl Config {
                     "{name} must be 100..3600000 (milliseconds)"
                 )));
             }
+        }
+        crate::public_url::PublicUrl::new(
+            self.public_url.as_deref(),
+            self.listen,
+            self.mcp_documentation_url.as_deref(),
+        )
+        .map_err(ConfigError::Invalid)?;
+        if let Some(o) = self
+            .mcp_allowed_origins()
+            .iter()
+            .find(|o| crate::origin::parse_allowed(o).is_none())
+        {
+            return Err(ConfigError::Invalid(format!(
+                "CTXGUARD_MCP_ALLOWED_ORIGINS: {o:?} is not scheme://host[:port|:*] or null"
+            )));
+        }
+        if !(1_000..=86_400_000).contains(&self.mcp_session_idle_timeout_ms) {
+            return bad("CTXGUARD_MCP_SESSION_IDLE_TIMEOUT_MS must be 1000..86400000");
+        }
+        if !(100..=3_600_000).contains(&self.mcp_keepalive_ms) {
+            return bad("CTXGUARD_MCP_KEEPALIVE_MS must be 100..3600000");
         }
         if !(1..=1_000_000).contains(&self.http_max_connections) {
             return bad("CTXGUARD_HTTP_MAX_CONNECTIONS must be 1..1000000");
@@ -361,6 +423,22 @@ impl Config {
             .map(|h| h.trim().to_string())
             .filter(|h| !h.is_empty())
             .collect()
+    }
+
+    pub fn mcp_allowed_origins(&self) -> Vec<String> {
+        self.mcp_allowed_origins
+            .split(',')
+            .map(|o| o.trim().to_string())
+            .filter(|o| !o.is_empty())
+            .collect()
+    }
+
+    pub fn mcp_session_idle_timeout(&self) -> Duration {
+        Duration::from_millis(self.mcp_session_idle_timeout_ms)
+    }
+
+    pub fn mcp_keepalive(&self) -> Duration {
+        Duration::from_millis(self.mcp_keepalive_ms)
     }
 
     pub fn allowed_hosts(&self) -> Vec<String> {

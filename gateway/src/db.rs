@@ -39,6 +39,14 @@ pub struct Scope {
     pub trace_id: String,
 }
 
+/// A tool as a caller names it: by its catalog name (`invoice.get`), or by the name MCP and model
+/// clients see (`invoice__get`: `llm::wire_name`), which the database maps back.
+#[derive(Debug, Clone, Copy)]
+pub enum ToolName<'a> {
+    Catalog(&'a str),
+    Wire(&'a str),
+}
+
 /// What a turn starts from (read in one transaction).
 #[derive(Debug, Clone)]
 pub struct TurnStart {
@@ -502,15 +510,31 @@ impl Db {
     pub async fn call_tool(
         &self,
         scope: &Scope,
-        name: &str,
+        name: &ToolName<'_>,
         args: &Value,
     ) -> Result<Value, ApiError> {
-        self.one(
-            scope,
-            "SELECT ctxguard.call_tool($1, $2)",
-            &[(&name, Type::TEXT), (args, Type::JSONB)],
-        )
-        .await
+        match name {
+            ToolName::Catalog(name) => {
+                self.one(
+                    scope,
+                    "SELECT ctxguard.call_tool($1, $2)",
+                    &[(name, Type::TEXT), (args, Type::JSONB)],
+                )
+                .await
+            }
+            // The catalog name whose wire form this is (unique: `tools_wire_name_key`); a name
+            // that is no tool's wire form goes to Gate B as it is (TOOL_NOT_FOUND).
+            ToolName::Wire(wire) => {
+                self.one(
+                    scope,
+                    "SELECT ctxguard.call_tool(coalesce(
+                         (SELECT t.name FROM ctxguard.tools t
+                           WHERE pg_catalog.replace(t.name, '.', '__') = $1), $1), $2)",
+                    &[(wire, Type::TEXT), (args, Type::JSONB)],
+                )
+                .await
+            }
+        }
     }
 
     /// A demo screen: the validated context and the data of the screen it names. Only on the demo
@@ -710,9 +734,10 @@ impl Db {
             tx,
             unnamed,
             "SELECT pt.description, v.name, v.description, v.input_schema, v.read_only, v.danger,
-                    v.requires_approval, v.server
+                    v.requires_approval, v.server, t.title
                FROM ctxguard.page_types pt
                LEFT JOIN LATERAL ctxguard.visible_tools($1, $2) WITH ORDINALITY v ON true
+               LEFT JOIN ctxguard.tools t ON t.name = v.name
               WHERE pt.name = ctxguard.page_type()
               ORDER BY v.ordinality",
             &[(&query, Type::TEXT), (&top_k, Type::INT4)],
@@ -733,6 +758,7 @@ impl Db {
                 danger: r.get(5),
                 requires_approval: r.get(6),
                 server: r.get(7),
+                title: r.get(8),
             })
             .collect();
         Ok((tools, description))

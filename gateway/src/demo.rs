@@ -213,7 +213,7 @@ async fn same_host(State(state): State<Arc<AppState>>, req: Request, next: Next)
         .get(header::HOST)
         .and_then(|h| h.to_str().ok())
         .unwrap_or_default();
-    if host_allowed(host, &state.config.mcp_allowed_hosts()) {
+    if host_allowed(host, state.mcp_guard.hosts()) {
         next.run(req).await
     } else {
         ApiError::HostNotAllowed.into_response()

@@ -22,6 +22,8 @@ pub enum ApiError {
     NotFound(String),
     #[error("this host name is not allowed")]
     HostNotAllowed,
+    #[error("this origin is not allowed")]
+    OriginNotAllowed,
     #[error("database unavailable")]
     DatabaseUnavailable,
     #[error("model upstream failed")]
@@ -46,6 +48,7 @@ impl ApiError {
             ApiError::Forbidden(_) => "IDENTITY_MISMATCH",
             ApiError::NotFound(_) => "NOT_FOUND",
             ApiError::HostNotAllowed => "HOST_NOT_ALLOWED",
+            ApiError::OriginNotAllowed => "ORIGIN_NOT_ALLOWED",
             ApiError::DatabaseUnavailable => "DATABASE_UNAVAILABLE",
             ApiError::UpstreamFailed => "UPSTREAM_FAILED",
             ApiError::UpstreamTimeout => "UPSTREAM_TIMEOUT",
@@ -62,7 +65,7 @@ impl ApiError {
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
-            ApiError::HostNotAllowed => StatusCode::FORBIDDEN,
+            ApiError::HostNotAllowed | ApiError::OriginNotAllowed => StatusCode::FORBIDDEN,
             ApiError::DatabaseUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::UpstreamFailed => StatusCode::BAD_GATEWAY,
             ApiError::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,

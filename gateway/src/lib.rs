@@ -28,8 +28,12 @@ pub mod legacy;
 pub mod limits;
 pub mod llm;
 pub mod mcp;
+pub mod mcp_jsonrpc;
+pub mod mcp_sessions;
 pub mod metrics;
+pub mod origin;
 pub mod pages;
+pub mod public_url;
 pub mod secrets;
 pub mod tools;
 pub mod upstream;
@@ -55,15 +59,19 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// Connections to upstream MCP servers.
     pub upstreams: Arc<upstream::Upstreams>,
-    /// Who to tell here when a user's page changes (the pages themselves are in the database).
+    /// Each user's shared page and page views, and who to tell when a page changes (MCP).
     pub pages: Arc<mcp::PageHub>,
-    /// The MCP sessions this gateway serves now (each also recorded in the database).
-    pub mcp_sessions:
-        Arc<rmcp::transport::streamable_http_server::session::local::LocalSessionManager>,
+    /// MCP session records: owner, own page, use (`mcp_sessions.rs`).
+    pub mcp_sessions: Arc<mcp_sessions::SessionStore>,
+    pub mcp_session_metrics: mcp_sessions::SessionMetrics,
     /// Demo mode's token minting and screens' pool (`None` unless `CTXGUARD_DEMO=true`).
     pub demo: Option<demo::Demo>,
     /// HTTP timeouts, the connection cap and each user's open event streams.
     pub limits: Arc<limits::Limits>,
+    /// Where clients reach the gateway (`CTXGUARD_PUBLIC_URL`): what it advertises.
+    pub public: public_url::PublicUrl,
+    /// Hosts and origins `/mcp` accepts.
+    pub mcp_guard: origin::Guard,
 }
 
 impl AppState {
@@ -102,7 +110,21 @@ impl AppState {
         };
         let metrics = Arc::new(Metrics::new());
         let limits = Arc::new(limits::Limits::new(&config, &metrics));
+        let public = public_url::PublicUrl::new(
+            config.public_url.as_deref(),
+            config.listen,
+            config.mcp_documentation_url.as_deref(),
+        )?;
+        let mcp_guard = origin::Guard::new(&config, &public);
+        let mcp_sessions = Arc::new(mcp_sessions::SessionStore::default());
+        let mcp_session_metrics = mcp_sessions::SessionMetrics::new(&metrics);
+        let pages = Arc::new(mcp::PageHub::new(mcp_sessions.clone(), &metrics));
         Ok(AppState {
+            pages,
+            mcp_sessions,
+            mcp_session_metrics,
+            public,
+            mcp_guard,
             demo,
             db,
             model,
@@ -117,8 +139,6 @@ impl AppState {
                 )
                 .with_stdio_user(stdio_user),
             ),
-            pages: Arc::new(mcp::PageHub::default()),
-            mcp_sessions: Arc::default(),
         })
     }
 }
@@ -420,7 +440,13 @@ async fn execute_endpoint(
     } else {
         req.arguments
     };
-    let envelope = tools::call(&state, &mut view, &req.tool_name, &arguments).await?;
+    let envelope = tools::call(
+        &state,
+        &mut view,
+        db::ToolName::Catalog(&req.tool_name),
+        &arguments,
+    )
+    .await?;
     let code = envelope
         .pointer("/error/code")
         .and_then(Value::as_str)
@@ -495,6 +521,18 @@ async fn not_found() -> ApiError {
     ApiError::NotFound("no such endpoint".into())
 }
 
+/// RFC 9728 metadata at each well-known path the public URL derives (`public_url.rs`).
+fn metadata_routes(state: &Arc<AppState>) -> Router<Arc<AppState>> {
+    state
+        .public
+        .metadata_routes()
+        .into_iter()
+        .fold(Router::new(), |router, (path, resource)| {
+            let body = state.public.metadata(&resource);
+            router.route(&path, get(move || async move { Json(body) }))
+        })
+}
+
 /// The router, with request ids (propagated to audit rows as trace ids), tracing and body limits.
 pub fn app(state: Arc<AppState>) -> Router {
     let demo = if state.demo.is_some() {
@@ -512,22 +550,17 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/v1/approvals/{call_id}", post(approve_endpoint))
         .route("/internal/mcp/execute", post(execute_endpoint))
         .route("/v1/context", axum::routing::put(mcp::put_context))
-        .route(
-            "/.well-known/oauth-protected-resource",
-            get(mcp::protected_resource),
-        )
-        .route(
-            "/.well-known/oauth-protected-resource/mcp",
-            get(mcp::protected_resource),
-        )
+        .merge(metadata_routes(&state))
         .nest_service(
             "/mcp",
             tower::ServiceBuilder::new()
+                .layer(middleware::from_fn_with_state(state.clone(), origin::guard))
                 .layer(middleware::from_fn_with_state(state.clone(), limit_body))
                 .layer(middleware::from_fn_with_state(
                     state.clone(),
                     mcp::authenticate,
                 ))
+                .layer(middleware::from_fn(mcp_jsonrpc::validate))
                 .service(mcp::service(state.clone())),
         )
         .fallback(not_found)

@@ -4,18 +4,21 @@
 //!   it (`ctxguard.verify_token`) before rmcp sees the request. A missing or bad token is a 401 with
 //!   `WWW-Authenticate` pointing at the protected-resource metadata, as the MCP authorization spec
 //!   expects. The token is never passed to upstream servers.
-//! - **Page context**: the `X-Ctxguard-Page` header (a JSON page context, or base64url of one) on
-//!   any request sets the caller's current page; `PUT /v1/context` sets it out of band (e.g. from
-//!   the app the user is looking at). The page is kept per (tenant, user) in the database
-//!   (`ctxguard.user_pages`, written by `put_user_page` in the transaction whose `set_context`
-//!   validated it), so every MCP session of that user follows the screen, through any gateway.
-//!   When it changes, each of the user's sessions (and `subscriptions/listen` streams) gets
-//!   `notifications/tools/list_changed`: on this gateway at once, on the others through
-//!   `NOTIFY ctxguard_pages` (pages.rs `follow`).
-//! - **Sessions** live in the database too (`ctxguard.mcp_sessions`: a hash of the id, the tenant
-//!   and user, the initialize parameters, the expiry): a session opened through one gateway is
-//!   restored by rmcp on any other ([`DbSessionStore`]), a session that is not the caller's or no
-//!   longer exists is 404 on every gateway, and a DELETE through one ends it everywhere.
+//! - **Page context** (issue 14's semantics): a page in the `X-Ctxguard-Page` header (a JSON page
+//!   context, or base64url of one) is the request's and, in a session, that session's own page from
+//!   then on (`put_session_page` records it in the session's database record, so any gateway serving
+//!   the session uses it); `PUT /v1/context` sets the user's shared page (`ctxguard.user_pages`,
+//!   written by `put_user_page` in the transaction whose `set_context` validated it), which
+//!   sessions without their own page and `subscriptions/listen` streams follow. When the page a
+//!   listener follows changes it gets `notifications/tools/list_changed`: a session's own page here
+//!   at once; the shared page through `NOTIFY ctxguard_pages` on every gateway (pages.rs `follow`;
+//!   here directly while this gateway does not follow the channel).
+//! - **Sessions** (`mcp_sessions.rs`) are bound to their user and live in the database too
+//!   (`ctxguard.mcp_sessions`: a hash of the client-facing id, the tenant and user, the initialize
+//!   parameters, the own page, the expiry): a session opened through one gateway is restored on any
+//!   other ([`DbSessionStore`], `BoundSessions::restore_session`), a session that is not the
+//!   caller's or no longer exists is 404 on every gateway, a DELETE through one ends it everywhere,
+//!   and one the idle reaper ends is ended in the database too.
 //! - **tools/list** is Gate A for the current page; **tools/call** is Gate B (denials come back as
 //!   tool errors carrying the ctxguard code). Without a page nothing is listed and nothing runs.
 //!   Each page view gets its own generation, so byte and document budgets apply per page view.
@@ -33,41 +36,41 @@ use base64::Engine;
 use rmcp::model::{
     CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock,
     Implementation, InitializeRequestParams, InitializeResult, ListToolsResult,
-    PaginatedRequestParams, ServerCapabilities, ServerConfig, SubscriptionFilter, Tool,
-    ToolAnnotations,
+    PaginatedRequestParams, ProtocolVersion, ServerCapabilities, ServerConfig, SubscriptionFilter,
+    Tool, ToolAnnotations,
 };
 use rmcp::service::{NotificationContext, RequestContext, SubscriptionContext, SubscriptionSink};
-use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::session::{
-    SessionId, SessionManager, SessionState, SessionStore, SessionStoreError,
+    SessionState, SessionStore as RmcpSessionStore, SessionStoreError,
 };
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData as McpError, Peer, RoleServer, ServerHandler};
 use serde_json::{json, Map, Value};
 use uuid::Uuid;
 
-use crate::db::Scope;
+use crate::db::{Scope, ToolName};
 use crate::error::ApiError;
 use crate::llm::{wire_name, ToolSpec};
+use crate::mcp_sessions::{BoundSessions, SessionKey, SessionStore, Who};
 use crate::pages::{Lease, View};
 use crate::{bearer, AppState};
 
 /// The header carrying the page context on MCP requests.
 pub const PAGE_HEADER: &str = "x-ctxguard-page";
-/// The Streamable HTTP session header.
-const SESSION_HEADER: &str = "mcp-session-id";
 
 /// The verified caller of an MCP request (inserted by [`authenticate`]), with the user's current
 /// page as the database had it when the request came in.
 #[derive(Clone, Debug)]
 pub struct Caller {
-    token: String,
-    who: Who,
-    page: Option<Value>,
+    pub(crate) token: String,
+    pub(crate) who: Who,
+    /// The user's opaque key on the page channel (`ctxguard_pages`).
+    key: String,
+    /// The user's shared page (`PUT /v1/context`) as the database had it when the request came in.
+    shared: Option<Value>,
+    /// The session's own page as the database had it (any gateway may have set it).
+    session_page: Option<Value>,
 }
-
-/// The opaque key of a user (tenant and user) the database announces page changes under.
-type Who = String;
 
 tokio::task_local! {
     /// The caller of the MCP request being served, for [`DbSessionStore`] (rmcp calls the store
@@ -81,19 +84,37 @@ enum Listener {
     Subscription(SubscriptionSink),
 }
 
+/// Page views a user keeps generations for (their budgets): the most recent ones.
+const GENERATIONS_PER_USER: usize = 8;
+
 #[derive(Default)]
 struct Entry {
-    page: Option<Value>,
-    /// The page view's generation (renewed before the database's lifetime for it runs out).
-    generation: Option<Lease>,
-    listeners: Vec<(u64, Listener)>,
+    /// The user's shared page (`PUT /v1/context`), which sessions without their own page follow.
+    shared: Option<Value>,
+    /// The generation of each recent page view of the user (renewed before the database's lifetime
+    /// for it runs out), newest last.
+    generations: Vec<(Value, Lease)>,
+    /// Who to tell when a page changes: sessions (with their key) and subscriptions.
+    listeners: Vec<(u64, Listener, Option<SessionKey>)>,
 }
 
-/// The current page of each user, and who to tell when it changes.
-#[derive(Default)]
+/// Each user's shared page, the generations of their page views, and who to tell when a page
+/// changes. A session's own page lives in its record ([`SessionStore`]).
+///
+/// - A page in a request's `X-Ctxguard-Page` header belongs to that request, and in a session to the
+///   session from then on: it never changes the user's shared page or another session's.
+/// - `PUT /v1/context` sets the user's shared page: sessions without a page of their own and
+///   `subscriptions/listen` streams follow it.
+///
+/// So two clients of one user on different screens each keep their own list, and re-listing after
+/// `list_changed` changes nothing (no notification storm).
 pub struct PageHub {
+    sessions: Arc<SessionStore>,
     entries: Mutex<HashMap<Who, Entry>>,
     next_id: AtomicU64,
+    notified: prometheus::IntCounter,
+    /// The user of each page-channel key seen here (notifications name keys, not users).
+    keys: Mutex<HashMap<String, Who>>,
     /// 0 off, 1 lost, 2 listening (see [`PageHub::following`]).
     following: AtomicU64,
     /// Signalled when the first listener registers: the listening connection starts then (a
@@ -102,49 +123,138 @@ pub struct PageHub {
 }
 
 impl PageHub {
-    /// Record `page` (if given) as `who`'s current page; returns the page now in effect.
-    fn observe(self: &Arc<Self>, who: &Who, page: Option<Value>) -> Option<Value> {
-        let mut entries = self.entries.lock().expect("page hub lock");
+    pub fn new(sessions: Arc<SessionStore>, metrics: &crate::metrics::Metrics) -> PageHub {
+        let notified = prometheus::IntCounter::new(
+            "ctxguard_mcp_list_changed_total",
+            "notifications/tools/list_changed sent to MCP sessions and subscriptions",
+        )
+        .expect("metric");
+        metrics.register(Box::new(notified.clone()));
+        PageHub {
+            sessions,
+            entries: Mutex::default(),
+            next_id: AtomicU64::new(0),
+            notified,
+            keys: Mutex::default(),
+            following: AtomicU64::new(0),
+            wanted: tokio::sync::Notify::new(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Who, Entry>> {
+        self.entries.lock().expect("page hub lock")
+    }
+
+    /// The page in effect for a session (its own, else the user's shared one), or for a request
+    /// outside sessions (the shared one).
+    fn page_for(&self, who: &Who, session: Option<&SessionKey>) -> Option<Value> {
+        if let Some(own) = session
+            .and_then(|k| self.sessions.get(&k.0))
+            .and_then(|r| r.page)
+        {
+            return Some(own);
+        }
+        self.lock().get(who).and_then(|e| e.shared.clone())
+    }
+
+    /// Set `who`'s shared page (`PUT /v1/context`); its followers are told if it changed.
+    /// The page itself is in the database (`put_user_page`), which announces the change to every
+    /// gateway; while this gateway follows the announcements, its followers are told through them
+    /// (once), otherwise here.
+    pub fn set_shared(self: &Arc<Self>, who: Who, key: String, page: Value, changed: bool) {
+        self.know(key, &who);
+        let mut entries = self.lock();
         let entry = entries.entry(who.clone()).or_default();
-        if let Some(page) = page {
-            if entry.page.as_ref() != Some(&page) {
-                entry.page = Some(page);
-                entry.generation = None;
-                let listeners = entry.listeners.clone();
-                if !listeners.is_empty() {
-                    tokio::spawn(self.clone().notify(who.clone(), listeners));
-                }
-            }
+        entry.shared = Some(page);
+        if !changed || self.following() == "listening" {
+            return;
         }
-        entry.page.clone()
+        let followers = self.followers(entry);
+        drop(entries);
+        self.spawn_notify(who, followers);
     }
 
-    /// Set `who`'s page out of band (`PUT /v1/context`).
-    pub fn set(self: &Arc<Self>, who: Who, page: Value) {
-        self.observe(&who, Some(page));
+    /// Remember whose key `key` is (notifications name keys).
+    fn know(&self, key: String, who: &Who) {
+        self.keys
+            .lock()
+            .expect("page keys lock")
+            .insert(key, who.clone());
     }
 
-    /// Another gateway changed `who`'s page (a notification): tell `who`'s listeners here.
-    pub fn changed(self: &Arc<Self>, who: &str) {
-        let mut entries = self.entries.lock().expect("page hub lock");
-        if let Some(entry) = entries.get_mut(who) {
-            entry.generation = None;
-            let listeners = entry.listeners.clone();
-            if !listeners.is_empty() {
-                tokio::spawn(self.clone().notify(who.to_string(), listeners));
-            }
+    /// The listeners that follow the user's shared page: subscriptions, and sessions without a
+    /// page of their own.
+    fn followers(&self, entry: &Entry) -> Vec<(u64, Listener)> {
+        entry
+            .listeners
+            .iter()
+            .filter(|(_, _, session)| match session {
+                None => true,
+                Some(k) => self.sessions.get(&k.0).is_some_and(|r| r.page.is_none()),
+            })
+            .map(|(id, l, _)| (*id, l.clone()))
+            .collect()
+    }
+
+    /// Give a session its own page; the session is told if its page in effect changed.
+    fn set_session_page(self: &Arc<Self>, who: &Who, session: &SessionKey, page: Value) {
+        let before = self.page_for(who, Some(session));
+        self.sessions.set_page(&session.0, page.clone());
+        if before.as_ref() == Some(&page) {
+            return;
         }
+        let listeners: Vec<_> = self
+            .lock()
+            .get(who)
+            .map(|e| {
+                e.listeners
+                    .iter()
+                    .filter(|(_, _, k)| k.as_ref() == Some(session))
+                    .map(|(id, l, _)| (*id, l.clone()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        self.spawn_notify(who.clone(), listeners);
+    }
+
+    fn spawn_notify(self: &Arc<Self>, who: Who, listeners: Vec<(u64, Listener)>) {
+        if !listeners.is_empty() {
+            tokio::spawn(self.clone().notify(who, listeners));
+        }
+    }
+
+    /// A user's shared page changed (the database's announcement, from any gateway, this one
+    /// included): tell the user's followers here. The key names the user opaquely; the pages
+    /// themselves are read from the database on every request.
+    pub fn changed(self: &Arc<Self>, key: &str) {
+        let Some(who) = self.keys.lock().expect("page keys lock").get(key).cloned() else {
+            return;
+        };
+        let followers = match self.lock().get(&who) {
+            Some(entry) => self.followers(entry),
+            None => return,
+        };
+        self.spawn_notify(who, followers);
     }
 
     /// Notifications may have been missed (the listening connection was lost): every listener
     /// here is told to re-list.
     pub fn resync(self: &Arc<Self>) {
-        let mut entries = self.entries.lock().expect("page hub lock");
-        for (who, entry) in entries.iter_mut() {
-            entry.generation = None;
-            if !entry.listeners.is_empty() {
-                tokio::spawn(self.clone().notify(who.clone(), entry.listeners.clone()));
-            }
+        let all: Vec<_> = self
+            .lock()
+            .iter()
+            .map(|(who, e)| {
+                (
+                    who.clone(),
+                    e.listeners
+                        .iter()
+                        .map(|(id, l, _)| (*id, l.clone()))
+                        .collect::<Vec<_>>(),
+                )
+            })
+            .collect();
+        for (who, listeners) in all {
+            self.spawn_notify(who, listeners);
         }
     }
 
@@ -180,7 +290,9 @@ impl PageHub {
                 Listener::Session(peer) => peer.notify_tool_list_changed().await.is_ok(),
                 Listener::Subscription(sink) => sink.notify_tool_list_changed().await.is_ok(),
             };
-            if !ok {
+            if ok {
+                self.notified.inc();
+            } else {
                 gone.push(id);
             }
         }
@@ -189,45 +301,55 @@ impl PageHub {
         }
     }
 
-    /// Add a listener. `seen` is the page the listener's client last listed tools for: if the
-    /// user's page is another one by now (another request changed it while this listener was
-    /// being set up), the listener is told at once. With no page recorded yet, nothing was listed. Under the same lock as `observe`, so a change is
-    /// reported exactly once, by whichever of the two runs second.
-    fn listen(self: &Arc<Self>, who: &Who, l: Listener, seen: Option<&Value>) -> u64 {
+    /// Add a listener: a session's peer (with its key), or a subscription stream (following the
+    /// user's shared page).
+    fn listen(&self, caller: &Caller, l: Listener, session: Option<SessionKey>) -> u64 {
+        let who = &caller.who;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.know(caller.key.clone(), who);
         self.want();
-        let mut entries = self.entries.lock().expect("page hub lock");
+        let mut entries = self.lock();
         let entry = entries.entry(who.clone()).or_default();
-        entry.listeners.retain(|(_, l)| match l {
+        entry.listeners.retain(|(_, l, _)| match l {
             Listener::Session(p) => !p.is_transport_closed(),
             Listener::Subscription(_) => true,
         });
-        if entry.page.is_some() && seen.is_some() && entry.page.as_ref() != seen {
-            tokio::spawn(self.clone().notify(who.clone(), vec![(id, l.clone())]));
-        }
-        entry.listeners.push((id, l));
+        entry.listeners.push((id, l, session));
         id
     }
 
     fn remove(&self, who: &Who, ids: &[u64]) {
-        if let Some(e) = self.entries.lock().expect("page hub lock").get_mut(who) {
-            e.listeners.retain(|(id, _)| !ids.contains(id));
+        if let Some(e) = self.lock().get_mut(who) {
+            e.listeners.retain(|(id, _, _)| !ids.contains(id));
+        }
+    }
+
+    /// A session ended: drop its listeners.
+    pub fn forget_session(&self, session: &SessionKey) {
+        for e in self.lock().values_mut() {
+            e.listeners.retain(|(_, _, k)| k.as_ref() != Some(session));
         }
     }
 
     /// The generation of `who`'s view of `page`, unless it is time to renew it.
     fn generation(&self, who: &Who, page: &Value) -> Option<Lease> {
-        let entries = self.entries.lock().expect("page hub lock");
-        let e = entries.get(who)?;
-        e.generation
-            .filter(|l| e.page.as_ref() == Some(page) && !l.due())
+        let entries = self.lock();
+        entries
+            .get(who)?
+            .generations
+            .iter()
+            .find(|(p, _)| p == page)
+            .map(|(_, l)| *l)
+            .filter(|l| !l.due())
     }
 
     fn set_generation(&self, who: &Who, page: &Value, lease: Lease) {
-        if let Some(e) = self.entries.lock().expect("page hub lock").get_mut(who) {
-            if e.page.as_ref() == Some(page) {
-                e.generation = Some(lease);
-            }
+        let mut entries = self.lock();
+        let generations = &mut entries.entry(who.clone()).or_default().generations;
+        generations.retain(|(p, _)| p != page);
+        generations.push((page.clone(), lease));
+        if generations.len() > GENERATIONS_PER_USER {
+            generations.remove(0);
         }
     }
 }
@@ -255,25 +377,30 @@ pub fn parse_page_header(headers: &HeaderMap) -> Result<Option<Value>, String> {
     }
 }
 
-/// 401 with a bearer challenge (RFC 6750: `error="invalid_token"` only when a token was sent).
-fn unauthorized(headers: &HeaderMap, message: &str, token_sent: bool) -> Response {
-    let host = headers
-        .get(header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .unwrap_or("localhost");
-    let error = if token_sent {
-        ", error=\"invalid_token\""
-    } else {
-        ""
-    };
-    let challenge = format!(
-        "Bearer realm=\"ctxguard\"{error}, resource_metadata=\"http://{host}/.well-known/oauth-protected-resource/mcp\""
-    );
+/// 401 with a bearer challenge pointing at the metadata (`public_url.rs`).
+fn unauthorized(state: &AppState, message: &str, token_sent: bool) -> Response {
     let mut resp = ApiError::Unauthorized(message.into()).into_response();
-    if let Ok(v) = HeaderValue::from_str(&challenge) {
+    if let Ok(v) = HeaderValue::from_str(&state.public.challenge(token_sent)) {
         resp.headers_mut().insert(header::WWW_AUTHENTICATE, v);
     }
     resp
+}
+
+/// The session header of the session-based protocol revisions.
+const SESSION_HEADER: &str = "mcp-session-id";
+
+/// 404 for a session that does not exist, ended, or is another user's (the same answer for all).
+fn session_not_found() -> Response {
+    (
+        axum::http::StatusCode::NOT_FOUND,
+        Json(json!({
+            "jsonrpc": "2.0",
+            "id": null,
+            "error": {"code": -32001, "message": "Session not found: initialize a new session",
+                      "data": {"code": "SESSION_NOT_FOUND"}},
+        })),
+    )
+        .into_response()
 }
 
 /// Middleware on `/mcp`: verify the bearer token in the database, then hand the caller to rmcp.
@@ -285,7 +412,7 @@ pub async fn authenticate(
     let headers = req.headers().clone();
     let token = match bearer(&headers) {
         Ok(t) => t,
-        Err(_) => return unauthorized(&headers, "a bearer token is required", false),
+        Err(_) => return unauthorized(&state, "a bearer token is required", false),
     };
     let session = headers
         .get(SESSION_HEADER)
@@ -293,19 +420,9 @@ pub async fn authenticate(
         .map(str::to_string);
     let identity = match state.db.mcp_identity(&token, session.as_deref()).await {
         Ok(v) => v,
-        Err(ApiError::Unauthorized(m)) => return unauthorized(&headers, &m, true),
+        Err(ApiError::Unauthorized(m)) => return unauthorized(&state, &m, true),
         Err(e) => return e.into_response(),
     };
-    if let Some(id) = &session {
-        if identity["session"].is_null() {
-            // Not the caller's, expired, or ended through any gateway: gone here too.
-            let _ = state
-                .mcp_sessions
-                .close_session(&SessionId::from(id.as_str()))
-                .await;
-            return ApiError::NotFound("no such MCP session".into()).into_response();
-        }
-    }
     let user = (
         identity["tenantId"]
             .as_str()
@@ -313,29 +430,26 @@ pub async fn authenticate(
             .to_string(),
         identity["userId"].as_str().unwrap_or_default().to_string(),
     );
+    // A session is answered only to the user who initialized it (the database's record, which any
+    // gateway may have written: `session` is null for another user's, an ended or an expired one),
+    // as an unknown one (404), and nothing of it is touched.
+    if let Some(id) = &session {
+        let local_other = state.mcp_sessions.get(id).is_some_and(|r| r.who != user);
+        if identity["session"].is_null() || local_other {
+            return session_not_found();
+        }
+    }
     let caller = Caller {
         token,
-        who: identity["key"].as_str().unwrap_or_default().to_string(),
-        page: Some(identity["page"].clone()).filter(Value::is_object),
+        who: user.clone(),
+        key: identity["key"].as_str().unwrap_or_default().to_string(),
+        shared: Some(identity["page"].clone()).filter(Value::is_object),
+        session_page: Some(identity["session"]["page"].clone()).filter(Value::is_object),
     };
     req.extensions_mut().insert(caller.clone());
     // An event stream (a GET stream, a streamed answer, a subscription) counts against the user's.
     let response = MCP_CALLER.scope(caller, next.run(req)).await;
     state.limits.hold_stream(&user, response)
-}
-
-/// `GET /.well-known/oauth-protected-resource[/mcp]` (RFC 9728): how to authenticate to `/mcp`.
-pub async fn protected_resource(headers: HeaderMap) -> Json<Value> {
-    let host = headers
-        .get(header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .unwrap_or("localhost");
-    Json(json!({
-        "resource": format!("http://{host}/mcp"),
-        "bearer_methods_supported": ["header"],
-        "authorization_servers": [],
-        "resource_documentation": "Context tokens (HS256 or EdDSA JWTs with sub, tenant_id, roles) are minted by your application; see the ctxguard README.",
-    }))
 }
 
 /// `PUT /v1/context`: set the caller's current page for their MCP sessions (body: a page context).
@@ -358,23 +472,52 @@ pub async fn put_context(
         trace_id: Uuid::new_v4().to_string(),
     };
     let (context, put) = state.db.put_user_page(&scope).await?;
-    let who = put["key"].as_str().unwrap_or_default().to_string();
-    state.pages.set(who, page);
+    let who = (
+        context["tenantId"].as_str().unwrap_or_default().to_string(),
+        context["userId"].as_str().unwrap_or_default().to_string(),
+    );
+    let key = put["key"].as_str().unwrap_or_default().to_string();
+    let changed = put["changed"].as_bool().unwrap_or(true);
+    state.pages.set_shared(who, key, page, changed);
     Ok(Json(
         json!({"status": "ok", "pageType": context["pageType"]}),
     ))
 }
 
-/// The rmcp service at `/mcp`.
-pub fn service(state: Arc<AppState>) -> StreamableHttpService<Server, LocalSessionManager> {
+/// The rmcp service at `/mcp`, on sessions bound to their users (`mcp_sessions.rs`).
+pub fn service(state: Arc<AppState>) -> StreamableHttpService<Server, BoundSessions> {
     let mut config = StreamableHttpServerConfig::default()
         .with_legacy_session_mode(true)
-        .with_allowed_hosts(state.config.mcp_allowed_hosts());
+        .with_sse_keep_alive(Some(state.config.mcp_keepalive()))
+        .with_allowed_hosts(state.mcp_guard.hosts().to_vec())
+        .with_allowed_origins(state.config.mcp_allowed_origins())
+        .enforce_origin_validation();
     config.session_store = Some(Arc::new(DbSessionStore {
         db: state.db.clone(),
         ttl_secs: state.config.mcp_session_ttl_secs,
     }));
-    let sessions = state.mcp_sessions.clone();
+    let pages = state.pages.clone();
+    let db = state.db.clone();
+    let sessions = Arc::new(
+        BoundSessions::new(
+            state.mcp_sessions.clone(),
+            state.mcp_session_metrics.clone(),
+            move |key| pages.forget_session(key),
+        )
+        // An expired session ends in the database too: no gateway restores it (its id gets 404).
+        .with_expiry(Box::new(move |id, token| {
+            let db = db.clone();
+            Box::pin(async move {
+                if let Err(e) = db.mcp_session_close(&token, &id).await {
+                    tracing::warn!(
+                        code = e.code(),
+                        "ending an expired MCP session's record failed"
+                    );
+                }
+            })
+        })),
+    );
+    BoundSessions::spawn_reaper(&sessions, state.config.mcp_session_idle_timeout());
     StreamableHttpService::new(
         move || {
             Ok(Server {
@@ -406,7 +549,7 @@ fn current_caller() -> Result<Caller, SessionStoreError> {
 }
 
 #[async_trait::async_trait]
-impl SessionStore for DbSessionStore {
+impl RmcpSessionStore for DbSessionStore {
     async fn load(&self, session_id: &str) -> Result<Option<SessionState>, SessionStoreError> {
         let caller = current_caller()?;
         let Some(params) = self
@@ -450,7 +593,10 @@ in for you, and every call is re-checked, masked, budgeted and audited by the da
 call is a tool error carrying a stable code (e.g. TOOL_NOT_VISIBLE, ENTITY_MISMATCH, \
 APPROVAL_REQUIRED, RATE_LIMIT_EXCEEDED, RESULT_TOO_LARGE).";
 
-fn caller_of(ext: &rmcp::model::Extensions) -> Result<(Caller, Option<Value>), McpError> {
+/// The verified caller, the page header (if any) and the session (if any) of a message.
+fn caller_of(
+    ext: &rmcp::model::Extensions,
+) -> Result<(Caller, Option<Value>, Option<SessionKey>), McpError> {
     let parts = ext
         .get::<axum::http::request::Parts>()
         .ok_or_else(|| McpError::internal_error("no HTTP request", None))?;
@@ -459,33 +605,76 @@ fn caller_of(ext: &rmcp::model::Extensions) -> Result<(Caller, Option<Value>), M
         .get::<Caller>()
         .cloned()
         .ok_or_else(|| McpError::invalid_request("not authenticated", None))?;
-    let page = parse_page_header(&parts.headers).map_err(|m| McpError::invalid_params(m, None))?;
-    Ok((caller, page))
+    let page = parse_page_header(&parts.headers)
+        .map_err(|m| McpError::invalid_params(m, Some(json!({"code": "INVALID_PAGE_CONTEXT"}))))?;
+    Ok((caller, page, ext.get::<SessionKey>().cloned()))
 }
 
+/// A JSON-RPC error for the API's, carrying its stable code in `data.code`.
 fn api_error(e: ApiError) -> McpError {
+    let data = Some(json!({"code": e.code()}));
     match e {
         ApiError::Unauthorized(m) | ApiError::Unprocessable(m) | ApiError::BadRequest(m) => {
-            McpError::invalid_params(m, None)
+            McpError::invalid_params(m, data)
         }
-        other => McpError::internal_error(other.to_string(), None),
+        ApiError::Internal(detail) => {
+            tracing::error!(%detail, "internal error");
+            McpError::internal_error("internal error", data)
+        }
+        other => McpError::internal_error(other.to_string(), data),
     }
 }
 
+/// A readable title from a catalog name: `invoice.mark_paid` → `Invoice: mark paid`.
+pub fn readable_title(name: &str) -> String {
+    let words = |s: &str| s.replace(['_', '-'], " ");
+    let mut parts: Vec<String> = name.split('.').map(words).collect();
+    let last = parts.pop().unwrap_or_default();
+    let title = if parts.is_empty() {
+        last
+    } else {
+        format!("{}: {last}", parts.join(" "))
+    };
+    let mut chars = title.chars();
+    match chars.next() {
+        Some(c) => c.to_uppercase().chain(chars).collect(),
+        None => title,
+    }
+}
+
+/// A listed tool: its wire name, the catalog's title, and hints from its policy. `destructiveHint` is
+/// true for `danger: destructive`, false only for read-only tools (for other writes it is left to
+/// the client's default, true); read-only tools are idempotent; upstream tools reach an open world,
+/// the database's own tools do not.
 fn to_tool(t: &ToolSpec) -> Tool {
     let schema: Map<String, Value> = match &t.input_schema {
         Value::Object(o) => o.clone(),
         _ => Map::new(),
     };
+    let title = t
+        .title
+        .clone()
+        .filter(|s| !s.trim().is_empty())
+        .unwrap_or_else(|| readable_title(&t.name));
     let mut annotations = ToolAnnotations::new();
-    annotations.title = Some(t.name.clone());
+    annotations.title = Some(title.clone());
     annotations.read_only_hint = Some(t.read_only);
-    annotations.destructive_hint = Some(t.danger == "destructive");
+    annotations.destructive_hint = if t.danger == "destructive" {
+        Some(true)
+    } else if t.read_only {
+        Some(false)
+    } else {
+        None
+    };
+    annotations.idempotent_hint = t.read_only.then_some(true);
+    annotations.open_world_hint = Some(t.server.is_some());
     let mut description = t.description.clone();
     if t.requires_approval {
         description.push_str(" (Runs only after the user approves the call.)");
     }
-    Tool::new(wire_name(&t.name), description, Arc::new(schema)).annotate(annotations)
+    Tool::new(wire_name(&t.name), description, Arc::new(schema))
+        .with_title(title)
+        .annotate(annotations)
 }
 
 fn tool_error(code: &str, message: &str, extra: Value) -> CallToolResult {
@@ -499,14 +688,27 @@ fn tool_error(code: &str, message: &str, extra: Value) -> CallToolResult {
 }
 
 impl Server {
+    /// A session's own page: as recorded here, else as the database has it (set through another
+    /// gateway; then recorded here too, so this gateway's notifications treat it as its own).
+    fn session_page(&self, caller: &Caller, session: &SessionKey) -> Option<Value> {
+        let sessions = &self.state.mcp_sessions;
+        if let Some(own) = sessions.get(&session.0).and_then(|r| r.page) {
+            return Some(own);
+        }
+        let own = caller.session_page.clone()?;
+        sessions.set_page(&session.0, own.clone());
+        Some(own)
+    }
+
     /// The scope of a request: the verified caller and the page in effect (None: no page yet).
-    /// A new page from the header is checked by the database (`set_context`) before it replaces
-    /// the user's page and the user's sessions are told, so a bad page changes nothing.
+    /// A page from the header is the request's; in a session it becomes the session's own page,
+    /// checked by the database (`set_context`) first, so a bad page changes nothing. Without a
+    /// header: the session's own page, else the user's shared page (`PUT /v1/context`).
     async fn scope(
         &self,
         ext: &rmcp::model::Extensions,
     ) -> Result<(Caller, Option<Scope>), McpError> {
-        let (caller, header_page) = caller_of(ext)?;
+        let (caller, header_page, session) = caller_of(ext)?;
         let scope_for = |page: Value| Scope {
             token: caller.token.clone(),
             page,
@@ -514,22 +716,33 @@ impl Server {
             trace_id: Uuid::new_v4().to_string(),
         };
         let pages = &self.state.pages;
-        let page = match header_page {
-            Some(p) if caller.page.as_ref() != Some(&p) => {
-                self.state
-                    .db
-                    .put_user_page(&scope_for(p.clone()))
-                    .await
-                    .map_err(api_error)?;
-                pages.observe(&caller.who, Some(p.clone()));
+        let page = match (header_page, session) {
+            (Some(p), Some(session)) => {
+                let own = self.session_page(&caller, &session);
+                if own.as_ref() != Some(&p) {
+                    // Checked first (a bad page changes nothing), then this session's own page here
+                    // (so the database's announcement finds it no longer following the shared
+                    // page), then in the database for every gateway.
+                    self.state
+                        .db
+                        .context(&scope_for(p.clone()))
+                        .await
+                        .map_err(api_error)?;
+                    pages.set_session_page(&caller.who, &session, p.clone());
+                    self.state
+                        .db
+                        .put_session_page(&scope_for(p.clone()), &session.0)
+                        .await
+                        .map_err(api_error)?;
+                }
                 Some(p)
             }
-            // The database's page (any gateway may have set it): listeners here that saw another
-            // one are told.
-            _ => {
-                pages.observe(&caller.who, caller.page.clone());
-                caller.page.clone()
-            }
+            // Outside a session (2026-07-28): the request's alone; every statement checks it.
+            (Some(p), None) => Some(p),
+            (None, Some(session)) => self
+                .session_page(&caller, &session)
+                .or_else(|| caller.shared.clone()),
+            (None, None) => caller.shared.clone(),
         };
         let scope = page.map(scope_for);
         Ok((caller, scope))
@@ -548,10 +761,15 @@ impl Server {
             Some(lease) => View::leased(scope, "mcp", lease),
             None => View::fresh(&state.db, scope, "mcp").await?,
         };
-        // Accept both the wire name (`invoice__get`) and the catalog name (`invoice.get`).
-        let name = request.name.replace("__", ".");
+        // The name it was listed under (`invoice__get`, `vendor__report__daily`): the database maps
+        // it back to the catalog's; a catalog name (`invoice.get`) is its own.
         let args = Value::Object(request.arguments.unwrap_or_default());
-        let envelope = crate::tools::call(state, &mut view, &name, &args).await;
+        let name = if request.name.contains('.') {
+            ToolName::Catalog(&request.name)
+        } else {
+            ToolName::Wire(&request.name)
+        };
+        let envelope = crate::tools::call(state, &mut view, name, &args).await;
         if let Some(lease) = view.lease() {
             state
                 .pages
@@ -595,7 +813,20 @@ impl Server {
     }
 }
 
+/// The protocol revisions offered: all rmcp knows but 2025-03-26, the one whose clients may send
+/// JSON-RPC batches (`mcp_jsonrpc.rs` refuses batches).
+const OFFERED_VERSIONS: &[ProtocolVersion] = &[
+    ProtocolVersion::V_2024_11_05,
+    ProtocolVersion::V_2025_06_18,
+    ProtocolVersion::V_2025_11_25,
+    ProtocolVersion::V_2026_07_28,
+];
+
 impl ServerHandler for Server {
+    fn supported_protocol_versions(&self) -> std::borrow::Cow<'static, [ProtocolVersion]> {
+        std::borrow::Cow::Borrowed(OFFERED_VERSIONS)
+    }
+
     fn get_info(&self) -> ServerConfig {
         InitializeResult::new(
             ServerCapabilities::builder()
@@ -630,10 +861,12 @@ impl ServerHandler for Server {
     }
 
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
-        if let Ok((caller, _)) = caller_of(&context.extensions) {
-            self.state
-                .pages
-                .listen(&caller.who, Listener::Session(context.peer.clone()), None);
+        if let Ok((caller, _, Some(session))) = caller_of(&context.extensions) {
+            self.state.pages.listen(
+                &caller,
+                Listener::Session(context.peer.clone()),
+                Some(session),
+            );
         }
     }
 
@@ -647,11 +880,11 @@ impl ServerHandler for Server {
     async fn listen(&self, context: SubscriptionContext) -> Result<(), McpError> {
         // No database work before registering: a page change racing this request must not slip
         // between the subscription being acknowledged and the listener being in place.
-        let (caller, seen) = caller_of(&context.request_context().extensions)?;
+        let (caller, _, _) = caller_of(&context.request_context().extensions)?;
         let id = self.state.pages.listen(
-            &caller.who,
+            &caller,
             Listener::Subscription(context.sink().clone()),
-            seen.as_ref(),
+            None,
         );
         context.cancelled().await;
         self.state.pages.remove(&caller.who, &[id]);
@@ -660,9 +893,16 @@ impl ServerHandler for Server {
 
     async fn list_tools(
         &self,
-        _request: Option<PaginatedRequestParams>,
+        request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
+        // Every tool is listed at once: no cursor was ever handed out, so none is valid.
+        if request.is_some_and(|r| r.cursor.is_some()) {
+            return Err(McpError::invalid_params(
+                "invalid cursor: this server lists every tool in one page",
+                None,
+            ));
+        }
         let (_, scope) = self.scope(&context.extensions).await?;
         let tools = match scope {
             // Fail closed: without a page there is nothing to show.
@@ -740,6 +980,55 @@ mod tests {
             Some(page)
         );
         assert_eq!(parse_page_header(&HeaderMap::new()).unwrap(), None);
+    }
+
+    fn spec(name: &str, read_only: bool, danger: &str, server: Option<&str>) -> ToolSpec {
+        ToolSpec {
+            name: name.into(),
+            description: "d".into(),
+            input_schema: json!({"type": "object"}),
+            read_only,
+            danger: danger.into(),
+            requires_approval: false,
+            server: server.map(Into::into),
+            title: None,
+        }
+    }
+
+    #[test]
+    fn titles_and_hints_come_from_the_catalog_and_the_policy() {
+        assert_eq!(readable_title("invoice.mark_paid"), "Invoice: mark paid");
+        assert_eq!(readable_title("read_doc_metadata"), "Read doc metadata");
+        assert_eq!(readable_title("scans.read-scan"), "Scans: read scan");
+        let get = to_tool(&spec("invoice.get", true, "safe", None));
+        let a = get.annotations.clone().unwrap();
+        assert_eq!(get.name, "invoice__get");
+        assert_eq!(get.title.as_deref(), Some("Invoice: get"));
+        assert_eq!(
+            (
+                a.read_only_hint,
+                a.destructive_hint,
+                a.idempotent_hint,
+                a.open_world_hint
+            ),
+            (Some(true), Some(false), Some(true), Some(false))
+        );
+        let write = to_tool(&spec("invoice.mark_paid", false, "moderate", None));
+        let a = write.annotations.unwrap();
+        assert_eq!((a.destructive_hint, a.idempotent_hint), (None, None));
+        let drop = to_tool(&spec("x.purge", false, "destructive", Some("up")));
+        let a = drop.annotations.unwrap();
+        assert_eq!(
+            (a.destructive_hint, a.open_world_hint),
+            (Some(true), Some(true))
+        );
+        let mut titled = spec("vendor.report__daily", true, "safe", None);
+        titled.title = Some("Daily vendor report".into());
+        let t = to_tool(&titled);
+        assert_eq!(
+            (t.name.as_ref(), t.title.as_deref()),
+            ("vendor__report__daily", Some("Daily vendor report"))
+        );
     }
 
     #[test]

@@ -5,7 +5,7 @@
 use serde_json::{json, Value};
 use uuid::Uuid;
 
-use crate::db::Scope;
+use crate::db::{Scope, ToolName};
 use crate::error::ApiError;
 use crate::llm::ToolSpec;
 use crate::pages::View;
@@ -15,12 +15,12 @@ use crate::AppState;
 pub async fn call(
     state: &AppState,
     view: &mut View,
-    name: &str,
+    name: ToolName<'_>,
     args: &Value,
 ) -> Result<Value, ApiError> {
     let envelope = view
         .run(&state.db, |s| async move {
-            state.db.call_tool(&s, name, args).await
+            state.db.call_tool(&s, &name, args).await
         })
         .await?;
     settle(state, view, envelope).await

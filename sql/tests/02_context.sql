@@ -126,4 +126,18 @@ SELECT is(:'switched'::jsonb->'error'->>'message', 'tool handler failed (SQLSTAT
 SELECT is(ctxguard.tenant_id(), 'acme', 'and the identity is unchanged');
 COMMIT;
 
+-- The context settings are excluded from RESET ALL (README): a client's RESET ALL inside the
+-- transaction neither clears nor changes the context, and tools still run under it.
+BEGIN;
+SELECT ctxguard.set_context(:'tok_alice', :'table_page') \g /dev/null
+SELECT current_setting('work_mem') AS work_mem0 \gset
+SET LOCAL work_mem = '77MB';
+SELECT is(current_setting('work_mem'), '77MB', 'an ordinary setting changed');
+RESET ALL;
+SELECT is(current_setting('work_mem'), :'work_mem0', 'positive control: RESET ALL did reset it');
+SELECT is(ctxguard.tenant_id() || '/' || ctxguard.user_id() || '/' || ctxguard.page_type(), 'acme/alice/invoice_table', 'the context survives RESET ALL');
+SELECT is(ctxguard.call_tool('list_available_tools', '{}')->>'status', 'ok', 'and tools still run under it');
+COMMIT;
+SELECT is(ctxguard.tenant_id(), NULL, 'the context still ends with its transaction');
+
 SELECT * FROM finish();

@@ -57,13 +57,35 @@ SELECT is(jsonb_array_length(:'hits'::jsonb->'result'->'results'), 5, 'search: c
 SELECT is(:'hits'::jsonb->'result'->>'max_results_capped_to', '5', 'search: the cap is reported');
 SELECT alike(:'hits'::jsonb->'result'->'results'->0->>'snippet', '%«%»%', 'search: snippet marks the match');
 SELECT is(jsonb_array_length(ctxguard.call_tool('doc_local_search', '{"query": "VOLCANO"}')->'result'->'results'), 0,
-          'search is scoped to the one document (another tenant''s term finds nothing)');
+          'search is scoped to the one document (a term of another document finds nothing)');
 SELECT is(pg_temp.code(ctxguard.call_tool('read_doc_section', '{"section_id": "nope"}')), 'NOT_FOUND', 'unknown section');
 SELECT ctxguard.call_tool('doc_local_search', '{"query": "search for certificate rotation"}') AS anyword \gset
 SELECT is(:'anyword'::jsonb->'result'->>'matched', 'any_word', 'search: with no page holding every word, any word may match');
 SELECT ok(jsonb_array_length(:'anyword'::jsonb->'result'->'results') > 0, 'search: the fallback finds pages');
 SELECT is(ctxguard.call_tool('doc_local_search', '{"query": "certificate rotation"}')->'result'->>'matched', 'all_words', 'search: all words first');
 SELECT ok(ctxguard.call_tool('list_available_tools', '{}')->'result'->'tools' ? 'read_doc_pages', 'list_available_tools');
+COMMIT;
+
+-- Two tenants' documents with the same id ('twin', sql/tests/fixtures.sql): each tenant searches and
+-- reads only its own, and each finds its own term (the positive control)
+\set twin '{"pageType": "document_viewer", "entity": {"type": "document", "id": "twin"}}'
+BEGIN;
+SELECT pg_temp.gen(:'tok_carol', :'twin') \g /dev/null
+SELECT is(jsonb_array_length(ctxguard.call_tool('doc_local_search', '{"query": "VOLCANO"}')->'result'->'results'), 1,
+          'positive control: globex finds VOLCANO in its twin');
+SELECT is(jsonb_array_length(ctxguard.call_tool('doc_local_search', '{"query": "checklist"}')->'result'->'results'), 0,
+          'globex does not find acme''s term in the document with the same id');
+SELECT alike(ctxguard.call_tool('read_doc_pages', '{"page_start": 1, "page_end": 1}')->'result'->'pages'->0->>'text', 'Globex twin page%',
+             'globex reads its own twin');
+COMMIT;
+BEGIN;
+SELECT pg_temp.gen(:'tok_alice', :'twin') \g /dev/null
+SELECT is(jsonb_array_length(ctxguard.call_tool('doc_local_search', '{"query": "checklist"}')->'result'->'results'), 1,
+          'positive control: acme finds its checklist in its twin');
+SELECT is(jsonb_array_length(ctxguard.call_tool('doc_local_search', '{"query": "VOLCANO"}')->'result'->'results'), 0,
+          'another tenant''s term finds nothing, in a document with the same id');
+SELECT alike(ctxguard.call_tool('read_doc_pages', '{"page_start": 1, "page_end": 1}')->'result'->'pages'->0->>'text', 'Acme twin page%',
+             'acme reads its own twin');
 COMMIT;
 
 -- Binding on the viewer page; another tenant's document and a nonexistent one look the same

@@ -1,6 +1,7 @@
 -- Upstream MCP servers (seed 002): discovery, invisibility without a policy, per-server RBAC,
 -- server default policies, and authorize/complete around forwarded calls. Runs as ctxguard_gateway;
--- discovery is the DBA's or a discovery role's (here: the definer t.dba_sync), never the gateway's.
+-- discovery is the DBA's or a discovery role's (here: ctxguard_discovery on a connection of its own,
+-- lib/dba.sql), never the gateway's; so are policies (here: postgres, the same way).
 \set QUIET 1
 SET client_min_messages = warning;
 SELECT * FROM no_plan();
@@ -17,27 +18,40 @@ SELECT throws_ok($$INSERT INTO ctxguard.mcp_server_grants VALUES ('files', NULL,
 SELECT throws_ok('SELECT * FROM ctxguard.mcp_server_grants', '42501', NULL, 'grants (users of every tenant) are not readable');
 SELECT throws_ok($$SELECT ctxguard.set_server_policy('files', '{"page_types": "*"}')$$, '42501', NULL, 'server policies are the DBA''s');
 SELECT throws_ok($$SELECT ctxguard.sync_mcp_tools('files', '[]')$$, '42501', NULL, 'H.52 the gateway role cannot sync (discovery has its own role)');
-SELECT throws_ok($$SELECT t.dba_sync('nosuch', '[]')$$, '22023', 'ctxguard: no such MCP server', 'sync needs a registered server');
+SELECT ok(NOT has_function_privilege('ctxguard.set_tool_policy(text, jsonb)', 'EXECUTE')
+          AND NOT has_function_privilege('ctxguard.set_server_policy(text, jsonb)', 'EXECUTE')
+          AND NOT has_function_privilege('ctxguard.accept_mcp_tool(text)', 'EXECUTE'), 'the gateway role can execute no policy writer');
+SELECT set_eq($$SELECT p.oid::regprocedure::text FROM pg_catalog.pg_proc p
+                 WHERE p.prosecdef AND p.pronamespace NOT IN ('ctxguard'::regnamespace, 'pg_catalog'::regnamespace)
+                   AND has_function_privilege(p.oid, 'EXECUTE')$$,
+              $$VALUES ('t.touched()'), ('lintme.definer_no_path()')$$,
+              'nor a test helper that could (the only definers it may run outside ctxguard read t.touches or return 1 for lint)');
+\set dba_role ctxguard_discovery
+\set dba_sql 'SELECT ctxguard.sync_mcp_tools(''nosuch'', ''[]'')'
+\ir lib/dba.sql
+SELECT is(split_part(:'dba_out', E'\n', 1), 'ERROR:  22023: ctxguard: no such MCP server', 'sync needs a registered server');
 
 -- Discovery: catalogued as server.tool, invisible without a policy
-SELECT t.dba_sync('files', $$[
-    {"name": "read_scan", "description": "Read the scanned PDF of an invoice.",
-     "inputSchema": {"type": "object", "properties": {"invoice_id": {"type": "string"}, "page": {"type": "integer"}}, "required": ["invoice_id"]}},
-    {"name": "Delete-All!", "description": "Delete every file.", "inputSchema": {"type": "object"}},
-    {"name": "9lives", "inputSchema": {"type": "object"}},
-    {"name": "broken", "inputSchema": {"type": "object", "properties": {"x": {"type": "no-such-type"}}}}
-  ]$$) AS synced \gset
+\set dba_sql 'SELECT ctxguard.sync_mcp_tools(''files'', $j$[{"name": "read_scan", "description": "Read the scanned PDF of an invoice.", "inputSchema": {"type": "object", "properties": {"invoice_id": {"type": "string"}, "page": {"type": "integer"}}, "required": ["invoice_id"]}}, {"name": "Delete-All!", "description": "Delete every file.", "inputSchema": {"type": "object"}}, {"name": "9lives", "inputSchema": {"type": "object"}}, {"name": "broken", "inputSchema": {"type": "object", "properties": {"x": {"type": "no-such-type"}}}}]$j$)'
+\ir lib/dba.sql
+\set synced :dba_out
 SELECT is(:'synced'::jsonb - 'skipped', '{"added": 2, "updated": 0, "removed": 0}'::jsonb, 'sync adds the catalogable tools');
 SELECT is(:'synced'::jsonb -> 'skipped', '[{"tool": "9lives", "reason": "name cannot be catalogued"}, {"tool": "broken", "reason": "invalid input schema"}]'::jsonb,
           'and reports the ones it skipped, with why');
 SELECT set_eq($$SELECT name, upstream_name, kind FROM ctxguard.tools WHERE server = 'files'$$,
               $$VALUES ('files.read_scan', 'read_scan', 'external'), ('files.delete-all_', 'Delete-All!', 'external')$$,
               'upstream names are normalised into the server''s namespace; the original is kept for forwarding');
-SELECT t.dba_sync('crm', '[{"name": "lookupContact", "description": "Find a contact.", "inputSchema": {"type": "object", "properties": {"q": {"type": "string"}}}}]') \g /dev/null
-SELECT t.dba_sync('off', '[{"name": "noop", "description": "Nothing."}]') \g /dev/null
+\set dba_sql 'SELECT ctxguard.sync_mcp_tools(''crm'', ''[{"name": "lookupContact", "description": "Find a contact.", "inputSchema": {"type": "object", "properties": {"q": {"type": "string"}}}}]'')'
+\ir lib/dba.sql
+SELECT is(:'dba_out'::jsonb - 'skipped', '{"added": 1, "updated": 0, "removed": 0}'::jsonb, 'crm synced');
+\set crm_sync :dba_sql
+\set dba_sql 'SELECT ctxguard.sync_mcp_tools(''off'', ''[{"name": "noop", "description": "Nothing."}]'')'
+\ir lib/dba.sql
+SELECT is(:'dba_out'::jsonb - 'skipped', '{"added": 1, "updated": 0, "removed": 0}'::jsonb, 'off synced');
 SELECT pg_temp.version() AS v0 \gset
-SELECT is(t.dba_sync('crm', '[{"name": "lookupContact", "description": "Find a contact.", "inputSchema": {"type": "object", "properties": {"q": {"type": "string"}}}}]') - 'skipped',
-          '{"added": 0, "updated": 0, "removed": 0}'::jsonb, 'a repeated sync changes nothing');
+\set dba_sql :crm_sync
+\ir lib/dba.sql
+SELECT is(:'dba_out'::jsonb - 'skipped', '{"added": 0, "updated": 0, "removed": 0}'::jsonb, 'a repeated sync changes nothing');
 SELECT is(pg_temp.version(), :'v0'::bigint, 'a repeated sync leaves the catalog version (and every backend''s cache) alone');
 
 BEGIN;
@@ -51,9 +65,11 @@ COMMIT;
 SELECT ok(EXISTS (SELECT 1 FROM ctxguard.lint() WHERE kind = 'tool_without_policy' AND object = 'files.read_scan'), 'lint lists discovered tools without policy');
 
 -- Policies: one tool explicitly, and a whole server in one statement
-SELECT t.dba_tool_policy('files.read_scan', '{"page_types": ["invoice_detail"], "entity_type": "invoice", "entity_param": "invoice_id", "read_only": true}');
-SELECT t.dba_server_policy('crm', '{"page_types": ["*"], "read_only": true}');
-SELECT t.dba_server_policy('off', '{"page_types": ["*"], "read_only": true}');
+-- (as the DBA, on its own connection: the gateway's session sees the change through the catalog version)
+\set dba_role postgres
+\set dba_sql 'SELECT ctxguard.set_tool_policy(''files.read_scan'', ''{"page_types": ["invoice_detail"], "entity_type": "invoice", "entity_param": "invoice_id", "read_only": true}''); SELECT ctxguard.set_server_policy(''crm'', ''{"page_types": ["*"], "read_only": true}''); SELECT ctxguard.set_server_policy(''off'', ''{"page_types": ["*"], "read_only": true}'')'
+\ir lib/dba.sql
+SELECT unalike(:'dba_out'::text, '%ERROR%', 'the DBA set the policies');
 SELECT ok(NOT EXISTS (SELECT 1 FROM ctxguard.lint() WHERE object IN ('crm.lookupcontact', 'files.read_scan')), 'lint: covered tools are no longer reported');
 
 -- Per-server RBAC in Gate A
@@ -124,7 +140,10 @@ COMMIT;
 SELECT is(pg_temp.code(ctxguard.complete_call((:'auth3'::jsonb->>'call_id')::uuid, '{}')), 'CONTEXT_MISSING', 'no context: nothing completes');
 
 -- Vanished upstream tools are kept, hidden and uncallable, with their DBA policies (H.52)
-SELECT t.dba_sync('files', '[]') \g /dev/null
+\set dba_role ctxguard_discovery
+\set dba_sql 'SELECT ctxguard.sync_mcp_tools(''files'', ''[]'')'
+\ir lib/dba.sql
+SELECT is(:'dba_out'::jsonb->>'removed', '2', 'the files server lists no tools any more');
 SELECT is((SELECT count(*)::int FROM ctxguard.tool_policies WHERE tool = 'files.read_scan'), 1, 'a vanished tool keeps its DBA policy');
 BEGIN;
 SELECT ctxguard.set_context(:'tok_alice', :'inv3') \g /dev/null

@@ -31,7 +31,8 @@ create_demo_db "$DB"
 # Below Linux's ephemeral range (32768-60999): client sockets of earlier tests cannot hold them.
 BASE=${CTXGUARD_MCP_TEST_PORT:-31900}
 UP_PORT=$BASE FLAKY_PORT=$((BASE + 1)) DEAD_PORT=$((BASE + 2)) GW_PORT=$((BASE + 3)) RUNAS_PORT=$((BASE + 4))
-require_free_ports "$UP_PORT" "$FLAKY_PORT" "$DEAD_PORT" "$GW_PORT" "$RUNAS_PORT"  # CTXGUARD_MCP_TEST_PORT moves them
+CONF_PORT=$((BASE + 5))
+require_free_ports "$UP_PORT" "$FLAKY_PORT" "$DEAD_PORT" "$GW_PORT" "$RUNAS_PORT" "$CONF_PORT"  # CTXGUARD_MCP_TEST_PORT moves them
 psql_su -d "$DB" -o /dev/null -v ON_ERROR_STOP=1 <<SQL
 INSERT INTO ctxguard.mcp_servers (name, transport, url, bearer_token_env, description, default_access) VALUES
   ('scans', 'http', 'http://127.0.0.1:$UP_PORT/mcp', 'SCANS_TOKEN', 'Scanned invoices', 'allow'),
@@ -48,6 +49,10 @@ SELECT ctxguard.set_server_policy('scans', '{"page_types": ["invoice_detail"], "
 SELECT ctxguard.set_server_policy('flaky', '{"page_types": ["invoice_detail"], "entity_type": "invoice", "entity_param": "invoice_id", "read_only": true}');
 SELECT ctxguard.set_server_policy('notes', '{"page_types": ["*"], "read_only": true}');
 SELECT ctxguard.set_server_policy('stuffer', '{"page_types": ["invoice_detail"], "read_only": true}');
+-- A catalog name with "__" in it (listed as vendor__report__daily) and a title.
+SELECT ctxguard.register_tool('vendor.report__daily', 'Daily report of the vendors.',
+    '{"type": "object", "properties": {"limit": {"type": "integer", "minimum": 1, "maximum": 100}}, "additionalProperties": false}',
+    'demo.vendor_list(jsonb)', '{"page_types": ["vendor_table"], "run_as": "ctxguard_tools"}', title => 'Daily vendor report');
 SQL
 
 PIDS=()
@@ -75,6 +80,8 @@ INSERT INTO ctxguard.mcp_servers (name, transport, command, args, description) V
   ('snoop', 'stdio', '$VENV/bin/python', ARRAY['$ROOT/tests/mcp/snoop_server.py', '$WORK/snoop-runas'], 'Tries to read the gateway''s secrets');
 SQL
 
+# Not the address the tests use: what the gateway advertises comes from here, never from Host.
+PUBLIC_URL=https://ctxguard.test
 log "gateway on :$GW_PORT, as $GW_USER, with its secrets in the environment, in files and on its command line"
 cargo build --locked --release -p ctxguard-gateway >/dev/null
 # Each secret is a distinct string the snooping stdio server must not find. The database ignores the
@@ -89,6 +96,8 @@ SCANS_TOKEN_FILE="$WORK/scans_token" UNRELATED_SECRET="$ENV_SECRET" \
 CTXGUARD_DATABASE_URL="host=$RUN port=$PGPORT user=ctxguard_gateway dbname=$DB password=$DB_SECRET" \
 CTXGUARD_LLM_API_KEY_FILE="$WORK/llm_api_key" \
 CTXGUARD_LISTEN="127.0.0.1:$GW_PORT" CTXGUARD_PROVIDER=offline CTXGUARD_MCP_CONNECT_TIMEOUT_MS=15000 \
+CTXGUARD_PUBLIC_URL="$PUBLIC_URL" CTXGUARD_MCP_ALLOWED_ORIGINS="http://app.test:8080,http://127.0.0.1:$CONF_PORT" \
+CTXGUARD_MCP_SESSION_IDLE_TIMEOUT_MS=3000 CTXGUARD_MCP_KEEPALIVE_MS=300 \
   "${GW_AS[@]}" "$CARGO_TARGET_DIR/release/ctxguard-gateway" \
   --discovery-database-url "host=$RUN port=$PGPORT user=ctxguard_discovery dbname=$DB password=$ARGV_SECRET" \
   >"$WORK/gateway.log" 2>&1 & PIDS+=($!)
@@ -98,7 +107,7 @@ grep -q "upstream MCP discovery done" "$WORK/gateway.log" || { cat "$WORK/gatewa
 if grep -E "could not record|discovered MCP tools are not recorded" "$WORK/gateway.log"; then exit 1; fi
 kill "$FLAKY_PID"  # discovered, then gone
 
-export CTXGUARD_MCP_URL="http://127.0.0.1:$GW_PORT" CTXGUARD_MCP_WORK="$WORK"
+export CTXGUARD_MCP_URL="http://127.0.0.1:$GW_PORT" CTXGUARD_MCP_WORK="$WORK" CTXGUARD_MCP_PUBLIC_URL="$PUBLIC_URL"
 export CTXGUARD_SECRETS="$DB_SECRET,$ARGV_SECRET,$KEY_SECRET,$ENV_SECRET,server-secret-for-scans"
 # For the gateway that runs its stdio servers as another user (root only: it needs the capabilities).
 export CTXGUARD_GATEWAY_BIN="$CARGO_TARGET_DIR/release/ctxguard-gateway" CTXGUARD_GW_USER="$GW_USER"
@@ -109,7 +118,9 @@ export TOK_ALICE=$(mint --sub alice --tenant acme --roles ap_clerk)
 export TOK_BOB=$(mint --sub bob --tenant acme --roles viewer)
 export TOK_CAROL=$(mint --sub carol --tenant globex --roles ap_clerk)
 export TOK_NEWCOMER=$(mint --sub newcomer --tenant acme --roles ap_clerk)
+export TOK_DANA=$(mint --sub dana --tenant acme --roles ap_clerk)
 export TOK_FORGED=$(mint --sub alice --tenant acme --roles ap_clerk --bad-signature)
 export TOK_EXPIRED=$(mint --sub alice --tenant acme --roles ap_clerk --ttl -120)
 log "MCP tests (official Python SDK client; MCPServer upstreams over HTTP and stdio)"
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/mcp/test_mcp.py "$@"
+[ $# -gt 0 ] || source tests/mcp/conformance.sh

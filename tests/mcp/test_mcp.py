@@ -19,10 +19,13 @@ import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.client.subscriptions import ToolsListChanged
+from mcp.shared.exceptions import MCPError
 
 GW = os.environ["CTXGUARD_MCP_URL"]
 WORK = Path(os.environ["CTXGUARD_MCP_WORK"])
 ALICE, BOB, CAROL = os.environ["TOK_ALICE"], os.environ["TOK_BOB"], os.environ["TOK_CAROL"]
+DANA = os.environ["TOK_DANA"]  # only the two-session page test uses her
+VENDORS = {"pageType": "vendor_table"}
 INV3 = {"pageType": "invoice_detail", "entity": {"type": "invoice", "id": "acme_inv3"}}
 INV4 = {"pageType": "invoice_detail", "entity": {"type": "invoice", "id": "acme_inv4"}}
 TABLE = {"pageType": "invoice_table", "pageState": {"tab": "open"}}
@@ -74,6 +77,270 @@ def admin_sql(sql):
     return out.stdout.strip()
 
 
+# --- raw HTTP (what no SDK sends) --------------------------------------------------------------
+
+INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS = -32700, -32600, -32601, -32602
+
+
+def hdrs(token, page=None, sid=None, **extra):
+    h = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json",
+         "Authorization": f"Bearer {token}", "MCP-Protocol-Version": "2025-11-25"}
+    if page is not None:
+        h["X-Ctxguard-Page"] = page_header(page)
+    if sid is not None:
+        h["Mcp-Session-Id"] = sid
+    h.update(extra)
+    return h
+
+
+def answer(r):
+    """The JSON-RPC answer in a response: a JSON body, or the SSE event carrying it."""
+    if r.headers.get("content-type", "").startswith("application/json"):
+        return r.json()
+    for line in r.text.splitlines():
+        if line.startswith("data:") and line[5:].strip():
+            msg = json.loads(line[5:])
+            if "id" in msg:
+                return msg
+    raise AssertionError(f"no JSON-RPC answer in {r.status_code} {r.text!r}")
+
+
+async def open_session(http, token, page=None):
+    r = await http.post(f"{GW}/mcp", json=INIT, headers=hdrs(token, page))
+    assert r.status_code == 200, r.text
+    sid = r.headers["mcp-session-id"]
+    r = await http.post(f"{GW}/mcp", json={"jsonrpc": "2.0", "method": "notifications/initialized"},
+                        headers=hdrs(token, page, sid))
+    assert r.status_code == 202, r.text
+    return sid
+
+
+async def list_raw(http, token, sid, page=None):
+    return await http.post(f"{GW}/mcp", json={"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
+                           headers=hdrs(token, page, sid))
+
+
+def metric(name):
+    text = httpx2.get(f"{GW}/metrics").text
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " ") or line.startswith(name + "{"))
+
+
+# --- sessions belong to their user ------------------------------------------------------------
+
+async def test_a_session_answers_only_the_user_who_opened_it():
+    async with httpx2.AsyncClient(timeout=20) as http:
+        sid = await open_session(http, ALICE, INV3)
+        assert (await list_raw(http, ALICE, sid)).status_code == 200
+        for other in (BOB, CAROL):  # the same tenant's other user, another tenant's
+            r = await list_raw(http, other, sid)
+            assert r.status_code == 404 and r.json()["error"]["data"]["code"] == "SESSION_NOT_FOUND"
+            r = await http.get(f"{GW}/mcp", headers=hdrs(other, sid=sid))
+            assert r.status_code == 404, "no one else can open the session's stream"
+            r = await http.delete(f"{GW}/mcp", headers=hdrs(other, sid=sid))
+            assert r.status_code == 404, "nor end it"
+            r = await http.post(f"{GW}/mcp", json={"jsonrpc": "2.0", "method": "notifications/initialized"},
+                                headers=hdrs(other, INV4, sid))
+            assert r.status_code == 404
+        # Untouched: still alice's, on her page.
+        r = await list_raw(http, ALICE, sid)
+        assert r.status_code == 200 and "invoice__get" in {t["name"] for t in answer(r)["result"]["tools"]}
+        # The same 404 as for an id that never existed, and for hers once ended.
+        assert (await list_raw(http, ALICE, "f" * 64)).status_code == 404
+        r = await http.delete(f"{GW}/mcp", headers=hdrs(ALICE, sid=sid))
+        assert r.status_code in (200, 202), r.text
+        assert (await http.delete(f"{GW}/mcp", headers=hdrs(ALICE, sid=sid))).status_code == 404
+        assert (await list_raw(http, ALICE, sid)).status_code == 404
+    assert sid not in (WORK / "gateway.log").read_text(), "session ids never reach the logs"
+
+
+async def test_origin_and_host_are_checked_with_json_refusals():
+    async with httpx2.AsyncClient(timeout=20) as http:
+        r = await http.post(f"{GW}/mcp", json=INIT, headers=hdrs(ALICE, Origin="http://evil.example.com"))
+        assert r.status_code == 403 and r.json()["error"]["code"] == "ORIGIN_NOT_ALLOWED"
+        r = await http.post(f"{GW}/mcp", json=INIT, headers=hdrs(ALICE, Host="evil.example.com"))
+        assert r.status_code == 403 and r.json()["error"]["code"] == "HOST_NOT_ALLOWED"
+        # Refused before authentication: no token needed to be told.
+        r = await http.post(f"{GW}/mcp", json=INIT, headers={"Origin": "null", "Content-Type": "application/json"})
+        assert r.status_code == 403 and r.json()["error"]["code"] == "ORIGIN_NOT_ALLOWED"
+        # Positive controls: the configured origin, and no origin (a non-browser client).
+        for extra in ({"Origin": "http://app.test:8080"}, {}):
+            r = await http.post(f"{GW}/mcp", json=INIT, headers=hdrs(ALICE, **extra))
+            assert r.status_code == 200, (extra, r.text)
+            await http.delete(f"{GW}/mcp", headers=hdrs(ALICE, sid=r.headers["mcp-session-id"]))
+
+
+async def test_metadata_and_challenge_come_from_the_public_url():
+    public = os.environ["CTXGUARD_MCP_PUBLIC_URL"]
+    async with httpx2.AsyncClient(timeout=20) as http:
+        r = await http.post(f"{GW}/mcp", json=INIT, headers={**hdrs("x"), "Host": "localhost"})
+        challenge = r.headers["www-authenticate"]
+        assert f'resource_metadata="{public}/.well-known/oauth-protected-resource/mcp"' in challenge
+        meta = (await http.get(f"{GW}/.well-known/oauth-protected-resource/mcp")).json()
+        assert meta["resource"] == f"{public}/mcp"
+        assert meta["resource_documentation"].startswith(("http://", "https://"))
+        root = (await http.get(f"{GW}/.well-known/oauth-protected-resource")).json()
+        assert root["resource"] == public, "the root metadata describes the origin it is served for"
+
+
+# --- JSON-RPC errors per the spec ----------------------------------------------------------------
+
+@pytest.mark.parametrize("body,status,code", [
+    (b"{not json", 400, PARSE_ERROR),
+    (b'[{"jsonrpc":"2.0","id":1,"method":"ping"}]', 400, INVALID_REQUEST),
+    (b'{"jsonrpc":"2.0","id":1}', 400, INVALID_REQUEST),
+    (b'{"jsonrpc":"1.0","id":1,"method":"ping"}', 400, INVALID_REQUEST),
+    (b'{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{}}', 200, INVALID_PARAMS),
+    (b'{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":42}}', 200, INVALID_PARAMS),
+    (b'{"jsonrpc":"2.0","id":5,"method":"tools/list","params":{"cursor":7}}', 200, INVALID_PARAMS),
+])
+async def test_malformed_messages_get_their_json_rpc_codes(body, status, code):
+    async with httpx2.AsyncClient(timeout=20) as http:
+        sid = await open_session(http, ALICE, INV3)
+        r = await http.post(f"{GW}/mcp", content=body, headers=hdrs(ALICE, sid=sid))
+        assert r.status_code == status, r.text
+        assert r.json()["error"]["code"] == code
+        await http.delete(f"{GW}/mcp", headers=hdrs(ALICE, sid=sid))
+
+
+async def test_bad_cursors_and_unknown_methods_are_refused_in_the_session():
+    async with httpx2.AsyncClient(timeout=20) as http:
+        sid = await open_session(http, ALICE, INV3)
+        r = await http.post(f"{GW}/mcp", json={"jsonrpc": "2.0", "id": 3, "method": "tools/list",
+                                               "params": {"cursor": "not-a-cursor"}}, headers=hdrs(ALICE, sid=sid))
+        assert answer(r)["error"]["code"] == INVALID_PARAMS
+        r = await http.post(f"{GW}/mcp", json={"jsonrpc": "2.0", "id": 4, "method": "no/such"},
+                            headers=hdrs(ALICE, sid=sid))
+        assert answer(r)["error"]["code"] == METHOD_NOT_FOUND
+        # Positive control: the same session lists.
+        assert "result" in answer(await list_raw(http, ALICE, sid))
+        await http.delete(f"{GW}/mcp", headers=hdrs(ALICE, sid=sid))
+
+
+async def test_the_2025_03_26_revision_with_batches_is_not_offered():
+    async with httpx2.AsyncClient(timeout=20) as http:
+        init = json.loads(json.dumps(INIT))
+        init["params"]["protocolVersion"] = "2025-03-26"
+        h = hdrs(ALICE)
+        del h["MCP-Protocol-Version"]
+        r = await http.post(f"{GW}/mcp", json=init, headers=h)
+        assert r.status_code == 200, r.text
+        assert answer(r)["result"]["protocolVersion"] != "2025-03-26"
+        await http.delete(f"{GW}/mcp", headers=hdrs(ALICE, sid=r.headers["mcp-session-id"]))
+
+
+# --- every listed name can be called -------------------------------------------------------------
+
+async def test_a_catalog_name_with_double_underscores_is_listed_and_callable():
+    async with connect(ALICE, VENDORS) as (client, _):
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+        assert "vendor__report__daily" in tools, "vendor.report__daily on the wire"
+        assert tools["vendor__report__daily"].title == "Daily vendor report", "the catalog's title"
+        r = await client.call_tool("vendor__report__daily", {})
+        assert not r.is_error, r
+        # The same call by its catalog name; a name that is no tool's wire form is not found.
+        assert not (await client.call_tool("vendor.report__daily", {})).is_error
+        assert error_code(await client.call_tool("vendor__report__nightly", {})) == "TOOL_NOT_FOUND"
+    audit = admin_sql("SELECT count(*) FROM ctxguard.audit_log WHERE tool = 'vendor.report__daily' AND decision = 'allow'")
+    assert int(audit) >= 2
+
+
+def test_register_tool_refuses_a_name_that_looks_like_another_on_the_wire():
+    out = subprocess.run(
+        ["psql", "-X", "-qAt", "-v", "ON_ERROR_STOP=1", "-v", "VERBOSITY=verbose", os.environ["CTXGUARD_ADMIN_PSQL"]],
+        input=r"""\set VERBOSITY verbose
+SELECT ctxguard.register_tool('vendor.report.daily', 'Collides with vendor.report__daily on the wire.',
+    '{"type": "object"}', 'demo.vendor_list(jsonb)', '{"page_types": ["vendor_table"], "run_as": "ctxguard_tools"}');""",
+        capture_output=True, text=True)
+    assert out.returncode != 0
+    assert "42710" in out.stderr, out.stderr
+    assert admin_sql("SELECT count(*) FROM ctxguard.tools WHERE name = 'vendor.report.daily'") == "0"
+
+
+# --- pages without fights --------------------------------------------------------------------------
+
+async def test_two_sessions_of_one_user_keep_their_own_pages_without_a_storm():
+    watches = [list_changed_watch() for _ in range(3)]
+    async with connect(DANA, INV3, on_message=watches[0][1]) as (a, a_http), \
+            connect(DANA, INV4, on_message=watches[1][1]) as (b, _):
+        for _ in range(3):  # clients that re-list on every change would flip a shared page here
+            assert (await a.call_tool("invoice__get", {})).structured_content["id"] == "acme_inv3"
+            assert (await b.call_tool("invoice__get", {})).structured_content["id"] == "acme_inv4"
+            await names(a), await names(b)
+        sent = metric("ctxguard_mcp_list_changed_total")
+        # A moves to another screen: A alone is told, once; B keeps its page.
+        a_http.headers["X-Ctxguard-Page"] = page_header(TABLE)
+        assert "invoice__list" in await names(a)
+        with anyio.fail_after(10):
+            await watches[0][0].wait()
+        assert "invoice__list" in await names(a), "re-listing after the notification"
+        assert (await b.call_tool("invoice__get", {})).structured_content["id"] == "acme_inv4"
+        assert not watches[1][0].is_set()
+        assert metric("ctxguard_mcp_list_changed_total") - sent == 1
+        # The app moves the user's shared page: only a session without its own page follows it.
+        async with connect(DANA, None, on_message=watches[2][1]) as (c, _):
+            assert await names(c) == set()
+            async with httpx2.AsyncClient() as app:
+                r = await app.put(f"{GW}/v1/context", json=VENDORS, headers={"Authorization": f"Bearer {DANA}"})
+                assert r.status_code == 200
+            with anyio.fail_after(10):
+                await watches[2][0].wait()
+            assert "vendor__list" in await names(c)
+        assert metric("ctxguard_mcp_list_changed_total") - sent == 2, "a and b were not told"
+        assert not watches[1][0].is_set()
+        assert "invoice__list" in await names(a) and "invoice__get" in await names(b)
+
+
+# --- sessions stay while their stream is open ------------------------------------------------------
+
+async def test_a_streaming_session_outlives_the_idle_timeout_and_an_expired_one_reinitializes():
+    async with httpx2.AsyncClient(timeout=30) as http:
+        kept = await open_session(http, ALICE, INV3)
+        lines = []
+        keepalive = anyio.Event()
+
+        async def read_stream():
+            async with http.stream("GET", f"{GW}/mcp", headers=hdrs(ALICE, sid=kept)) as r:
+                assert r.status_code == 200
+                async for line in r.aiter_lines():
+                    lines.append(line)
+                    if line.startswith(":"):
+                        keepalive.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(read_stream)
+            with anyio.fail_after(10):
+                await keepalive.wait()  # keep-alive comments flow on the open stream
+            idle = await open_session(http, ALICE, INV3)  # opened after `kept` was last used
+            # Wait for the server to end the idle session (the event: its expiry, seen in
+            # /metrics); a check that finds it still alive counts as use and the wait goes on.
+            deadline = time.monotonic() + 30
+            while True:
+                expired = metric("ctxguard_mcp_sessions_expired_total")
+                while metric("ctxguard_mcp_sessions_expired_total") == expired:
+                    assert time.monotonic() < deadline, "the idle session never expired"
+                    await anyio.sleep(0.1)
+                if (await list_raw(http, ALICE, idle)).status_code == 404:
+                    break
+            r = await list_raw(http, ALICE, kept)
+            assert r.status_code == 200, "the session with an open stream is alive"
+            tg.cancel_scope.cancel()
+    # The expired session's client starts over cleanly.
+    async with connect(ALICE, INV3) as (client, _):
+        assert "invoice__get" in await names(client)
+
+
+# --- the binary ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("flag,expect", [("--help", "Usage:"), ("--version", "ctxguard-gateway ")])
+def test_help_and_version_need_no_configuration(flag, expect):
+    out = subprocess.run([os.environ["CTXGUARD_GATEWAY_BIN"], flag], env={"PATH": os.environ["PATH"]},
+                         capture_output=True, text=True, timeout=20)
+    assert out.returncode == 0, out.stderr
+    assert expect in out.stdout
+
+
 # --- authentication -------------------------------------------------------------------------
 
 @pytest.mark.parametrize("token", [None, "not-a-jwt", os.environ["TOK_FORGED"], os.environ["TOK_EXPIRED"]])
@@ -94,9 +361,15 @@ async def test_bad_tokens_get_401_with_a_bearer_challenge(token):
 
 
 async def test_the_sdk_client_fails_to_connect_with_a_forged_token():
-    with pytest.raises(Exception):
+    # What the README promises: 401 with the UNAUTHENTICATED code, before any session exists.
+    async with httpx2.AsyncClient() as http:
+        r = await http.post(f"{GW}/mcp", json=INIT, headers=hdrs(os.environ["TOK_FORGED"]))
+        assert r.status_code == 401 and r.json()["error"]["code"] == "UNAUTHENTICATED"
+    # The SDK surfaces the refused initialize as its MCP error (inside its task group's).
+    with pytest.raises(ExceptionGroup) as refused:
         async with connect(os.environ["TOK_FORGED"], INV3):
             pass
+    assert refused.group_contains(MCPError)
 
 
 # --- tools/list = Gate A --------------------------------------------------------------------
@@ -112,9 +385,14 @@ async def test_initialize_and_list_follow_the_page(mode):
         # The entity id is bound by the database, so the client never sees the parameter.
         assert "invoice_id" not in tools["invoice__get"].input_schema.get("properties", {})
         assert "invoice_id" not in tools["scans__read_scan"].input_schema.get("properties", {})
-        assert tools["invoice__get"].annotations.read_only_hint is True
-        assert tools["invoice__mark_paid"].annotations.read_only_hint is False
-        assert tools["invoice__mark_paid"].annotations.destructive_hint is False
+        get, mark_paid, scan = tools["invoice__get"], tools["invoice__mark_paid"], tools["scans__read_scan"]
+        assert get.annotations.read_only_hint is True and get.annotations.destructive_hint is False
+        assert get.annotations.idempotent_hint is True and get.annotations.open_world_hint is False
+        # A write that is not "destructive": no promise either way (the client's default applies).
+        assert mark_paid.annotations.read_only_hint is False and mark_paid.annotations.destructive_hint is None
+        assert mark_paid.annotations.idempotent_hint is None
+        assert scan.annotations.open_world_hint is True, "upstream tools reach an open world"
+        assert get.title == "Invoice: get" and mark_paid.title == "Invoice: mark paid"
 
 
 async def test_without_a_page_nothing_is_listed_and_nothing_runs():
@@ -130,8 +408,15 @@ async def test_an_invalid_page_is_refused_and_changes_nothing():
         assert "invoice__get" in await names(client)
         for bad in ({"pageType": "no_such_page"}, GLX3, {"pageType": "invoice_detail"}):
             http.headers["X-Ctxguard-Page"] = page_header(bad)
-            with pytest.raises(Exception):
+            with pytest.raises(MCPError) as refused:
                 await client.list_tools()
+            assert refused.value.code == INVALID_PARAMS
+            assert refused.value.data == {"code": "INVALID_PAGE_CONTEXT"}
+        # A header that is no page context at all: the same error.
+        http.headers["X-Ctxguard-Page"] = "%%%"
+        with pytest.raises(MCPError) as refused:
+            await client.list_tools()
+        assert (refused.value.code, refused.value.data) == (INVALID_PARAMS, {"code": "INVALID_PAGE_CONTEXT"})
         del http.headers["X-Ctxguard-Page"]
         assert "invoice__get" in await names(client), "the user's page is still the last valid one"
         assert (await client.call_tool("invoice__get", {})).structured_content["id"] == "acme_inv3"
@@ -157,8 +442,11 @@ async def test_calls_bind_the_entity_and_denials_carry_codes():
 
 async def test_another_tenants_entity_cannot_become_the_page():
     async with connect(CAROL, INV3) as (client, _):
-        with pytest.raises(Exception):
+        with pytest.raises(MCPError) as refused:
             await client.list_tools()
+        assert refused.value.code == INVALID_PARAMS
+        assert refused.value.data == {"code": "INVALID_PAGE_CONTEXT"}
+        assert "acme_inv3" not in refused.value.message
 
 
 # --- notifications/tools/list_changed ------------------------------------------------------
@@ -179,7 +467,7 @@ async def test_list_changed_after_a_page_change_on_a_session():
     async with connect(CAROL, {"pageType": "invoice_table"}, on_message=on_message) as (client, http):
         before = await names(client)
         assert "invoice__list" in before and "invoice__get" not in before
-        await anyio.sleep(0.5)  # let the client open its GET stream
+        # No wait for the client's GET stream: a notification sent before it opens is kept for it.
         http.headers["X-Ctxguard-Page"] = page_header(GLX3)
         after = await names(client)
         assert "invoice__get" in after and "invoice__list" not in after
@@ -189,34 +477,43 @@ async def test_list_changed_after_a_page_change_on_a_session():
 
 async def test_list_changed_when_the_app_sets_the_page_out_of_band():
     changed, on_message = list_changed_watch()
-    async with connect(BOB, {"pageType": "vendor_table"}, on_message=on_message) as (client, http):
-        assert "vendor__list" in await names(client)
-        await anyio.sleep(0.5)
-        del http.headers["X-Ctxguard-Page"]  # from now on the session follows the app
-        async with httpx2.AsyncClient() as app:
-            r = await app.put(f"{GW}/v1/context", json=INV4, headers={"Authorization": f"Bearer {BOB}"})
+    async with httpx2.AsyncClient() as app:
+        async def put(page):
+            return await app.put(f"{GW}/v1/context", json=page, headers={"Authorization": f"Bearer {BOB}"})
+
+        assert (await put(VENDORS)).status_code == 200
+        # A session without a page header of its own follows the user's shared page.
+        async with connect(BOB, None, on_message=on_message) as (client, _):
+            assert "vendor__list" in await names(client)
+            r = await put(INV4)
             assert r.status_code == 200, r.text
-            bad = await app.put(f"{GW}/v1/context", json=GLX3, headers={"Authorization": f"Bearer {BOB}"})
+            bad = await put(GLX3)
             assert bad.status_code == 422, "another tenant's invoice cannot become bob's page"
-        with anyio.fail_after(10):
-            await changed.wait()
-        assert "invoice__get" in await names(client)
-        r = await client.call_tool("invoice__get", {})
-        assert r.structured_content["id"] == "acme_inv4"
+            assert bad.json()["error"]["code"] == "INVALID_PAGE_CONTEXT"
+            with anyio.fail_after(10):
+                await changed.wait()
+            assert "invoice__get" in await names(client)
+            r = await client.call_tool("invoice__get", {})
+            assert r.structured_content["id"] == "acme_inv4"
 
 
 async def test_list_changed_on_a_2026_subscription_stream():
     async with connect(ALICE, TABLE, mode="auto") as (client, http):
         assert client.protocol_version == "2026-07-28", "the SDK negotiates the stateless protocol"
-        # Listed on the table page first, so the one change below is what the stream must report.
         assert "invoice__list" in await names(client)
         async with client.listen(tools_list_changed=True) as sub:
             assert sub.honored.tools_list_changed
-            http.headers["X-Ctxguard-Page"] = page_header(INV3)
-            assert "invoice__get" in await names(client)
+            # Without sessions a header page is the request's alone: the stream follows the user's
+            # shared page, which the app sets.
+            async with httpx2.AsyncClient() as app:
+                for page in (INV4, INV3):
+                    r = await app.put(f"{GW}/v1/context", json=page, headers={"Authorization": f"Bearer {ALICE}"})
+                    assert r.status_code == 200, r.text
             with anyio.fail_after(10):
                 event = await anext(aiter(sub))
             assert isinstance(event, ToolsListChanged)
+        http.headers["X-Ctxguard-Page"] = page_header(INV3)
+        assert "invoice__get" in await names(client)
 
 
 # --- upstream MCP servers --------------------------------------------------------------------

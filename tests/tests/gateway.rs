@@ -82,6 +82,35 @@ async fn hostile_tool_calls_are_refused_by_the_database() {
         .await
         .unwrap()
         .get(0);
+    assert_eq!(n, 24, "the refused calls touched nothing");
+    // SQL text that does reach a handler stays data: test.note stores it as it is, and the table
+    // it names is intact (the handler counts acme's 12 invoices after the insert; the admin's count
+    // below sees all 24).
+    let hostile = "x'); DROP TABLE demo.invoices; --";
+    let (status, note) = post_json(gw, "/internal/mcp/execute", Some(&alice), &format!("{trace}-note"),
+        &json!({"tool_name": "test.note", "arguments": {"note": hostile}, "pageContext": {"pageType": "invoice_table"}})).await;
+    assert_eq!(status, 200, "{note}");
+    assert_eq!(
+        (
+            note["result"]["stored"].as_str(),
+            note["result"]["invoices"].as_i64()
+        ),
+        (Some(hostile), Some(12)),
+        "the handler ran with the text as data: {note}"
+    );
+    let stored: i64 = admin()
+        .await
+        .query_one("SELECT count(*) FROM t.notes WHERE note = $1", &[&hostile])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(stored >= 1, "the note was stored");
+    let n: i64 = admin()
+        .await
+        .query_one("SELECT count(*) FROM demo.invoices", &[])
+        .await
+        .unwrap()
+        .get(0);
     assert_eq!(n, 24, "SQL text in arguments stayed data");
     let answer = body["answer"].as_str().unwrap();
     assert!(
@@ -274,59 +303,75 @@ async fn two_tenants_interleaved_over_a_pool_of_one_never_mix() {
         .await;
 }
 
+/// The advisory lock `t.slow` (sql/tests/fixtures.sql) waits for: a test that holds it decides when
+/// the slow tool finishes.
+const SLOW_TOOL_LOCK: i64 = 15_150_015;
+
+/// Wait until a gateway backend is blocked in `t.slow` on [`SLOW_TOOL_LOCK`] (the server's state,
+/// read from pg_locks). Panics after `guard` (a hang guard, not a timing assertion).
+async fn wait_for_slow_tool(db: &tokio_postgres::Client, guard: Duration) {
+    let deadline = Instant::now() + guard;
+    loop {
+        let waiting: i64 = db
+            .query_one(
+                "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+                  WHERE l.locktype = 'advisory' AND NOT l.granted AND a.usename = 'ctxguard_gateway'
+                    AND (l.classid::bigint << 32) | l.objid::bigint = $1",
+                &[&SLOW_TOOL_LOCK],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if waiting > 0 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the slow tool never reached its lock: the connection is not held"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_exhausted_pool_answers_503_fast_and_bad_requests_take_no_connection() {
+    // The slow tool blocks on an advisory lock this test holds: the only connection stays taken
+    // until the test lets it go, however slow the machine.
+    let lock = admin().await;
+    lock.execute("SELECT pg_advisory_lock($1)", &[&SLOW_TOOL_LOCK])
+        .await
+        .unwrap();
     let mock = Mock::new(vec![
         Step::Tools(vec![("test__slow", json!({}))]),
         Step::Answer("ok"),
     ]);
     let gw = openai_gateway(&mock, &["--pool-size", "1", "--db-timeout-ms", "200"]).await;
     let alice = token("alice", "acme", &[]);
+    let holder_trace = format!("holder-{}", uuid::Uuid::new_v4());
     let holder = {
-        let alice = alice.clone();
+        let (alice, holder_trace) = (alice.clone(), holder_trace.clone());
         tokio::spawn(async move {
             post_json(
                 gw,
                 "/v1/chat",
                 Some(&alice),
-                "holder",
+                &holder_trace,
                 &json!({"message": "sleep", "pageContext": {"pageType": "vendor_table"}}),
             )
             .await
         })
     };
-    // Wait until the slow tool holds the only connection (its pg_sleep is running).
-    let db = admin().await;
-    for _ in 0..200 {
-        let busy: i64 = db
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE usename = 'ctxguard_gateway' AND state = 'active'
-                   AND query LIKE '%call_tool%' AND wait_event = 'PgSleep'",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        if busy > 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    let started = Instant::now();
+    // Until the slow tool waits for the lock, on the pool's only connection.
+    wait_for_slow_tool(&lock, Duration::from_secs(60)).await;
     let (status, body) = post_json(gw, "/internal/mcp/execute", Some(&alice), "starved",
         &json!({"tool_name": "vendor.list", "arguments": {}, "pageContext": {"pageType": "vendor_table"}})).await;
     assert_eq!(
         (status, body["error"]["code"].as_str()),
         (503, Some("DATABASE_UNAVAILABLE"))
     );
-    // Fast, never a hang: the refusal came while the slow call still holds the only connection.
-    assert!(
-        !holder.is_finished(),
-        "503 only after the pool freed up ({:?})",
-        started.elapsed()
-    );
     // Invalid requests never wait for a connection: had they, the pool would have answered 503.
-    let (s1, _) = post_json(
+    // The codes, not only the statuses.
+    let (s1, b1) = post_json(
         gw,
         "/v1/chat",
         None,
@@ -334,7 +379,7 @@ async fn an_exhausted_pool_answers_503_fast_and_bad_requests_take_no_connection(
         &json!({"message": "x", "pageContext": {}}),
     )
     .await;
-    let (s2, _) = post_json(
+    let (s2, b2) = post_json(
         gw,
         "/v1/chat",
         Some(&alice),
@@ -342,7 +387,7 @@ async fn an_exhausted_pool_answers_503_fast_and_bad_requests_take_no_connection(
         &json!({"pageContext": {}}),
     )
     .await;
-    let (s3, _) = post_json(
+    let (s3, b3) = post_json(
         gw,
         "/v1/chat",
         Some(&alice),
@@ -350,9 +395,32 @@ async fn an_exhausted_pool_answers_503_fast_and_bad_requests_take_no_connection(
         &json!({"message": "x".repeat(70_000), "pageContext": {}}),
     )
     .await;
-    assert_eq!((s1, s2, s3), (401, 400, 413));
-    let (status, _) = holder.await.unwrap();
-    assert_eq!(status, 200);
+    assert_eq!(
+        [
+            (s1, b1["error"]["code"].as_str()),
+            (s2, b2["error"]["code"].as_str()),
+            (s3, b3["error"]["code"].as_str())
+        ],
+        [
+            (401, Some("UNAUTHENTICATED")),
+            (400, Some("BAD_REQUEST")),
+            (413, Some("PAYLOAD_TOO_LARGE"))
+        ]
+    );
+    // All of it while the slow call still held the only connection (it cannot finish before the
+    // lock is released).
+    wait_for_slow_tool(&lock, Duration::from_secs(1)).await;
+    assert!(!holder.is_finished(), "the holder finished while blocked");
+    lock.execute("SELECT pg_advisory_unlock($1)", &[&SLOW_TOOL_LOCK])
+        .await
+        .unwrap();
+    let (status, body) = holder.await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        codes(&audit(&holder_trace).await),
+        ["allow"],
+        "the slow tool ran once, after the lock was released"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -66,6 +66,34 @@ async fn every_id_of_a_context_block_is_checked_by_the_database() {
         );
     }
 
+    // A block that starts like seed 004's but does not parse: refused before any database work,
+    // with the reason, never treated as a plain question.
+    let malformed = [
+        (
+            "a matter id that is no UUID",
+            "[CONTEXT] The user has selected matter \"Some matter\" (matter_id: 25e70284-6124-4a2b-9c89-abc123def45Z).\nsummarize",
+            "malformed [CONTEXT] message",
+        ),
+        (
+            "a UUID-shaped id that is not one",
+            "[CONTEXT] The user has selected matter \"Some matter\" (matter_id: ------------------------------------).\nsummarize",
+            "matter_id must be a UUID",
+        ),
+    ];
+    for (what, message, reason) in malformed {
+        let (status, body, trace) = chat(gw, message).await;
+        assert_eq!(
+            (
+                status,
+                body["error"]["code"].as_str(),
+                body["error"]["message"].as_str()
+            ),
+            (400, Some("BAD_REQUEST"), Some(reason)),
+            "{what}: {body}"
+        );
+        assert!(audit(&trace).await.is_empty(), "{what}: nothing ran");
+    }
+
     // The valid combination: the document's own matter, in the user's tenant.
     let (status, body, trace) = chat(
         gw,

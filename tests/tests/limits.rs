@@ -82,16 +82,34 @@ async fn a_client_that_trickles_its_headers_is_cut_off_while_others_are_served()
     .await;
     // One header byte every 150 ms: the head would take 5 s; the gateway allows 0.8 s.
     let head = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: yes\r\n\r\n";
-    let (lasted, served) = tokio::join!(
-        trickle(gw, head, Duration::from_millis(150)),
-        keep_serving(gw, Duration::from_millis(1500)),
-    );
-    let lasted = lasted.expect("the slow client was never cut off");
+    let slow = tokio::spawn(trickle(gw, head, Duration::from_millis(150)));
+    // Normal requests are served while the slow client is still connected (an event, not a count
+    // per time window: a loaded machine serves fewer, but it must serve them).
+    let mut served_meanwhile = 0;
+    while !slow.is_finished() {
+        let r = http()
+            .get(format!("http://{gw}/health"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        if !slow.is_finished() {
+            served_meanwhile += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let lasted = slow
+        .await
+        .unwrap()
+        .expect("the slow client was never cut off");
     assert!(
         lasted >= Duration::from_millis(500) && lasted < Duration::from_millis(2500),
         "{lasted:?}"
     );
-    assert!(served >= 5, "normal requests were served meanwhile");
+    assert!(
+        served_meanwhile >= 1,
+        "normal requests were served while the slow client was connected"
+    );
     // A client that sends nothing at all is held no longer.
     let lasted = trickle(gw, b"", Duration::ZERO).await.expect("never cut");
     assert!(lasted < Duration::from_millis(2500), "{lasted:?}");

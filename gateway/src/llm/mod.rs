@@ -23,6 +23,9 @@ pub struct ToolSpec {
     /// The upstream MCP server of an external tool (`None` for database tools).
     #[serde(skip)]
     pub server: Option<String>,
+    /// The catalog's title (`register_tool`'s `title`), if any.
+    #[serde(skip)]
+    pub title: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -184,6 +187,7 @@ mod tests {
             danger: "safe".into(),
             requires_approval: false,
             server: None,
+            title: None,
         }];
         assert_eq!(wire_name("invoice.get"), "invoice__get");
         assert_eq!(tool_name_from_wire("invoice__get", &tools), "invoice.get");

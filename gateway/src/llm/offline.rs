@@ -311,6 +311,7 @@ mod tests {
             danger: "safe".into(),
             requires_approval: false,
             server: None,
+            title: None,
         }
     }
 

@@ -558,3 +558,30 @@ END
 $$;
 COMMENT ON FUNCTION ctxguard.mcp_session_close(text, text) IS 'End the caller''s MCP session of that id (every gateway then answers 404 for it).';
 -- <<< sql/state.sql
+
+-- Tools: an optional title (issue 14), and names unique as MCP and model clients see them ('.' is
+-- sent as '__'): register_tool refuses a colliding name (42710), the index is the backstop.
+ALTER TABLE ctxguard.tools
+    ADD COLUMN title text CHECK (title IS NULL OR (length(title) BETWEEN 1 AND 128 AND title !~ '[[:cntrl:]]'));
+COMMENT ON COLUMN ctxguard.tools.title IS 'Title MCP clients show (register_tool''s title); NULL: a readable form of the name.';
+CREATE UNIQUE INDEX tools_wire_name_key ON ctxguard.tools ((pg_catalog.replace(name, '.', '__')));
+
+DROP FUNCTION ctxguard.register_tool(text, text, jsonb, regprocedure, jsonb);
+DROP FUNCTION ctxguard._register_tool(text, text, jsonb, oid, jsonb);
+CREATE FUNCTION ctxguard."_register_tool"(
+	"name" TEXT, /* Option < & str > */
+	"description" TEXT, /* Option < & str > */
+	"input_schema" jsonb, /* Option < JsonB > */
+	"handler" oid, /* Option < pg_sys :: Oid > */
+	"policy" jsonb, /* Option < JsonB > */
+	"title" TEXT /* Option < & str > */
+) RETURNS void
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', '_register_tool_wrapper';
+CREATE FUNCTION ctxguard.register_tool(name text, description text, input_schema jsonb, handler regprocedure, policy jsonb, title text DEFAULT NULL)
+    RETURNS void LANGUAGE sql VOLATILE
+    RETURN ctxguard._register_tool(name, description, input_schema, handler::oid, policy, title);
+COMMENT ON FUNCTION ctxguard.register_tool(text, text, jsonb, regprocedure, jsonb, text) IS 'Register or update a tool with its (mandatory) policy and an optional title.';
+REVOKE EXECUTE ON FUNCTION ctxguard._register_tool(text, text, jsonb, oid, jsonb, text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION ctxguard.register_tool(text, text, jsonb, regprocedure, jsonb, text) FROM PUBLIC;

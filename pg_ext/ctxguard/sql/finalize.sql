@@ -17,10 +17,10 @@ CREATE FUNCTION ctxguard.complete_call(call_id uuid, result jsonb, is_error bool
 COMMENT ON FUNCTION ctxguard.complete_call(uuid, jsonb, boolean) IS 'Mask, budget and audit the result of an upstream call authorized by call_tool (once).';
 COMMENT ON FUNCTION ctxguard.call_tool(text, jsonb) IS 'Gate B: re-check policy, bind the entity, validate, run the handler, audit.';
 
-CREATE FUNCTION ctxguard.register_tool(name text, description text, input_schema jsonb, handler regprocedure, policy jsonb)
+CREATE FUNCTION ctxguard.register_tool(name text, description text, input_schema jsonb, handler regprocedure, policy jsonb, title text DEFAULT NULL)
     RETURNS void LANGUAGE sql VOLATILE
-    RETURN ctxguard._register_tool(name, description, input_schema, handler::oid, policy);
-COMMENT ON FUNCTION ctxguard.register_tool(text, text, jsonb, regprocedure, jsonb) IS 'Register or update a tool with its (mandatory) policy.';
+    RETURN ctxguard._register_tool(name, description, input_schema, handler::oid, policy, title);
+COMMENT ON FUNCTION ctxguard.register_tool(text, text, jsonb, regprocedure, jsonb, text) IS 'Register or update a tool with its (mandatory) policy and an optional title.';
 
 CREATE FUNCTION ctxguard.protect_table(tbl regclass, tenant_column name, entity_type text DEFAULT NULL, id_column name DEFAULT NULL)
     RETURNS void LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
@@ -154,8 +154,8 @@ GRANT SELECT ON ctxguard.page_types, ctxguard.entity_types, ctxguard.tools, ctxg
 GRANT SELECT ON ctxguard.audit_log TO PUBLIC;
 
 REVOKE EXECUTE ON FUNCTION ctxguard.register_page_type(text, text, text) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION ctxguard._register_tool(text, text, jsonb, oid, jsonb) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION ctxguard.register_tool(text, text, jsonb, regprocedure, jsonb) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION ctxguard._register_tool(text, text, jsonb, oid, jsonb, text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION ctxguard.register_tool(text, text, jsonb, regprocedure, jsonb, text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION ctxguard.protect_table(regclass, name, text, name) FROM PUBLIC;
 
 -- Documents: forced tenant RLS. Metadata and sections are readable (own tenant); page text is not

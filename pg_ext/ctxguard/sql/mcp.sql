@@ -43,6 +43,12 @@ CREATE INDEX tools_server_idx ON ctxguard.tools (server) WHERE server IS NOT NUL
 COMMENT ON COLUMN ctxguard.tools.present IS 'false: the upstream server no longer lists this tool (hidden and uncallable; its policy is kept).';
 COMMENT ON COLUMN ctxguard.tools.accepted_hash IS 'Definition hash the DBA accepted (first sync, or ctxguard.accept_mcp_tool); a different definition_hash disables the tool.';
 
+-- Tools: an optional title, and names unique as MCP and model clients see them ('.' sent as '__').
+ALTER TABLE ctxguard.tools
+    ADD COLUMN title text CHECK (title IS NULL OR (length(title) BETWEEN 1 AND 128 AND title !~ '[[:cntrl:]]'));
+COMMENT ON COLUMN ctxguard.tools.title IS 'Title MCP clients show (register_tool''s title); NULL: a readable form of the name.';
+CREATE UNIQUE INDEX tools_wire_name_key ON ctxguard.tools ((pg_catalog.replace(name, '.', '__')));
+
 -- Upstream calls authorized by Gate B and not yet completed: complete_call consumes one exactly once.
 CREATE TABLE ctxguard.external_calls (
     call_id     uuid PRIMARY KEY,

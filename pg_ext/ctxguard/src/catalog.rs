@@ -58,8 +58,45 @@ fn handler_signature_ok(handler: pg_sys::Oid) -> bool {
     ) == Ok(Some(true))
 }
 
+/// Longest tool title, in characters.
+pub const MAX_TITLE_CHARS: usize = 128;
+
+/// A title is 1-128 characters, not blank, without control characters; `None` is no title (clients
+/// show a readable form of the name).
+fn check_title(title: Option<&str>) -> Option<&str> {
+    let title = title?;
+    if title.trim().is_empty()
+        || title.chars().count() > MAX_TITLE_CHARS
+        || title.chars().any(char::is_control)
+    {
+        raise(
+            INVALID,
+            "ctxguard: title must be 1-128 characters without control characters",
+        );
+    }
+    Some(title)
+}
+
+/// Refuse a tool name that MCP and model clients would see as another tool's: they see `.` as
+/// `__` (`invoice.get` is `invoice__get`), so `a.b__c` and `a.b.c` cannot both exist. SQLSTATE
+/// 42710 (duplicate_object); the unique index `tools_wire_name_key` is the backstop.
+fn refuse_wire_collision(name: &str) {
+    let clash = Spi::get_one_with_args::<bool>(
+        "SELECT EXISTS (SELECT 1 FROM ctxguard.tools t
+                         WHERE pg_catalog.replace(t.name, '.', '__') = pg_catalog.replace($1, '.', '__')
+                           AND t.name <> $1)",
+        &[name.into()],
+    );
+    if clash != Ok(Some(false)) {
+        raise(
+            PgSqlErrorCode::ERRCODE_DUPLICATE_OBJECT,
+            "ctxguard: tool name collides with another tool's as clients see it ('.' is sent as '__'): rename one",
+        );
+    }
+}
+
 /// Register (or update in place) a tool and its policy, atomically. Called by the SQL wrapper
-/// `ctxguard.register_tool(name, description, input_schema, handler regprocedure, policy)`.
+/// `ctxguard.register_tool(name, description, input_schema, handler regprocedure, policy, title)`.
 #[pg_extern(volatile, parallel_unsafe)]
 fn _register_tool(
     name: Option<&str>,
@@ -67,6 +104,7 @@ fn _register_tool(
     input_schema: Option<JsonB>,
     handler: Option<pg_sys::Oid>,
     policy: Option<JsonB>,
+    title: Option<&str>,
 ) {
     crate::handler::refuse_inside("register_tool");
     let _pin = crate::owner::pin();
@@ -74,6 +112,8 @@ fn _register_tool(
         .filter(|n| is_valid_name(n))
         .unwrap_or_else(|| raise(INVALID, "ctxguard: invalid tool name"));
     let description = check_description(description);
+    let title = check_title(title);
+    refuse_wire_collision(name);
     let schema = input_schema
         .map(|j| j.0)
         .unwrap_or_else(|| raise(INVALID, "ctxguard: input_schema is required"));
@@ -91,13 +131,19 @@ fn _register_tool(
     let (p, run_as) = parse_with_run_as(&raw_policy, &schema, true);
     Spi::connect_mut(|c| {
         c.update(
-            "INSERT INTO ctxguard.tools (name, description, input_schema, handler, kind)
-             VALUES ($1, $2, $3, $4::pg_catalog.oid::pg_catalog.regprocedure, 'sql')
+            "INSERT INTO ctxguard.tools (name, description, input_schema, handler, kind, title)
+             VALUES ($1, $2, $3, $4::pg_catalog.oid::pg_catalog.regprocedure, 'sql', $5)
              ON CONFLICT (name) DO UPDATE SET description = EXCLUDED.description,
                  input_schema = EXCLUDED.input_schema, handler = EXCLUDED.handler, kind = EXCLUDED.kind,
-                 version = ctxguard.tools.version + 1, updated_at = pg_catalog.now()",
+                 title = EXCLUDED.title, version = ctxguard.tools.version + 1, updated_at = pg_catalog.now()",
             None,
-            &[name.into(), description.into(), JsonB(schema.clone()).into(), handler.into()],
+            &[
+                name.into(),
+                description.into(),
+                JsonB(schema.clone()).into(),
+                handler.into(),
+                title.into(),
+            ],
         )?;
         upsert_policy(c, name, &p, raw_policy, run_as)?;
         Ok::<_, pgrx::spi::Error>(())

@@ -275,42 +275,6 @@ pub fn init() {
         GucContext::Suset,
         GucFlags::UNIT_S,
     );
-    // The ledger's tables, sized once at server start (shared memory). A table fills to about
-    // 85 % before an insert can find both of its key's buckets full; then calls that need a new
-    // entry fail closed (AUDIT_UNAVAILABLE, the log names the setting to raise).
-    for (name, desc, setting) in [
-        (
-            c"ctxguard.ledger_generations",
-            c"Live generations the shared-memory ledger tracks (their byte budgets); about 32 bytes each.",
-            &LEDGER_GENERATIONS,
-        ),
-        (
-            c"ctxguard.ledger_document_calls",
-            c"Live (generation, document) call counters in the shared-memory ledger; about 32 bytes each.",
-            &LEDGER_DOCUMENT_CALLS,
-        ),
-        (
-            c"ctxguard.ledger_coverage",
-            c"Live (user, document, UTC day) coverage bitmaps in the shared-memory ledger; about 160 bytes each.",
-            &LEDGER_COVERAGE,
-        ),
-        (
-            c"ctxguard.ledger_user_days",
-            c"Live (user, UTC day) byte totals in the shared-memory ledger; about 32 bytes each.",
-            &LEDGER_USER_DAYS,
-        ),
-    ] {
-        GucRegistry::define_int_guc(
-            name,
-            desc,
-            c"Rounded up to whole buckets of 16. Takes effect at server start.",
-            setting,
-            16,
-            16_777_216,
-            GucContext::Postmaster,
-            GucFlags::default(),
-        );
-    }
     GucRegistry::define_int_guc(
         c"ctxguard.audit_writer_idle",
         c"Seconds without work after which a database's audit writer exits (it restarts on demand).",
@@ -387,4 +351,46 @@ pub fn get(setting: &GucSetting<Option<CString>>) -> Option<String> {
         .get()
         .and_then(|c| c.into_string().ok())
         .filter(|s| !s.is_empty())
+}
+
+/// The sizes of the ledger's tables: server-start settings, so defined only while
+/// `shared_preload_libraries` is processed (PostgreSQL refuses a PGC_POSTMASTER setting created
+/// later, and a library loaded later has no ledger).
+pub fn init_ledger_sizes() {
+    // The ledger's tables, sized once at server start (shared memory). A table fills to about
+    // 85 % before an insert can find both of its key's buckets full; then calls that need a new
+    // entry fail closed (AUDIT_UNAVAILABLE, the log names the setting to raise).
+    for (name, desc, setting) in [
+        (
+            c"ctxguard.ledger_generations",
+            c"Live generations the shared-memory ledger tracks (their byte budgets); about 32 bytes each.",
+            &LEDGER_GENERATIONS,
+        ),
+        (
+            c"ctxguard.ledger_document_calls",
+            c"Live (generation, document) call counters in the shared-memory ledger; about 32 bytes each.",
+            &LEDGER_DOCUMENT_CALLS,
+        ),
+        (
+            c"ctxguard.ledger_coverage",
+            c"Live (user, document, UTC day) coverage bitmaps in the shared-memory ledger; about 160 bytes each.",
+            &LEDGER_COVERAGE,
+        ),
+        (
+            c"ctxguard.ledger_user_days",
+            c"Live (user, UTC day) byte totals in the shared-memory ledger; about 32 bytes each.",
+            &LEDGER_USER_DAYS,
+        ),
+    ] {
+        GucRegistry::define_int_guc(
+            name,
+            desc,
+            c"Rounded up to whole buckets of 16. Takes effect at server start.",
+            setting,
+            16,
+            16_777_216,
+            GucContext::Postmaster,
+            GucFlags::default(),
+        );
+    }
 }

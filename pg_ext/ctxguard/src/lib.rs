@@ -68,6 +68,7 @@ pub extern "C-unwind" fn _PG_init() {
     pgutil::reserve_prefix();
     if pgutil::loaded_at_startup() {
         context::PRELOADED.store(true, std::sync::atomic::Ordering::Relaxed);
+        gucs::init_ledger_sizes();
         ledger::shmem::init();
         ledger::register_flush_at_transaction_end();
     }

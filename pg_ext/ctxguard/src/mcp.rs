@@ -152,7 +152,22 @@ fn sync_mcp_tools(server: Option<&str>, tools: Option<JsonB>) -> JsonB {
                         continue;
                     }
                     Some(_) => updated += 1,
-                    None => added += 1,
+                    None => {
+                        // Clients see '.' as '__': a new name must not look like another tool's.
+                        let free = c
+                            .select(
+                                "SELECT 1 FROM ctxguard.tools t
+                                  WHERE pg_catalog.replace(t.name, '.', '__') = pg_catalog.replace($1, '.', '__')",
+                                Some(1),
+                                &[name.as_str().into()],
+                            )?
+                            .is_empty();
+                        if !free {
+                            skipped.push(json!({"tool": d.upstream_name, "reason": "name taken by another tool as clients see it"}));
+                            continue;
+                        }
+                        added += 1
+                    }
                 }
                 // A new tool's definition is accepted as first seen; a changed one keeps the
                 // accepted hash, so it is disabled until the DBA accepts it again.

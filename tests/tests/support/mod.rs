@@ -197,13 +197,17 @@ pub async fn gateway(extra: &[&str]) -> SocketAddr {
 /// The real gateway router on a random local port, and its state (for what `main` does besides
 /// serving, such as upstream MCP discovery). `extra` are CLI-style overrides.
 pub async fn gateway_with_state(extra: &[&str]) -> (SocketAddr, Arc<AppState>) {
-    gateway_at(&env("CTXGUARD_TEST_DATABASE_URL"), extra).await
+    gateway_on(&env("CTXGUARD_TEST_DATABASE_URL"), extra).await
 }
 
 /// The real gateway router on a random local port, connected to `url` (e.g. through pgbouncer).
 pub async fn gateway_at(url: &str, extra: &[&str]) -> (SocketAddr, Arc<AppState>) {
-    let mut args = vec!["ctxguard-gateway", "--database-url"];
-    args.push(url);
+    gateway_on(url, extra).await
+}
+
+/// The real gateway router on a random local port, on the database at `url` (as the gateway role).
+pub async fn gateway_on(url: &str, extra: &[&str]) -> (SocketAddr, Arc<AppState>) {
+    let mut args = vec!["ctxguard-gateway", "--database-url", url];
     args.extend_from_slice(extra);
     let config = Config::try_parse_from(args).unwrap();
     config.validate().unwrap();

@@ -506,16 +506,17 @@ fn save_generations(
             .iter()
             .map(|(g, (b, _))| json!({"id": g, "b": b}))
             .collect();
-        // The UPDATE locks what it changes; the SELECT names the generations with no row.
-        update_saved(
+        // One statement: the UPDATE, and the generations with no visible row (the same snapshot).
+        let missing = ids(update_saved(
             c,
-            "UPDATE ctxguard.generations g SET bytes_used = v.b
-               FROM pg_catalog.jsonb_to_recordset($1) AS v(id pg_catalog.uuid, b pg_catalog.int8)
-              WHERE g.id OPERATOR(pg_catalog.=) v.id AND g.bytes_used OPERATOR(pg_catalog.<) v.b",
+            "WITH v AS (SELECT * FROM pg_catalog.jsonb_to_recordset($1) AS v(id pg_catalog.uuid, b pg_catalog.int8)),
+                  u AS (UPDATE ctxguard.generations g SET bytes_used = v.b FROM v
+                         WHERE g.id OPERATOR(pg_catalog.=) v.id AND g.bytes_used OPERATOR(pg_catalog.<) v.b)
+             SELECT v.id::pg_catalog.text FROM v
+              WHERE NOT EXISTS (SELECT 1 FROM ctxguard.generations g WHERE g.id OPERATOR(pg_catalog.=) v.id)",
             None,
-            &[JsonB(Value::Array(gens.clone())).into()],
-        )?;
-        let missing = missing_generations(c, gens, "id")?;
+            &[JsonB(Value::Array(gens)).into()],
+        )?)?;
         unsaved.gens.retain(|g, _| missing.contains(g));
     }
     if !unsaved.docs.is_empty() {
@@ -524,39 +525,30 @@ fn save_generations(
             .iter()
             .map(|((g, d), (t, n, _))| json!({"g": g, "t": t, "d": d, "n": n}))
             .collect();
-        update_saved(
+        let missing = ids(update_saved(
             c,
-            "INSERT INTO ctxguard.document_calls AS d (generation, tenant_id, doc_id, calls)
-             SELECT v.g, v.t, v.d, v.n
-               FROM pg_catalog.jsonb_to_recordset($1) AS v(g pg_catalog.uuid, t pg_catalog.text, d pg_catalog.text, n pg_catalog.int4)
-              WHERE EXISTS (SELECT 1 FROM ctxguard.generations g WHERE g.id OPERATOR(pg_catalog.=) v.g FOR KEY SHARE)
-             ON CONFLICT (generation, doc_id) DO UPDATE SET calls = GREATEST(d.calls, EXCLUDED.calls)",
+            "WITH v AS (SELECT * FROM pg_catalog.jsonb_to_recordset($1)
+                          AS v(g pg_catalog.uuid, t pg_catalog.text, d pg_catalog.text, n pg_catalog.int4)),
+                  i AS (INSERT INTO ctxguard.document_calls AS d (generation, tenant_id, doc_id, calls)
+                        SELECT v.g, v.t, v.d, v.n FROM v
+                         WHERE EXISTS (SELECT 1 FROM ctxguard.generations g WHERE g.id OPERATOR(pg_catalog.=) v.g FOR KEY SHARE)
+                        ON CONFLICT (generation, doc_id) DO UPDATE SET calls = GREATEST(d.calls, EXCLUDED.calls))
+             SELECT DISTINCT v.g::pg_catalog.text FROM v
+              WHERE NOT EXISTS (SELECT 1 FROM ctxguard.generations g WHERE g.id OPERATOR(pg_catalog.=) v.g)",
             None,
-            &[JsonB(Value::Array(docs.clone())).into()],
-        )?;
-        let missing = missing_generations(c, docs, "g")?;
+            &[JsonB(Value::Array(docs)).into()],
+        )?)?;
         unsaved.docs.retain(|(g, _), _| missing.contains(g));
     }
     Ok(())
 }
 
-/// Of the generation ids in field `field` of `rows`, those with no visible generation row.
-fn missing_generations(
-    c: &mut pgrx::spi::SpiClient<'_>,
-    rows: Vec<Value>,
-    field: &str,
+/// The text column of every row.
+fn ids(
+    rows: pgrx::spi::SpiTupleTable<'_>,
 ) -> Result<std::collections::HashSet<String>, pgrx::spi::Error> {
-    let ids: Vec<Value> = rows.iter().map(|r| r[field].clone()).collect();
-    update_saved(
-        c,
-        "SELECT v.id::pg_catalog.text FROM pg_catalog.jsonb_array_elements_text($1) AS v(id)
-          WHERE NOT EXISTS (SELECT 1 FROM ctxguard.generations g
-                             WHERE g.id OPERATOR(pg_catalog.=) v.id::pg_catalog.uuid)",
-        None,
-        &[JsonB(Value::Array(ids)).into()],
-    )?
-    .map(|r| r.get::<String>(1).map(Option::unwrap_or_default))
-    .collect()
+    rows.map(|r| r.get::<String>(1).map(Option::unwrap_or_default))
+        .collect()
 }
 
 /// Write again the counters still waiting for their generation row (in the writer's transaction).
