@@ -142,6 +142,75 @@ CONF
     as_pg "$PG_BIN/pg_ctl" -D "$run/pgdata" -l "$run/postgres.log" -w start >/dev/null
 }
 
+# pgbouncer (Debian's package: 1.18 on Debian 12) in transaction mode between clients and this cluster,
+# as the gateway runs behind it in production (README "Behind pgbouncer"): every database of the
+# cluster, trust authentication for the roles in $PGB_DIR/userlist.txt, a server pool of
+# ${PGBOUNCER_POOL_SIZE:-2} connections per database and role. Admin console: database pgbouncer, user postgres.
+PGBOUNCER_PORT=${CTXGUARD_PGBOUNCER_PORT:-$((PGPORT + 5))}
+PGB_DIR=$RUN/pgbouncer
+start_pgbouncer() {
+  if ! command -v pgbouncer >/dev/null 2>&1 && [ ! -x /usr/sbin/pgbouncer ]; then
+    log "installing pgbouncer"
+    if [ "$(id -u)" = 0 ]; then
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -q pgbouncer >/dev/null ||
+        { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q pgbouncer >/dev/null; }
+    else
+      sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -q pgbouncer >/dev/null
+    fi
+  fi
+  stop_pgbouncer
+  mkdir -p "$PGB_DIR"
+  [ "$(id -u)" = 0 ] && chown postgres:postgres "$PGB_DIR"
+  as_pg tee "$PGB_DIR/userlist.txt" >/dev/null <<USERS
+"postgres" ""
+"ctxguard_gateway" ""
+"ctxguard_discovery" ""
+"ctxguard_app" ""
+USERS
+  as_pg tee "$PGB_DIR/pgbouncer.ini" >/dev/null <<INI
+[databases]
+* = host=$RUN port=$PGPORT
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = $PGBOUNCER_PORT
+unix_socket_dir =
+auth_type = trust
+auth_file = $PGB_DIR/userlist.txt
+admin_users = postgres
+pool_mode = transaction
+default_pool_size = ${PGBOUNCER_POOL_SIZE:-2}
+min_pool_size = 0
+reserve_pool_size = 0
+max_client_conn = 1000
+server_login_retry = 1
+logfile = $PGB_DIR/pgbouncer.log
+pidfile = $PGB_DIR/pgbouncer.pid
+INI
+  log "starting pgbouncer (transaction mode, pool ${PGBOUNCER_POOL_SIZE:-2}) on port $PGBOUNCER_PORT"
+  as_pg "$(command -v pgbouncer || echo /usr/sbin/pgbouncer)" -d "$PGB_DIR/pgbouncer.ini"
+  local i
+  for i in $(seq 1 50); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$PGBOUNCER_PORT") 2>/dev/null && return 0
+    sleep 0.1
+  done
+  echo "pgbouncer did not start (see $PGB_DIR/pgbouncer.log)" >&2
+  exit 1
+}
+
+# Stop the pgbouncer start_pgbouncer started (its pid file), if it runs.
+stop_pgbouncer() {
+  local pid
+  pid=$(cat "$PGB_DIR/pgbouncer.pid" 2>/dev/null || true)
+  [ -n "$pid" ] || return 0
+  if kill -0 "$pid" 2>/dev/null && grep -q pgbouncer "/proc/$pid/cmdline" 2>/dev/null; then
+    kill -TERM "$pid" 2>/dev/null || true
+    local i
+    for i in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  fi
+  rm -f "$PGB_DIR/pgbouncer.pid"
+}
+
 # Fresh database with the demo schema (drops any previous one).
 create_demo_db() {
   local db=$1

@@ -100,6 +100,16 @@ bash tests/oidc/keys.sh "$OIDC_DIR"
 OIDC_PORT=${CTXGUARD_OIDC_TEST_PORT:-31940}
 require_free_ports "$OIDC_PORT" $((OIDC_PORT + 1)) $((OIDC_PORT + 2)) $((OIDC_PORT + 3))
 log "client integration tests (tests/, real connections as ctxguard_gateway and the demo's other roles)"
+# pgbouncer (transaction mode, a server pool of 2) for the tests of gateways behind a pooler.
+start_pgbouncer
+trap stop_pgbouncer EXIT
+# The gateway binary for the drill that kills one (tests/gateway_drills.rs).
+cargo build --locked -p ctxguard-gateway
+CTXGUARD_TEST_GATEWAY_BIN="$CARGO_TARGET_DIR/debug/ctxguard-gateway" \
+CTXGUARD_TEST_DRILL_PORT=${CTXGUARD_DRILL_TEST_PORT:-31990} \
+CTXGUARD_TEST_POOLER_URL="host=127.0.0.1 port=$PGBOUNCER_PORT user=ctxguard_gateway dbname=$DB" \
+CTXGUARD_TEST_POOLER_ADMIN_URL="host=127.0.0.1 port=$PGBOUNCER_PORT user=postgres dbname=pgbouncer" \
+CTXGUARD_TEST_PGBOUNCER_INI="$PGB_DIR/pgbouncer.ini" \
 CTXGUARD_TEST_DATABASE_URL="host=$RUN port=$PGPORT user=ctxguard_gateway dbname=$DB" \
 CTXGUARD_TEST_DISCOVERY_URL="host=$RUN port=$PGPORT user=ctxguard_discovery dbname=$DB" \
 CTXGUARD_TEST_APP_URL="host=$RUN port=$PGPORT user=ctxguard_app dbname=$DB" \
@@ -109,6 +119,7 @@ CTXGUARD_TEST_PGDATA="$PGDATA_DIR" CTXGUARD_TEST_PG_BIN="$PG_BIN" \
 CTXGUARD_TEST_OIDC_NODE_MODULES="$OIDC_NODE_MODULES" CTXGUARD_TEST_OIDC_DIR="$OIDC_DIR" \
 CTXGUARD_TEST_OIDC_PORT="$OIDC_PORT" \
   cargo test --locked -p ctxguard-tests
+stop_pgbouncer
 
 bash tests/mcp/run.sh
 

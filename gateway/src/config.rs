@@ -33,6 +33,17 @@ pub struct Config {
     /// without it discovered tools are not recorded, and tools already in the catalog keep working.
     #[arg(long, env = "CTXGUARD_DISCOVERY_DATABASE_URL")]
     pub discovery_database_url: Option<String>,
+    /// PostgreSQL URL of the one connection that listens for page changes made through other
+    /// gateways (`LISTEN ctxguard_pages`). Must reach PostgreSQL directly (or a session-mode
+    /// pool): never a transaction-mode pooler. Default: the database URL when it reaches
+    /// PostgreSQL directly; behind a pooler, unset means MCP sessions hear only this gateway's
+    /// page changes.
+    #[arg(long, env = "CTXGUARD_NOTIFY_DATABASE_URL")]
+    pub notify_database_url: Option<String>,
+    /// How long an MCP session lives without requests, in seconds (its record in the database
+    /// lets any gateway serve it until then).
+    #[arg(long, env = "CTXGUARD_MCP_SESSION_TTL_SECS", default_value_t = 3600)]
+    pub mcp_session_ttl_secs: i32,
     /// Address to listen on.
     #[arg(long, env = "CTXGUARD_LISTEN", default_value = "127.0.0.1:8088")]
     pub listen: SocketAddr,
@@ -57,6 +68,18 @@ pub struct Config {
     /// Longest wait for a database connection, in milliseconds.
     #[arg(long, env = "CTXGUARD_DB_TIMEOUT_MS", default_value_t = 2_000)]
     pub db_timeout_ms: u64,
+    /// How statements are sent to the database: `prepared` (named prepared statements cached per
+    /// connection: PostgreSQL directly, pgbouncer in session mode, or pgbouncer 1.21+ with
+    /// `max_prepared_statements`), `unnamed` (one unnamed statement per query: any pooler, e.g.
+    /// pgbouncer in transaction mode of any version), or `auto`: `prepared` when a probe connection
+    /// sees PostgreSQL itself (its own client and server ports), `unnamed` otherwise.
+    #[arg(
+        long,
+        env = "CTXGUARD_DB_STATEMENTS",
+        value_enum,
+        default_value = "auto"
+    )]
+    pub db_statements: crate::db::StatementMode,
     /// Database connection pool size.
     #[arg(long, env = "CTXGUARD_POOL_SIZE", default_value_t = 16)]
     pub pool_size: usize,
@@ -242,6 +265,9 @@ impl Config {
         if !(1..=32).contains(&self.max_steps) {
             return bad("CTXGUARD_MAX_STEPS must be 1..32");
         }
+        if !(60..=86_400).contains(&self.mcp_session_ttl_secs) {
+            return bad("CTXGUARD_MCP_SESSION_TTL_SECS must be 60..86400");
+        }
         if !(1..=512).contains(&self.pool_size) {
             return bad("CTXGUARD_POOL_SIZE must be 1..512");
         }
@@ -366,6 +392,7 @@ impl Config {
         [
             Some(self.database_url.as_str()),
             self.discovery_database_url.as_deref(),
+            self.notify_database_url.as_deref(),
             self.demo_database_url.as_deref(),
             self.llm_api_key.as_deref(),
         ]
@@ -373,6 +400,13 @@ impl Config {
         .flatten()
         .filter(|v| !v.is_empty())
         .collect()
+    }
+
+    /// The listening connection's URL, if set (an empty value counts as unset).
+    pub fn notify_url(&self) -> Option<&str> {
+        self.notify_database_url
+            .as_deref()
+            .filter(|u| !u.is_empty())
     }
 
     /// The demo screens' URL, if set (an empty value counts as unset).

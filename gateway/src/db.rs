@@ -1,16 +1,29 @@
 //! Database access. Every step is one short transaction that starts with `ctxguard.set_context`;
 //! no transaction is held while the model thinks. The gateway decides nothing: the database does.
 //!
+//! Statements: with `CTXGUARD_DB_STATEMENTS=prepared` each connection keeps named prepared
+//! statements for its life (parsed once per connection); with `unnamed` every statement is sent as
+//! one unnamed Parse/Bind/Execute (tokio-postgres `query_typed`: the same single round trip, no
+//! statement outlives its Sync), which is what a transaction-mode pooler (pgbouncer before 1.21, or
+//! without `max_prepared_statements`) needs: consecutive transactions of one gateway connection
+//! run on different server connections there. `auto` (the default) probes once which it is talking
+//! to (see [`probe_direct`]) and takes `prepared` only when it sees PostgreSQL itself.
+//! No statement here sets session state (`SET`, temporary objects, `LISTEN`, advisory locks):
+//! ctxguard's context lives in transaction-local settings.
+//!
 //! A `Db` is one pool, connected as one role. The gateway holds up to three: the gateway role's
 //! (model calls: EXECUTE on ctxguard's API only), the discovery role's (`sync_mcp_tools` only) and,
 //! in demo mode, the demo screens' role (`demo_page`). Each method says which pool it is for.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime, Timeouts};
 use serde_json::Value;
+use tokio::sync::OnceCell;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::NoTls;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{NoTls, Row};
 use uuid::Uuid;
 
 use crate::error::ApiError;
@@ -46,9 +59,170 @@ pub struct TurnStart {
     pub history: Vec<(String, String)>,
 }
 
+/// How statements are sent (`CTXGUARD_DB_STATEMENTS`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum StatementMode {
+    /// `prepared` when the gateway is connected to PostgreSQL itself, `unnamed` otherwise
+    /// (a pooler, a proxy, or when it cannot tell).
+    Auto,
+    /// Named prepared statements, cached per connection: PostgreSQL directly, or pgbouncer 1.21+
+    /// with `max_prepared_statements` set, or pgbouncer in session mode.
+    Prepared,
+    /// Unnamed statements only: any pgbouncer pool mode and version.
+    Unnamed,
+}
+
+/// A statement's parameters with their types (so that an unnamed statement needs no Describe).
+pub type Params<'a> = [(&'a (dyn ToSql + Sync), Type)];
+
 #[derive(Clone)]
 pub struct Db {
     pool: Pool,
+    mode: StatementMode,
+    /// `auto`, once resolved: whether statements are sent unnamed.
+    unnamed: Arc<OnceCell<bool>>,
+    url: Arc<String>,
+}
+
+/// A pooled client or an open transaction: deadpool's view (statement cache) and tokio-postgres's.
+trait Conn: deadpool_postgres::GenericClient + Sync {
+    type Pg: tokio_postgres::GenericClient + Sync;
+    fn pg(&self) -> &Self::Pg;
+}
+
+impl Conn for deadpool_postgres::Client {
+    type Pg = tokio_postgres::Client;
+    fn pg(&self) -> &Self::Pg {
+        self
+    }
+}
+
+impl<'a> Conn for deadpool_postgres::Transaction<'a> {
+    type Pg = tokio_postgres::Transaction<'a>;
+    fn pg(&self) -> &Self::Pg {
+        self
+    }
+}
+
+/// Run `sql` on `c`, unnamed or as a cached named prepared statement.
+async fn rows<C: Conn>(
+    c: &C,
+    unnamed: bool,
+    sql: &str,
+    params: &Params<'_>,
+) -> Result<Vec<Row>, ApiError> {
+    if unnamed {
+        return tokio_postgres::GenericClient::query_typed(c.pg(), sql, params)
+            .await
+            .map_err(map_pg);
+    }
+    let types: Vec<Type> = params.iter().map(|(_, t)| t.clone()).collect();
+    let stmt = deadpool_postgres::GenericClient::prepare_typed_cached(c, sql, &types)
+        .await
+        .map_err(map_pg)?;
+    let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
+    deadpool_postgres::GenericClient::query(c, &stmt, &values)
+        .await
+        .map_err(map_pg)
+}
+
+/// Exactly one row (else INTERNAL: the statements here always return one).
+async fn row<C: Conn>(
+    c: &C,
+    unnamed: bool,
+    sql: &str,
+    params: &Params<'_>,
+) -> Result<Row, ApiError> {
+    let mut r = rows(c, unnamed, sql, params).await?;
+    if r.len() != 1 {
+        return Err(ApiError::Internal(format!(
+            "expected one row, got {}",
+            r.len()
+        )));
+    }
+    Ok(r.remove(0))
+}
+
+/// Is `url` PostgreSQL itself, with nothing in between? A connection of our own asks the server
+/// what it sees: over TCP, our own source port as its client port (a pooler or proxy connects from
+/// its own) and the port we dialled as its own; over a Unix socket, no client port and its own
+/// `port` the one we dialled (a pooler on the same host listens on a port of its own). Any doubt
+/// answers `false`.
+pub async fn probe_direct(url: &str) -> Result<bool, String> {
+    use tokio_postgres::config::Host;
+    let config: tokio_postgres::Config = url.parse().map_err(|e| format!("database URL: {e}"))?;
+    let host = config
+        .get_hosts()
+        .first()
+        .cloned()
+        .ok_or("database URL names no host")?;
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let sql = "SELECT pg_catalog.inet_client_port(), pg_catalog.inet_server_port(),
+                      pg_catalog.current_setting('port')::int";
+    let timeout = config
+        .get_connect_timeout()
+        .copied()
+        .unwrap_or(Duration::from_secs(5));
+    let probe = async {
+        match host {
+            Host::Tcp(name) => {
+                let stream = tokio::net::TcpStream::connect((name.as_str(), port))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let local = stream.local_addr().map_err(|e| e.to_string())?.port();
+                let (client, conn) = config
+                    .connect_raw(stream, NoTls)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let task = tokio::spawn(conn);
+                let r = client.simple_query(sql).await.map_err(|e| {
+                    e.as_db_error()
+                        .map_or_else(|| e.to_string(), |d| d.message().to_string())
+                });
+                drop(client);
+                let _ = task.await;
+                let r = first_row(r?)?;
+                Ok(
+                    r[0].as_deref().and_then(|p| p.parse::<u16>().ok()) == Some(local)
+                        && r[1].as_deref().and_then(|p| p.parse::<u16>().ok()) == Some(port),
+                )
+            }
+            Host::Unix(dir) => {
+                let path = dir.join(format!(".s.PGSQL.{port}"));
+                let stream = tokio::net::UnixStream::connect(&path)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let (client, conn) = config
+                    .connect_raw(stream, NoTls)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let task = tokio::spawn(conn);
+                let r = client.simple_query(sql).await.map_err(|e| {
+                    e.as_db_error()
+                        .map_or_else(|| e.to_string(), |d| d.message().to_string())
+                });
+                drop(client);
+                let _ = task.await;
+                let r = first_row(r?)?;
+                Ok(r[0].is_none()
+                    && r[2].as_deref().and_then(|p| p.parse::<u16>().ok()) == Some(port))
+            }
+        }
+    };
+    tokio::time::timeout(timeout, probe)
+        .await
+        .map_err(|_| "timed out".to_string())?
+}
+
+fn first_row(msgs: Vec<tokio_postgres::SimpleQueryMessage>) -> Result<Vec<Option<String>>, String> {
+    msgs.into_iter()
+        .find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => {
+                Some((0..r.len()).map(|i| r.get(i).map(str::to_string)).collect())
+            }
+            _ => None,
+        })
+        .ok_or_else(|| "no row".to_string())
 }
 
 /// A lifetime in seconds from the database (never below a second).
@@ -109,7 +283,12 @@ fn map_pool(e: PoolError) -> ApiError {
 }
 
 impl Db {
-    pub fn connect(url: &str, size: usize, timeout: Duration) -> Result<Db, String> {
+    pub fn connect(
+        url: &str,
+        size: usize,
+        timeout: Duration,
+        mode: StatementMode,
+    ) -> Result<Db, String> {
         let mut cfg = deadpool_postgres::Config::new();
         cfg.url = Some(url.to_string());
         cfg.manager = Some(ManagerConfig {
@@ -125,7 +304,54 @@ impl Db {
         let pool = cfg
             .create_pool(Some(Runtime::Tokio1), NoTls)
             .map_err(|e| e.to_string())?;
-        Ok(Db { pool })
+        Ok(Db {
+            pool,
+            mode,
+            unnamed: Arc::new(OnceCell::new()),
+            url: Arc::new(url.to_string()),
+        })
+    }
+
+    /// Whether statements go unnamed. `auto` probes once (a failed probe is not remembered, and
+    /// that request goes unnamed: safe everywhere).
+    pub async fn unnamed(&self) -> bool {
+        match self.mode {
+            StatementMode::Prepared => false,
+            StatementMode::Unnamed => true,
+            StatementMode::Auto => {
+                if let Some(v) = self.unnamed.get() {
+                    return *v;
+                }
+                match probe_direct(&self.url).await {
+                    Ok(direct) => {
+                        let v = *self.unnamed.get_or_init(|| async { !direct }).await;
+                        tracing::info!(
+                            statements = if v { "unnamed" } else { "prepared" },
+                            "CTXGUARD_DB_STATEMENTS=auto: {}",
+                            if v {
+                                "not connected to PostgreSQL directly (a pooler or proxy)"
+                            } else {
+                                "connected to PostgreSQL directly"
+                            }
+                        );
+                        v
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "could not probe the database connection: unnamed statements for now");
+                        true
+                    }
+                }
+            }
+        }
+    }
+
+    /// The mode in force (`auto` resolved, when it was).
+    pub fn statements(&self) -> &'static str {
+        match (self.mode, self.unnamed.get()) {
+            (StatementMode::Prepared, _) | (StatementMode::Auto, Some(false)) => "prepared",
+            (StatementMode::Unnamed, _) | (StatementMode::Auto, Some(true)) => "unnamed",
+            (StatementMode::Auto, None) => "auto",
+        }
     }
 
     pub fn status(&self) -> (usize, usize) {
@@ -140,39 +366,37 @@ impl Db {
     /// Open a transaction with the scope's context set.
     async fn begin<'a>(
         client: &'a mut deadpool_postgres::Object,
+        unnamed: bool,
         scope: &Scope,
     ) -> Result<(deadpool_postgres::Transaction<'a>, Value), ApiError> {
         let tx = client.transaction().await.map_err(map_pg)?;
-        let stmt = tx
-            .prepare_cached("SELECT ctxguard.set_context($1, $2, $3, $4)")
-            .await
-            .map_err(map_pg)?;
-        let row = tx
-            .query_one(
-                &stmt,
-                &[
-                    &scope.token,
-                    &scope.page,
-                    &scope.generation,
-                    &scope.trace_id,
-                ],
-            )
-            .await
-            .map_err(map_pg)?;
-        Ok((tx, row.get(0)))
+        let r = row(
+            &tx,
+            unnamed,
+            "SELECT ctxguard.set_context($1, $2, $3, $4)",
+            &[
+                (&scope.token, Type::TEXT),
+                (&scope.page, Type::JSONB),
+                (&scope.generation, Type::UUID),
+                (&scope.trace_id, Type::TEXT),
+            ],
+        )
+        .await?;
+        Ok((tx, r.get(0)))
     }
 
     /// `SELECT extversion` of ctxguard, for readiness.
     pub async fn extension_version(&self) -> Result<Option<String>, ApiError> {
+        let unnamed = self.unnamed().await;
         let client = self.client().await?;
-        let row = client
-            .query_opt(
-                "SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'ctxguard'",
-                &[],
-            )
-            .await
-            .map_err(map_pg)?;
-        Ok(row.map(|r| r.get(0)))
+        let r = rows(
+            &client,
+            unnamed,
+            "SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'ctxguard'",
+            &[],
+        )
+        .await?;
+        Ok(r.first().map(|r| r.get(0)))
     }
 
     /// Mint a generation (it becomes the transaction's context generation), read Gate A (ranked
@@ -185,38 +409,33 @@ impl Db {
         message: &str,
         max_tools: i32,
     ) -> Result<TurnStart, ApiError> {
+        let unnamed = self.unnamed().await;
         let mut client = self.client().await?;
-        let (tx, _) = Self::begin(&mut client, scope).await?;
-        let mint = tx
-            .prepare_cached(
-                "SELECT ctxguard.begin_generation($1), ctxguard.context(),
-                        (SELECT generation_ttl FROM ctxguard.effective_ttls())",
-            )
-            .await
-            .map_err(map_pg)?;
-        let row = tx
-            .query_one(&mint, &[&conversation_id])
-            .await
-            .map_err(map_pg)?;
-        let (generation, context, ttl): (Uuid, Value, i32) = (row.get(0), row.get(1), row.get(2));
+        let (tx, _) = Self::begin(&mut client, unnamed, scope).await?;
+        let r = row(
+            &tx,
+            unnamed,
+            "SELECT ctxguard.begin_generation($1), ctxguard.context(),
+                    (SELECT generation_ttl FROM ctxguard.effective_ttls())",
+            &[(&conversation_id, Type::TEXT)],
+        )
+        .await?;
+        let (generation, context, ttl): (Uuid, Value, i32) = (r.get(0), r.get(1), r.get(2));
         let (tools, page_description) =
-            Self::page_tools_in(&tx, Some(message), Some(max_tools)).await?;
+            Self::page_tools_in(&tx, unnamed, Some(message), Some(max_tools)).await?;
         let mut history: Vec<(String, String)> = Vec::new();
         if continuing {
-            let stmt = tx
-                .prepare_cached(
-                    "SELECT message, coalesce(answer, '') FROM ctxguard.conversation_turns
-                      WHERE conversation_id = $1 ORDER BY turn DESC LIMIT 6",
-                )
-                .await
-                .map_err(map_pg)?;
-            history = tx
-                .query(&stmt, &[&conversation_id])
-                .await
-                .map_err(map_pg)?
-                .into_iter()
-                .map(|r| (r.get(0), r.get(1)))
-                .collect();
+            history = rows(
+                &tx,
+                unnamed,
+                "SELECT message, coalesce(answer, '') FROM ctxguard.conversation_turns
+                  WHERE conversation_id = $1 ORDER BY turn DESC LIMIT 6",
+                &[(&conversation_id, Type::TEXT)],
+            )
+            .await?
+            .into_iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
             history.reverse();
         }
         tx.commit().await.map_err(map_pg)?;
@@ -235,17 +454,27 @@ impl Db {
         &self,
         scope: &Scope,
         sql: &str,
-        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+        params: &Params<'_>,
     ) -> Result<T, ApiError>
     where
         T: for<'r> tokio_postgres::types::FromSql<'r>,
     {
+        let unnamed = self.unnamed().await;
         let mut client = self.client().await?;
-        let (tx, _) = Self::begin(&mut client, scope).await?;
-        let stmt = tx.prepare_cached(sql).await.map_err(map_pg)?;
-        let value: T = tx.query_one(&stmt, params).await.map_err(map_pg)?.get(0);
+        let (tx, _) = Self::begin(&mut client, unnamed, scope).await?;
+        let value: T = row(&tx, unnamed, sql, params).await?.get(0);
         tx.commit().await.map_err(map_pg)?;
         Ok(value)
+    }
+
+    /// One statement without a context (its own implicit transaction), returning one value.
+    async fn bare<T>(&self, sql: &str, params: &Params<'_>) -> Result<T, ApiError>
+    where
+        T: for<'r> tokio_postgres::types::FromSql<'r>,
+    {
+        let unnamed = self.unnamed().await;
+        let client = self.client().await?;
+        Ok(row(&client, unnamed, sql, params).await?.get(0))
     }
 
     /// The validated context, the page description, and every catalogued tool with Gate A's
@@ -272,7 +501,7 @@ impl Db {
                              FROM ctxguard.explain_tools($1, $2) e
                              JOIN ctxguard.tools t ON t.name = e.name
                              LEFT JOIN ctxguard.visible_tools() v ON v.name = e.name))",
-            &[&query, &top_k],
+            &[(&query, Type::TEXT), (&top_k, Type::INT4)],
         )
         .await
     }
@@ -286,8 +515,12 @@ impl Db {
     ) -> Result<Value, ApiError> {
         match name {
             ToolName::Catalog(name) => {
-                self.one(scope, "SELECT ctxguard.call_tool($1, $2)", &[name, args])
-                    .await
+                self.one(
+                    scope,
+                    "SELECT ctxguard.call_tool($1, $2)",
+                    &[(name, Type::TEXT), (args, Type::JSONB)],
+                )
+                .await
             }
             // The catalog name whose wire form this is (unique: `tools_wire_name_key`); a name
             // that is no tool's wire form goes to Gate B as it is (TOOL_NOT_FOUND).
@@ -297,7 +530,7 @@ impl Db {
                     "SELECT ctxguard.call_tool(coalesce(
                          (SELECT t.name FROM ctxguard.tools t
                            WHERE pg_catalog.replace(t.name, '.', '__') = $1), $1), $2)",
-                    &[wire, args],
+                    &[(wire, Type::TEXT), (args, Type::JSONB)],
                 )
                 .await
             }
@@ -317,14 +550,19 @@ impl Db {
 
     /// Run a pending approval exactly once (the database consumes it atomically).
     pub async fn approve(&self, scope: &Scope, call_id: Uuid) -> Result<Value, ApiError> {
-        self.one(scope, "SELECT ctxguard.approve_call($1)", &[&call_id])
-            .await
+        self.one(
+            scope,
+            "SELECT ctxguard.approve_call($1)",
+            &[(&call_id, Type::UUID)],
+        )
+        .await
     }
 
     /// Verify the token and page, returning the context (who the database says the caller is).
     pub async fn context(&self, scope: &Scope) -> Result<Value, ApiError> {
+        let unnamed = self.unnamed().await;
         let mut client = self.client().await?;
-        let (tx, context) = Self::begin(&mut client, scope).await?;
+        let (tx, context) = Self::begin(&mut client, unnamed, scope).await?;
         tx.commit().await.map_err(map_pg)?;
         Ok(context)
     }
@@ -335,21 +573,19 @@ impl Db {
         scope: &Scope,
         conversation_id: &str,
     ) -> Result<(Uuid, Duration), ApiError> {
+        let unnamed = self.unnamed().await;
         let mut client = self.client().await?;
-        let (tx, _) = Self::begin(&mut client, scope).await?;
-        let stmt = tx
-            .prepare_cached(
-                "SELECT ctxguard.begin_generation($1),
-                        (SELECT generation_ttl FROM ctxguard.effective_ttls())",
-            )
-            .await
-            .map_err(map_pg)?;
-        let row = tx
-            .query_one(&stmt, &[&conversation_id])
-            .await
-            .map_err(map_pg)?;
+        let (tx, _) = Self::begin(&mut client, unnamed, scope).await?;
+        let r = row(
+            &tx,
+            unnamed,
+            "SELECT ctxguard.begin_generation($1),
+                    (SELECT generation_ttl FROM ctxguard.effective_ttls())",
+            &[(&conversation_id, Type::TEXT)],
+        )
+        .await?;
         tx.commit().await.map_err(map_pg)?;
-        Ok((row.get(0), ttl_secs(row.get(1))))
+        Ok((r.get(0), ttl_secs(r.get(1))))
     }
 
     /// Persist a finished turn (tenant- and user-scoped, with its page context). A turn over the
@@ -365,7 +601,12 @@ impl Db {
         self.one(
             scope,
             "SELECT ctxguard.save_turn($1, $2, $3, $4)",
-            &[&conversation_id, &message, &answer, calls],
+            &[
+                (&conversation_id, Type::TEXT),
+                (&message, Type::TEXT),
+                (&answer, Type::TEXT),
+                (calls, Type::JSONB),
+            ],
         )
         .await
         .map_err(turn_error)
@@ -373,16 +614,97 @@ impl Db {
 
     /// Verify a bearer token without a page (for MCP requests): the identity, or 401.
     pub async fn verify_token(&self, token: &str) -> Result<Value, ApiError> {
+        self.bare("SELECT ctxguard.verify_token($1)", &[(&token, Type::TEXT)])
+            .await
+    }
+
+    /// Who a token is (401 otherwise), the user's key and current page (`user_pages`), and with a
+    /// session id that session if it is the caller's and live (`"session": null` otherwise).
+    pub async fn mcp_identity(
+        &self,
+        token: &str,
+        session_id: Option<&str>,
+    ) -> Result<Value, ApiError> {
+        self.bare(
+            "SELECT ctxguard.mcp_identity($1, $2)",
+            &[(&token, Type::TEXT), (&session_id, Type::TEXT)],
+        )
+        .await
+    }
+
+    /// Validate the scope's page (`set_context`) and, in the same transaction, make it the user's
+    /// current page (`put_user_page`: announced to every gateway at commit when it changed).
+    /// Returns the context and `{key, changed}`.
+    pub async fn put_user_page(&self, scope: &Scope) -> Result<(Value, Value), ApiError> {
+        let unnamed = self.unnamed().await;
+        let mut client = self.client().await?;
+        let (tx, context) = Self::begin(&mut client, unnamed, scope).await?;
+        let put: Value = row(&tx, unnamed, "SELECT ctxguard.put_user_page()", &[])
+            .await?
+            .get(0);
+        tx.commit().await.map_err(map_pg)?;
+        Ok((context, put))
+    }
+
+    /// Validate the scope's page and make it the own page of the caller's MCP session.
+    pub async fn put_session_page(
+        &self,
+        scope: &Scope,
+        session_id: &str,
+    ) -> Result<bool, ApiError> {
+        self.one(
+            scope,
+            "SELECT ctxguard.put_session_page($1)",
+            &[(&session_id, Type::TEXT)],
+        )
+        .await
+    }
+
+    /// Record an MCP session for the token's user, so that any gateway can serve it.
+    pub async fn mcp_session_open(
+        &self,
+        token: &str,
+        session_id: &str,
+        init_params: &Value,
+        ttl_secs: i32,
+    ) -> Result<(), ApiError> {
+        let unnamed = self.unnamed().await;
         let client = self.client().await?;
-        let stmt = client
-            .prepare_cached("SELECT ctxguard.verify_token($1)")
-            .await
-            .map_err(map_pg)?;
-        Ok(client
-            .query_one(&stmt, &[&token])
-            .await
-            .map_err(map_pg)?
-            .get(0))
+        rows(
+            &client,
+            unnamed,
+            "SELECT ctxguard.mcp_session_open($1, $2, $3, $4)::text",
+            &[
+                (&token, Type::TEXT),
+                (&session_id, Type::TEXT),
+                (init_params, Type::JSONB),
+                (&ttl_secs, Type::INT4),
+            ],
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// The initialize parameters of the caller's live session of that id, if any.
+    pub async fn mcp_session_load(
+        &self,
+        token: &str,
+        session_id: &str,
+    ) -> Result<Option<Value>, ApiError> {
+        self.bare(
+            "SELECT ctxguard.mcp_session_load($1, $2)",
+            &[(&token, Type::TEXT), (&session_id, Type::TEXT)],
+        )
+        .await
+    }
+
+    /// End the caller's session of that id; whether there was one.
+    pub async fn mcp_session_close(&self, token: &str, session_id: &str) -> Result<bool, ApiError> {
+        self.bare(
+            "SELECT ctxguard.mcp_session_close($1, $2)",
+            &[(&token, Type::TEXT), (&session_id, Type::TEXT)],
+        )
+        .await
     }
 
     /// Gate A (optionally ranked by `query` and cut at `top_k`) and the page type's description.
@@ -392,9 +714,10 @@ impl Db {
         query: Option<&str>,
         top_k: Option<i32>,
     ) -> Result<(Vec<ToolSpec>, String), ApiError> {
+        let unnamed = self.unnamed().await;
         let mut client = self.client().await?;
-        let (tx, _) = Self::begin(&mut client, scope).await?;
-        let out = Self::page_tools_in(&tx, query, top_k).await?;
+        let (tx, _) = Self::begin(&mut client, unnamed, scope).await?;
+        let out = Self::page_tools_in(&tx, unnamed, query, top_k).await?;
         tx.commit().await.map_err(map_pg)?;
         Ok(out)
     }
@@ -403,22 +726,23 @@ impl Db {
     /// row comes out once even when no tool is visible.
     async fn page_tools_in(
         tx: &deadpool_postgres::Transaction<'_>,
+        unnamed: bool,
         query: Option<&str>,
         top_k: Option<i32>,
     ) -> Result<(Vec<ToolSpec>, String), ApiError> {
-        let stmt = tx
-            .prepare_cached(
-                "SELECT pt.description, v.name, v.description, v.input_schema, v.read_only, v.danger,
-                        v.requires_approval, v.server, t.title
-                   FROM ctxguard.page_types pt
-                   LEFT JOIN LATERAL ctxguard.visible_tools($1, $2) WITH ORDINALITY v ON true
-                   LEFT JOIN ctxguard.tools t ON t.name = v.name
-                  WHERE pt.name = ctxguard.page_type()
-                  ORDER BY v.ordinality",
-            )
-            .await
-            .map_err(map_pg)?;
-        let rows = tx.query(&stmt, &[&query, &top_k]).await.map_err(map_pg)?;
+        let rows = rows(
+            tx,
+            unnamed,
+            "SELECT pt.description, v.name, v.description, v.input_schema, v.read_only, v.danger,
+                    v.requires_approval, v.server, t.title
+               FROM ctxguard.page_types pt
+               LEFT JOIN LATERAL ctxguard.visible_tools($1, $2) WITH ORDINALITY v ON true
+               LEFT JOIN ctxguard.tools t ON t.name = v.name
+              WHERE pt.name = ctxguard.page_type()
+              ORDER BY v.ordinality",
+            &[(&query, Type::TEXT), (&top_k, Type::INT4)],
+        )
+        .await?;
         let description = rows
             .first()
             .map(|r| r.get::<_, String>(0))
@@ -451,7 +775,11 @@ impl Db {
         self.one(
             scope,
             "SELECT ctxguard.complete_call($1, $2, $3)",
-            &[&call_id, result, &is_error],
+            &[
+                (&call_id, Type::UUID),
+                (result, Type::JSONB),
+                (&is_error, Type::BOOL),
+            ],
         )
         .await
     }
@@ -461,17 +789,18 @@ impl Db {
         &self,
         names: Option<&[String]>,
     ) -> Result<Vec<ServerConfig>, ApiError> {
+        let unnamed = self.unnamed().await;
         let client = self.client().await?;
         let names: Option<Vec<String>> = names.map(<[String]>::to_vec);
-        let rows = client
-            .query(
-                "SELECT name, transport, url, command, args, env, cwd, headers, bearer_token_env
-                   FROM ctxguard.mcp_servers WHERE enabled AND ($1::text[] IS NULL OR name = ANY($1))
-                  ORDER BY name",
-                &[&names],
-            )
-            .await
-            .map_err(map_pg)?;
+        let rows = rows(
+            &client,
+            unnamed,
+            "SELECT name, transport, url, command, args, env, cwd, headers, bearer_token_env
+               FROM ctxguard.mcp_servers WHERE enabled AND ($1::text[] IS NULL OR name = ANY($1))
+              ORDER BY name",
+            &[(&names, Type::TEXT_ARRAY)],
+        )
+        .await?;
         let strings = |v: Value| -> std::collections::HashMap<String, String> {
             v.as_object()
                 .map(|o| {
@@ -500,12 +829,11 @@ impl Db {
     /// Record a server's discovered tools in the catalog, without a context. Only on the discovery
     /// pool (`CTXGUARD_DISCOVERY_DATABASE_URL`): the gateway role cannot (`42501`).
     pub async fn sync_mcp_tools(&self, server: &str, tools: &Value) -> Result<Value, ApiError> {
-        let client = self.client().await?;
-        Ok(client
-            .query_one("SELECT ctxguard.sync_mcp_tools($1, $2)", &[&server, tools])
-            .await
-            .map_err(map_pg)?
-            .get(0))
+        self.bare(
+            "SELECT ctxguard.sync_mcp_tools($1, $2)",
+            &[(&server, Type::TEXT), (tools, Type::JSONB)],
+        )
+        .await
     }
 }
 

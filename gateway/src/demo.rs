@@ -83,7 +83,12 @@ impl Demo {
         Ok(Some(Demo {
             key: EncodingKey::from_secret(secret.as_bytes()),
             audience: config.demo_jwt_audience.clone().filter(|a| !a.is_empty()),
-            db: crate::db::Db::connect(url, config.pool_size.min(8), config.db_timeout())?,
+            db: crate::db::Db::connect(
+                url,
+                config.pool_size.min(8),
+                config.db_timeout(),
+                config.db_statements,
+            )?,
         }))
     }
 

@@ -81,11 +81,16 @@ pub struct AppState {
 impl AppState {
     /// Build the state from config: pools (lazy; no connection is made here) and provider.
     pub fn from_config(config: Config) -> Result<AppState, String> {
-        let db = Db::connect(&config.database_url, config.pool_size, config.db_timeout())?;
+        let db = Db::connect(
+            &config.database_url,
+            config.pool_size,
+            config.db_timeout(),
+            config.db_statements,
+        )?;
         // Discovery records a server's tools once per (re)connection: two connections are plenty.
         let discovery = config
             .discovery_url()
-            .map(|url| Db::connect(url, 2, config.db_timeout()))
+            .map(|url| Db::connect(url, 2, config.db_timeout(), config.db_statements))
             .transpose()?;
         let model: Arc<dyn ChatModel> = match config.provider {
             Provider::Offline => Arc::new(llm::offline::Offline),
@@ -210,7 +215,11 @@ async fn health() -> Json<Value> {
 async fn ready(State(state): State<Arc<AppState>>) -> Response {
     let want = env!("CARGO_PKG_VERSION");
     let (status, body) = match state.db.extension_version().await {
-        Ok(Some(v)) if v == want => (StatusCode::OK, json!({"status": "ready", "extension": v})),
+        Ok(Some(v)) if v == want => (
+            StatusCode::OK,
+            json!({"status": "ready", "extension": v, "statements": state.db.statements(),
+                   "pageNotifications": state.pages.following()}),
+        ),
         Ok(Some(v)) => (
             StatusCode::SERVICE_UNAVAILABLE,
             json!({"error": {"code": "EXTENSION_VERSION", "message": format!("ctxguard extension is {v}, the gateway expects {want}")}}),
@@ -576,8 +585,28 @@ pub fn app(state: Arc<AppState>) -> Router {
 
 /// Serve until SIGINT/SIGTERM, then drain in-flight requests; with the HTTP limits of `limits.rs`.
 pub async fn serve(listener: tokio::net::TcpListener, state: Arc<AppState>) -> std::io::Result<()> {
+    // Page changes made through other gateways (one listening connection, reconnecting), from
+    // the first MCP session or subscription on.
+    let follower = {
+        let state = state.clone();
+        tokio::spawn(async move {
+            state.pages.wanted().await;
+            if let Some(url) = pages::notify_url(&state).await {
+                pages::follow(url, state.pages.clone()).await;
+            }
+        })
+    };
+    let _stop_following = AbortOnDrop(follower);
     let limits = state.limits.clone();
     limits::serve(listener, app(state), limits, shutdown_signal()).await
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 async fn shutdown_signal() {

@@ -4,11 +4,21 @@
 //!   it (`ctxguard.verify_token`) before rmcp sees the request. A missing or bad token is a 401 with
 //!   `WWW-Authenticate` pointing at the protected-resource metadata, as the MCP authorization spec
 //!   expects. The token is never passed to upstream servers.
-//! - **Page context**: the `X-Ctxguard-Page` header (a JSON page context, or base64url of one) on
-//!   any request sets the caller's current page; `PUT /v1/context` sets it out of band (e.g. from
-//!   the app the user is looking at). The page is kept per (tenant, user), so every MCP session of
-//!   that user follows the screen. When it changes, each of the user's sessions (and
-//!   `subscriptions/listen` streams) gets `notifications/tools/list_changed`.
+//! - **Page context** (issue 14's semantics): a page in the `X-Ctxguard-Page` header (a JSON page
+//!   context, or base64url of one) is the request's and, in a session, that session's own page from
+//!   then on (`put_session_page` records it in the session's database record, so any gateway serving
+//!   the session uses it); `PUT /v1/context` sets the user's shared page (`ctxguard.user_pages`,
+//!   written by `put_user_page` in the transaction whose `set_context` validated it), which
+//!   sessions without their own page and `subscriptions/listen` streams follow. When the page a
+//!   listener follows changes it gets `notifications/tools/list_changed`: a session's own page here
+//!   at once; the shared page through `NOTIFY ctxguard_pages` on every gateway (pages.rs `follow`;
+//!   here directly while this gateway does not follow the channel).
+//! - **Sessions** (`mcp_sessions.rs`) are bound to their user and live in the database too
+//!   (`ctxguard.mcp_sessions`: a hash of the client-facing id, the tenant and user, the initialize
+//!   parameters, the own page, the expiry): a session opened through one gateway is restored on any
+//!   other ([`DbSessionStore`], `BoundSessions::restore_session`), a session that is not the
+//!   caller's or no longer exists is 404 on every gateway, a DELETE through one ends it everywhere,
+//!   and one the idle reaper ends is ended in the database too.
 //! - **tools/list** is Gate A for the current page; **tools/call** is Gate B (denials come back as
 //!   tool errors carrying the ctxguard code). Without a page nothing is listed and nothing runs.
 //!   Each page view gets its own generation, so byte and document budgets apply per page view.
@@ -30,6 +40,9 @@ use rmcp::model::{
     Tool, ToolAnnotations,
 };
 use rmcp::service::{NotificationContext, RequestContext, SubscriptionContext, SubscriptionSink};
+use rmcp::transport::streamable_http_server::session::{
+    SessionState, SessionStore as RmcpSessionStore, SessionStoreError,
+};
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData as McpError, Peer, RoleServer, ServerHandler};
 use serde_json::{json, Map, Value};
@@ -45,11 +58,24 @@ use crate::{bearer, AppState};
 /// The header carrying the page context on MCP requests.
 pub const PAGE_HEADER: &str = "x-ctxguard-page";
 
-/// The verified caller of an MCP request (inserted by [`authenticate`]).
+/// The verified caller of an MCP request (inserted by [`authenticate`]), with the user's current
+/// page as the database had it when the request came in.
 #[derive(Clone, Debug)]
 pub struct Caller {
-    token: String,
+    pub(crate) token: String,
     pub(crate) who: Who,
+    /// The user's opaque key on the page channel (`ctxguard_pages`).
+    key: String,
+    /// The user's shared page (`PUT /v1/context`) as the database had it when the request came in.
+    shared: Option<Value>,
+    /// The session's own page as the database had it (any gateway may have set it).
+    session_page: Option<Value>,
+}
+
+tokio::task_local! {
+    /// The caller of the MCP request being served, for [`DbSessionStore`] (rmcp calls the store
+    /// inside the request, without its extensions).
+    static MCP_CALLER: Caller;
 }
 
 #[derive(Clone)]
@@ -87,6 +113,13 @@ pub struct PageHub {
     entries: Mutex<HashMap<Who, Entry>>,
     next_id: AtomicU64,
     notified: prometheus::IntCounter,
+    /// The user of each page-channel key seen here (notifications name keys, not users).
+    keys: Mutex<HashMap<String, Who>>,
+    /// 0 off, 1 lost, 2 listening (see [`PageHub::following`]).
+    following: AtomicU64,
+    /// Signalled when the first listener registers: the listening connection starts then (a
+    /// gateway without MCP sessions holds no extra connection).
+    wanted: tokio::sync::Notify,
 }
 
 impl PageHub {
@@ -102,6 +135,9 @@ impl PageHub {
             entries: Mutex::default(),
             next_id: AtomicU64::new(0),
             notified,
+            keys: Mutex::default(),
+            following: AtomicU64::new(0),
+            wanted: tokio::sync::Notify::new(),
         }
     }
 
@@ -122,14 +158,34 @@ impl PageHub {
     }
 
     /// Set `who`'s shared page (`PUT /v1/context`); its followers are told if it changed.
-    pub fn set_shared(self: &Arc<Self>, who: Who, page: Value) {
+    /// The page itself is in the database (`put_user_page`), which announces the change to every
+    /// gateway; while this gateway follows the announcements, its followers are told through them
+    /// (once), otherwise here.
+    pub fn set_shared(self: &Arc<Self>, who: Who, key: String, page: Value, changed: bool) {
+        self.know(key, &who);
         let mut entries = self.lock();
         let entry = entries.entry(who.clone()).or_default();
-        if entry.shared.as_ref() == Some(&page) {
+        entry.shared = Some(page);
+        if !changed || self.following() == "listening" {
             return;
         }
-        entry.shared = Some(page);
-        let followers: Vec<_> = entry
+        let followers = self.followers(entry);
+        drop(entries);
+        self.spawn_notify(who, followers);
+    }
+
+    /// Remember whose key `key` is (notifications name keys).
+    fn know(&self, key: String, who: &Who) {
+        self.keys
+            .lock()
+            .expect("page keys lock")
+            .insert(key, who.clone());
+    }
+
+    /// The listeners that follow the user's shared page: subscriptions, and sessions without a
+    /// page of their own.
+    fn followers(&self, entry: &Entry) -> Vec<(u64, Listener)> {
+        entry
             .listeners
             .iter()
             .filter(|(_, _, session)| match session {
@@ -137,9 +193,7 @@ impl PageHub {
                 Some(k) => self.sessions.get(&k.0).is_some_and(|r| r.page.is_none()),
             })
             .map(|(id, l, _)| (*id, l.clone()))
-            .collect();
-        drop(entries);
-        self.spawn_notify(who, followers);
+            .collect()
     }
 
     /// Give a session its own page; the session is told if its page in effect changed.
@@ -169,6 +223,66 @@ impl PageHub {
         }
     }
 
+    /// A user's shared page changed (the database's announcement, from any gateway, this one
+    /// included): tell the user's followers here. The key names the user opaquely; the pages
+    /// themselves are read from the database on every request.
+    pub fn changed(self: &Arc<Self>, key: &str) {
+        let Some(who) = self.keys.lock().expect("page keys lock").get(key).cloned() else {
+            return;
+        };
+        let followers = match self.lock().get(&who) {
+            Some(entry) => self.followers(entry),
+            None => return,
+        };
+        self.spawn_notify(who, followers);
+    }
+
+    /// Notifications may have been missed (the listening connection was lost): every listener
+    /// here is told to re-list.
+    pub fn resync(self: &Arc<Self>) {
+        let all: Vec<_> = self
+            .lock()
+            .iter()
+            .map(|(who, e)| {
+                (
+                    who.clone(),
+                    e.listeners
+                        .iter()
+                        .map(|(id, l, _)| (*id, l.clone()))
+                        .collect::<Vec<_>>(),
+                )
+            })
+            .collect();
+        for (who, listeners) in all {
+            self.spawn_notify(who, listeners);
+        }
+    }
+
+    /// Ask for the listening connection (at the first listener; idempotent).
+    pub fn want(&self) {
+        self.wanted.notify_one();
+    }
+
+    /// Until someone asked for the listening connection.
+    pub async fn wanted(&self) {
+        self.wanted.notified().await;
+    }
+
+    /// Whether the listening connection is up (for `/ready` and `/metrics`).
+    pub fn set_following(&self, up: bool) {
+        self.following
+            .store(if up { 2 } else { 1 }, Ordering::Relaxed);
+    }
+
+    /// `off` (no listening connection configured), `listening` or `lost`.
+    pub fn following(&self) -> &'static str {
+        match self.following.load(Ordering::Relaxed) {
+            0 => "off",
+            2 => "listening",
+            _ => "lost",
+        }
+    }
+
     async fn notify(self: Arc<Self>, who: Who, listeners: Vec<(u64, Listener)>) {
         let mut gone = Vec::new();
         for (id, l) in listeners {
@@ -189,8 +303,11 @@ impl PageHub {
 
     /// Add a listener: a session's peer (with its key), or a subscription stream (following the
     /// user's shared page).
-    fn listen(&self, who: &Who, l: Listener, session: Option<SessionKey>) -> u64 {
+    fn listen(&self, caller: &Caller, l: Listener, session: Option<SessionKey>) -> u64 {
+        let who = &caller.who;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.know(caller.key.clone(), who);
+        self.want();
         let mut entries = self.lock();
         let entry = entries.entry(who.clone()).or_default();
         entry.listeners.retain(|(_, l, _)| match l {
@@ -303,37 +420,42 @@ pub async fn authenticate(
         Ok(t) => t,
         Err(_) => return unauthorized(&state, "a bearer token is required", false),
     };
-    let identity = match state.db.verify_token(&token).await {
+    let session = headers
+        .get(SESSION_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let identity = match state.db.mcp_identity(&token, session.as_deref()).await {
         Ok(v) => v,
         Err(ApiError::Unauthorized(m)) => return unauthorized(&state, &m, true),
         Err(e) => return e.into_response(),
     };
-    let who = (
+    let user = (
         identity["tenantId"]
             .as_str()
             .unwrap_or_default()
             .to_string(),
         identity["userId"].as_str().unwrap_or_default().to_string(),
     );
-    // A session is answered only to the user who initialized it: another user's session id is an
-    // unknown one (404), and nothing of it is touched.
-    if let Some(id) = headers.get(SESSION_HEADER) {
-        let owned = id
-            .to_str()
-            .ok()
-            .and_then(|id| state.mcp_sessions.get(id))
-            .is_some_and(|r| r.who == who);
-        if !owned {
+    // A session is answered only to the user who initialized it (the database's record, which any
+    // gateway may have written: `session` is null for another user's, an ended or an expired one),
+    // as an unknown one (404), and nothing of it is touched.
+    if let Some(id) = &session {
+        let local_other = state.mcp_sessions.get(id).is_some_and(|r| r.who != user);
+        if identity["session"].is_null() || local_other {
             return session_not_found();
         }
     }
-    req.extensions_mut().insert(Caller {
+    let caller = Caller {
         token,
-        who: who.clone(),
-    });
+        who: user.clone(),
+        key: identity["key"].as_str().unwrap_or_default().to_string(),
+        shared: Some(identity["page"].clone()).filter(Value::is_object),
+        session_page: Some(identity["session"]["page"].clone()).filter(Value::is_object),
+    };
+    req.extensions_mut().insert(caller.clone());
     // An event stream (a GET stream, a streamed answer, a subscription) counts against the user's.
-    let response = next.run(req).await;
-    state.limits.hold_stream(&who, response)
+    let response = MCP_CALLER.scope(caller, next.run(req)).await;
+    state.limits.hold_stream(&user, response)
 }
 
 /// `PUT /v1/context`: set the caller's current page for their MCP sessions (body: a page context).
@@ -355,12 +477,14 @@ pub async fn put_context(
         generation: None,
         trace_id: Uuid::new_v4().to_string(),
     };
-    let context = state.db.context(&scope).await?;
+    let (context, put) = state.db.put_user_page(&scope).await?;
     let who = (
         context["tenantId"].as_str().unwrap_or_default().to_string(),
         context["userId"].as_str().unwrap_or_default().to_string(),
     );
-    state.pages.set_shared(who, page);
+    let key = put["key"].as_str().unwrap_or_default().to_string();
+    let changed = put["changed"].as_bool().unwrap_or(true);
+    state.pages.set_shared(who, key, page, changed);
     Ok(Json(
         json!({"status": "ok", "pageType": context["pageType"]}),
     ))
@@ -368,18 +492,37 @@ pub async fn put_context(
 
 /// The rmcp service at `/mcp`, on sessions bound to their users (`mcp_sessions.rs`).
 pub fn service(state: Arc<AppState>) -> StreamableHttpService<Server, BoundSessions> {
-    let config = StreamableHttpServerConfig::default()
+    let mut config = StreamableHttpServerConfig::default()
         .with_legacy_session_mode(true)
         .with_sse_keep_alive(Some(state.config.mcp_keepalive()))
         .with_allowed_hosts(state.mcp_guard.hosts().to_vec())
         .with_allowed_origins(state.config.mcp_allowed_origins())
         .enforce_origin_validation();
+    config.session_store = Some(Arc::new(DbSessionStore {
+        db: state.db.clone(),
+        ttl_secs: state.config.mcp_session_ttl_secs,
+    }));
     let pages = state.pages.clone();
-    let sessions = Arc::new(BoundSessions::new(
-        state.mcp_sessions.clone(),
-        state.mcp_session_metrics.clone(),
-        move |key| pages.forget_session(key),
-    ));
+    let db = state.db.clone();
+    let sessions = Arc::new(
+        BoundSessions::new(
+            state.mcp_sessions.clone(),
+            state.mcp_session_metrics.clone(),
+            move |key| pages.forget_session(key),
+        )
+        // An expired session ends in the database too: no gateway restores it (its id gets 404).
+        .with_expiry(Box::new(move |id, token| {
+            let db = db.clone();
+            Box::pin(async move {
+                if let Err(e) = db.mcp_session_close(&token, &id).await {
+                    tracing::warn!(
+                        code = e.code(),
+                        "ending an expired MCP session's record failed"
+                    );
+                }
+            })
+        })),
+    );
     BoundSessions::spawn_reaper(&sessions, state.config.mcp_session_idle_timeout());
     StreamableHttpService::new(
         move || {
@@ -390,6 +533,59 @@ pub fn service(state: Arc<AppState>) -> StreamableHttpService<Server, BoundSessi
         sessions,
         config,
     )
+}
+
+/// MCP sessions in the database (`ctxguard.mcp_sessions`), keyed by a hash of the id and bound to
+/// the token's tenant and user: rmcp records a session after its handshake, restores one it does
+/// not hold in memory (replaying the recorded `initialize`), and removes one on DELETE. Every call
+/// runs as the caller of the request being served ([`MCP_CALLER`]).
+struct DbSessionStore {
+    db: crate::db::Db,
+    ttl_secs: i32,
+}
+
+fn store_error(e: ApiError) -> SessionStoreError {
+    Box::new(std::io::Error::other(e.code()))
+}
+
+fn current_caller() -> Result<Caller, SessionStoreError> {
+    MCP_CALLER
+        .try_with(Clone::clone)
+        .map_err(|_| Box::new(std::io::Error::other("no MCP caller")) as SessionStoreError)
+}
+
+#[async_trait::async_trait]
+impl RmcpSessionStore for DbSessionStore {
+    async fn load(&self, session_id: &str) -> Result<Option<SessionState>, SessionStoreError> {
+        let caller = current_caller()?;
+        let Some(params) = self
+            .db
+            .mcp_session_load(&caller.token, session_id)
+            .await
+            .map_err(store_error)?
+        else {
+            return Ok(None);
+        };
+        Ok(serde_json::from_value(params).ok().map(SessionState::new))
+    }
+
+    async fn store(&self, session_id: &str, state: &SessionState) -> Result<(), SessionStoreError> {
+        let caller = current_caller()?;
+        let params = serde_json::to_value(&state.initialize_params)?;
+        self.db
+            .mcp_session_open(&caller.token, session_id, &params, self.ttl_secs)
+            .await
+            .map_err(store_error)
+    }
+
+    async fn delete(&self, session_id: &str) -> Result<(), SessionStoreError> {
+        let caller = current_caller()?;
+        self.db
+            .mcp_session_close(&caller.token, session_id)
+            .await
+            .map(|_| ())
+            .map_err(store_error)
+    }
 }
 
 #[derive(Clone)]
@@ -498,6 +694,18 @@ fn tool_error(code: &str, message: &str, extra: Value) -> CallToolResult {
 }
 
 impl Server {
+    /// A session's own page: as recorded here, else as the database has it (set through another
+    /// gateway; then recorded here too, so this gateway's notifications treat it as its own).
+    fn session_page(&self, caller: &Caller, session: &SessionKey) -> Option<Value> {
+        let sessions = &self.state.mcp_sessions;
+        if let Some(own) = sessions.get(&session.0).and_then(|r| r.page) {
+            return Some(own);
+        }
+        let own = caller.session_page.clone()?;
+        sessions.set_page(&session.0, own.clone());
+        Some(own)
+    }
+
     /// The scope of a request: the verified caller and the page in effect (None: no page yet).
     /// A page from the header is the request's; in a session it becomes the session's own page,
     /// checked by the database (`set_context`) first, so a bad page changes nothing. Without a
@@ -516,20 +724,31 @@ impl Server {
         let pages = &self.state.pages;
         let page = match (header_page, session) {
             (Some(p), Some(session)) => {
-                let own = self.state.mcp_sessions.get(&session.0).and_then(|r| r.page);
+                let own = self.session_page(&caller, &session);
                 if own.as_ref() != Some(&p) {
+                    // Checked first (a bad page changes nothing), then this session's own page here
+                    // (so the database's announcement finds it no longer following the shared
+                    // page), then in the database for every gateway.
                     self.state
                         .db
                         .context(&scope_for(p.clone()))
                         .await
                         .map_err(api_error)?;
                     pages.set_session_page(&caller.who, &session, p.clone());
+                    self.state
+                        .db
+                        .put_session_page(&scope_for(p.clone()), &session.0)
+                        .await
+                        .map_err(api_error)?;
                 }
                 Some(p)
             }
             // Outside a session (2026-07-28): the request's alone; every statement checks it.
             (Some(p), None) => Some(p),
-            (None, session) => pages.page_for(&caller.who, session.as_ref()),
+            (None, Some(session)) => self
+                .session_page(&caller, &session)
+                .or_else(|| caller.shared.clone()),
+            (None, None) => caller.shared.clone(),
         };
         let scope = page.map(scope_for);
         Ok((caller, scope))
@@ -650,7 +869,7 @@ impl ServerHandler for Server {
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
         if let Ok((caller, _, Some(session))) = caller_of(&context.extensions) {
             self.state.pages.listen(
-                &caller.who,
+                &caller,
                 Listener::Session(context.peer.clone()),
                 Some(session),
             );
@@ -669,7 +888,7 @@ impl ServerHandler for Server {
         // between the subscription being acknowledged and the listener being in place.
         let (caller, _, _) = caller_of(&context.request_context().extensions)?;
         let id = self.state.pages.listen(
-            &caller.who,
+            &caller,
             Listener::Subscription(context.sink().clone()),
             None,
         );

@@ -27,7 +27,7 @@ use rmcp::transport::streamable_http_server::session::local::{
     EventId, LocalSessionHandle, LocalSessionManager, LocalSessionManagerError, SessionConfig,
 };
 use rmcp::transport::streamable_http_server::session::{
-    ServerSseMessage, SessionId, SessionManager,
+    RestoreOutcome, ServerSseMessage, SessionId, SessionManager,
 };
 use serde_json::Value;
 use tokio_stream::wrappers::ReceiverStream;
@@ -50,6 +50,9 @@ pub struct SessionRecord {
     pub last_seen: Instant,
     /// Event streams open on it (its GET stream, streamed answers): while any is, it does not expire.
     pub open_streams: u32,
+    /// The token it was initialized (or restored) with here: its database record is ended with it
+    /// when the session expires.
+    pub token: Option<String>,
 }
 
 impl SessionRecord {
@@ -59,6 +62,7 @@ impl SessionRecord {
             page: None,
             last_seen: Instant::now(),
             open_streams: 0,
+            token: None,
         }
     }
 }
@@ -158,8 +162,14 @@ impl SessionMetrics {
     }
 }
 
+/// Ends a session's database record (its id, the token it was opened with).
+pub type Expire =
+    Box<dyn Fn(Arc<str>, String) -> futures::future::BoxFuture<'static, ()> + Send + Sync>;
+
 /// rmcp's in-memory session manager, bound to the store.
 pub struct BoundSessions {
+    /// Ends an expired session's record in the database, so that no gateway restores it.
+    expire: Option<Expire>,
     inner: LocalSessionManager,
     store: Arc<SessionStore>,
     /// Client-facing id → rmcp's id.
@@ -188,12 +198,19 @@ impl BoundSessions {
         let mut inner = LocalSessionManager::default();
         inner.session_config = config;
         BoundSessions {
+            expire: None,
             inner,
             store,
             routes: Mutex::default(),
             on_close: Box::new(on_close),
             metrics,
         }
+    }
+
+    /// End expired sessions' database records with `expire` too.
+    pub fn with_expiry(mut self, expire: Expire) -> BoundSessions {
+        self.expire = Some(expire);
+        self
     }
 
     fn internal(&self, id: &SessionId) -> Result<SessionId, BoundError> {
@@ -241,6 +258,10 @@ impl BoundSessions {
         let ids = self.store.idle(idle);
         for id in &ids {
             tracing::info!(session = %self.internal(id).map(|i| i.to_string()).unwrap_or_default(), "MCP session expired (idle)");
+            let token = self.store.get(id).and_then(|r| r.token);
+            if let (Some(expire), Some(token)) = (&self.expire, token) {
+                expire(id.clone(), token).await;
+            }
             let _ = self.close_session(id).await;
             self.metrics.expired.inc();
         }
@@ -305,23 +326,25 @@ impl SessionManager for BoundSessions {
         mut message: ClientJsonRpcMessage,
     ) -> Result<rmcp::model::ServerJsonRpcMessage, Self::Error> {
         let internal = self.internal(id)?;
-        let who = match &message {
+        let caller = match &message {
             ClientJsonRpcMessage::Request(r) => {
                 use rmcp::model::GetExtensions;
                 r.request
                     .extensions()
                     .get::<axum::http::request::Parts>()
                     .and_then(|p| p.extensions.get::<crate::mcp::Caller>())
-                    .map(|c| c.who.clone())
+                    .map(|c| (c.who.clone(), c.token.clone()))
             }
             _ => None,
         };
-        let Some(who) = who else {
+        let Some((who, token)) = caller else {
             let _ = self.inner.close_session(&internal).await;
             self.routes.lock().expect("session routes lock").remove(id);
             return Err(BoundError::NoCaller);
         };
-        self.store.insert(id.clone(), SessionRecord::new(who));
+        let mut record = SessionRecord::new(who);
+        record.token = Some(token);
+        self.store.insert(id.clone(), record);
         self.metrics.open.set(self.store.len() as i64);
         tracing::info!(session = %internal, "MCP session opened");
         self.forward(id, &mut message);
@@ -349,6 +372,29 @@ impl SessionManager for BoundSessions {
             }
         }
         Ok(())
+    }
+
+    /// A session recorded in the database (opened through another gateway, or before a restart):
+    /// a fresh rmcp session behind the same client-facing id; rmcp then replays its `initialize`
+    /// (through `initialize_session`, which records the owner as for a new one).
+    async fn restore_session(
+        &self,
+        id: SessionId,
+    ) -> Result<RestoreOutcome<Self::Transport>, Self::Error> {
+        if self
+            .routes
+            .lock()
+            .expect("session routes lock")
+            .contains_key(&id)
+        {
+            return Ok(RestoreOutcome::AlreadyPresent);
+        }
+        let (internal, transport) = self.inner.create_session().await?;
+        self.routes
+            .lock()
+            .expect("session routes lock")
+            .insert(id, internal);
+        Ok(RestoreOutcome::Restored(transport))
     }
 
     async fn create_stream(

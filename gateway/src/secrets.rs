@@ -6,7 +6,8 @@
 //! another's `/proc/<pid>/environ`, `mem` and `cmdline` or attach to it. So:
 //!
 //! - **Files.** Each secret can be given as a file: `CTXGUARD_DATABASE_URL_FILE`,
-//!   `CTXGUARD_DISCOVERY_DATABASE_URL_FILE`, `CTXGUARD_DEMO_DATABASE_URL_FILE`,
+//!   `CTXGUARD_DISCOVERY_DATABASE_URL_FILE`, `CTXGUARD_NOTIFY_DATABASE_URL_FILE`,
+//!   `CTXGUARD_DEMO_DATABASE_URL_FILE`,
 //!   `CTXGUARD_LLM_API_KEY_FILE`, and for an upstream token named `NAME` by the registry
 //!   (`bearer_token_env`), `NAME_FILE`. A file's content never passes through the environment a
 //!   child could inherit.
@@ -31,9 +32,10 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 /// The gateway's own secrets; each may instead be given as a file named by `<NAME>_FILE`.
-pub const SECRET_VARS: [&str; 4] = [
+pub const SECRET_VARS: [&str; 5] = [
     "CTXGUARD_DATABASE_URL",
     "CTXGUARD_DISCOVERY_DATABASE_URL",
+    "CTXGUARD_NOTIFY_DATABASE_URL",
     "CTXGUARD_DEMO_DATABASE_URL",
     "CTXGUARD_LLM_API_KEY",
 ];

@@ -239,7 +239,7 @@ fn set_context_text(
         "generation": generation,
         "traceId": trace_id,
     });
-    let values: [String; 9] = [
+    let values: [String; 10] = [
         who.tenant_id.clone(),
         who.user_id.clone(),
         serde_json::to_string(&who.roles).unwrap_or_default(),
@@ -255,6 +255,7 @@ fn set_context_text(
         generation.clone().unwrap_or_default(),
         trace_id.clone().unwrap_or_default(),
         context.to_string(),
+        page_json.to_string(),
     ];
     for ((_, name), value) in gucs::CONTEXT_GUCS.iter().zip(values.iter()) {
         set_local(name, value);

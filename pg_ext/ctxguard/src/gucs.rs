@@ -21,6 +21,8 @@ pub static ENTITY_ID: GucSetting<Option<CString>> = GucSetting::<Option<CString>
 pub static GENERATION: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 pub static TRACE_ID: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 pub static CONTEXT: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+/// The page set_context validated, as JSON (what `ctxguard.put_user_page` stores).
+pub static PAGE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 
 pub static JWT_SECRET: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 pub static JWT_PUBLIC_KEY: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
@@ -64,7 +66,7 @@ pub static MAX_MASK_BYTES: GucSetting<i32> = GucSetting::<i32>::new(8 * 1024 * 1
 pub static MAX_TURN_BYTES: GucSetting<i32> = GucSetting::<i32>::new(1024 * 1024);
 
 /// `(setting, GUC name)` of every context setting, in the order `set_context` writes them.
-pub const CONTEXT_GUCS: [(&GucSetting<Option<CString>>, &CStr); 9] = [
+pub const CONTEXT_GUCS: [(&GucSetting<Option<CString>>, &CStr); 10] = [
     (&TENANT_ID, c"ctxguard.tenant_id"),
     (&USER_ID, c"ctxguard.user_id"),
     (&ROLES, c"ctxguard.roles"),
@@ -74,6 +76,7 @@ pub const CONTEXT_GUCS: [(&GucSetting<Option<CString>>, &CStr); 9] = [
     (&GENERATION, c"ctxguard.generation"),
     (&TRACE_ID, c"ctxguard.trace_id"),
     (&CONTEXT, c"ctxguard.context"),
+    (&PAGE, c"ctxguard.page"),
 ];
 
 /// (name, description, setting, min, max, flags) of an integer limit.

@@ -52,6 +52,7 @@ pgrx::extension_sql_file!(
     requires = ["bootstrap"]
 );
 pgrx::extension_sql_file!("../sql/mcp.sql", name = "mcp", requires = ["bootstrap"]);
+pgrx::extension_sql_file!("../sql/state.sql", name = "state", requires = ["bootstrap"]);
 pgrx::extension_sql_file!("../sql/finalize.sql", name = "finalize", finalize);
 
 #[pg_guard]

@@ -200,6 +200,11 @@ pub async fn gateway_with_state(extra: &[&str]) -> (SocketAddr, Arc<AppState>) {
     gateway_on(&env("CTXGUARD_TEST_DATABASE_URL"), extra).await
 }
 
+/// The real gateway router on a random local port, connected to `url` (e.g. through pgbouncer).
+pub async fn gateway_at(url: &str, extra: &[&str]) -> (SocketAddr, Arc<AppState>) {
+    gateway_on(url, extra).await
+}
+
 /// The real gateway router on a random local port, on the database at `url` (as the gateway role).
 pub async fn gateway_on(url: &str, extra: &[&str]) -> (SocketAddr, Arc<AppState>) {
     let mut args = vec!["ctxguard-gateway", "--database-url", url];

@@ -1,0 +1,215 @@
+-- Shared gateway state (issue 20): each user's current page and the MCP sessions, so that any gateway
+-- behind a load balancer serves any user and any session. Owner-only tables; the gateway role reaches
+-- them through the functions below only. A page is written only from a transaction whose page
+-- set_context validated (the page it validated, for the tenant and user of its token); everything
+-- else is keyed by the caller's verified token. Changes are announced on the channel ctxguard_pages
+-- with an opaque key (salted hash of tenant and user), never a name.
+
+CREATE TABLE ctxguard.state_salt (
+    singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    salt      text NOT NULL DEFAULT pg_catalog.gen_random_uuid()::text
+);
+COMMENT ON TABLE ctxguard.state_salt IS 'Random salt of the keys announced on the ctxguard_pages channel (owner only).';
+INSERT INTO ctxguard.state_salt DEFAULT VALUES;
+
+CREATE TABLE ctxguard.user_pages (
+    tenant_id  text NOT NULL,
+    user_id    text NOT NULL,
+    page       jsonb NOT NULL,
+    version    bigint NOT NULL DEFAULT 1,
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (tenant_id, user_id)
+);
+COMMENT ON TABLE ctxguard.user_pages IS 'Each user''s current page (PUT /v1/context, X-Ctxguard-Page), as set_context validated it; written by ctxguard.put_user_page only (owner only).';
+
+CREATE TABLE ctxguard.mcp_sessions (
+    id_hash     text PRIMARY KEY,
+    tenant_id   text NOT NULL,
+    user_id     text NOT NULL,
+    init_params jsonb NOT NULL,
+    page        jsonb,
+    ttl         integer NOT NULL CHECK (ttl BETWEEN 60 AND 86400),
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    expires_at  timestamptz NOT NULL
+);
+CREATE INDEX mcp_sessions_user_idx ON ctxguard.mcp_sessions (tenant_id, user_id);
+COMMENT ON TABLE ctxguard.mcp_sessions IS 'MCP sessions: sha256 of the session id, the tenant and user of the token that opened it, its initialize parameters, its own page (validated) and its expiry (owner only).';
+
+-- No grants: owner only (the policies satisfy lint's forced-RLS rule for tables with a tenant_id).
+ALTER TABLE ctxguard.user_pages ENABLE ROW LEVEL SECURITY;
+ALTER TABLE ctxguard.user_pages FORCE ROW LEVEL SECURITY;
+CREATE POLICY user_pages_owner ON ctxguard.user_pages USING (true) WITH CHECK (true);
+ALTER TABLE ctxguard.mcp_sessions ENABLE ROW LEVEL SECURITY;
+ALTER TABLE ctxguard.mcp_sessions FORCE ROW LEVEL SECURITY;
+CREATE POLICY mcp_sessions_owner ON ctxguard.mcp_sessions USING (true) WITH CHECK (true);
+
+-- The opaque key of a user on the ctxguard_pages channel.
+CREATE FUNCTION ctxguard._user_key(tenant_id text, user_id text) RETURNS text
+    LANGUAGE sql STABLE STRICT SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT pg_catalog.substr(pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to(
+               coalesce((SELECT s.salt FROM ctxguard.state_salt s), '') || chr(31) || tenant_id || chr(31) || user_id,
+               'UTF8')), 'hex'), 1, 32)
+$$;
+REVOKE EXECUTE ON FUNCTION ctxguard._user_key(text, text) FROM PUBLIC;
+
+-- The page set_context validated in this transaction (NULL without one, or without the library).
+CREATE FUNCTION ctxguard._validated_page() RETURNS jsonb
+    LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    -- tenant_id() is NULL unless the preloaded library set a context: only then is ctxguard.page a
+    -- superuser-only setting that set_context alone wrote.
+    IF ctxguard.tenant_id() IS NULL OR coalesce(current_setting('ctxguard.page', true), '') = '' THEN
+        RETURN NULL;
+    END IF;
+    RETURN current_setting('ctxguard.page')::jsonb;
+END
+$$;
+REVOKE EXECUTE ON FUNCTION ctxguard._validated_page() FROM PUBLIC;
+
+CREATE FUNCTION ctxguard.put_user_page() RETURNS jsonb
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    t text := ctxguard.tenant_id();
+    u text := ctxguard.user_id();
+    p jsonb := ctxguard._validated_page();
+    k text;
+    v bigint;
+BEGIN
+    PERFORM ctxguard._refuse_inside_handler('put_user_page');
+    IF t IS NULL OR u IS NULL OR p IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '28000', MESSAGE = 'ctxguard: no context is set';
+    END IF;
+    k := ctxguard._user_key(t, u);
+    INSERT INTO ctxguard.user_pages AS up (tenant_id, user_id, page) VALUES (t, u, p)
+        ON CONFLICT (tenant_id, user_id) DO UPDATE
+           SET page = excluded.page, version = up.version + 1, updated_at = now()
+         WHERE up.page IS DISTINCT FROM excluded.page
+    RETURNING up.version INTO v;
+    IF v IS NOT NULL THEN
+        -- Delivered at commit, to every gateway listening: nothing is announced that was not written.
+        PERFORM pg_notify('ctxguard_pages', k);
+    END IF;
+    RETURN jsonb_build_object('key', k, 'changed', v IS NOT NULL);
+END
+$$;
+COMMENT ON FUNCTION ctxguard.put_user_page() IS 'Make the page set_context validated in this transaction the current page of the context''s user; announces the user''s key on ctxguard_pages when it changed.';
+
+CREATE FUNCTION ctxguard.put_session_page(session_id text) RETURNS boolean
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    t text := ctxguard.tenant_id();
+    u text := ctxguard.user_id();
+    p jsonb := ctxguard._validated_page();
+BEGIN
+    PERFORM ctxguard._refuse_inside_handler('put_session_page');
+    IF t IS NULL OR u IS NULL OR p IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '28000', MESSAGE = 'ctxguard: no context is set';
+    END IF;
+    UPDATE ctxguard.mcp_sessions s SET page = p
+     WHERE s.id_hash = encode(sha256(convert_to(coalesce(session_id, ''), 'UTF8')), 'hex')
+       AND s.tenant_id = t AND s.user_id = u AND s.expires_at > now()
+       AND s.page IS DISTINCT FROM p;
+    IF FOUND THEN
+        PERFORM pg_notify('ctxguard_pages', ctxguard._user_key(t, u));
+    END IF;
+    RETURN FOUND;
+END
+$$;
+COMMENT ON FUNCTION ctxguard.put_session_page(text) IS 'Make the page set_context validated in this transaction the own page of one of the context user''s live MCP sessions.';
+
+-- Who a token is, the user's key and current page, and (given a session id) that session if it is
+-- the caller's and live ("session": null otherwise, whoever's it is); extends a session past half
+-- its lifetime.
+CREATE FUNCTION ctxguard.mcp_identity(token text, session_id text DEFAULT NULL) RETURNS jsonb
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    who jsonb := ctxguard.verify_token(token);
+    t text := who->>'tenantId';
+    u text := who->>'userId';
+    s record;
+    res jsonb;
+BEGIN
+    res := who || jsonb_build_object(
+        'key', ctxguard._user_key(t, u),
+        'page', (SELECT up.page FROM ctxguard.user_pages up WHERE up.tenant_id = t AND up.user_id = u));
+    IF session_id IS NULL THEN
+        RETURN res;
+    END IF;
+    SELECT ms.id_hash, ms.page, ms.ttl, ms.expires_at INTO s FROM ctxguard.mcp_sessions ms
+     WHERE ms.id_hash = encode(sha256(convert_to(session_id, 'UTF8')), 'hex')
+       AND ms.tenant_id = t AND ms.user_id = u AND ms.expires_at > now();
+    IF NOT FOUND THEN
+        RETURN res || jsonb_build_object('session', NULL);
+    END IF;
+    IF s.expires_at < now() + make_interval(secs => s.ttl / 2) THEN
+        UPDATE ctxguard.mcp_sessions SET expires_at = now() + make_interval(secs => s.ttl)
+         WHERE id_hash = s.id_hash;
+    END IF;
+    RETURN res || jsonb_build_object('session', jsonb_build_object('page', s.page));
+END
+$$;
+COMMENT ON FUNCTION ctxguard.mcp_identity(text, text) IS 'The token''s identity, the user''s key and current page, and the caller''s live MCP session of that id (else "session": null).';
+
+CREATE FUNCTION ctxguard.mcp_session_open(token text, session_id text, init_params jsonb, ttl integer DEFAULT 3600)
+    RETURNS void
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    who jsonb := ctxguard.verify_token(token);
+    t text := who->>'tenantId';
+    u text := who->>'userId';
+BEGIN
+    PERFORM ctxguard._refuse_inside_handler('mcp_session_open');
+    IF session_id IS NULL OR length(session_id) NOT BETWEEN 16 AND 256 OR session_id !~ '^[!-~]+$' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'ctxguard: a session id is 16-256 printable ASCII characters';
+    END IF;
+    IF init_params IS NULL OR jsonb_typeof(init_params) <> 'object' OR octet_length(init_params::text) > 65536 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'ctxguard: init_params must be an object of at most 64 KiB';
+    END IF;
+    IF ttl IS NULL OR ttl NOT BETWEEN 60 AND 86400 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'ctxguard: a session lifetime is 60-86400 seconds';
+    END IF;
+    DELETE FROM ctxguard.mcp_sessions ms WHERE ms.tenant_id = t AND ms.user_id = u AND ms.expires_at <= now();
+    IF (SELECT count(*) FROM ctxguard.mcp_sessions ms WHERE ms.tenant_id = t AND ms.user_id = u) >= 1000 THEN
+        RAISE EXCEPTION USING ERRCODE = '54000', MESSAGE = 'ctxguard: a user holds at most 1000 live MCP sessions';
+    END IF;
+    INSERT INTO ctxguard.mcp_sessions (id_hash, tenant_id, user_id, init_params, ttl, expires_at)
+    VALUES (encode(sha256(convert_to(session_id, 'UTF8')), 'hex'), t, u, init_params, ttl,
+            now() + make_interval(secs => ttl))
+    ON CONFLICT (id_hash) DO NOTHING;
+END
+$$;
+COMMENT ON FUNCTION ctxguard.mcp_session_open(text, text, jsonb, integer) IS 'Record an MCP session for the token''s user (any gateway can then serve it).';
+
+CREATE FUNCTION ctxguard.mcp_session_load(token text, session_id text) RETURNS jsonb
+    LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    who jsonb := ctxguard.verify_token(token);
+BEGIN
+    RETURN (SELECT ms.init_params FROM ctxguard.mcp_sessions ms
+             WHERE ms.id_hash = encode(sha256(convert_to(coalesce(session_id, ''), 'UTF8')), 'hex')
+               AND ms.tenant_id = who->>'tenantId' AND ms.user_id = who->>'userId' AND ms.expires_at > now());
+END
+$$;
+COMMENT ON FUNCTION ctxguard.mcp_session_load(text, text) IS 'The initialize parameters of the caller''s live MCP session of that id, or NULL (whoever''s it is).';
+
+CREATE FUNCTION ctxguard.mcp_session_close(token text, session_id text) RETURNS boolean
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    who jsonb := ctxguard.verify_token(token);
+BEGIN
+    PERFORM ctxguard._refuse_inside_handler('mcp_session_close');
+    DELETE FROM ctxguard.mcp_sessions ms
+     WHERE ms.id_hash = encode(sha256(convert_to(coalesce(session_id, ''), 'UTF8')), 'hex')
+       AND ms.tenant_id = who->>'tenantId' AND ms.user_id = who->>'userId';
+    RETURN FOUND;
+END
+$$;
+COMMENT ON FUNCTION ctxguard.mcp_session_close(text, text) IS 'End the caller''s MCP session of that id (every gateway then answers 404 for it).';

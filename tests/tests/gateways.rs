@@ -1,0 +1,260 @@
+//! Many gateways, one truth (issue 20): two gateways behind pgbouncer in transaction mode share
+//! each user's page and the MCP sessions through the database. A page set through one gateway
+//! reaches an MCP session held by the other (`notifications/tools/list_changed`, then its tools);
+//! a session opened through one gateway is served, and ended, through the other.
+//!
+//! Needs `CTXGUARD_TEST_POOLER_URL` besides the usual variables.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ctxguard_gateway::AppState;
+use futures::StreamExt;
+use serde_json::{json, Value};
+use support::*;
+
+const ACCEPT: &str = "application/json, text/event-stream";
+
+/// Two gateways through pgbouncer, each listening for page changes on a direct connection (from
+/// its first MCP session on).
+async fn two_gateways() -> (SocketAddr, SocketAddr, Arc<AppState>) {
+    let pooled = env("CTXGUARD_TEST_POOLER_URL");
+    let direct = env("CTXGUARD_TEST_DATABASE_URL");
+    let args = ["--notify-database-url", direct.as_str()];
+    let (a, _) = gateway_at(&pooled, &args).await;
+    let (b, sb) = gateway_at(&pooled, &args).await;
+    (a, b, sb)
+}
+
+/// Wait (on the state, not the clock) until the gateway follows notifications.
+async fn listening(state: &AppState) {
+    for _ in 0..400 {
+        if state.pages.following() == "listening" {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("not listening: {}", state.pages.following());
+}
+
+/// The JSON-RPC message answering `id` in an SSE (or JSON) body.
+fn answer(body: &str, id: i64) -> Value {
+    if let Ok(v) = serde_json::from_str::<Value>(body) {
+        return v;
+    }
+    body.lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+        .find(|v| v["id"] == id)
+        .unwrap_or_else(|| panic!("no answer to {id} in {body}"))
+}
+
+/// POST one JSON-RPC message to `/mcp`; (status, session id header, body).
+async fn rpc(
+    gw: SocketAddr,
+    tok: &str,
+    session: Option<&str>,
+    msg: &Value,
+) -> (u16, Option<String>, String) {
+    let mut r = http()
+        .post(format!("http://{gw}/mcp"))
+        .bearer_auth(tok)
+        .header("accept", ACCEPT)
+        .header("content-type", "application/json")
+        .json(msg);
+    if let Some(s) = session {
+        r = r
+            .header("mcp-session-id", s)
+            .header("mcp-protocol-version", "2025-06-18");
+    }
+    let resp = r.send().await.unwrap();
+    let status = resp.status().as_u16();
+    let sid = resp
+        .headers()
+        .get("mcp-session-id")
+        .map(|v| v.to_str().unwrap().to_string());
+    (status, sid, resp.text().await.unwrap())
+}
+
+/// Initialise a session through `gw`: its id.
+async fn initialize(gw: SocketAddr, tok: &str) -> String {
+    let (status, sid, body) = rpc(gw, tok, None, &json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "gateways-test", "version": "1"}}})).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(answer(&body, 1)["result"]["serverInfo"]["name"], "ctxguard");
+    let sid = sid.expect("a session id");
+    let (status, _, body) = rpc(
+        gw,
+        tok,
+        Some(&sid),
+        &json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+    )
+    .await;
+    assert_eq!(status, 202, "{body}");
+    sid
+}
+
+async fn tool_names(gw: SocketAddr, tok: &str, sid: &str) -> Vec<String> {
+    let (status, _, body) = rpc(
+        gw,
+        tok,
+        Some(sid),
+        &json!({"jsonrpc": "2.0", "id": 7, "method": "tools/list"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let mut names: Vec<String> = answer(&body, 7)["result"]["tools"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{body}"))
+        .iter()
+        .map(|t| t["name"].as_str().unwrap().to_string())
+        .collect();
+    names.sort();
+    names
+}
+
+async fn put_page(gw: SocketAddr, tok: &str, page: &Value) {
+    let resp = http()
+        .put(format!("http://{gw}/v1/context"))
+        .bearer_auth(tok)
+        .json(page)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_set_through_one_gateway_reaches_a_session_on_the_other_within_a_second() {
+    let (a, b, state_b) = two_gateways().await;
+    let run = uuid::Uuid::new_v4().simple().to_string();
+    let tok = token(&format!("mcp-{run}"), "acme", &["ap_clerk"]);
+    put_page(a, &tok, &json!({"pageType": "vendor_table"})).await;
+    let sid = initialize(b, &tok).await;
+    // B's first session started its listening connection.
+    listening(&state_b).await;
+    let names = tool_names(b, &tok, &sid).await;
+    assert!(names.contains(&"vendor__list".to_string()), "{names:?}");
+    assert!(!names.contains(&"invoice__get".to_string()), "{names:?}");
+
+    // The session's GET stream on B.
+    let stream = http()
+        .get(format!("http://{b}/mcp"))
+        .bearer_auth(&tok)
+        .header("accept", "text/event-stream")
+        .header("mcp-session-id", &sid)
+        .header("mcp-protocol-version", "2025-06-18")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status().as_u16(), 200);
+    let (tx, rx) = tokio::sync::oneshot::channel::<Instant>();
+    let watcher = tokio::spawn(async move {
+        let mut body = stream.bytes_stream();
+        let mut seen = String::new();
+        let mut tx = Some(tx);
+        while let Some(Ok(chunk)) = body.next().await {
+            seen.push_str(&String::from_utf8_lossy(&chunk));
+            if seen.contains("notifications/tools/list_changed") {
+                if let Some(tx) = tx.take() {
+                    let _ = tx.send(Instant::now());
+                }
+                return;
+            }
+        }
+    });
+    // The same page again changes nothing and announces nothing; then a new page.
+    put_page(a, &tok, &json!({"pageType": "vendor_table"})).await;
+    let put_at = Instant::now();
+    put_page(a, &tok, &invoice_page("acme_inv3")).await;
+    let heard = tokio::time::timeout(Duration::from_secs(5), rx)
+        .await
+        .expect("list_changed on gateway B")
+        .unwrap();
+    assert!(
+        heard.duration_since(put_at) < Duration::from_secs(1),
+        "list_changed {:?} after the PUT on A",
+        heard.duration_since(put_at)
+    );
+    watcher.abort();
+    let names = tool_names(b, &tok, &sid).await;
+    assert!(names.contains(&"invoice__get".to_string()), "{names:?}");
+    assert!(!names.contains(&"vendor__list".to_string()), "{names:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_opened_on_one_gateway_is_used_and_ended_on_the_other() {
+    let (a, b, _) = two_gateways().await;
+    let run = uuid::Uuid::new_v4().simple().to_string();
+    let tok = token(&format!("mcp-{run}"), "acme", &["ap_clerk"]);
+    put_page(a, &tok, &invoice_page("acme_inv3")).await;
+    let sid = initialize(a, &tok).await;
+
+    // Another user's token never reaches the session, on either gateway (as if it did not exist).
+    let mallory = token(&format!("mallory-{run}"), "acme", &["ap_clerk"]);
+    let (status, _, _) = rpc(
+        b,
+        &mallory,
+        Some(&sid),
+        &json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}),
+    )
+    .await;
+    assert_eq!(status, 404);
+
+    // B serves the session it never saw initialised.
+    assert!(tool_names(b, &tok, &sid)
+        .await
+        .contains(&"invoice__get".to_string()));
+    let (status, _, body) = rpc(
+        b,
+        &tok,
+        Some(&sid),
+        &json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+        "params": {"name": "invoice__get", "arguments": {}}}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let result = answer(&body, 3)["result"].clone();
+    assert_eq!(result["isError"], false, "{result}");
+    assert_eq!(result["structuredContent"]["id"], "acme_inv3", "{result}");
+
+    // Ended through B: A no longer knows it.
+    let resp = http()
+        .delete(format!("http://{b}/mcp"))
+        .bearer_auth(&tok)
+        .header("mcp-session-id", &sid)
+        .header("mcp-protocol-version", "2025-06-18")
+        .send()
+        .await
+        .unwrap();
+    assert!(resp.status().is_success(), "{}", resp.status());
+    let (status, _, body) = rpc(
+        a,
+        &tok,
+        Some(&sid),
+        &json!({"jsonrpc": "2.0", "id": 4, "method": "tools/list"}),
+    )
+    .await;
+    assert_eq!(status, 404, "{body}");
+    let (status, _, _) = rpc(
+        b,
+        &tok,
+        Some(&sid),
+        &json!({"jsonrpc": "2.0", "id": 5, "method": "tools/list"}),
+    )
+    .await;
+    assert_eq!(status, 404);
+    let rows: i64 = admin()
+        .await
+        .query_one(
+            "SELECT count(*) FROM ctxguard.mcp_sessions WHERE user_id = $1",
+            &[&format!("mcp-{run}")],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 0);
+}
