@@ -7,7 +7,7 @@
 
 CREATE TABLE ctxguard.state_salt (
     singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
-    salt      text NOT NULL DEFAULT pg_catalog.gen_random_uuid()::text
+    salt      text NOT NULL DEFAULT pg_catalog.gen_random_uuid()::pg_catalog.text
 );
 COMMENT ON TABLE ctxguard.state_salt IS 'Random salt of the keys announced on the ctxguard_pages channel (owner only).';
 INSERT INTO ctxguard.state_salt DEFAULT VALUES;
@@ -63,7 +63,7 @@ BEGIN
     IF ctxguard.tenant_id() IS NULL OR coalesce(current_setting('ctxguard.page', true), '') = '' THEN
         RETURN NULL;
     END IF;
-    RETURN current_setting('ctxguard.page')::jsonb;
+    RETURN pg_catalog.current_setting('ctxguard.page')::pg_catalog.jsonb;
 END
 $$;
 REVOKE EXECUTE ON FUNCTION ctxguard._validated_page() FROM PUBLIC;
@@ -168,7 +168,7 @@ BEGIN
     IF session_id IS NULL OR length(session_id) NOT BETWEEN 16 AND 256 OR session_id !~ '^[!-~]+$' THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'ctxguard: a session id is 16-256 printable ASCII characters';
     END IF;
-    IF init_params IS NULL OR jsonb_typeof(init_params) <> 'object' OR octet_length(init_params::text) > 65536 THEN
+    IF init_params IS NULL OR jsonb_typeof(init_params) <> 'object' OR octet_length(init_params::pg_catalog.text) > 65536 THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'ctxguard: init_params must be an object of at most 64 KiB';
     END IF;
     IF ttl IS NULL OR ttl NOT BETWEEN 60 AND 86400 THEN
