@@ -110,4 +110,37 @@ SELECT is((ctxguard.call_tool('vendor.list', '{}')->'result'->>'count')::int, 5,
 SELECT is(pg_temp.code(ctxguard.call_tool('test.twice', '{}')), 'ok', 'a second time too');
 COMMIT;
 
+-- A SQL handler's body is parsed and planned once per backend (handler.rs), not in every
+-- transaction: what it runs as, which tenant it sees and which body runs must not be frozen by that.
+\set plan_lab '{"pageType": "plan_lab"}'
+\set dba_role postgres
+BEGIN;
+SELECT ctxguard.set_context(:'tok_alice', :'plan_lab') \g /dev/null
+SELECT is(ctxguard.call_tool('test.versioned', '{}')->'result', '{"v": 1, "user": "ctxguard_tools", "tenants": ["acme"]}'::jsonb,
+          'a SQL handler''s body runs as its tool''s run_as role and sees its tenant''s rows');
+SELECT is(ctxguard.call_tool('test.versioned_other', '{}')->'result', '{"v": 1, "user": "ctxguard_test_tools2", "tenants": ["acme"]}'::jsonb,
+          'the same body through another tool runs as that tool''s role');
+SELECT is(ctxguard.call_tool('test.versioned', '{}')->'result'->>'user', 'ctxguard_tools', 'and back: the first tool''s role again');
+COMMIT;
+BEGIN;
+SELECT ctxguard.set_context(:'tok_carol', :'plan_lab') \g /dev/null
+SELECT is(ctxguard.call_tool('test.versioned', '{}')->'result', '{"v": 1, "user": "ctxguard_tools", "tenants": ["globex"]}'::jsonb,
+          'the next transaction, another tenant''s token: that tenant''s rows only');
+COMMIT;
+\set dba_sql 'CREATE OR REPLACE FUNCTION t.versioned(args jsonb) RETURNS jsonb LANGUAGE sql STABLE AS $b$ SELECT jsonb_build_object(''v'', 2, ''user'', current_user::text, ''tenants'', (SELECT jsonb_agg(DISTINCT tenant_id) FROM demo.invoices)) $b$'
+\ir lib/dba.sql
+BEGIN;
+SELECT ctxguard.set_context(:'tok_alice', :'plan_lab') \g /dev/null
+SELECT is(ctxguard.call_tool('test.versioned', '{}')->'result', '{"v": 2, "user": "ctxguard_tools", "tenants": ["acme"]}'::jsonb,
+          'the DBA replaced the body: the next call runs the new one');
+COMMIT;
+\set dba_sql 'CREATE OR REPLACE FUNCTION t.versioned(args jsonb) RETURNS jsonb LANGUAGE sql VOLATILE AS $b$ SELECT jsonb_build_object(''v'', 3, ''user'', current_user::text, ''tenants'', (SELECT jsonb_agg(DISTINCT tenant_id) FROM demo.invoices)) $b$'
+\ir lib/dba.sql
+BEGIN;
+SELECT ctxguard.set_context(:'tok_alice', :'plan_lab') \g /dev/null
+SELECT is(ctxguard.call_tool('test.versioned', '{}')->'result'->'v', '3'::jsonb, 'and again (now VOLATILE): that body');
+COMMIT;
+\set dba_sql 'CREATE OR REPLACE FUNCTION t.versioned(args jsonb) RETURNS jsonb LANGUAGE sql STABLE AS $b$ SELECT jsonb_build_object(''v'', 1, ''user'', current_user::text, ''tenants'', (SELECT jsonb_agg(DISTINCT tenant_id) FROM demo.invoices)) $b$'
+\ir lib/dba.sql
+
 SELECT * FROM finish();

@@ -162,11 +162,28 @@ CREATE FUNCTION t.note(args jsonb) RETURNS jsonb LANGUAGE sql VOLATILE AS $$
 $$;
 -- A handler the run_as role may not execute (the caller may): EXECUTE is checked for the run_as role.
 CREATE FUNCTION t.noexec(args jsonb) RETURNS jsonb LANGUAGE sql AS $$ SELECT '{"ran": true}'::jsonb $$;
+-- 09_handlers.sql: a SQL handler's body is planned once per backend (handler.rs). What it sees must
+-- not be frozen by that: the DBA replaces its body (lib/dba.sql), the caller's tenant changes,
+-- another tool runs it as another role. On a page of their own.
+CREATE FUNCTION t.versioned(args jsonb) RETURNS jsonb LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object('v', 1, 'user', current_user::text,
+                              'tenants', (SELECT jsonb_agg(DISTINCT tenant_id) FROM demo.invoices))
+$$;
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'ctxguard_test_tools2') THEN
+        CREATE ROLE ctxguard_test_tools2;
+    END IF;
+    ALTER ROLE ctxguard_test_tools2 NOLOGIN NOSUPERUSER NOBYPASSRLS NOCREATEDB NOCREATEROLE NOREPLICATION;
+END $$;
+GRANT USAGE ON SCHEMA demo, t TO ctxguard_test_tools2;
+GRANT SELECT ON demo.invoices TO ctxguard_test_tools2;
 
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA t FROM PUBLIC;
 GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA t TO ctxguard_tools;
 REVOKE EXECUTE ON FUNCTION t.noexec(jsonb) FROM ctxguard_tools;
 GRANT EXECUTE ON FUNCTION t.noexec(jsonb) TO ctxguard_gateway;
+GRANT EXECUTE ON FUNCTION t.versioned(jsonb) TO ctxguard_test_tools2;
 
 SELECT ctxguard.register_tool('test.touch', 'Record a touch of the invoice on this page.',
     '{"type": "object", "properties": {"invoice_id": {"type": "string"}}}', 't.touch(jsonb)',
@@ -202,6 +219,11 @@ SELECT ctxguard.register_tool('test.whoami', 'Reports the role and path a handle
     '{"page_types": "*", "read_only": false}');
 SELECT ctxguard.register_tool('test.noexec', 'A handler its run_as role may not execute.', '{"type": "object"}', 't.noexec(jsonb)',
     '{"page_types": "*"}');
+SELECT ctxguard.register_page_type('plan_lab', NULL, 'A page for the handler plan tests.');
+SELECT ctxguard.register_tool('test.versioned', 'Reports its body''s version, role and the tenants it sees.',
+    '{"type": "object"}', 't.versioned(jsonb)', '{"page_types": ["plan_lab"]}');
+SELECT ctxguard.register_tool('test.versioned_other', 'The same handler, run as another role.',
+    '{"type": "object"}', 't.versioned(jsonb)', '{"page_types": ["plan_lab"], "run_as": "ctxguard_test_tools2"}');
 SELECT ctxguard.register_tool('report.export', 'Export a report (needs the export-enabled state).',
     '{"type": "object", "properties": {}}', 'demo.vendor_list(jsonb)',
     '{"page_types": "*", "required_states": ["export-enabled"]}');

@@ -131,6 +131,193 @@ pub fn catalog_changed() {
     }
 }
 
+/// `pg_language.oid` of `sql` (a fixed, bootstrapped oid: `SQLlanguageId`).
+const SQL_LANGUAGE: pg_sys::Oid = pg_sys::Oid::from_u32(14);
+
+// How PostgreSQL itself parses a SQL function's body (executor/functions.h, not in pgrx's bindings;
+// the same signatures on 15 to 18): `inline_function` and `fmgr_sql` use them.
+// `prepare_sql_fn_parse_info` may raise an ERROR: called through `pg_guard_ffi_boundary`.
+// `sql_fn_parser_setup` only sets the parse state's hooks; PostgreSQL calls it (a parser hook).
+unsafe extern "C-unwind" {
+    fn prepare_sql_fn_parse_info(
+        procedure_tuple: pg_sys::HeapTuple,
+        call_expr: *mut pg_sys::Node,
+        input_collation: pg_sys::Oid,
+    ) -> *mut std::ffi::c_void;
+    fn sql_fn_parser_setup(pstate: *mut pg_sys::ParseState, pinfo: *mut std::ffi::c_void);
+}
+
+/// A SQL-language handler's body, parsed and planned once per backend (per version of its
+/// `pg_proc` row), as PL/pgSQL keeps its statements' plans. Through `fmgr`, PostgreSQL 15 to 17
+/// parse and plan a SQL function's body again in every transaction, which was most of a read-only
+/// tool call's cost.
+struct BodyPlan {
+    /// `(xmin, ctid)` of the `pg_proc` row it was made from: `CREATE OR REPLACE` and `ALTER
+    /// FUNCTION` write a new row version, and the plan is made again.
+    version: (u32, u32, u16),
+    /// `None`: the function is not one of these (it is called through `fmgr`).
+    plan: Option<pg_sys::SPIPlanPtr>,
+    /// STABLE or IMMUTABLE: run on the caller's snapshot, as `fmgr_sql` does.
+    read_only: bool,
+    /// Holds the parse info the plan's parser hook uses when the plan is made again.
+    cx: pg_sys::MemoryContext,
+}
+
+thread_local! {
+    static BODIES: RefCell<HashMap<pg_sys::Oid, BodyPlan>> = RefCell::new(HashMap::new());
+}
+
+/// The saved plan of `handler`'s body, when it is a plain SQL function of one `jsonb` returning
+/// `jsonb` whose body is one SELECT returning one `jsonb` column (not SECURITY DEFINER, no `SET`
+/// clauses, no SQL-standard body). Call with SPI connected.
+///
+/// What runs is what `fmgr_sql` would run: the body parsed with PostgreSQL's own SQL-function
+/// parser hooks (the argument by name or as `$1`), under the same pinned settings and role, on the
+/// caller's snapshot unless the function is VOLATILE; the first column of its first row, or NULL.
+/// The plan cache re-plans it when its tables or functions change, or (row security) its role.
+unsafe fn body_plan(handler: pg_sys::Oid) -> Option<(pg_sys::SPIPlanPtr, bool)> {
+    unsafe {
+        let tup = pg_sys::SearchSysCache1(
+            pg_sys::SysCacheIdentifier::PROCOID as _,
+            pg_sys::Datum::from(handler),
+        );
+        if tup.is_null() {
+            return None;
+        }
+        let t_self = (*tup).t_self;
+        let version = (
+            (*(*tup).t_data).t_choice.t_heap.t_xmin.into_inner(),
+            (u32::from(t_self.ip_blkid.bi_hi) << 16) | u32::from(t_self.ip_blkid.bi_lo),
+            t_self.ip_posid,
+        );
+        let known = BODIES.with(|b| {
+            b.borrow()
+                .get(&handler)
+                .filter(|e| e.version == version)
+                .map(|e| e.plan.map(|p| (p, e.read_only)))
+        });
+        if let Some(known) = known {
+            pg_sys::ReleaseSysCache(tup);
+            return known;
+        }
+        let form = &*pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_proc>(tup);
+        let is_null = |attr: u32| {
+            let mut null = false;
+            pg_sys::SysCacheGetAttr(
+                pg_sys::SysCacheIdentifier::PROCOID as _,
+                tup,
+                attr as _,
+                &mut null,
+            );
+            null
+        };
+        let eligible = form.prolang == SQL_LANGUAGE
+            && !form.prosecdef
+            && !form.proretset
+            && form.prokind == b'f' as std::ffi::c_char
+            && form.pronargs == 1
+            && form.proargtypes.values.as_slice(1)[0] == pg_sys::JSONBOID
+            && form.prorettype == pg_sys::JSONBOID
+            && is_null(pg_sys::Anum_pg_proc_proconfig)
+            && is_null(pg_sys::Anum_pg_proc_prosqlbody);
+        let read_only = form.provolatile != pg_sys::PROVOLATILE_VOLATILE as std::ffi::c_char;
+        let cx = pg_sys::AllocSetContextCreateInternal(
+            pg_sys::TopMemoryContext,
+            c"ctxguard handler body".as_ptr(),
+            pg_sys::ALLOCSET_SMALL_MINSIZE as usize,
+            pg_sys::ALLOCSET_SMALL_INITSIZE as usize,
+            pg_sys::ALLOCSET_SMALL_MAXSIZE as usize,
+        );
+        let mut plan = None;
+        if eligible {
+            let mut null = false;
+            let src = pg_sys::SysCacheGetAttr(
+                pg_sys::SysCacheIdentifier::PROCOID as _,
+                tup,
+                pg_sys::Anum_pg_proc_prosrc as _,
+                &mut null,
+            );
+            if !null {
+                let src = pg_sys::text_to_cstring(src.cast_mut_ptr());
+                let old = pg_sys::MemoryContextSwitchTo(cx);
+                let pinfo = pg_sys::ffi::pg_guard_ffi_boundary(|| {
+                    prepare_sql_fn_parse_info(tup, std::ptr::null_mut(), pg_sys::InvalidOid)
+                });
+                pg_sys::MemoryContextSwitchTo(old);
+                let p = pg_sys::SPI_prepare_params(src, Some(sql_fn_parser_setup), pinfo, 0);
+                if !p.is_null() {
+                    if one_jsonb_select(p) && pg_sys::SPI_keepplan(p) == 0 {
+                        plan = Some(p);
+                    } else {
+                        pg_sys::SPI_freeplan(p);
+                    }
+                }
+            }
+        }
+        pg_sys::ReleaseSysCache(tup);
+        let entry = BodyPlan {
+            version,
+            plan,
+            read_only,
+            cx,
+        };
+        if let Some(old) = BODIES.with(|b| b.borrow_mut().insert(handler, entry)) {
+            // Not in use: handlers cannot run handlers (call_tool refuses inside one).
+            if let Some(p) = old.plan {
+                pg_sys::SPI_freeplan(p);
+            }
+            pg_sys::MemoryContextDelete(old.cx);
+        }
+        plan.map(|p| (p, read_only))
+    }
+}
+
+/// Is `plan` one SELECT returning one `jsonb` column?
+unsafe fn one_jsonb_select(plan: pg_sys::SPIPlanPtr) -> bool {
+    unsafe {
+        let sources = pg_sys::SPI_plan_get_plan_sources(plan);
+        if sources.is_null() || (*sources).length != 1 {
+            return false;
+        }
+        let ps = (*(*sources).elements).ptr_value as *const pg_sys::CachedPlanSource;
+        if ps.is_null() || (*ps).commandTag != pg_sys::CommandTag::CMDTAG_SELECT {
+            return false;
+        }
+        let desc = (*ps).resultDesc;
+        !desc.is_null()
+            && (*desc).natts == 1
+            && (*desc).attrs.as_slice(1)[0].atttypid == pg_sys::JSONBOID
+    }
+}
+
+/// Run a handler's saved body plan with `args` as its argument: its first row's column, or None
+/// (no row, or NULL). Errors are PostgreSQL errors, caught by the handler's subtransaction.
+fn call_body(plan: pg_sys::SPIPlanPtr, read_only: bool, args: Value) -> Option<JsonB> {
+    let arg = JsonB(args).into_datum().expect("jsonb datum");
+    unsafe {
+        let params = pg_sys::makeParamList(1);
+        let p = &mut (*params).params.as_mut_slice(1)[0];
+        p.value = arg;
+        p.isnull = false;
+        p.pflags = pg_sys::PARAM_FLAG_CONST as u16;
+        p.ptype = pg_sys::JSONBOID;
+        let rc = pg_sys::SPI_execute_plan_with_paramlist(plan, params, read_only, 0);
+        if rc != pg_sys::SPI_OK_SELECT as i32 {
+            raise(
+                PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+                "ctxguard: tool handler body did not run as a SELECT",
+            );
+        }
+        let table = pg_sys::SPI_tuptable;
+        if pg_sys::SPI_processed == 0 || table.is_null() {
+            return None;
+        }
+        let mut null = false;
+        let d = pg_sys::SPI_getbinval(*(*table).vals, (*table).tupdesc, 1, &mut null);
+        JsonB::from_datum(d, null)
+    }
+}
+
 fn role_exists(role: pg_sys::Oid) -> bool {
     unsafe { !pg_sys::GetUserNameFromId(role, true).is_null() }
 }
@@ -162,10 +349,19 @@ pub fn run(
                     "permission denied for tool handler",
                 );
             }
-            let datum = JsonB(args).into_datum().expect("jsonb datum");
-            unsafe {
-                let out = pg_sys::FunctionCall1Coll(finfo(handler), pg_sys::InvalidOid, datum);
-                JsonB::from_datum(out, false)
+            let planned = (depth() == 1)
+                .then(|| Spi::connect(|_| unsafe { body_plan(handler) }))
+                .flatten();
+            match planned {
+                Some((plan, stable)) => Spi::connect(|_| call_body(plan, stable, args)),
+                None => {
+                    let datum = JsonB(args).into_datum().expect("jsonb datum");
+                    unsafe {
+                        let out =
+                            pg_sys::FunctionCall1Coll(finfo(handler), pg_sys::InvalidOid, datum);
+                        JsonB::from_datum(out, false)
+                    }
+                }
             }
         })
     });
