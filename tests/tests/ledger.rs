@@ -295,3 +295,62 @@ fn a_prepared_transaction_rolled_back_refunds_no_call_and_keeps_its_audit_rows()
     assert_eq!(rows, 11);
     tx.commit().unwrap();
 }
+
+/// `ctxguard.audit_wait = off` (a superuser's setting): the call returns before its audit record is
+/// written, and callers that do not wait do not wake the writer one by one (ledger/mod.rs). A lone
+/// call, with nothing after it, still gets its audit row within the writer's round, and a burst of
+/// them all get theirs. A call that waits, after them, finds its own row committed on return.
+#[test]
+fn calls_that_do_not_wait_for_their_audit_record_still_get_it() {
+    let tok = token("nowait_caller", "acme", &["ap_clerk"]);
+    let mut su = admin();
+    let call = |c: &mut Client, wait: &str| -> String {
+        let mut tx = c.transaction().unwrap();
+        tx.execute(
+            "SELECT set_config('ctxguard.audit_wait', $1, true)",
+            &[&wait],
+        )
+        .unwrap();
+        tx.execute("SELECT ctxguard.set_context($1, $2)", &[&tok, &library()])
+            .unwrap();
+        let r: Value = tx
+            .query_one(
+                "SELECT ctxguard.call_tool('list_available_tools', '{}')",
+                &[],
+            )
+            .unwrap()
+            .get(0);
+        tx.commit().unwrap();
+        assert_eq!(code(&r), "ok", "{r}");
+        r["call_id"].as_str().unwrap().to_string()
+    };
+    let audited = |su: &mut Client, ids: &[String]| -> i64 {
+        su.query_one(
+            "SELECT count(*) FROM ctxguard.audit_log WHERE call_id::text = ANY($1)",
+            &[&ids],
+        )
+        .unwrap()
+        .get(0)
+    };
+    // Polls on the audit table (committed rows); the bound is generous, the writer's round is 50 ms.
+    let within = |su: &mut Client, ids: &[String]| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while audited(su, ids) < ids.len() as i64 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "audit rows missing: {ids:?}"
+            );
+            thread::sleep(std::time::Duration::from_millis(20));
+        }
+    };
+    let lone = vec![call(&mut su, "off")];
+    within(&mut su, &lone);
+    let burst: Vec<String> = (0..100).map(|_| call(&mut su, "off")).collect();
+    within(&mut su, &burst);
+    let waited = vec![call(&mut su, "on")];
+    assert_eq!(
+        audited(&mut su, &waited),
+        1,
+        "a call that waits finds its row committed"
+    );
+}

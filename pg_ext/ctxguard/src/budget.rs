@@ -13,7 +13,7 @@ use crate::context::Ctx;
 use crate::gucs;
 use crate::ledger::{self, GenLimit, Over, Unavailable};
 use crate::owner::as_owner;
-use crate::pgutil::{raise, saved_plan, update_saved, TEXT};
+use crate::pgutil::{raise, select_fresh};
 
 /// Limits in force for the caller's tenant (settings, overridden by `ctxguard.tenant_limits`).
 #[derive(Debug, Clone, Copy)]
@@ -59,31 +59,34 @@ impl Budget {
     pub fn open(ctx: &Ctx) -> Result<Budget, Unavailable> {
         type Row = (Option<i64>, Option<i64>, [Option<i32>; 6], Option<f64>);
         let (loaded, expires, ints, cov): Row = as_owner(|| {
-            Spi::connect_mut(|c| {
-                let sql = match &ctx.generation {
-                    Some(_) => "SELECT g.bytes_used, EXTRACT(epoch FROM g.expires_at)::pg_catalog.int8,
-                                       tl.max_pages_per_call, tl.max_calls_per_document,
-                                       tl.max_bytes_per_generation, tl.max_section_tokens, tl.max_search_results,
-                                       tl.max_bytes_per_user_day, tl.max_document_coverage::pg_catalog.float8
-                                  FROM ctxguard.generations g
-                                  LEFT JOIN ctxguard.tenant_limits tl ON tl.tenant_id = g.tenant_id
-                                 WHERE g.id = $1::pg_catalog.uuid AND g.tenant_id = $2",
-                    None => "SELECT 0::pg_catalog.int8, 0::pg_catalog.int8, tl.max_pages_per_call, tl.max_calls_per_document,
-                                    tl.max_bytes_per_generation, tl.max_section_tokens, tl.max_search_results,
-                                    tl.max_bytes_per_user_day, tl.max_document_coverage::pg_catalog.float8
-                               FROM (SELECT $2::pg_catalog.text AS tenant_id, $1::pg_catalog.text AS unused) t
-                               LEFT JOIN ctxguard.tenant_limits tl ON tl.tenant_id = t.tenant_id",
-                };
-                let plan = saved_plan(c, sql, &[TEXT, TEXT], true)?;
-                let mut rows = c.update(&*plan, Some(1), &[ctx.generation.as_deref().into(), ctx.tenant_id.as_str().into()])?;
-                let Some(r) = rows.next() else { return Ok((None, None, [None; 6], None)) };
-                Ok::<_, pgrx::spi::Error>((
-                    r.get::<i64>(1)?,
-                    r.get::<i64>(2)?,
-                    [r.get::<i32>(3)?, r.get::<i32>(4)?, r.get::<i32>(5)?, r.get::<i32>(6)?, r.get::<i32>(7)?, r.get::<i32>(8)?],
-                    r.get::<f64>(9)?,
-                ))
-            })
+            let sql = match &ctx.generation {
+                Some(_) => "SELECT g.bytes_used, EXTRACT(epoch FROM g.expires_at)::pg_catalog.int8,
+                                   tl.max_pages_per_call, tl.max_calls_per_document,
+                                   tl.max_bytes_per_generation, tl.max_section_tokens, tl.max_search_results,
+                                   tl.max_bytes_per_user_day, tl.max_document_coverage::pg_catalog.float8
+                              FROM ctxguard.generations g
+                              LEFT JOIN ctxguard.tenant_limits tl ON tl.tenant_id = g.tenant_id
+                             WHERE g.id = $1::pg_catalog.uuid AND g.tenant_id = $2",
+                None => "SELECT 0::pg_catalog.int8, 0::pg_catalog.int8, tl.max_pages_per_call, tl.max_calls_per_document,
+                                tl.max_bytes_per_generation, tl.max_section_tokens, tl.max_search_results,
+                                tl.max_bytes_per_user_day, tl.max_document_coverage::pg_catalog.float8
+                           FROM (SELECT $2::pg_catalog.text AS tenant_id, $1::pg_catalog.text AS unused) t
+                           LEFT JOIN ctxguard.tenant_limits tl ON tl.tenant_id = t.tenant_id",
+            };
+            select_fresh(
+                sql,
+                Some(1),
+                &[ctx.generation.as_deref().into(), ctx.tenant_id.as_str().into()],
+                |mut rows| {
+                    let Some(r) = rows.next() else { return Ok((None, None, [None; 6], None)) };
+                    Ok((
+                        r.get::<i64>(1)?,
+                        r.get::<i64>(2)?,
+                        [r.get::<i32>(3)?, r.get::<i32>(4)?, r.get::<i32>(5)?, r.get::<i32>(6)?, r.get::<i32>(7)?, r.get::<i32>(8)?],
+                        r.get::<f64>(9)?,
+                    ))
+                },
+            )
         })
         .unwrap_or_else(|e| internal(e));
         let pick =
@@ -209,18 +212,17 @@ impl Budget {
         let (t, u) = (ctx.tenant_id.as_str(), ctx.user_id.as_str());
         let taken = ledger::coverage(t, u, doc_id, pages, allowed, |day| {
             as_owner(|| {
-                Spi::connect_mut(|c| {
-                    update_saved(
-                        c,
-                        "SELECT page_no FROM ctxguard.document_coverage
-                          WHERE tenant_id = $1 AND user_id = $2 AND doc_id = $3
-                            AND day = '2000-01-01'::pg_catalog.date OPERATOR(pg_catalog.+) $4::pg_catalog.int4",
-                        None,
-                        &[t.into(), u.into(), doc_id.into(), day.into()],
-                    )?
-                    .map(|r| r.get::<i32>(1).map(Option::unwrap_or_default))
-                    .collect::<Result<Vec<_>, _>>()
-                })
+                select_fresh(
+                    "SELECT page_no FROM ctxguard.document_coverage
+                      WHERE tenant_id = $1 AND user_id = $2 AND doc_id = $3
+                        AND day = '2000-01-01'::pg_catalog.date OPERATOR(pg_catalog.+) $4::pg_catalog.int4",
+                    None,
+                    &[t.into(), u.into(), doc_id.into(), day.into()],
+                    |rows| {
+                        rows.map(|r| r.get::<i32>(1).map(Option::unwrap_or_default))
+                            .collect::<Result<Vec<_>, _>>()
+                    },
+                )
             })
             .unwrap_or_else(|e| internal(e))
         })
@@ -244,8 +246,7 @@ impl Budget {
 /// One int8 (0 if no row) read as the owner: a ledger entry's persisted value.
 fn load_i64(sql: &str, args: &[pgrx::datum::DatumWithOid]) -> i64 {
     as_owner(|| {
-        Spi::connect_mut(|c| {
-            let mut rows = update_saved(c, sql, Some(1), args)?;
+        select_fresh(sql, Some(1), args, |mut rows| {
             rows.next()
                 .map(|r| r.get::<i64>(1))
                 .transpose()

@@ -38,10 +38,14 @@ fn or_query(text: &str) -> Option<String> {
 }
 
 /// A tool as Gate A shows it.
+#[derive(Clone)]
 pub struct Visible {
     pub name: String,
     pub description: String,
     pub input_schema: Value,
+    /// `input_schema` as a `jsonb` datum's bytes, made when Gate A's answer is kept (see
+    /// [`visible`]): what `visible_tools` returns, without converting the schema again.
+    pub input_schema_jsonb: Option<crate::pgutil::JsonbBytes>,
     pub read_only: bool,
     pub danger: &'static str,
     pub requires_approval: bool,
@@ -90,7 +94,15 @@ pub fn ranked(
     query: Option<&str>,
     top_k: Option<i32>,
 ) -> Vec<(Rc<ToolEntry>, Placement)> {
-    let catalog = cache::catalog();
+    ranked_in(&cache::catalog(), ctx, query, top_k)
+}
+
+fn ranked_in(
+    catalog: &cache::Catalog,
+    ctx: &Ctx,
+    query: Option<&str>,
+    top_k: Option<i32>,
+) -> Vec<(Rc<ToolEntry>, Placement)> {
     let tools: Vec<&Rc<ToolEntry>> = catalog
         .tools
         .iter()
@@ -119,7 +131,71 @@ pub fn ranked(
 
 /// Gate A proper: visible tools for `ctx`, optionally ranked by `query` and cut at `top_k`.
 pub fn visible(ctx: &Ctx, query: Option<&str>, top_k: Option<i32>) -> Vec<Visible> {
-    ranked(ctx, query, top_k)
+    let catalog = cache::catalog();
+    if query.is_some() {
+        return visible_in(&catalog, ctx, query, top_k);
+    }
+    // Without a query the answer is a function of the catalog (its version), the parts of the
+    // context that policies and server grants read, and two settings: kept per backend.
+    let key = ShownKey {
+        catalog: catalog.key().clone(),
+        tenant_id: ctx.tenant_id.clone(),
+        user_id: ctx.user_id.clone(),
+        roles: ctx.roles.clone(),
+        page_type: ctx.page_type.clone(),
+        entity_type: ctx.entity.as_ref().map(|e| e.kind.clone()),
+        states: ctx.states.clone(),
+        admin_role: gucs::get(&gucs::MCP_ADMIN_ROLE),
+        per_server: gucs::MAX_OFFERED_TOOLS_PER_SERVER.get(),
+        top_k,
+    };
+    if let Some(shown) = SHOWN.with(|s| s.borrow().get(&key).cloned()) {
+        return shown.as_ref().clone();
+    }
+    let mut shown = visible_in(&catalog, ctx, None, top_k);
+    for v in &mut shown {
+        v.input_schema_jsonb = Some(crate::pgutil::JsonbBytes::new(&v.input_schema));
+    }
+    SHOWN.with(|s| {
+        let mut s = s.borrow_mut();
+        // Bounded: a pooled connection serves many users; a changed catalog empties it.
+        if s.len() >= SHOWN_MAX || s.keys().next().is_some_and(|k| k.catalog != key.catalog) {
+            s.clear();
+        }
+        s.insert(key, Rc::new(shown.clone()));
+    });
+    shown
+}
+
+/// What [`visible`] answered without a query, by everything the answer depends on.
+#[derive(PartialEq, Eq, Hash)]
+struct ShownKey {
+    catalog: (i64, String),
+    tenant_id: String,
+    user_id: String,
+    roles: Vec<String>,
+    page_type: String,
+    entity_type: Option<String>,
+    states: Vec<String>,
+    admin_role: Option<String>,
+    per_server: i32,
+    top_k: Option<i32>,
+}
+
+const SHOWN_MAX: usize = 256;
+
+thread_local! {
+    static SHOWN: std::cell::RefCell<HashMap<ShownKey, Rc<Vec<Visible>>>> =
+        std::cell::RefCell::new(HashMap::new());
+}
+
+fn visible_in(
+    catalog: &cache::Catalog,
+    ctx: &Ctx,
+    query: Option<&str>,
+    top_k: Option<i32>,
+) -> Vec<Visible> {
+    ranked_in(catalog, ctx, query, top_k)
         .into_iter()
         .filter(|(_, p)| matches!(p, Placement::Offered(_)))
         .map(|(t, _)| {
@@ -136,6 +212,7 @@ pub fn visible(ctx: &Ctx, query: Option<&str>, top_k: Option<i32>) -> Vec<Visibl
                 name: t.name.clone(),
                 description: t.description.clone(),
                 input_schema,
+                input_schema_jsonb: None,
                 read_only: p.read_only,
                 danger: p.danger.as_str(),
                 requires_approval: p.requires_approval,
@@ -159,7 +236,7 @@ fn visible_tools(
     (
         name!(name, String),
         name!(description, String),
-        name!(input_schema, JsonB),
+        name!(input_schema, crate::pgutil::JsonbBytes),
         name!(read_only, bool),
         name!(danger, String),
         name!(requires_approval, bool),
@@ -176,7 +253,8 @@ fn visible_tools(
             (
                 t.name,
                 t.description,
-                JsonB(t.input_schema),
+                t.input_schema_jsonb
+                    .unwrap_or_else(|| crate::pgutil::JsonbBytes::new(&t.input_schema)),
                 t.read_only,
                 t.danger.to_string(),
                 t.requires_approval,

@@ -162,6 +162,23 @@ pub fn select_saved<'conn>(
     client.select(&*plan, limit, args)
 }
 
+/// Like [`select_saved`], on a snapshot taken now (as a statement that writes would see: in READ
+/// COMMITTED, what committed since the calling statement began), without making the transaction
+/// one that writes. pgrx's writing client would give the transaction an xid, and so a WAL record
+/// and a commit that waits for its flush, to a call that writes nothing.
+pub fn select_fresh<R>(
+    sql: &str,
+    limit: Option<i64>,
+    args: &[pgrx::datum::DatumWithOid<'_>],
+    read: impl FnOnce(pgrx::spi::SpiTupleTable<'_>) -> Result<R, pgrx::spi::Error>,
+) -> Result<R, pgrx::spi::Error> {
+    unsafe { pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot()) };
+    // On an error the (sub)transaction's abort pops the snapshot.
+    let r = Spi::connect(|c| read(select_saved(&c, sql, limit, args)?));
+    unsafe { pg_sys::PopActiveSnapshot() };
+    r
+}
+
 /// Like [`select_saved`], for statements that write.
 pub fn update_saved<'conn>(
     client: &mut pgrx::spi::SpiClient<'conn>,
@@ -172,4 +189,69 @@ pub fn update_saved<'conn>(
     let types: Vec<pgrx::PgOid> = args.iter().map(|a| pgrx::PgOid::from(a.oid())).collect();
     let plan = saved_plan(client, sql, &types, true)?;
     client.update(&*plan, limit, args)
+}
+
+/// A `jsonb` value in PostgreSQL's binary form: the bytes of the datum `jsonb_in` made, kept so
+/// that the same value can be returned again with a copy instead of a conversion (serialising
+/// to text and parsing it again cost more than the rest of Gate A's answer).
+#[derive(Clone)]
+pub struct JsonbBytes(std::rc::Rc<[u8]>);
+
+impl JsonbBytes {
+    pub fn new(value: &serde_json::Value) -> JsonbBytes {
+        let datum = pgrx::JsonB(value.clone())
+            .into_datum()
+            .expect("jsonb_in returns a value");
+        unsafe {
+            let ptr = datum.cast_mut_ptr::<pg_sys::varlena>();
+            let len = pgrx::varsize_any(ptr);
+            let bytes = std::slice::from_raw_parts(ptr as *const u8, len).into();
+            pg_sys::pfree(ptr.cast());
+            JsonbBytes(bytes)
+        }
+    }
+}
+
+impl IntoDatum for JsonbBytes {
+    fn into_datum(self) -> Option<pg_sys::Datum> {
+        unsafe {
+            let ptr = pg_sys::palloc(self.0.len()) as *mut u8;
+            std::ptr::copy_nonoverlapping(self.0.as_ptr(), ptr, self.0.len());
+            Some(pg_sys::Datum::from(ptr))
+        }
+    }
+
+    fn type_oid() -> pg_sys::Oid {
+        pg_sys::JSONBOID
+    }
+}
+
+// SAFETY: the datum is a `jsonb` (the bytes of one `jsonb_in` made), as the SQL type says.
+unsafe impl pgrx::pgrx_sql_entity_graph::metadata::SqlTranslatable for JsonbBytes {
+    const TYPE_IDENT: &'static str = pgrx::pgrx_resolved_type!(JsonbBytes);
+    const TYPE_ORIGIN: pgrx::pgrx_sql_entity_graph::metadata::TypeOrigin =
+        pgrx::pgrx_sql_entity_graph::metadata::TypeOrigin::External;
+    const ARGUMENT_SQL: Result<
+        pgrx::pgrx_sql_entity_graph::metadata::SqlMappingRef,
+        pgrx::pgrx_sql_entity_graph::metadata::ArgumentError,
+    > = Ok(pgrx::pgrx_sql_entity_graph::metadata::SqlMappingRef::literal("jsonb"));
+    const RETURN_SQL: Result<
+        pgrx::pgrx_sql_entity_graph::metadata::ReturnsRef,
+        pgrx::pgrx_sql_entity_graph::metadata::ReturnsError,
+    > = Ok(pgrx::pgrx_sql_entity_graph::metadata::ReturnsRef::One(
+        pgrx::pgrx_sql_entity_graph::metadata::SqlMappingRef::literal("jsonb"),
+    ));
+}
+
+// SAFETY: returns the datum made by `into_datum` (a palloc'd `jsonb`), as `JsonB` does.
+unsafe impl pgrx::callconv::BoxRet for JsonbBytes {
+    unsafe fn box_into<'fcx>(
+        self,
+        fcinfo: &mut pgrx::callconv::FcInfo<'fcx>,
+    ) -> pgrx::datum::Datum<'fcx> {
+        match self.into_datum() {
+            Some(datum) => unsafe { fcinfo.return_raw_datum(datum) },
+            None => fcinfo.return_null(),
+        }
+    }
 }

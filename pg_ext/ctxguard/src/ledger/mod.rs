@@ -437,16 +437,29 @@ pub fn submit(mut audit: Value) -> Result<(usize, u64), Unavailable> {
                 r.len = text.len() as u32;
                 r.data[..text.len()].copy_from_slice(text.as_bytes());
                 q.next_seq = seq;
-                seq
+                (seq, seq - q.durable)
             })
         };
-        if let Some(seq) = seq {
-            unsafe { pg_sys::ConditionVariableSignal(shmem::work_cv(i)) };
+        if let Some((seq, queued)) = seq {
+            // A caller that waits wakes the writer at once. One that does not
+            // (`ctxguard.audit_wait = off`) leaves its record to the writer's next round (at most
+            // `NOWAIT_DELAY_MS` away) unless enough are queued: batches of many records instead
+            // of a wake-up, a transaction and a commit per call.
+            if gucs::AUDIT_WAIT.get() || queued >= NOWAIT_WAKE_RECORDS {
+                unsafe { pg_sys::ConditionVariableSignal(shmem::work_cv(i)) };
+            }
             return Ok((i, seq));
         }
     }
     Err(restore(Unavailable("the audit queue is full".into())))
 }
+
+/// Records queued by callers that do not wait (`ctxguard.audit_wait = off`) before one of them
+/// wakes the writer.
+pub const NOWAIT_WAKE_RECORDS: u64 = 32;
+/// The writer's longest sleep while its queue is empty: how long a record queued by a caller that
+/// does not wait may sit before the writer takes it.
+pub const NOWAIT_DELAY_MS: i64 = 50;
 
 /// Wait until record `seq` of queue `i` is durable (`ctxguard.audit_wait`), interruptibly.
 pub fn wait(i: usize, seq: u64) -> Result<(), Unavailable> {

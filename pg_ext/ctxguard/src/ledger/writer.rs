@@ -146,10 +146,14 @@ pub extern "C-unwind" fn ctxguard_ledger_writer_main(arg: pg_sys::Datum) {
                     .as_millis()
                     .max(1) as i64
             } else {
-                1000
+                super::NOWAIT_DELAY_MS
             };
             unsafe {
-                pg_sys::ConditionVariableTimedSleep(cv, ms, pg_sys::PG_WAIT_EXTENSION);
+                pg_sys::ConditionVariableTimedSleep(
+                    cv,
+                    ms.min(super::NOWAIT_DELAY_MS),
+                    pg_sys::PG_WAIT_EXTENSION,
+                );
                 pg_sys::ConditionVariableCancelSleep();
             }
             continue;
