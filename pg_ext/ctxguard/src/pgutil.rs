@@ -174,7 +174,7 @@ pub fn select_fresh<R>(
 ) -> Result<R, pgrx::spi::Error> {
     unsafe { pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot()) };
     // On an error the (sub)transaction's abort pops the snapshot.
-    let r = Spi::connect(|c| read(select_saved(&c, sql, limit, args)?));
+    let r = Spi::connect(|c| read(select_saved(c, sql, limit, args)?));
     unsafe { pg_sys::PopActiveSnapshot() };
     r
 }
