@@ -378,7 +378,11 @@ async fn a_stream_held_on_one_gateway_keeps_its_session_alive_on_the_other() {
         .await
         .contains(&"invoice__get".to_string()));
     tokio::time::sleep(idle * 3).await;
-    assert_eq!(session_rows(&user).await, 1, "the streamed session's record");
+    assert_eq!(
+        session_rows(&user).await,
+        1,
+        "the streamed session's record"
+    );
     for gw in [b, a] {
         let names = tool_names(gw, &tok, &sid).await;
         assert!(names.contains(&"invoice__get".to_string()), "{names:?}");
