@@ -1,9 +1,10 @@
 //! MCP sessions (the session-based protocol revisions, 2024-11-05 … 2025-11-25): each belongs to the
 //! (tenant, user) that initialized it, may have a page of its own, and lives while it is used.
 //!
-//! - [`SessionStore`] holds the records: owner, own page, last use, open event streams. It is the
-//!   one place a session's state lives, behind `get`/`insert`/`remove`/`touch` (and the two page and
-//!   stream updates), so that it can move into the database without touching its users.
+//! - [`SessionStore`] holds what this gateway knows of each session: owner, own page, last use
+//!   here, open event streams, the caller's latest token. The database holds the truth every
+//!   gateway shares (`ctxguard.mcp_sessions`: owner, own page, last use through any gateway,
+//!   expiry), reached through `mcp.rs`.
 //! - [`BoundSessions`] is the session manager rmcp runs on: it wraps rmcp's in-memory manager,
 //!   records the owner at `initialize` (from the verified caller), hands each message the session's
 //!   key ([`SessionKey`]) and keeps the store in step. The id clients see is not the one rmcp knows
@@ -56,8 +57,8 @@ pub struct SessionRecord {
     pub last_seen: Instant,
     /// Event streams open on it (its GET stream, streamed answers): while any is, it does not expire.
     pub open_streams: u32,
-    /// The token it was initialized (or restored) with here: its database record is ended with it
-    /// when the session expires.
+    /// The latest token its caller sent here (at first the one it was initialized or restored
+    /// with): its database record is kept with it (use by open streams, expiry).
     pub token: Option<String>,
 }
 
@@ -73,7 +74,7 @@ impl SessionRecord {
     }
 }
 
-/// The session records (in memory for now).
+/// What this gateway knows of the sessions it serves (in memory; the shared record is in the database).
 #[derive(Default)]
 pub struct SessionStore {
     records: Mutex<HashMap<Arc<str>, SessionRecord>>,
@@ -615,12 +616,15 @@ mod tests {
         assert_eq!(expire_after(Duration::from_secs(4)), Duration::from_secs(5));
     }
 
+    /// One touch: the sessions and the throttle.
+    type Touched = (Vec<(Arc<str>, String)>, Duration);
+
     /// The database's side of the reaper, as a test sets it.
     #[derive(Default)]
     struct FakeRecords {
         answers: Mutex<HashMap<String, Expiry>>,
         expired: Mutex<Vec<(String, String, Duration)>>,
-        touched: Mutex<Vec<(Vec<(Arc<str>, String)>, Duration)>>,
+        touched: Mutex<Vec<Touched>>,
     }
 
     #[async_trait]
