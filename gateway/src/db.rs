@@ -619,15 +619,55 @@ impl Db {
     }
 
     /// Who a token is (401 otherwise), the user's key and current page (`user_pages`), and with a
-    /// session id that session if it is the caller's and live (`"session": null` otherwise).
+    /// session id that session (its own page and its key on the page channel) if it is the
+    /// caller's and live (`"session": null` otherwise). With `touch_after_ms` this is a use of the
+    /// session, recorded in the database when the recorded one is older than that.
     pub async fn mcp_identity(
         &self,
         token: &str,
         session_id: Option<&str>,
+        touch_after_ms: Option<i32>,
     ) -> Result<Value, ApiError> {
         self.bare(
-            "SELECT ctxguard.mcp_identity($1, $2)",
-            &[(&token, Type::TEXT), (&session_id, Type::TEXT)],
+            "SELECT ctxguard.mcp_identity($1, $2, $3)",
+            &[
+                (&token, Type::TEXT),
+                (&session_id, Type::TEXT),
+                (&touch_after_ms, Type::INT4),
+            ],
+        )
+        .await
+    }
+
+    /// End the caller's session of that id if no gateway used it for `idle_ms`: `None` when there
+    /// is no such live session of the caller, else `{"ended": true}` or `{"ended": false, "idleMs"}`.
+    pub async fn mcp_session_expire(
+        &self,
+        token: &str,
+        session_id: &str,
+        idle_ms: i32,
+    ) -> Result<Option<Value>, ApiError> {
+        self.bare(
+            "SELECT ctxguard.mcp_session_expire($1, $2, $3)",
+            &[
+                (&token, Type::TEXT),
+                (&session_id, Type::TEXT),
+                (&idle_ms, Type::INT4),
+            ],
+        )
+        .await
+    }
+
+    /// Record a use of the sessions this gateway holds streams on (`[{token, sessionId}]`, at most
+    /// 1000), throttled by `touch_after_ms`: how many are live.
+    pub async fn mcp_session_touch(
+        &self,
+        sessions: &Value,
+        touch_after_ms: i32,
+    ) -> Result<i32, ApiError> {
+        self.bare(
+            "SELECT ctxguard.mcp_session_touch($1, $2)",
+            &[(sessions, Type::JSONB), (&touch_after_ms, Type::INT4)],
         )
         .await
     }

@@ -123,7 +123,11 @@ impl AppState {
         let mcp_guard = origin::Guard::new(&config, &public);
         let mcp_sessions = Arc::new(mcp_sessions::SessionStore::default());
         let mcp_session_metrics = mcp_sessions::SessionMetrics::new(&metrics);
-        let pages = Arc::new(mcp::PageHub::new(mcp_sessions.clone(), &metrics));
+        let pages = Arc::new(mcp::PageHub::new(
+            mcp_sessions.clone(),
+            db.clone(),
+            &metrics,
+        ));
         Ok(AppState {
             oauth,
             pages,

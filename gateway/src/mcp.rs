@@ -11,14 +11,17 @@
 //!   written by `put_user_page` in the transaction whose `set_context` validated it), which
 //!   sessions without their own page and `subscriptions/listen` streams follow. When the page a
 //!   listener follows changes it gets `notifications/tools/list_changed`: a session's own page here
-//!   at once; the shared page through `NOTIFY ctxguard_pages` on every gateway (pages.rs `follow`;
-//!   here directly while this gateway does not follow the channel).
+//!   at once, and through `NOTIFY ctxguard_pages` (`s:` and the session's opaque key) on every
+//!   other gateway, which re-reads that session's page; the shared page through `NOTIFY
+//!   ctxguard_pages` (the user's opaque key) on every gateway (pages.rs `follow`; here directly
+//!   while this gateway does not follow the channel).
 //! - **Sessions** (`mcp_sessions.rs`) are bound to their user and live in the database too
 //!   (`ctxguard.mcp_sessions`: a hash of the client-facing id, the tenant and user, the initialize
 //!   parameters, the own page, the expiry): a session opened through one gateway is restored on any
 //!   other ([`DbSessionStore`], `BoundSessions::restore_session`), a session that is not the
-//!   caller's or no longer exists is 404 on every gateway, a DELETE through one ends it everywhere,
-//!   and one the idle reaper ends is ended in the database too.
+//!   caller's or no longer exists is 404 on every gateway, a DELETE through one ends it everywhere.
+//!   Its use through any gateway is recorded in the database (throttled), so the idle reaper of a
+//!   gateway ends it, everywhere, only once no gateway used it for the idle timeout.
 //! - **tools/list** is Gate A for the current page; **tools/call** is Gate B (denials come back as
 //!   tool errors carrying the ctxguard code). Without a page nothing is listed and nothing runs.
 //!   Each page view gets its own generation, so byte and document budgets apply per page view.
@@ -70,6 +73,8 @@ pub struct Caller {
     shared: Option<Value>,
     /// The session's own page as the database had it (any gateway may have set it).
     session_page: Option<Value>,
+    /// The session's opaque key on the page channel (`s:<key>` announces its own page changed).
+    session_tag: Option<String>,
 }
 
 tokio::task_local! {
@@ -110,11 +115,15 @@ struct Entry {
 /// `list_changed` changes nothing (no notification storm).
 pub struct PageHub {
     sessions: Arc<SessionStore>,
+    /// To re-read a session's own page when another gateway announces it changed.
+    db: crate::db::Db,
     entries: Mutex<HashMap<Who, Entry>>,
     next_id: AtomicU64,
     notified: prometheus::IntCounter,
     /// The user of each page-channel key seen here (notifications name keys, not users).
     keys: Mutex<HashMap<String, Who>>,
+    /// The session of each session key on the page channel, for the sessions listening here.
+    session_tags: Mutex<HashMap<String, SessionKey>>,
     /// 0 off, 1 lost, 2 listening (see [`PageHub::following`]).
     following: AtomicU64,
     /// Signalled when the first listener registers: the listening connection starts then (a
@@ -123,7 +132,11 @@ pub struct PageHub {
 }
 
 impl PageHub {
-    pub fn new(sessions: Arc<SessionStore>, metrics: &crate::metrics::Metrics) -> PageHub {
+    pub fn new(
+        sessions: Arc<SessionStore>,
+        db: crate::db::Db,
+        metrics: &crate::metrics::Metrics,
+    ) -> PageHub {
         let notified = prometheus::IntCounter::new(
             "ctxguard_mcp_list_changed_total",
             "notifications/tools/list_changed sent to MCP sessions and subscriptions",
@@ -132,10 +145,12 @@ impl PageHub {
         metrics.register(Box::new(notified.clone()));
         PageHub {
             sessions,
+            db,
             entries: Mutex::default(),
             next_id: AtomicU64::new(0),
             notified,
             keys: Mutex::default(),
+            session_tags: Mutex::default(),
             following: AtomicU64::new(0),
             wanted: tokio::sync::Notify::new(),
         }
@@ -203,8 +218,13 @@ impl PageHub {
         if before.as_ref() == Some(&page) {
             return;
         }
-        let listeners: Vec<_> = self
-            .lock()
+        let listeners = self.session_listeners(who, session);
+        self.spawn_notify(who.clone(), listeners);
+    }
+
+    /// The listeners of one session.
+    fn session_listeners(&self, who: &Who, session: &SessionKey) -> Vec<(u64, Listener)> {
+        self.lock()
             .get(who)
             .map(|e| {
                 e.listeners
@@ -213,8 +233,46 @@ impl PageHub {
                     .map(|(id, l, _)| (*id, l.clone()))
                     .collect()
             })
-            .unwrap_or_default();
-        self.spawn_notify(who.clone(), listeners);
+            .unwrap_or_default()
+    }
+
+    /// A session's own page changed (announced by the database, from any gateway, this one
+    /// included): re-read it, and tell the session's listeners here if the page in effect for it
+    /// changed (not when this gateway made the change: it told them already). If it cannot be
+    /// re-read (the token kept for it no longer verifies, the database is away), they are told
+    /// anyway: the list they then ask for comes from the database.
+    async fn session_changed(self: Arc<Self>, session: SessionKey) {
+        let Some(record) = self.sessions.get(&session.0) else {
+            return;
+        };
+        let who = record.who.clone();
+        let reread = match &record.token {
+            Some(token) => self.db.mcp_identity(token, Some(&session.0), None).await,
+            None => Err(ApiError::Unauthorized("no token".into())),
+        };
+        match reread {
+            Ok(identity) => {
+                let Some(page) = identity["session"]
+                    .get("page")
+                    .filter(|p| p.is_object())
+                    .cloned()
+                else {
+                    // Ended, or without a page of its own: nothing to re-list for.
+                    return;
+                };
+                let before = self.page_for(&who, Some(&session));
+                self.sessions.set_page(&session.0, page.clone());
+                if before.as_ref() == Some(&page) {
+                    return;
+                }
+            }
+            Err(e) => tracing::info!(
+                code = e.code(),
+                "re-reading an MCP session's page failed: its listeners re-list"
+            ),
+        }
+        let listeners = self.session_listeners(&who, &session);
+        self.notify(who, listeners).await;
     }
 
     fn spawn_notify(self: &Arc<Self>, who: Who, listeners: Vec<(u64, Listener)>) {
@@ -223,10 +281,23 @@ impl PageHub {
         }
     }
 
-    /// A user's shared page changed (the database's announcement, from any gateway, this one
-    /// included): tell the user's followers here. The key names the user opaquely; the pages
-    /// themselves are read from the database on every request.
+    /// An announcement on the page channel (from any gateway, this one included): `s:<key>` a
+    /// session's own page (see [`PageHub::session_changed`]), else a user's shared page: the
+    /// user's followers here are told. Keys name users and sessions opaquely; the pages themselves
+    /// are read from the database on every request.
     pub fn changed(self: &Arc<Self>, key: &str) {
+        if let Some(tag) = key.strip_prefix("s:") {
+            let session = self
+                .session_tags
+                .lock()
+                .expect("session tags lock")
+                .get(tag)
+                .cloned();
+            if let Some(session) = session {
+                tokio::spawn(self.clone().session_changed(session));
+            }
+            return;
+        }
         let Some(who) = self.keys.lock().expect("page keys lock").get(key).cloned() else {
             return;
         };
@@ -307,6 +378,12 @@ impl PageHub {
         let who = &caller.who;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         self.know(caller.key.clone(), who);
+        if let (Some(session), Some(tag)) = (&session, &caller.session_tag) {
+            self.session_tags
+                .lock()
+                .expect("session tags lock")
+                .insert(tag.clone(), session.clone());
+        }
         self.want();
         let mut entries = self.lock();
         let entry = entries.entry(who.clone()).or_default();
@@ -329,6 +406,10 @@ impl PageHub {
         for e in self.lock().values_mut() {
             e.listeners.retain(|(_, _, k)| k.as_ref() != Some(session));
         }
+        self.session_tags
+            .lock()
+            .expect("session tags lock")
+            .retain(|_, k| k != session);
     }
 
     /// The generation of `who`'s view of `page`, unless it is time to renew it.
@@ -424,7 +505,15 @@ pub async fn authenticate(
         .get(SESSION_HEADER)
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
-    let identity = match state.db.mcp_identity(&token, session.as_deref()).await {
+    // A request in a session is a use of it, recorded in the database (at most once per
+    // touch_after), so that no gateway's idle timeout ends a session used through another.
+    let touch_after = crate::mcp_sessions::touch_after(state.config.mcp_session_idle_timeout());
+    let touch_after_ms = i32::try_from(touch_after.as_millis()).unwrap_or(i32::MAX);
+    let identity = match state
+        .db
+        .mcp_identity(&token, session.as_deref(), Some(touch_after_ms))
+        .await
+    {
         Ok(v) => v,
         Err(ApiError::Unauthorized(m)) => return unauthorized(&state, &m, true),
         Err(e) => return e.into_response(),
@@ -444,6 +533,8 @@ pub async fn authenticate(
         if identity["session"].is_null() || local_other {
             return session_not_found();
         }
+        // The freshest token keeps the session's record (its upkeep outlives this request).
+        state.mcp_sessions.set_token(id, &token);
     }
     let caller = Caller {
         token,
@@ -451,6 +542,7 @@ pub async fn authenticate(
         key: identity["key"].as_str().unwrap_or_default().to_string(),
         shared: Some(identity["page"].clone()).filter(Value::is_object),
         session_page: Some(identity["session"]["page"].clone()).filter(Value::is_object),
+        session_tag: identity["session"]["key"].as_str().map(str::to_string),
     };
     req.extensions_mut().insert(caller.clone());
     // An event stream (a GET stream, a streamed answer, a subscription) counts against the user's.
@@ -503,24 +595,16 @@ pub fn service(state: Arc<AppState>) -> StreamableHttpService<Server, BoundSessi
         ttl_secs: state.config.mcp_session_ttl_secs,
     }));
     let pages = state.pages.clone();
-    let db = state.db.clone();
     let sessions = Arc::new(
         BoundSessions::new(
             state.mcp_sessions.clone(),
             state.mcp_session_metrics.clone(),
             move |key| pages.forget_session(key),
         )
-        // An expired session ends in the database too: no gateway restores it (its id gets 404).
-        .with_expiry(Box::new(move |id, token| {
-            let db = db.clone();
-            Box::pin(async move {
-                if let Err(e) = db.mcp_session_close(&token, &id).await {
-                    tracing::warn!(
-                        code = e.code(),
-                        "ending an expired MCP session's record failed"
-                    );
-                }
-            })
+        // A session ends when it is idle in the database (no gateway used it), and there too: no
+        // gateway restores it (its id gets 404).
+        .with_records(Arc::new(DbSessionRecords {
+            db: state.db.clone(),
         })),
     );
     BoundSessions::spawn_reaper(&sessions, state.config.mcp_session_idle_timeout());
@@ -542,6 +626,61 @@ pub fn service(state: Arc<AppState>) -> StreamableHttpService<Server, BoundSessi
 struct DbSessionStore {
     db: crate::db::Db,
     ttl_secs: i32,
+}
+
+/// The sessions' records as the idle reaper keeps them (`mcp_sessions.rs`): their use by open
+/// streams, their expiry. Each call runs with the token kept for the session.
+struct DbSessionRecords {
+    db: crate::db::Db,
+}
+
+/// Milliseconds for the database (which bounds them).
+fn millis(d: std::time::Duration) -> i32 {
+    i32::try_from(d.as_millis()).unwrap_or(i32::MAX)
+}
+
+#[async_trait::async_trait]
+impl crate::mcp_sessions::SessionRecords for DbSessionRecords {
+    async fn expire(
+        &self,
+        id: &str,
+        token: &str,
+        idle: std::time::Duration,
+    ) -> crate::mcp_sessions::Expiry {
+        use crate::mcp_sessions::Expiry;
+        match self.db.mcp_session_expire(token, id, millis(idle)).await {
+            Ok(None) => Expiry::Gone,
+            Ok(Some(v)) if v["ended"] == true => Expiry::Ended,
+            Ok(Some(v)) => Expiry::Used(std::time::Duration::from_millis(
+                v["idleMs"].as_u64().unwrap_or(0),
+            )),
+            Err(ApiError::Unauthorized(_)) => Expiry::Unverified,
+            Err(e) => {
+                tracing::warn!(code = e.code(), "expiring an idle MCP session failed");
+                Expiry::Unavailable
+            }
+        }
+    }
+
+    async fn touch(&self, sessions: &[(Arc<str>, String)], touch_after: std::time::Duration) {
+        // The database takes at most 1000 a call.
+        for chunk in sessions.chunks(1000) {
+            let batch: Vec<Value> = chunk
+                .iter()
+                .map(|(id, token)| json!({"token": token, "sessionId": &**id}))
+                .collect();
+            if let Err(e) = self
+                .db
+                .mcp_session_touch(&Value::Array(batch), millis(touch_after))
+                .await
+            {
+                tracing::warn!(
+                    code = e.code(),
+                    "recording the use of streamed MCP sessions failed"
+                );
+            }
+        }
+    }
 }
 
 fn store_error(e: ApiError) -> SessionStoreError {
@@ -694,16 +833,21 @@ fn tool_error(code: &str, message: &str, extra: Value) -> CallToolResult {
 }
 
 impl Server {
-    /// A session's own page: as recorded here, else as the database has it (set through another
-    /// gateway; then recorded here too, so this gateway's notifications treat it as its own).
+    /// A session's own page: as the database had it when the request came in (any gateway may
+    /// have set it), else as recorded here (set by a request here since). One the database has
+    /// and this gateway did not know is recorded here too, so that its notifications treat the
+    /// session as no longer following the shared page.
     fn session_page(&self, caller: &Caller, session: &SessionKey) -> Option<Value> {
         let sessions = &self.state.mcp_sessions;
-        if let Some(own) = sessions.get(&session.0).and_then(|r| r.page) {
-            return Some(own);
+        let here = sessions.get(&session.0).and_then(|r| r.page);
+        match (caller.session_page.clone(), here) {
+            (Some(own), None) => {
+                sessions.set_page(&session.0, own.clone());
+                Some(own)
+            }
+            (Some(own), Some(_)) => Some(own),
+            (None, here) => here,
         }
-        let own = caller.session_page.clone()?;
-        sessions.set_page(&session.0, own.clone());
-        Some(own)
     }
 
     /// The scope of a request: the verified caller and the page in effect (None: no page yet).

@@ -1,17 +1,22 @@
 //! MCP sessions (the session-based protocol revisions, 2024-11-05 … 2025-11-25): each belongs to the
 //! (tenant, user) that initialized it, may have a page of its own, and lives while it is used.
 //!
-//! - [`SessionStore`] holds the records: owner, own page, last use, open event streams. It is the
-//!   one place a session's state lives, behind `get`/`insert`/`remove`/`touch` (and the two page and
-//!   stream updates), so that it can move into the database without touching its users.
+//! - [`SessionStore`] holds what this gateway knows of each session: owner, own page, last use
+//!   here, open event streams, the caller's latest token. The database holds the truth every
+//!   gateway shares (`ctxguard.mcp_sessions`: owner, own page, last use through any gateway,
+//!   expiry), reached through `mcp.rs`.
 //! - [`BoundSessions`] is the session manager rmcp runs on: it wraps rmcp's in-memory manager,
 //!   records the owner at `initialize` (from the verified caller), hands each message the session's
 //!   key ([`SessionKey`]) and keeps the store in step. The id clients see is not the one rmcp knows
 //!   (and logs): a fresh 256-bit random id maps to rmcp's, so session ids never reach the logs; ours
 //!   log rmcp's id, which no request can use.
 //! - Expiry: rmcp's own idle timeout is off (it ended sessions whose GET stream was open but quiet);
-//!   a reaper ends a session once it has no open stream and no request for
-//!   `CTXGUARD_MCP_SESSION_IDLE_TIMEOUT_MS`. Its id then gets 404, and the client initializes again.
+//!   a reaper ends a session once no gateway used it for `CTXGUARD_MCP_SESSION_IDLE_TIMEOUT_MS`.
+//!   Its id then gets 404 on every gateway, and the client initializes again. Use is recorded in the
+//!   database ([`SessionRecords`]): each request (throttled: at most once per [`touch_after`]), and
+//!   each tick of the reaper for the sessions with an open event stream here. A session idle here is
+//!   ended only if it is idle in the database too; one used through another gateway lives on
+//!   (here it is due again when it would be idle there).
 //!
 //! Another user's session id is answered exactly like an unknown one (404, nothing touched): the
 //! check is in `mcp::authenticate`, which knows the caller.
@@ -19,6 +24,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
 
 use futures::{Stream, StreamExt};
 use prometheus::{IntCounter, IntGauge};
@@ -50,8 +57,8 @@ pub struct SessionRecord {
     pub last_seen: Instant,
     /// Event streams open on it (its GET stream, streamed answers): while any is, it does not expire.
     pub open_streams: u32,
-    /// The token it was initialized (or restored) with here: its database record is ended with it
-    /// when the session expires.
+    /// The latest token its caller sent here (at first the one it was initialized or restored
+    /// with): its database record is kept with it (use by open streams, expiry).
     pub token: Option<String>,
 }
 
@@ -67,7 +74,7 @@ impl SessionRecord {
     }
 }
 
-/// The session records (in memory for now).
+/// What this gateway knows of the sessions it serves (in memory; the shared record is in the database).
 #[derive(Default)]
 pub struct SessionStore {
     records: Mutex<HashMap<Arc<str>, SessionRecord>>,
@@ -98,6 +105,23 @@ impl SessionStore {
             .is_some()
     }
 
+    /// The session was last used `ago` (through any gateway, as the database says).
+    pub fn used_ago(&self, id: &str, ago: Duration) {
+        if let Some(r) = self.lock().get_mut(id) {
+            r.last_seen = Instant::now().checked_sub(ago).unwrap_or(r.last_seen);
+        }
+    }
+
+    /// The session's caller's latest token (kept for its record's upkeep: a fresher one verifies
+    /// longer).
+    pub fn set_token(&self, id: &str, token: &str) {
+        if let Some(r) = self.lock().get_mut(id) {
+            if r.token.as_deref() != Some(token) {
+                r.token = Some(token.to_string());
+            }
+        }
+    }
+
     /// Set the session's own page; returns the one it had.
     pub fn set_page(&self, id: &str, page: Value) -> Option<Value> {
         self.lock().get_mut(id).and_then(|r| r.page.replace(page))
@@ -109,6 +133,15 @@ impl SessionStore {
             r.open_streams = r.open_streams.saturating_add_signed(delta);
             r.last_seen = Instant::now();
         }
+    }
+
+    /// Sessions with an open stream here, with their token: in use.
+    pub fn streamed(&self) -> Vec<(Arc<str>, String)> {
+        self.lock()
+            .iter()
+            .filter(|(_, r)| r.open_streams > 0)
+            .filter_map(|(id, r)| Some((id.clone(), r.token.clone()?)))
+            .collect()
     }
 
     /// Sessions with no open stream and no use for `idle`.
@@ -162,14 +195,50 @@ impl SessionMetrics {
     }
 }
 
-/// Ends a session's database record (its id, the token it was opened with).
-pub type Expire =
-    Box<dyn Fn(Arc<str>, String) -> futures::future::BoxFuture<'static, ()> + Send + Sync>;
+/// How often a use of a session is recorded in the database: at most once per a quarter of the
+/// idle timeout (each request, each reaper tick for open streams).
+pub fn touch_after(idle: Duration) -> Duration {
+    idle / 4
+}
+
+/// How long the database must have seen no use of a session before it ends: the idle timeout plus
+/// [`touch_after`] (a use may be recorded that much late), so that no session used within the idle
+/// timeout ends.
+pub fn expire_after(idle: Duration) -> Duration {
+    idle + touch_after(idle)
+}
+
+/// What the database did with a session idle here.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Expiry {
+    /// It was idle there too: ended for every gateway.
+    Ended,
+    /// It no longer exists (ended through another gateway, or expired).
+    Gone,
+    /// It was used (through another gateway) this long ago: it lives on.
+    Used(Duration),
+    /// The token kept for it no longer verifies: it cannot be ended with it (a fresher token, a
+    /// later request or its expiry will).
+    Unverified,
+    /// The database did not answer: try again later.
+    Unavailable,
+}
+
+/// The sessions' records in the database (`ctxguard.mcp_sessions`), as the reaper keeps them.
+#[async_trait]
+pub trait SessionRecords: Send + Sync {
+    /// End the session's record if no gateway used it for `idle`.
+    async fn expire(&self, id: &str, token: &str, idle: Duration) -> Expiry;
+    /// Record a use of these sessions (their id, their token), unless one was recorded within
+    /// `touch_after`.
+    async fn touch(&self, sessions: &[(Arc<str>, String)], touch_after: Duration);
+}
 
 /// rmcp's in-memory session manager, bound to the store.
 pub struct BoundSessions {
-    /// Ends an expired session's record in the database, so that no gateway restores it.
-    expire: Option<Expire>,
+    /// The sessions' records in the database: a session ends only when it is idle there too, and
+    /// then for every gateway.
+    records: Option<Arc<dyn SessionRecords>>,
     inner: LocalSessionManager,
     store: Arc<SessionStore>,
     /// Client-facing id → rmcp's id.
@@ -198,7 +267,7 @@ impl BoundSessions {
         let mut inner = LocalSessionManager::default();
         inner.session_config = config;
         BoundSessions {
-            expire: None,
+            records: None,
             inner,
             store,
             routes: Mutex::default(),
@@ -207,9 +276,9 @@ impl BoundSessions {
         }
     }
 
-    /// End expired sessions' database records with `expire` too.
-    pub fn with_expiry(mut self, expire: Expire) -> BoundSessions {
-        self.expire = Some(expire);
+    /// Keep the sessions' records in the database (their use, their expiry).
+    pub fn with_records(mut self, records: Arc<dyn SessionRecords>) -> BoundSessions {
+        self.records = Some(records);
         self
     }
 
@@ -253,19 +322,54 @@ impl BoundSessions {
         })
     }
 
-    /// End the sessions idle for `idle`; returns how many.
+    /// rmcp's id of a session, for the logs.
+    fn log_id(&self, id: &str) -> String {
+        self.internal(&Arc::from(id))
+            .map(|i| i.to_string())
+            .unwrap_or_default()
+    }
+
+    /// One tick of the reaper: record the use of sessions with an open stream here, then end the
+    /// sessions idle for `idle` here and in the database; returns how many ended.
     pub async fn reap(&self, idle: Duration) -> usize {
-        let ids = self.store.idle(idle);
-        for id in &ids {
-            tracing::info!(session = %self.internal(id).map(|i| i.to_string()).unwrap_or_default(), "MCP session expired (idle)");
-            let token = self.store.get(id).and_then(|r| r.token);
-            if let (Some(expire), Some(token)) = (&self.expire, token) {
-                expire(id.clone(), token).await;
+        if let Some(records) = &self.records {
+            let streamed = self.store.streamed();
+            if !streamed.is_empty() {
+                records.touch(&streamed, touch_after(idle)).await;
             }
-            let _ = self.close_session(id).await;
-            self.metrics.expired.inc();
         }
-        ids.len()
+        let mut ended = 0;
+        for id in self.store.idle(idle) {
+            let token = self.store.get(&id).and_then(|r| r.token);
+            let expiry = match (&self.records, token) {
+                (Some(records), Some(token)) => {
+                    records.expire(&id, &token, expire_after(idle)).await
+                }
+                // No record in the database to consult: idle here is idle.
+                _ => Expiry::Ended,
+            };
+            let session = self.log_id(&id);
+            match expiry {
+                Expiry::Ended => {
+                    tracing::info!(%session, "MCP session expired (idle)");
+                    self.metrics.expired.inc();
+                    ended += 1;
+                }
+                Expiry::Gone => tracing::info!(%session, "MCP session ended elsewhere"),
+                Expiry::Unverified => tracing::info!(
+                    %session,
+                    "MCP session idle here; its token no longer verifies: dropped here only"
+                ),
+                Expiry::Used(ago) => {
+                    // Used through another gateway: due again when it would be idle there too.
+                    self.store.used_ago(&id, ago);
+                    continue;
+                }
+                Expiry::Unavailable => continue,
+            }
+            let _ = self.close_session(&id).await;
+        }
+        ended
     }
 
     /// Run the reaper until the manager is dropped.
@@ -484,6 +588,121 @@ mod tests {
             Some(serde_json::json!({"p": 1}))
         );
         assert!(store.remove("a").is_some() && store.get("a").is_none());
+    }
+
+    #[test]
+    fn streamed_sessions_are_listed_with_their_latest_token_and_use_can_be_adopted() {
+        let store = SessionStore::default();
+        let mut a = SessionRecord::new(who("alice"));
+        a.token = Some("t1".into());
+        store.insert("a".into(), a);
+        store.insert("b".into(), SessionRecord::new(who("alice")));
+        assert!(store.streamed().is_empty());
+        store.streams("a", 1);
+        store.streams("b", 1);
+        store.set_token("a", "t2");
+        // A session without a token (none verified here yet) cannot be kept alive in the database.
+        assert_eq!(
+            store.streamed(),
+            vec![(Arc::<str>::from("a"), "t2".to_string())]
+        );
+        store.streams("a", -1);
+        store.used_ago("a", Duration::from_secs(5));
+        assert!(store
+            .idle(Duration::from_secs(4))
+            .contains(&Arc::<str>::from("a")));
+        assert!(store.idle(Duration::from_secs(6)).is_empty());
+        assert_eq!(touch_after(Duration::from_secs(4)), Duration::from_secs(1));
+        assert_eq!(expire_after(Duration::from_secs(4)), Duration::from_secs(5));
+    }
+
+    /// One touch: the sessions and the throttle.
+    type Touched = (Vec<(Arc<str>, String)>, Duration);
+
+    /// The database's side of the reaper, as a test sets it.
+    #[derive(Default)]
+    struct FakeRecords {
+        answers: Mutex<HashMap<String, Expiry>>,
+        expired: Mutex<Vec<(String, String, Duration)>>,
+        touched: Mutex<Vec<Touched>>,
+    }
+
+    #[async_trait]
+    impl SessionRecords for FakeRecords {
+        async fn expire(&self, id: &str, token: &str, idle: Duration) -> Expiry {
+            self.expired
+                .lock()
+                .unwrap()
+                .push((id.into(), token.into(), idle));
+            self.answers.lock().unwrap()[id].clone()
+        }
+        async fn touch(&self, sessions: &[(Arc<str>, String)], touch_after: Duration) {
+            self.touched
+                .lock()
+                .unwrap()
+                .push((sessions.to_vec(), touch_after));
+        }
+    }
+
+    #[tokio::test]
+    async fn the_reaper_ends_only_what_the_database_ended_and_keeps_streamed_sessions_alive() {
+        let store = Arc::new(SessionStore::default());
+        let metrics = SessionMetrics::new(&crate::metrics::Metrics::new());
+        let fake = Arc::new(FakeRecords::default());
+        let sessions =
+            BoundSessions::new(store.clone(), metrics.clone(), |_| {}).with_records(fake.clone());
+        let answers = [
+            ("ended", Expiry::Ended),
+            ("gone", Expiry::Gone),
+            ("used", Expiry::Used(Duration::from_millis(10))),
+            ("unverified", Expiry::Unverified),
+            ("unavailable", Expiry::Unavailable),
+            ("streamed", Expiry::Ended),
+        ];
+        for (id, answer) in answers {
+            let mut r = SessionRecord::new(who("alice"));
+            r.token = Some(format!("tok-{id}"));
+            store.insert(id.into(), r);
+            fake.answers.lock().unwrap().insert(id.into(), answer);
+        }
+        store.streams("streamed", 1);
+        let idle = Duration::from_millis(40);
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        assert_eq!(sessions.reap(idle).await, 1);
+
+        let touched = fake.touched.lock().unwrap().clone();
+        assert_eq!(
+            touched,
+            vec![(
+                vec![(Arc::<str>::from("streamed"), "tok-streamed".to_string())],
+                Duration::from_millis(10)
+            )]
+        );
+        let mut asked: Vec<_> = fake.expired.lock().unwrap().clone();
+        asked.sort();
+        assert_eq!(asked.len(), 5, "{asked:?}");
+        assert!(asked
+            .iter()
+            .all(|(id, tok, after)| *tok == format!("tok-{id}")
+                && *after == Duration::from_millis(50)));
+        // Ended, gone and unverifiable sessions are dropped here; one used elsewhere and one the
+        // database could not decide on stay, as does the streamed one.
+        let mut left: Vec<_> = [
+            "ended",
+            "gone",
+            "used",
+            "unverified",
+            "unavailable",
+            "streamed",
+        ]
+        .into_iter()
+        .filter(|id| store.get(id).is_some())
+        .collect();
+        left.sort();
+        assert_eq!(left, vec!["streamed", "unavailable", "used"]);
+        assert_eq!(metrics.expired.get(), 1, "only the one the database ended");
+        // The one used elsewhere is due again only when it would be idle there.
+        assert!(!store.idle(idle).contains(&Arc::<str>::from("used")));
     }
 
     #[test]

@@ -144,7 +144,8 @@ impl View {
     }
 }
 
-/// The channel `ctxguard.put_user_page` (and `put_session_page`) announce a user's key on.
+/// The channel `ctxguard.put_user_page` announces a user's key on, and `put_session_page` a
+/// session's (`s:<key>`).
 pub const CHANNEL: &str = "ctxguard_pages";
 
 /// Where the gateway's one listening connection goes: `CTXGUARD_NOTIFY_DATABASE_URL`, else the

@@ -1,7 +1,9 @@
 //! Many gateways, one truth (issue 20): two gateways behind pgbouncer in transaction mode share
 //! each user's page and the MCP sessions through the database. A page set through one gateway
 //! reaches an MCP session held by the other (`notifications/tools/list_changed`, then its tools);
-//! a session opened through one gateway is served, and ended, through the other.
+//! a session opened through one gateway is served, and ended, through the other; a session used
+//! through one gateway is not ended by the other's idle timeout, while a truly idle one ends
+//! everywhere; a session's own page changed through one gateway reaches its GET stream on the other.
 //!
 //! Needs `CTXGUARD_TEST_POOLER_URL` besides the usual variables.
 
@@ -21,12 +23,21 @@ const ACCEPT: &str = "application/json, text/event-stream";
 /// Two gateways through pgbouncer, each listening for page changes on a direct connection (from
 /// its first MCP session on).
 async fn two_gateways() -> (SocketAddr, SocketAddr, Arc<AppState>) {
+    let (a, _, b, sb) = two_gateways_with(&[]).await;
+    (a, b, sb)
+}
+
+/// Two gateways as [`two_gateways`], with more settings: (A, its state, B, its state).
+async fn two_gateways_with(
+    extra: &[&str],
+) -> (SocketAddr, Arc<AppState>, SocketAddr, Arc<AppState>) {
     let pooled = env("CTXGUARD_TEST_POOLER_URL");
     let direct = env("CTXGUARD_TEST_DATABASE_URL");
-    let args = ["--notify-database-url", direct.as_str()];
-    let (a, _) = gateway_at(&pooled, &args).await;
+    let mut args = vec!["--notify-database-url", direct.as_str()];
+    args.extend_from_slice(extra);
+    let (a, sa) = gateway_at(&pooled, &args).await;
     let (b, sb) = gateway_at(&pooled, &args).await;
-    (a, b, sb)
+    (a, sa, b, sb)
 }
 
 /// Wait (on the state, not the clock) until the gateway follows notifications.
@@ -59,6 +70,17 @@ async fn rpc(
     session: Option<&str>,
     msg: &Value,
 ) -> (u16, Option<String>, String) {
+    rpc_on_page(gw, tok, session, None, msg).await
+}
+
+/// [`rpc`] with an `X-Ctxguard-Page` header when `page` is given.
+async fn rpc_on_page(
+    gw: SocketAddr,
+    tok: &str,
+    session: Option<&str>,
+    page: Option<&Value>,
+    msg: &Value,
+) -> (u16, Option<String>, String) {
     let mut r = http()
         .post(format!("http://{gw}/mcp"))
         .bearer_auth(tok)
@@ -69,6 +91,9 @@ async fn rpc(
         r = r
             .header("mcp-session-id", s)
             .header("mcp-protocol-version", "2025-06-18");
+    }
+    if let Some(p) = page {
+        r = r.header("x-ctxguard-page", p.to_string());
     }
     let resp = r.send().await.unwrap();
     let status = resp.status().as_u16();
@@ -98,10 +123,17 @@ async fn initialize(gw: SocketAddr, tok: &str) -> String {
 }
 
 async fn tool_names(gw: SocketAddr, tok: &str, sid: &str) -> Vec<String> {
-    let (status, _, body) = rpc(
+    tool_names_on(gw, tok, sid, None).await
+}
+
+/// `tools/list` in a session, with a page header when `page` is given (the session's own page
+/// from then on).
+async fn tool_names_on(gw: SocketAddr, tok: &str, sid: &str, page: Option<&Value>) -> Vec<String> {
+    let (status, _, body) = rpc_on_page(
         gw,
         tok,
         Some(sid),
+        page,
         &json!({"jsonrpc": "2.0", "id": 7, "method": "tools/list"}),
     )
     .await;
@@ -141,31 +173,7 @@ async fn a_page_set_through_one_gateway_reaches_a_session_on_the_other_within_a_
     assert!(!names.contains(&"invoice__get".to_string()), "{names:?}");
 
     // The session's GET stream on B.
-    let stream = http()
-        .get(format!("http://{b}/mcp"))
-        .bearer_auth(&tok)
-        .header("accept", "text/event-stream")
-        .header("mcp-session-id", &sid)
-        .header("mcp-protocol-version", "2025-06-18")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(stream.status().as_u16(), 200);
-    let (tx, rx) = tokio::sync::oneshot::channel::<Instant>();
-    let watcher = tokio::spawn(async move {
-        let mut body = stream.bytes_stream();
-        let mut seen = String::new();
-        let mut tx = Some(tx);
-        while let Some(Ok(chunk)) = body.next().await {
-            seen.push_str(&String::from_utf8_lossy(&chunk));
-            if seen.contains("notifications/tools/list_changed") {
-                if let Some(tx) = tx.take() {
-                    let _ = tx.send(Instant::now());
-                }
-                return;
-            }
-        }
-    });
+    let (watcher, rx) = watch(b, &tok, &sid).await;
     // The same page again changes nothing and announces nothing; then a new page.
     put_page(a, &tok, &json!({"pageType": "vendor_table"})).await;
     let put_at = Instant::now();
@@ -257,4 +265,173 @@ async fn a_session_opened_on_one_gateway_is_used_and_ended_on_the_other() {
         .unwrap()
         .get(0);
     assert_eq!(rows, 0);
+}
+
+/// Open the session's GET stream on `gw`: a task reading it, and when it first heard
+/// `notifications/tools/list_changed`.
+async fn watch(
+    gw: SocketAddr,
+    tok: &str,
+    sid: &str,
+) -> (
+    tokio::task::JoinHandle<()>,
+    tokio::sync::oneshot::Receiver<Instant>,
+) {
+    let stream = http()
+        .get(format!("http://{gw}/mcp"))
+        .bearer_auth(tok)
+        .header("accept", "text/event-stream")
+        .header("mcp-session-id", sid)
+        .header("mcp-protocol-version", "2025-06-18")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status().as_u16(), 200);
+    let (tx, rx) = tokio::sync::oneshot::channel::<Instant>();
+    let watcher = tokio::spawn(async move {
+        let mut body = stream.bytes_stream();
+        let mut seen = String::new();
+        while let Some(Ok(chunk)) = body.next().await {
+            seen.push_str(&String::from_utf8_lossy(&chunk));
+            if seen.contains("notifications/tools/list_changed") {
+                let _ = tx.send(Instant::now());
+                return;
+            }
+        }
+    });
+    (watcher, rx)
+}
+
+/// The user's session records in the database (read as the owner: no gateway sees it).
+async fn session_rows(user: &str) -> i64 {
+    admin()
+        .await
+        .query_one(
+            "SELECT count(*) FROM ctxguard.mcp_sessions WHERE user_id = $1",
+            &[&user],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_used_through_one_gateway_is_not_ended_by_the_idle_timeout_of_the_other() {
+    let idle = Duration::from_millis(2000);
+    let (a, _, b, _) = two_gateways_with(&["--mcp-session-idle-timeout-ms", "2000"]).await;
+    let run = uuid::Uuid::new_v4().simple().to_string();
+    let user = format!("idle-{run}");
+    let tok = token(&user, "acme", &["ap_clerk"]);
+    put_page(a, &tok, &invoice_page("acme_inv3")).await;
+    let sid = initialize(a, &tok).await;
+
+    // Used only through B for four idle timeouts: A, which last saw it at its start, must not end
+    // it (B would answer 404).
+    let until = Instant::now() + idle * 4;
+    while Instant::now() < until {
+        let names = tool_names(b, &tok, &sid).await;
+        assert!(names.contains(&"invoice__get".to_string()), "{names:?}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // A still serves it (from its memory, or restored from the database).
+    let names = tool_names(a, &tok, &sid).await;
+    assert!(names.contains(&"invoice__get".to_string()), "{names:?}");
+    let last_use = Instant::now();
+
+    // Truly idle now: its record ends (watched in the database: a request would be a use), not
+    // before an idle timeout, and both gateways answer 404.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while session_rows(&user).await > 0 {
+        assert!(Instant::now() < deadline, "the idle session never expired");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        last_use.elapsed() >= idle,
+        "ended {:?} after its last use",
+        last_use.elapsed()
+    );
+    for gw in [a, b] {
+        let (status, _, body) = rpc(
+            gw,
+            &tok,
+            Some(&sid),
+            &json!({"jsonrpc": "2.0", "id": 9, "method": "tools/list"}),
+        )
+        .await;
+        assert_eq!(status, 404, "{body}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_held_on_one_gateway_keeps_its_session_alive_on_the_other() {
+    let idle = Duration::from_millis(2000);
+    let (a, _, b, _) = two_gateways_with(&["--mcp-session-idle-timeout-ms", "2000"]).await;
+    let run = uuid::Uuid::new_v4().simple().to_string();
+    let user = format!("stream-{run}");
+    let tok = token(&user, "acme", &["ap_clerk"]);
+    put_page(a, &tok, &invoice_page("acme_inv3")).await;
+    let sid = initialize(a, &tok).await;
+    let (watcher, _) = watch(a, &tok, &sid).await;
+    // B knows it too (one request), then nothing but A's open stream for three idle timeouts:
+    // B's idle timeout must not end it.
+    assert!(tool_names(b, &tok, &sid)
+        .await
+        .contains(&"invoice__get".to_string()));
+    tokio::time::sleep(idle * 3).await;
+    assert_eq!(
+        session_rows(&user).await,
+        1,
+        "the streamed session's record"
+    );
+    for gw in [b, a] {
+        let names = tool_names(gw, &tok, &sid).await;
+        assert!(names.contains(&"invoice__get".to_string()), "{names:?}");
+    }
+    watcher.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_page_changed_through_one_gateway_reaches_its_stream_on_the_other() {
+    let (a, state_a, b, _) = two_gateways_with(&[]).await;
+    let run = uuid::Uuid::new_v4().simple().to_string();
+    let tok = token(&format!("own-{run}"), "acme", &["ap_clerk"]);
+    let vendors = json!({"pageType": "vendor_table"});
+    put_page(a, &tok, &vendors).await;
+    // Two sessions on A: one with a page of its own (set on A), one following the shared page.
+    let sid = initialize(a, &tok).await;
+    let other = initialize(a, &tok).await;
+    listening(&state_a).await;
+    let names = tool_names_on(a, &tok, &sid, Some(&vendors)).await;
+    assert!(names.contains(&"vendor__list".to_string()), "{names:?}");
+    let (watcher, heard) = watch(a, &tok, &sid).await;
+    let (other_watcher, mut other_heard) = watch(a, &tok, &other).await;
+
+    // The session's own page changed through B: its stream on A hears it within a second.
+    let changed_at = Instant::now();
+    let names = tool_names_on(b, &tok, &sid, Some(&invoice_page("acme_inv3"))).await;
+    assert!(names.contains(&"invoice__get".to_string()), "{names:?}");
+    let at = tokio::time::timeout(Duration::from_secs(5), heard)
+        .await
+        .expect("list_changed on gateway A")
+        .unwrap();
+    assert!(
+        at.duration_since(changed_at) < Duration::from_secs(1),
+        "list_changed {:?} after the change on B",
+        at.duration_since(changed_at)
+    );
+    // A now lists the session's new page (no header), and the user's other session, which
+    // follows the unchanged shared page, was not told anything.
+    let names = tool_names(a, &tok, &sid).await;
+    assert!(names.contains(&"invoice__get".to_string()), "{names:?}");
+    assert!(!names.contains(&"vendor__list".to_string()), "{names:?}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        other_heard.try_recv().is_err(),
+        "the other session was told to re-list"
+    );
+    assert!(tool_names(a, &tok, &other)
+        .await
+        .contains(&"vendor__list".to_string()));
+    watcher.abort();
+    other_watcher.abort();
 }

@@ -3,7 +3,10 @@
 -- them through the functions below only. A page is written only from a transaction whose page
 -- set_context validated (the page it validated, for the tenant and user of its token); everything
 -- else is keyed by the caller's verified token. Changes are announced on the channel ctxguard_pages
--- with an opaque key (salted hash of tenant and user), never a name.
+-- with an opaque key, never a name: a user's shared page by the user's key (salted hash of tenant and
+-- user), a session's own page by 's:' and the session's key (salted hash of its stored hash).
+-- A session's last use is recorded here (any gateway may serve it), so that a gateway's idle timeout
+-- ends only sessions idle everywhere.
 
 CREATE TABLE ctxguard.state_salt (
     singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
@@ -30,10 +33,11 @@ CREATE TABLE ctxguard.mcp_sessions (
     page        jsonb,
     ttl         integer NOT NULL CHECK (ttl BETWEEN 60 AND 86400),
     created_at  timestamptz NOT NULL DEFAULT now(),
-    expires_at  timestamptz NOT NULL
+    expires_at  timestamptz NOT NULL,
+    last_used_at timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX mcp_sessions_user_idx ON ctxguard.mcp_sessions (tenant_id, user_id);
-COMMENT ON TABLE ctxguard.mcp_sessions IS 'MCP sessions: sha256 of the session id, the tenant and user of the token that opened it, its initialize parameters, its own page (validated) and its expiry (owner only).';
+COMMENT ON TABLE ctxguard.mcp_sessions IS 'MCP sessions: sha256 of the session id, the tenant and user of the token that opened it, its initialize parameters, its own page (validated), its expiry and its last use through any gateway (owner only).';
 
 -- No grants: owner only (the policies satisfy lint's forced-RLS rule for tables with a tenant_id).
 ALTER TABLE ctxguard.user_pages ENABLE ROW LEVEL SECURITY;
@@ -52,6 +56,17 @@ AS $$
                'UTF8')), 'hex'), 1, 32)
 $$;
 REVOKE EXECUTE ON FUNCTION ctxguard._user_key(text, text) FROM PUBLIC;
+
+-- The opaque key of a session (given its stored hash) on the ctxguard_pages channel, after 's:'.
+CREATE FUNCTION ctxguard._session_key(id_hash text) RETURNS text
+    LANGUAGE sql STABLE STRICT SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT pg_catalog.substr(pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to(
+               coalesce((SELECT s.salt FROM ctxguard.state_salt s), '') || pg_catalog.chr(31) || 'session'
+               || pg_catalog.chr(31) || id_hash,
+               'UTF8')), 'hex'), 1, 32)
+$$;
+REVOKE EXECUTE ON FUNCTION ctxguard._session_key(text) FROM PUBLIC;
 
 -- The page set_context validated in this transaction (NULL without one, or without the library).
 CREATE FUNCTION ctxguard._validated_page() RETURNS jsonb
@@ -104,27 +119,32 @@ DECLARE
     t text := ctxguard.tenant_id();
     u text := ctxguard.user_id();
     p jsonb := ctxguard._validated_page();
+    h text := pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to(coalesce(session_id, ''), 'UTF8')), 'hex');
 BEGIN
     PERFORM ctxguard._refuse_inside_handler('put_session_page');
     IF t IS NULL OR u IS NULL OR p IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '28000', MESSAGE = 'ctxguard: no context is set';
     END IF;
     UPDATE ctxguard.mcp_sessions s SET page = p
-     WHERE s.id_hash = encode(sha256(convert_to(coalesce(session_id, ''), 'UTF8')), 'hex')
+     WHERE s.id_hash = h
        AND s.tenant_id = t AND s.user_id = u AND s.expires_at > now()
        AND s.page IS DISTINCT FROM p;
     IF FOUND THEN
-        PERFORM pg_notify('ctxguard_pages', ctxguard._user_key(t, u));
+        -- The session's own key, not the user's: only that session's listeners re-read its page.
+        PERFORM pg_catalog.pg_notify('ctxguard_pages', 's:' || ctxguard._session_key(h));
     END IF;
     RETURN FOUND;
 END
 $$;
-COMMENT ON FUNCTION ctxguard.put_session_page(text) IS 'Make the page set_context validated in this transaction the own page of one of the context user''s live MCP sessions.';
+COMMENT ON FUNCTION ctxguard.put_session_page(text) IS 'Make the page set_context validated in this transaction the own page of one of the context user''s live MCP sessions; announces ''s:'' and the session''s key on ctxguard_pages when it changed.';
 
 -- Who a token is, the user's key and current page, and (given a session id) that session if it is
--- the caller's and live ("session": null otherwise, whoever's it is); extends a session past half
--- its lifetime.
-CREATE FUNCTION ctxguard.mcp_identity(token text, session_id text DEFAULT NULL) RETURNS jsonb
+-- the caller's and live ("session": null otherwise, whoever's it is): its own page and its key on the
+-- page channel. With touch_after_ms the call is a use of the session: recorded when the recorded last
+-- use is older than that (so not every request writes), and the session is extended past half its
+-- lifetime. Without, it only reads (a gateway re-reading a page it was told changed).
+CREATE FUNCTION ctxguard.mcp_identity(token text, session_id text DEFAULT NULL, touch_after_ms integer DEFAULT NULL)
+    RETURNS jsonb
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
@@ -134,26 +154,38 @@ DECLARE
     s record;
     res jsonb;
 BEGIN
-    res := who || jsonb_build_object(
+    IF touch_after_ms IS NOT NULL AND touch_after_ms NOT BETWEEN 0 AND 86400000 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'ctxguard: touch_after_ms is 0-86400000 milliseconds';
+    END IF;
+    res := who || pg_catalog.jsonb_build_object(
         'key', ctxguard._user_key(t, u),
         'page', (SELECT up.page FROM ctxguard.user_pages up WHERE up.tenant_id = t AND up.user_id = u));
     IF session_id IS NULL THEN
         RETURN res;
     END IF;
-    SELECT ms.id_hash, ms.page, ms.ttl, ms.expires_at INTO s FROM ctxguard.mcp_sessions ms
-     WHERE ms.id_hash = encode(sha256(convert_to(session_id, 'UTF8')), 'hex')
-       AND ms.tenant_id = t AND ms.user_id = u AND ms.expires_at > now();
+    -- No session has a longer id (mcp_session_open): not worth hashing.
+    IF pg_catalog.length(session_id) > 256 THEN
+        RETURN res || pg_catalog.jsonb_build_object('session', NULL);
+    END IF;
+    SELECT ms.id_hash, ms.page, ms.ttl, ms.expires_at, ms.last_used_at INTO s FROM ctxguard.mcp_sessions ms
+     WHERE ms.id_hash = pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to(session_id, 'UTF8')), 'hex')
+       AND ms.tenant_id = t AND ms.user_id = u AND ms.expires_at > pg_catalog.now();
     IF NOT FOUND THEN
-        RETURN res || jsonb_build_object('session', NULL);
+        RETURN res || pg_catalog.jsonb_build_object('session', NULL);
     END IF;
-    IF s.expires_at < now() + make_interval(secs => s.ttl / 2) THEN
-        UPDATE ctxguard.mcp_sessions SET expires_at = now() + make_interval(secs => s.ttl)
-         WHERE id_hash = s.id_hash;
+    IF touch_after_ms IS NOT NULL
+       AND (s.last_used_at <= pg_catalog.now() - pg_catalog.make_interval(secs => touch_after_ms / 1000.0)
+            OR s.expires_at < pg_catalog.now() + pg_catalog.make_interval(secs => s.ttl / 2)) THEN
+        UPDATE ctxguard.mcp_sessions ms
+           SET last_used_at = pg_catalog.now(),
+               expires_at = GREATEST(ms.expires_at, pg_catalog.now() + pg_catalog.make_interval(secs => ms.ttl))
+         WHERE ms.id_hash = s.id_hash;
     END IF;
-    RETURN res || jsonb_build_object('session', jsonb_build_object('page', s.page));
+    RETURN res || pg_catalog.jsonb_build_object('session',
+        pg_catalog.jsonb_build_object('page', s.page, 'key', ctxguard._session_key(s.id_hash)));
 END
 $$;
-COMMENT ON FUNCTION ctxguard.mcp_identity(text, text) IS 'The token''s identity, the user''s key and current page, and the caller''s live MCP session of that id (else "session": null).';
+COMMENT ON FUNCTION ctxguard.mcp_identity(text, text, integer) IS 'The token''s identity, the user''s key and current page, and the caller''s live MCP session of that id (its own page and key; else "session": null); with touch_after_ms, records a use of the session (throttled).';
 
 CREATE FUNCTION ctxguard.mcp_session_open(token text, session_id text, init_params jsonb, ttl integer DEFAULT 3600)
     RETURNS void
@@ -213,3 +245,98 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION ctxguard.mcp_session_close(text, text) IS 'End the caller''s MCP session of that id (every gateway then answers 404 for it).';
+
+-- A gateway's idle timeout: ends the caller's session only if no gateway used it for idle_ms (its
+-- recorded last use; gateways record uses throttled, so they pass their timeout plus the throttle).
+-- NULL: no such live session of the caller (ended elsewhere, expired, another user's, never was);
+-- {"ended": true}: ended now; {"ended": false, "idleMs": n}: used n ms ago, it lives on.
+CREATE FUNCTION ctxguard.mcp_session_expire(token text, session_id text, idle_ms integer) RETURNS jsonb
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    who jsonb := ctxguard.verify_token(token);
+    used timestamptz;
+    h text;
+BEGIN
+    PERFORM ctxguard._refuse_inside_handler('mcp_session_expire');
+    IF session_id IS NULL OR pg_catalog.length(session_id) NOT BETWEEN 16 AND 256 OR session_id !~ '^[!-~]+$' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'ctxguard: a session id is 16-256 printable ASCII characters';
+    END IF;
+    IF idle_ms IS NULL OR idle_ms NOT BETWEEN 1000 AND 172800000 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'ctxguard: idle_ms is 1000-172800000 milliseconds';
+    END IF;
+    h := pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to(session_id, 'UTF8')), 'hex');
+    -- Locked: a use recorded meanwhile (mcp_identity, mcp_session_touch) waits, then finds it gone.
+    SELECT ms.last_used_at INTO used FROM ctxguard.mcp_sessions ms
+     WHERE ms.id_hash = h AND ms.tenant_id = who->>'tenantId' AND ms.user_id = who->>'userId'
+       AND ms.expires_at > pg_catalog.now()
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    IF used <= pg_catalog.now() - pg_catalog.make_interval(secs => idle_ms / 1000.0) THEN
+        DELETE FROM ctxguard.mcp_sessions ms WHERE ms.id_hash = h;
+        RETURN pg_catalog.jsonb_build_object('ended', true);
+    END IF;
+    RETURN pg_catalog.jsonb_build_object('ended', false,
+        'idleMs', pg_catalog.floor(pg_catalog.date_part('epoch', pg_catalog.now() - used) * 1000)::pg_catalog.int8);
+END
+$$;
+COMMENT ON FUNCTION ctxguard.mcp_session_expire(text, text, integer) IS 'End the caller''s MCP session of that id if no gateway used it for idle_ms; else how long ago it was used (NULL: no such live session of the caller).';
+
+-- The sessions a gateway holds event streams on are in use: one call per tick of its reaper records
+-- it for all of them (throttled as in mcp_identity), each only for its own token's user. A token
+-- that no longer verifies is skipped, not an error (one user's expired token must not stop the
+-- others'). Returns how many of the given sessions are live and their token's.
+CREATE FUNCTION ctxguard.mcp_session_touch(sessions jsonb, touch_after_ms integer) RETURNS integer
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    tok text;
+    who jsonb;
+    hashes text[];
+    live integer := 0;
+    n integer;
+BEGIN
+    PERFORM ctxguard._refuse_inside_handler('mcp_session_touch');
+    IF touch_after_ms IS NULL OR touch_after_ms NOT BETWEEN 0 AND 86400000 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'ctxguard: touch_after_ms is 0-86400000 milliseconds';
+    END IF;
+    IF sessions IS NULL OR pg_catalog.jsonb_typeof(sessions) <> 'array' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'ctxguard: sessions is an array of at most 1000 {token, sessionId} objects';
+    END IF;
+    IF pg_catalog.jsonb_array_length(sessions) > 1000 OR pg_catalog.octet_length(sessions::pg_catalog.text) > 8388608 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'ctxguard: sessions is an array of at most 1000 {token, sessionId} objects';
+    END IF;
+    IF EXISTS (SELECT FROM pg_catalog.jsonb_array_elements(sessions) e
+                WHERE pg_catalog.jsonb_typeof(e) <> 'object'
+                   OR pg_catalog.jsonb_typeof(e->'token') IS DISTINCT FROM 'string'
+                   OR pg_catalog.jsonb_typeof(e->'sessionId') IS DISTINCT FROM 'string') THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'ctxguard: sessions is an array of at most 1000 {token, sessionId} objects';
+    END IF;
+    FOR tok IN SELECT DISTINCT e->>'token' FROM pg_catalog.jsonb_array_elements(sessions) e LOOP
+        BEGIN
+            who := ctxguard.verify_token(tok);
+        EXCEPTION WHEN invalid_authorization_specification THEN
+            CONTINUE;
+        END;
+        SELECT pg_catalog.array_agg(pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to(e->>'sessionId', 'UTF8')), 'hex'))
+          INTO hashes
+          FROM pg_catalog.jsonb_array_elements(sessions) e
+         WHERE e->>'token' = tok AND pg_catalog.length(e->>'sessionId') <= 256;
+        SELECT pg_catalog.count(*) INTO n FROM ctxguard.mcp_sessions ms
+         WHERE ms.id_hash = ANY (hashes) AND ms.tenant_id = who->>'tenantId' AND ms.user_id = who->>'userId'
+           AND ms.expires_at > pg_catalog.now();
+        live := live + n;
+        UPDATE ctxguard.mcp_sessions ms
+           SET last_used_at = pg_catalog.now(),
+               expires_at = GREATEST(ms.expires_at, pg_catalog.now() + pg_catalog.make_interval(secs => ms.ttl))
+         WHERE ms.id_hash = ANY (hashes) AND ms.tenant_id = who->>'tenantId' AND ms.user_id = who->>'userId'
+           AND ms.expires_at > pg_catalog.now()
+           AND (ms.last_used_at <= pg_catalog.now() - pg_catalog.make_interval(secs => touch_after_ms / 1000.0)
+                OR ms.expires_at < pg_catalog.now() + pg_catalog.make_interval(secs => ms.ttl / 2));
+    END LOOP;
+    RETURN live;
+END
+$$;
+COMMENT ON FUNCTION ctxguard.mcp_session_touch(jsonb, integer) IS 'Record a use of the given MCP sessions ([{token, sessionId}], at most 1000), each for its own token''s user only, when the recorded one is older than touch_after_ms; returns how many are live and their token''s.';
