@@ -38,7 +38,8 @@ SELECT is(pg_temp.code(r), 'ok', rule || ': the search runs') FROM hits ORDER BY
 SELECT ok(jsonb_array_length(r->'result'->'results') > 0, rule || ': the query finds the page') FROM hits ORDER BY rule;
 SELECT ok(strpos(r::text, '[REDACTED:' || rule) > 0, rule || ': the snippet shows the secret masked (' || (r->'result'->'results'->0->>'snippet') || ')')
   FROM hits ORDER BY rule;
-SELECT is(ARRAY(SELECT f FROM unnest(forbidden) f WHERE strpos(r::text, f) > 0), '{}'::text[],
+-- (Not the random call_id: '1111' turns up in one uuid in about 2,000.)
+SELECT is(ARRAY(SELECT f FROM unnest(forbidden) f WHERE strpos((r - 'call_id')::text, f) > 0), '{}'::text[],
           rule || ': no part of the secret is returned, marked or not')
   FROM hits ORDER BY rule;
 SELECT ok(strpos(r::text, 'REDACTED:«') = 0 AND strpos(r::text, '«REDACTED') = 0, rule || ': no highlight inside a placeholder')

@@ -89,4 +89,30 @@ SELECT split_part(ctxguard.call_tool('doc_local_search', '{"query": "chapter 30 
 ROLLBACK;
 SELECT is(:'searched'::text, 'document_coverage', 'I.54 doc_local_search returns no snippet of pages past the day''s coverage');
 
+-- Issue 13: the transaction of a read-only tool call writes nothing of its own (no xid: no WAL,
+-- no commit record, no flush to wait for); its charges and audit record go through the writer.
+-- (Read before any pgTAP assertion: pgTAP records results in a table.)
+BEGIN;
+SELECT ctxguard.set_context(:'tok_alice', '{"pageType": "invoice_detail", "entity": {"type": "invoice", "id": "acme_inv3"}}') \g /dev/null
+SELECT count(*) AS nowal_tools FROM ctxguard.visible_tools() \gset
+SELECT pg_temp.code(ctxguard.call_tool('invoice.get', '{}')) AS nowal_code,
+       coalesce(txid_current_if_assigned()::text, 'none') AS nowal_xid \gset
+COMMIT;
+SELECT ok(:nowal_tools > 0, 'Gate A lists tools on the invoice page');
+SELECT is(:'nowal_code'::text, 'ok', 'a read-only tool answers');
+SELECT is(:'nowal_xid'::text, 'none', 'and the caller''s transaction has no xid: it wrote nothing');
+-- In a session of its own too (its first call looks up the extension's owner).
+\set nowal_out `psql -X -q -At -h :'HOST' -p :'PORT' -d :'DBNAME' -U ctxguard_gateway -v tok=:'tok_alice' -f sql/tests/lib/nowal_session.sql 2>&1`
+SELECT is(:'nowal_out'::text, 'ok|none', 'the same in a new session: no xid');
+BEGIN;
+SELECT pg_temp.gen(:'tok_dave', :'viewer') AS nowal_gen \gset
+COMMIT;
+BEGIN;
+SELECT ctxguard.set_context(:'tok_dave', :'viewer', :'nowal_gen') \g /dev/null
+SELECT pg_temp.code(ctxguard.call_tool('read_doc_pages', '{"page_start": 1, "page_end": 1}')) AS nowal_code,
+       coalesce(txid_current_if_assigned()::text, 'none') AS nowal_xid \gset
+COMMIT;
+SELECT is(:'nowal_code'::text, 'ok', 'a document tool charges the generation and the coverage');
+SELECT is(:'nowal_xid'::text, 'none', 'and its transaction wrote nothing either');
+
 SELECT * FROM finish();

@@ -150,11 +150,19 @@ pub fn extension_owner() -> pg_sys::Oid {
     if let Some(o) = OWNER.with(Cell::get) {
         return o;
     }
+    // A read-only client: pgrx's writing one (`Spi::get_one`) would give the caller's
+    // transaction an xid.
     let oid = pinned(|| {
-        Spi::get_one::<pg_sys::Oid>(
-            "SELECT e.extowner FROM pg_catalog.pg_extension e
-              WHERE e.extname OPERATOR(pg_catalog.=) 'ctxguard'::pg_catalog.name",
-        )
+        Spi::connect(|c| {
+            c.select(
+                "SELECT e.extowner FROM pg_catalog.pg_extension e
+                  WHERE e.extname OPERATOR(pg_catalog.=) 'ctxguard'::pg_catalog.name",
+                Some(1),
+                &[],
+            )?
+            .first()
+            .get_one::<pg_sys::Oid>()
+        })
     })
     .ok()
     .flatten()
