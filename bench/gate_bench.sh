@@ -102,6 +102,7 @@ run() {
   local out="$OUT/$name-c$clients.txt"
   log "pgbench $name -c $clients -j $threads -T $SECONDS_PER_RUN"
   PGOPTIONS=$options pgbench -n -M prepared -r -c "$clients" -j "$threads" -T "$SECONDS_PER_RUN" \
+    --log --log-prefix="$OUT/$name-c$clients.tx" \
     -h "$RUN" -p "$PGPORT" -U ctxguard_gateway -D token="$TOKEN" -f "$BENCH_DIR/$script" "$DB" >"$out" 2>&1 \
     || { cat "$out" >&2; die "pgbench $name failed"; }
   grep -q '^number of failed transactions: 0 ' "$out" || { cat "$out" >&2; die "pgbench $name had failed transactions"; }
@@ -109,6 +110,12 @@ run() {
 # field FILE: tps and average latency of a run, "tps|ms"
 field() {
   awk '/^tps = / {tps = $3} /^latency average = / {lat = $4} END {printf "%.0f|%.3f", tps, lat}' "$1"
+}
+# pct NAME CLIENTS: p50, p95 and p99 of the run's transaction latencies (ms), "p50|p95|p99", from
+# pgbench's per-transaction log (its third field: the latency in microseconds).
+pct() {
+  cat "$OUT/$1-c$2".tx.* | awk '{print $3}' | sort -n | awk '{v[NR] = $1}
+    END {printf "%.3f|%.3f|%.3f", v[int(NR * 0.50) + 1] / 1000, v[int(NR * 0.95) + 1] / 1000, v[int(NR * 0.99) + 1] / 1000}'
 }
 # stmt FILE PATTERN: average latency (ms) of the statement whose text matches PATTERN
 stmt() {
@@ -154,9 +161,9 @@ refused=$(( $(grep -c 'AUDIT_UNAVAILABLE' "$RUN/postgres.log" || true) - refused
 # The backticks below are Markdown code spans, not command substitutions.
 # shellcheck disable=SC2016
 report() {
-  local c tps lat base_tps audit_tps label
-  printf '| scenario | clients | tps | avg latency ms | ratio vs baseline | ratio vs careful baseline |\n'
-  printf '|---|---:|---:|---:|---:|---:|\n'
+  local c tps lat p50 p95 p99 base_tps audit_tps label
+  printf '| scenario | clients | tps | avg latency ms | p50 ms | p95 ms | p99 ms | ratio vs baseline | ratio vs careful baseline |\n'
+  printf '|---|---:|---:|---:|---:|---:|---:|---:|---:|\n'
   for c in 1 4; do
     base_tps=$(field "$OUT/baseline-c$c.txt" | cut -d'|' -f1)
     audit_tps=$(field "$OUT/baseline_audit-c$c.txt" | cut -d'|' -f1)
@@ -169,7 +176,8 @@ report() {
         ctxguard_nowait) label='ctxguard, `ctxguard.audit_wait = off`' ;;
       esac
       IFS='|' read -r tps lat <<<"$(field "$OUT/$name-c$c.txt")"
-      printf '| %s | %s | %s | %s | %s | %s |\n' "$label" "$c" "$tps" "$lat" \
+      IFS='|' read -r p50 p95 p99 <<<"$(pct "$name" "$c")"
+      printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$label" "$c" "$tps" "$lat" "$p50" "$p95" "$p99" \
         "$(awk -v a="$tps" -v b="$base_tps" 'BEGIN {printf "%.2f", a / b}')" \
         "$(awk -v a="$tps" -v b="$audit_tps" 'BEGIN {printf "%.2f", a / b}')"
     done
