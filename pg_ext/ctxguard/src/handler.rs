@@ -286,7 +286,7 @@ unsafe fn one_jsonb_select(plan: pg_sys::SPIPlanPtr) -> bool {
         let desc = (*ps).resultDesc;
         !desc.is_null()
             && (*desc).natts == 1
-            && (*desc).attrs.as_slice(1)[0].atttypid == pg_sys::JSONBOID
+            && pg_sys::SPI_gettypeid(desc, 1) == pg_sys::JSONBOID
     }
 }
 
