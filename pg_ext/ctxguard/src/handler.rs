@@ -284,9 +284,7 @@ unsafe fn one_jsonb_select(plan: pg_sys::SPIPlanPtr) -> bool {
             return false;
         }
         let desc = (*ps).resultDesc;
-        !desc.is_null()
-            && (*desc).natts == 1
-            && pg_sys::SPI_gettypeid(desc, 1) == pg_sys::JSONBOID
+        !desc.is_null() && (*desc).natts == 1 && pg_sys::SPI_gettypeid(desc, 1) == pg_sys::JSONBOID
     }
 }
 
