@@ -121,6 +121,10 @@ SELECT is(ctxguard.call_tool('test.versioned', '{}')->'result', '{"v": 1, "user"
 SELECT is(ctxguard.call_tool('test.versioned_other', '{}')->'result', '{"v": 1, "user": "ctxguard_test_tools2", "tenants": ["acme"]}'::jsonb,
           'the same body through another tool runs as that tool''s role');
 SELECT is(ctxguard.call_tool('test.versioned', '{}')->'result'->>'user', 'ctxguard_tools', 'and back: the first tool''s role again');
+SELECT is(ctxguard.call_tool('test.versioned_nousage', '{}')->'error',
+          '{"code": "TOOL_ERROR", "message": "tool handler failed (SQLSTATE 42501)"}'::jsonb,
+          'a role without USAGE on the schema the body reads cannot run it, though another role''s plan of it is kept');
+SELECT is(ctxguard.call_tool('test.versioned', '{}')->'result'->>'user', 'ctxguard_tools', 'and the kept plan still runs for its own role');
 COMMIT;
 BEGIN;
 SELECT ctxguard.set_context(:'tok_carol', :'plan_lab') \g /dev/null

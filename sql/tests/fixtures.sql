@@ -178,12 +178,22 @@ BEGIN
 END $$;
 GRANT USAGE ON SCHEMA demo, t TO ctxguard_test_tools2;
 GRANT SELECT ON demo.invoices TO ctxguard_test_tools2;
+-- ... and a role that may read the table but not use its schema: parsing the body as that role fails.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'ctxguard_test_tools3') THEN
+        CREATE ROLE ctxguard_test_tools3;
+    END IF;
+    ALTER ROLE ctxguard_test_tools3 NOLOGIN NOSUPERUSER NOBYPASSRLS NOCREATEDB NOCREATEROLE NOREPLICATION;
+END $$;
+GRANT USAGE ON SCHEMA t TO ctxguard_test_tools3;
+GRANT SELECT ON demo.invoices TO ctxguard_test_tools3;
 
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA t FROM PUBLIC;
 GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA t TO ctxguard_tools;
 REVOKE EXECUTE ON FUNCTION t.noexec(jsonb) FROM ctxguard_tools;
 GRANT EXECUTE ON FUNCTION t.noexec(jsonb) TO ctxguard_gateway;
-GRANT EXECUTE ON FUNCTION t.versioned(jsonb) TO ctxguard_test_tools2;
+GRANT EXECUTE ON FUNCTION t.versioned(jsonb) TO ctxguard_test_tools2, ctxguard_test_tools3;
 
 SELECT ctxguard.register_tool('test.touch', 'Record a touch of the invoice on this page.',
     '{"type": "object", "properties": {"invoice_id": {"type": "string"}}}', 't.touch(jsonb)',
@@ -224,6 +234,8 @@ SELECT ctxguard.register_tool('test.versioned', 'Reports its body''s version, ro
     '{"type": "object"}', 't.versioned(jsonb)', '{"page_types": ["plan_lab"]}');
 SELECT ctxguard.register_tool('test.versioned_other', 'The same handler, run as another role.',
     '{"type": "object"}', 't.versioned(jsonb)', '{"page_types": ["plan_lab"], "run_as": "ctxguard_test_tools2"}');
+SELECT ctxguard.register_tool('test.versioned_nousage', 'The same handler, run as a role without USAGE on demo.',
+    '{"type": "object"}', 't.versioned(jsonb)', '{"page_types": ["plan_lab"], "run_as": "ctxguard_test_tools3"}');
 SELECT ctxguard.register_tool('report.export', 'Export a report (needs the export-enabled state).',
     '{"type": "object", "properties": {}}', 'demo.vendor_list(jsonb)',
     '{"page_types": "*", "required_states": ["export-enabled"]}');

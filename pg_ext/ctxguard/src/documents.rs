@@ -232,8 +232,8 @@ pub fn run(
 ) -> Result<Out, Refusal> {
     if name == "list_available_tools" {
         let tools: Vec<String> = crate::gates::visible(ctx, None, None)
-            .into_iter()
-            .map(|t| t.name)
+            .iter()
+            .map(|t| t.name.clone())
             .collect();
         return Ok(Out::new(json!({"tools": tools}), 0));
     }

@@ -130,10 +130,10 @@ fn ranked_in(
 }
 
 /// Gate A proper: visible tools for `ctx`, optionally ranked by `query` and cut at `top_k`.
-pub fn visible(ctx: &Ctx, query: Option<&str>, top_k: Option<i32>) -> Vec<Visible> {
+pub fn visible(ctx: &Ctx, query: Option<&str>, top_k: Option<i32>) -> Rc<Vec<Visible>> {
     let catalog = cache::catalog();
     if query.is_some() {
-        return visible_in(&catalog, ctx, query, top_k);
+        return Rc::new(visible_in(&catalog, ctx, query, top_k));
     }
     // Without a query the answer is a function of the catalog (its version), the parts of the
     // context that policies and server grants read, and two settings: kept per backend.
@@ -149,20 +149,36 @@ pub fn visible(ctx: &Ctx, query: Option<&str>, top_k: Option<i32>) -> Vec<Visibl
         per_server: gucs::MAX_OFFERED_TOOLS_PER_SERVER.get(),
         top_k,
     };
-    if let Some(shown) = SHOWN.with(|s| s.borrow().get(&key).cloned()) {
-        return shown.as_ref().clone();
+    if let Some(shown) = SHOWN.with(|s| s.borrow().entries.get(&key).cloned()) {
+        return shown;
     }
     let mut shown = visible_in(&catalog, ctx, None, top_k);
+    let mut bytes = 0;
     for v in &mut shown {
-        v.input_schema_jsonb = Some(crate::pgutil::JsonbBytes::new(&v.input_schema));
+        let b = crate::pgutil::JsonbBytes::new(&v.input_schema);
+        // The schema twice (as JSON and as jsonb), the names and texts.
+        bytes += 2 * b.len() + v.name.len() + v.description.len() + 64;
+        v.input_schema_jsonb = Some(b);
     }
+    let shown = Rc::new(shown);
     SHOWN.with(|s| {
         let mut s = s.borrow_mut();
-        // Bounded: a pooled connection serves many users; a changed catalog empties it.
-        if s.len() >= SHOWN_MAX || s.keys().next().is_some_and(|k| k.catalog != key.catalog) {
-            s.clear();
+        // Bounded by entries and by bytes (a pooled connection serves many users and contexts;
+        // top_k alone makes many keys); a changed catalog empties it.
+        if s.entries.len() >= SHOWN_MAX
+            || s.bytes + bytes > SHOWN_MAX_BYTES
+            || s.entries
+                .keys()
+                .next()
+                .is_some_and(|k| k.catalog != key.catalog)
+        {
+            s.entries.clear();
+            s.bytes = 0;
         }
-        s.insert(key, Rc::new(shown.clone()));
+        if bytes <= SHOWN_MAX_BYTES {
+            s.bytes += bytes;
+            s.entries.insert(key, shown.clone());
+        }
     });
     shown
 }
@@ -183,10 +199,17 @@ struct ShownKey {
 }
 
 const SHOWN_MAX: usize = 256;
+/// About 4 MB of kept answers per backend at most.
+const SHOWN_MAX_BYTES: usize = 4 << 20;
+
+#[derive(Default)]
+struct Shown {
+    entries: HashMap<ShownKey, Rc<Vec<Visible>>>,
+    bytes: usize,
+}
 
 thread_local! {
-    static SHOWN: std::cell::RefCell<HashMap<ShownKey, Rc<Vec<Visible>>>> =
-        std::cell::RefCell::new(HashMap::new());
+    static SHOWN: std::cell::RefCell<Shown> = std::cell::RefCell::new(Shown::default());
 }
 
 fn visible_in(
@@ -248,17 +271,18 @@ fn visible_tools(
         return TableIterator::new(Vec::new());
     };
     let rows: Vec<_> = visible(&ctx, query, top_k)
-        .into_iter()
+        .iter()
         .map(|t| {
             (
-                t.name,
-                t.description,
+                t.name.clone(),
+                t.description.clone(),
                 t.input_schema_jsonb
+                    .clone()
                     .unwrap_or_else(|| crate::pgutil::JsonbBytes::new(&t.input_schema)),
                 t.read_only,
                 t.danger.to_string(),
                 t.requires_approval,
-                t.server,
+                t.server.clone(),
             )
         })
         .collect();

@@ -155,6 +155,9 @@ struct BodyPlan {
     /// `(xmin, ctid)` of the `pg_proc` row it was made from: `CREATE OR REPLACE` and `ALTER
     /// FUNCTION` write a new row version, and the plan is made again.
     version: (u32, u32, u16),
+    /// The body and volatility it was made from, compared too: a row rewritten in place of another
+    /// (`VACUUM FULL`) keeps its xmin and may take an old version's ctid.
+    source: (String, std::ffi::c_char),
     /// `None`: the function is not one of these (it is called through `fmgr`).
     plan: Option<pg_sys::SPIPlanPtr>,
     /// STABLE or IMMUTABLE: run on the caller's snapshot, as `fmgr_sql` does.
@@ -164,7 +167,10 @@ struct BodyPlan {
 }
 
 thread_local! {
-    static BODIES: RefCell<HashMap<pg_sys::Oid, BodyPlan>> = RefCell::new(HashMap::new());
+    /// By handler and the role it runs as: parse analysis checks schema USAGE and inlines SQL
+    /// functions (EXECUTE checked) as the role it runs as, and the plan cache redoes it for
+    /// another role only when row security applies.
+    static BODIES: RefCell<HashMap<(pg_sys::Oid, pg_sys::Oid), BodyPlan>> = RefCell::new(HashMap::new());
 }
 
 /// The saved plan of `handler`'s body, when it is a plain SQL function of one `jsonb` returning
@@ -175,7 +181,7 @@ thread_local! {
 /// parser hooks (the argument by name or as `$1`), under the same pinned settings and role, on the
 /// caller's snapshot unless the function is VOLATILE; the first column of its first row, or NULL.
 /// The plan cache re-plans it when its tables or functions change, or (row security) its role.
-unsafe fn body_plan(handler: pg_sys::Oid) -> Option<(pg_sys::SPIPlanPtr, bool)> {
+unsafe fn body_plan(handler: pg_sys::Oid, role: pg_sys::Oid) -> Option<(pg_sys::SPIPlanPtr, bool)> {
     unsafe {
         let tup = pg_sys::SearchSysCache1(
             pg_sys::SysCacheIdentifier::PROCOID as _,
@@ -190,17 +196,34 @@ unsafe fn body_plan(handler: pg_sys::Oid) -> Option<(pg_sys::SPIPlanPtr, bool)> 
             (u32::from(t_self.ip_blkid.bi_hi) << 16) | u32::from(t_self.ip_blkid.bi_lo),
             t_self.ip_posid,
         );
+        let form = &*pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_proc>(tup);
+        let mut null = false;
+        let src_datum = pg_sys::SysCacheGetAttr(
+            pg_sys::SysCacheIdentifier::PROCOID as _,
+            tup,
+            pg_sys::Anum_pg_proc_prosrc as _,
+            &mut null,
+        );
+        let src = if null {
+            String::new()
+        } else {
+            let c = pg_sys::text_to_cstring(src_datum.cast_mut_ptr());
+            let owned = std::ffi::CStr::from_ptr(c).to_string_lossy().into_owned();
+            pg_sys::pfree(c.cast());
+            owned
+        };
+        let source = (src, form.provolatile);
+        let key = (handler, role);
         let known = BODIES.with(|b| {
             b.borrow()
-                .get(&handler)
-                .filter(|e| e.version == version)
+                .get(&key)
+                .filter(|e| e.version == version && e.source == source)
                 .map(|e| e.plan.map(|p| (p, e.read_only)))
         });
         if let Some(known) = known {
             pg_sys::ReleaseSysCache(tup);
             return known;
         }
-        let form = &*pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_proc>(tup);
         let is_null = |attr: u32| {
             let mut null = false;
             pg_sys::SysCacheGetAttr(
@@ -221,47 +244,43 @@ unsafe fn body_plan(handler: pg_sys::Oid) -> Option<(pg_sys::SPIPlanPtr, bool)> 
             && is_null(pg_sys::Anum_pg_proc_proconfig)
             && is_null(pg_sys::Anum_pg_proc_prosqlbody);
         let read_only = form.provolatile != pg_sys::PROVOLATILE_VOLATILE as std::ffi::c_char;
+        // Under the call's context until the plan is kept: an ERROR while preparing (a body its
+        // role may not parse, a cancel) frees it with the aborted subtransaction.
         let cx = pg_sys::AllocSetContextCreateInternal(
-            pg_sys::TopMemoryContext,
+            pg_sys::CurrentMemoryContext,
             c"ctxguard handler body".as_ptr(),
             pg_sys::ALLOCSET_SMALL_MINSIZE as usize,
             pg_sys::ALLOCSET_SMALL_INITSIZE as usize,
             pg_sys::ALLOCSET_SMALL_MAXSIZE as usize,
         );
         let mut plan = None;
-        if eligible {
-            let mut null = false;
-            let src = pg_sys::SysCacheGetAttr(
-                pg_sys::SysCacheIdentifier::PROCOID as _,
-                tup,
-                pg_sys::Anum_pg_proc_prosrc as _,
-                &mut null,
-            );
-            if !null {
-                let src = pg_sys::text_to_cstring(src.cast_mut_ptr());
-                let old = pg_sys::MemoryContextSwitchTo(cx);
-                let pinfo = pg_sys::ffi::pg_guard_ffi_boundary(|| {
-                    prepare_sql_fn_parse_info(tup, std::ptr::null_mut(), pg_sys::InvalidOid)
-                });
-                pg_sys::MemoryContextSwitchTo(old);
-                let p = pg_sys::SPI_prepare_params(src, Some(sql_fn_parser_setup), pinfo, 0);
-                if !p.is_null() {
-                    if one_jsonb_select(p) && pg_sys::SPI_keepplan(p) == 0 {
-                        plan = Some(p);
-                    } else {
-                        pg_sys::SPI_freeplan(p);
-                    }
+        if eligible && !null {
+            let src = pg_sys::text_to_cstring(src_datum.cast_mut_ptr());
+            let old = pg_sys::MemoryContextSwitchTo(cx);
+            let pinfo = pg_sys::ffi::pg_guard_ffi_boundary(|| {
+                prepare_sql_fn_parse_info(tup, std::ptr::null_mut(), pg_sys::InvalidOid)
+            });
+            pg_sys::MemoryContextSwitchTo(old);
+            let p = pg_sys::SPI_prepare_params(src, Some(sql_fn_parser_setup), pinfo, 0);
+            if !p.is_null() {
+                if one_jsonb_select(p) && pg_sys::SPI_keepplan(p) == 0 {
+                    plan = Some(p);
+                } else {
+                    pg_sys::SPI_freeplan(p);
                 }
             }
         }
         pg_sys::ReleaseSysCache(tup);
+        // Kept for the plan's lifetime (its parser hook reads the parse info when it re-plans).
+        pg_sys::MemoryContextSetParent(cx, pg_sys::TopMemoryContext);
         let entry = BodyPlan {
             version,
+            source,
             plan,
             read_only,
             cx,
         };
-        if let Some(old) = BODIES.with(|b| b.borrow_mut().insert(handler, entry)) {
+        if let Some(old) = BODIES.with(|b| b.borrow_mut().insert(key, entry)) {
             // Not in use: handlers cannot run handlers (call_tool refuses inside one).
             if let Some(p) = old.plan {
                 pg_sys::SPI_freeplan(p);
@@ -299,7 +318,8 @@ fn call_body(plan: pg_sys::SPIPlanPtr, read_only: bool, args: Value) -> Option<J
         p.isnull = false;
         p.pflags = pg_sys::PARAM_FLAG_CONST as u16;
         p.ptype = pg_sys::JSONBOID;
-        let rc = pg_sys::SPI_execute_plan_with_paramlist(plan, params, read_only, 0);
+        // The first row only, as `fmgr_sql` fetches for a function that returns one value.
+        let rc = pg_sys::SPI_execute_plan_with_paramlist(plan, params, read_only, 1);
         if rc != pg_sys::SPI_OK_SELECT as i32 {
             raise(
                 PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
@@ -348,7 +368,7 @@ pub fn run(
                 );
             }
             let planned = (depth() == 1)
-                .then(|| Spi::connect(|_| unsafe { body_plan(handler) }))
+                .then(|| Spi::connect(|_| unsafe { body_plan(handler, role) }))
                 .flatten();
             match planned {
                 Some((plan, stable)) => Spi::connect(|_| call_body(plan, stable, args)),

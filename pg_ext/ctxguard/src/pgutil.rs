@@ -210,6 +210,11 @@ impl JsonbBytes {
             JsonbBytes(bytes)
         }
     }
+
+    /// Size of the datum in bytes.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
 }
 
 impl IntoDatum for JsonbBytes {
