@@ -72,10 +72,15 @@ log "warm-up (10 s)"
 "$CARGO_TARGET_DIR/release/soak" --gateways "$GWS" --seconds 10 --workers "$WORKERS" >/dev/null
 snapshot >"$RUN/soak-rss-start"
 log "soak: $SECS s, $WORKERS workers, two gateways, pgbouncer pool $PGBOUNCER_POOL_SIZE"
+# Resident memory a quarter, half and three quarters into the run too: a slope, or a plateau.
+( for q in 1 2 3; do sleep "$(awk -v s="$SECS" 'BEGIN {print s / 4}')"; snapshot >"$RUN/soak-rss-q$q"; done ) &
+QUARTERS=$!
 "$CARGO_TARGET_DIR/release/soak" --gateways "$GWS" --seconds "$SECS" --workers "$WORKERS" | tee "$RUN/soak.json"
 snapshot >"$RUN/soak-rss-end"
+wait "$QUARTERS" 2>/dev/null || true
 echo
-echo "RSS (KiB)     start      end"
-join "$RUN/soak-rss-start" "$RUN/soak-rss-end" | awk '{printf "%-12s %8d %8d\n", $1, $2, $3}'
+echo "RSS (KiB)     start       1/4       1/2       3/4       end"
+join "$RUN/soak-rss-start" "$RUN/soak-rss-q1" | join - "$RUN/soak-rss-q2" | join - "$RUN/soak-rss-q3" |
+  join - "$RUN/soak-rss-end" | awk '{printf "%-12s %9d %9d %9d %9d %9d\n", $1, $2, $3, $4, $5, $6}'
 echo "audit rows of the soak: $(psql_su -d "$DB" -At -c "SELECT count(*) FROM ctxguard.audit_log WHERE user_id IN ('soak-a', 'soak-g')")"
 echo "cross-tenant audit rows: $(psql_su -d "$DB" -At -c "SELECT count(*) FROM ctxguard.audit_log WHERE (user_id = 'soak-a' AND tenant_id <> 'acme') OR (user_id = 'soak-g' AND tenant_id <> 'globex')")"

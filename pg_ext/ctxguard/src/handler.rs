@@ -180,7 +180,7 @@ thread_local! {
 /// What runs is what `fmgr_sql` would run: the body parsed with PostgreSQL's own SQL-function
 /// parser hooks (the argument by name or as `$1`), under the same pinned settings and role, on the
 /// caller's snapshot unless the function is VOLATILE; the first column of its first row, or NULL.
-/// The plan cache re-plans it when its tables or functions change, or (row security) its role.
+/// One plan per (handler, `role`); the plan cache re-plans it when its tables or functions change.
 unsafe fn body_plan(handler: pg_sys::Oid, role: pg_sys::Oid) -> Option<(pg_sys::SPIPlanPtr, bool)> {
     unsafe {
         let tup = pg_sys::SearchSysCache1(

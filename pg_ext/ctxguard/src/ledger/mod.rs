@@ -29,8 +29,10 @@ use shmem::{Ledger, QUEUE_LEN, RECORD_BYTES};
 #[derive(Debug)]
 pub struct Unavailable(pub String);
 
-/// Entries outlive their generation or day by this much (a call in flight at expiry).
-const GRACE: i64 = 3600;
+/// Entries outlive their generation or day by this much (a call in flight at expiry). Every slot
+/// is held for a generation's lifetime plus this: an hour here halved what the tables carry at an
+/// hour's `generation_ttl`. An entry forgotten after it is reloaded from its persisted row.
+const GRACE: i64 = 300;
 /// How long a call waits for a writer to start.
 const WRITER_START: Duration = Duration::from_secs(5);
 
