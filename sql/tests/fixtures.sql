@@ -18,7 +18,8 @@ DO $$
 DECLARE r record;
 BEGIN
     FOR r IN SELECT * FROM (VALUES ('ctxguard_reader', 'LOGIN NOBYPASSRLS'), ('ctxguard_ingest', 'LOGIN NOBYPASSRLS'),
-                                   ('ctxguard_test_bypass', 'NOLOGIN BYPASSRLS'), ('ctxguard_test_owner', 'NOLOGIN NOBYPASSRLS'))
+                                   ('ctxguard_test_bypass', 'NOLOGIN BYPASSRLS'), ('ctxguard_test_owner', 'NOLOGIN NOBYPASSRLS'),
+                                   ('ctxguard_test_tools2', 'NOLOGIN NOBYPASSRLS'), ('ctxguard_test_tools3', 'NOLOGIN NOBYPASSRLS'))
                          AS v(name, attrs) LOOP
         IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = r.name) THEN
             EXECUTE format('CREATE ROLE %I', r.name);
@@ -169,23 +170,10 @@ CREATE FUNCTION t.versioned(args jsonb) RETURNS jsonb LANGUAGE sql STABLE AS $$
     SELECT jsonb_build_object('v', 1, 'user', current_user::text,
                               'tenants', (SELECT jsonb_agg(DISTINCT tenant_id) FROM demo.invoices))
 $$;
-DO $$
-BEGIN
-    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'ctxguard_test_tools2') THEN
-        CREATE ROLE ctxguard_test_tools2;
-    END IF;
-    ALTER ROLE ctxguard_test_tools2 NOLOGIN NOSUPERUSER NOBYPASSRLS NOCREATEDB NOCREATEROLE NOREPLICATION;
-END $$;
+-- (ctxguard_test_tools2 and _tools3: roles made at the top.)
 GRANT USAGE ON SCHEMA demo, t TO ctxguard_test_tools2;
 GRANT SELECT ON demo.invoices TO ctxguard_test_tools2;
 -- ... and a role that may read the table but not use its schema: parsing the body as that role fails.
-DO $$
-BEGIN
-    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'ctxguard_test_tools3') THEN
-        CREATE ROLE ctxguard_test_tools3;
-    END IF;
-    ALTER ROLE ctxguard_test_tools3 NOLOGIN NOSUPERUSER NOBYPASSRLS NOCREATEDB NOCREATEROLE NOREPLICATION;
-END $$;
 GRANT USAGE ON SCHEMA t TO ctxguard_test_tools3;
 GRANT SELECT ON demo.invoices TO ctxguard_test_tools3;
 

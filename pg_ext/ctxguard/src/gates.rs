@@ -38,14 +38,12 @@ fn or_query(text: &str) -> Option<String> {
 }
 
 /// A tool as Gate A shows it.
-#[derive(Clone)]
 pub struct Visible {
     pub name: String,
     pub description: String,
-    pub input_schema: Value,
-    /// `input_schema` as a `jsonb` datum's bytes, made when Gate A's answer is kept (see
-    /// [`visible`]): what `visible_tools` returns, without converting the schema again.
-    pub input_schema_jsonb: Option<crate::pgutil::JsonbBytes>,
+    /// The input schema (bound entity parameter stripped) as a `jsonb` datum's bytes: kept with
+    /// Gate A's answer (see [`visible`]), so that it is not converted again on every call.
+    pub input_schema: crate::pgutil::JsonbBytes,
     pub read_only: bool,
     pub danger: &'static str,
     pub requires_approval: bool,
@@ -138,7 +136,6 @@ pub fn visible(ctx: &Ctx, query: Option<&str>, top_k: Option<i32>) -> Rc<Vec<Vis
     // Without a query the answer is a function of the catalog (its version), the parts of the
     // context that policies and server grants read, and two settings: kept per backend.
     let key = ShownKey {
-        catalog: catalog.key().clone(),
         tenant_id: ctx.tenant_id.clone(),
         user_id: ctx.user_id.clone(),
         roles: ctx.roles.clone(),
@@ -149,31 +146,32 @@ pub fn visible(ctx: &Ctx, query: Option<&str>, top_k: Option<i32>) -> Rc<Vec<Vis
         per_server: gucs::MAX_OFFERED_TOOLS_PER_SERVER.get(),
         top_k,
     };
-    if let Some(shown) = SHOWN.with(|s| s.borrow().entries.get(&key).cloned()) {
+    let kept = SHOWN.with(|s| {
+        let s = s.borrow();
+        (s.catalog.as_ref() == Some(catalog.key()))
+            .then(|| s.entries.get(&key).cloned())
+            .flatten()
+    });
+    if let Some(shown) = kept {
         return shown;
     }
-    let mut shown = visible_in(&catalog, ctx, None, top_k);
-    let mut bytes = 0;
-    for v in &mut shown {
-        let b = crate::pgutil::JsonbBytes::new(&v.input_schema);
-        // The schema twice (as JSON and as jsonb), the names and texts.
-        bytes += 2 * b.len() + v.name.len() + v.description.len() + 64;
-        v.input_schema_jsonb = Some(b);
-    }
-    let shown = Rc::new(shown);
+    let shown = Rc::new(visible_in(&catalog, ctx, None, top_k));
+    let bytes: usize = shown
+        .iter()
+        .map(|v| v.input_schema.len() + v.name.len() + v.description.len() + 64)
+        .sum();
     SHOWN.with(|s| {
         let mut s = s.borrow_mut();
         // Bounded by entries and by bytes (a pooled connection serves many users and contexts;
         // top_k alone makes many keys); a changed catalog empties it.
-        if s.entries.len() >= SHOWN_MAX
+        if s.catalog.as_ref() != Some(catalog.key())
+            || s.entries.len() >= SHOWN_MAX
             || s.bytes + bytes > SHOWN_MAX_BYTES
-            || s.entries
-                .keys()
-                .next()
-                .is_some_and(|k| k.catalog != key.catalog)
         {
-            s.entries.clear();
-            s.bytes = 0;
+            *s = Shown {
+                catalog: Some(catalog.key().clone()),
+                ..Shown::default()
+            };
         }
         if bytes <= SHOWN_MAX_BYTES {
             s.bytes += bytes;
@@ -183,10 +181,10 @@ pub fn visible(ctx: &Ctx, query: Option<&str>, top_k: Option<i32>) -> Rc<Vec<Vis
     shown
 }
 
-/// What [`visible`] answered without a query, by everything the answer depends on.
+/// What [`visible`] answered without a query, by everything the answer depends on besides the
+/// catalog (whose version the whole memo is for).
 #[derive(PartialEq, Eq, Hash)]
 struct ShownKey {
-    catalog: (i64, String),
     tenant_id: String,
     user_id: String,
     roles: Vec<String>,
@@ -204,6 +202,8 @@ const SHOWN_MAX_BYTES: usize = 4 << 20;
 
 #[derive(Default)]
 struct Shown {
+    /// The catalog version the entries were made from.
+    catalog: Option<(i64, String)>,
     entries: HashMap<ShownKey, Rc<Vec<Visible>>>,
     bytes: usize,
 }
@@ -234,8 +234,7 @@ fn visible_in(
             Visible {
                 name: t.name.clone(),
                 description: t.description.clone(),
-                input_schema,
-                input_schema_jsonb: None,
+                input_schema: crate::pgutil::JsonbBytes::new(&input_schema),
                 read_only: p.read_only,
                 danger: p.danger.as_str(),
                 requires_approval: p.requires_approval,
@@ -276,9 +275,7 @@ fn visible_tools(
             (
                 t.name.clone(),
                 t.description.clone(),
-                t.input_schema_jsonb
-                    .clone()
-                    .unwrap_or_else(|| crate::pgutil::JsonbBytes::new(&t.input_schema)),
+                t.input_schema.clone(),
                 t.read_only,
                 t.danger.to_string(),
                 t.requires_approval,

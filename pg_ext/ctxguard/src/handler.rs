@@ -197,43 +197,39 @@ unsafe fn body_plan(handler: pg_sys::Oid, role: pg_sys::Oid) -> Option<(pg_sys::
             t_self.ip_posid,
         );
         let form = &*pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_proc>(tup);
-        let mut null = false;
-        let src_datum = pg_sys::SysCacheGetAttr(
-            pg_sys::SysCacheIdentifier::PROCOID as _,
-            tup,
-            pg_sys::Anum_pg_proc_prosrc as _,
-            &mut null,
-        );
-        let src = if null {
-            String::new()
-        } else {
-            let c = pg_sys::text_to_cstring(src_datum.cast_mut_ptr());
-            let owned = std::ffi::CStr::from_ptr(c).to_string_lossy().into_owned();
-            pg_sys::pfree(c.cast());
-            owned
+        let attr = |attr: u32| {
+            let mut null = false;
+            let d = pg_sys::SysCacheGetAttr(
+                pg_sys::SysCacheIdentifier::PROCOID as _,
+                tup,
+                attr as _,
+                &mut null,
+            );
+            (!null).then_some(d)
         };
-        let source = (src, form.provolatile);
+        // In the call's memory context (freed with it); compared without a copy when known.
+        let src = attr(pg_sys::Anum_pg_proc_prosrc)
+            .map(|d| std::ffi::CStr::from_ptr(pg_sys::text_to_cstring(d.cast_mut_ptr())));
+        let src_bytes = src.map_or(&[][..], std::ffi::CStr::to_bytes);
         let key = (handler, role);
         let known = BODIES.with(|b| {
             b.borrow()
                 .get(&key)
-                .filter(|e| e.version == version && e.source == source)
+                .filter(|e| {
+                    e.version == version
+                        && e.source.1 == form.provolatile
+                        && e.source.0.as_bytes() == src_bytes
+                })
                 .map(|e| e.plan.map(|p| (p, e.read_only)))
         });
         if let Some(known) = known {
             pg_sys::ReleaseSysCache(tup);
             return known;
         }
-        let is_null = |attr: u32| {
-            let mut null = false;
-            pg_sys::SysCacheGetAttr(
-                pg_sys::SysCacheIdentifier::PROCOID as _,
-                tup,
-                attr as _,
-                &mut null,
-            );
-            null
-        };
+        let source = (
+            String::from_utf8_lossy(src_bytes).into_owned(),
+            form.provolatile,
+        );
         let eligible = form.prolang == SQL_LANGUAGE
             && !form.prosecdef
             && !form.proretset
@@ -241,8 +237,8 @@ unsafe fn body_plan(handler: pg_sys::Oid, role: pg_sys::Oid) -> Option<(pg_sys::
             && form.pronargs == 1
             && form.proargtypes.values.as_slice(1)[0] == pg_sys::JSONBOID
             && form.prorettype == pg_sys::JSONBOID
-            && is_null(pg_sys::Anum_pg_proc_proconfig)
-            && is_null(pg_sys::Anum_pg_proc_prosqlbody);
+            && attr(pg_sys::Anum_pg_proc_proconfig).is_none()
+            && attr(pg_sys::Anum_pg_proc_prosqlbody).is_none();
         let read_only = form.provolatile != pg_sys::PROVOLATILE_VOLATILE as std::ffi::c_char;
         // Under the call's context until the plan is kept: an ERROR while preparing (a body its
         // role may not parse, a cancel) frees it with the aborted subtransaction.
@@ -254,14 +250,13 @@ unsafe fn body_plan(handler: pg_sys::Oid, role: pg_sys::Oid) -> Option<(pg_sys::
             pg_sys::ALLOCSET_SMALL_MAXSIZE as usize,
         );
         let mut plan = None;
-        if eligible && !null {
-            let src = pg_sys::text_to_cstring(src_datum.cast_mut_ptr());
+        if let (true, Some(src)) = (eligible, src) {
             let old = pg_sys::MemoryContextSwitchTo(cx);
             let pinfo = pg_sys::ffi::pg_guard_ffi_boundary(|| {
                 prepare_sql_fn_parse_info(tup, std::ptr::null_mut(), pg_sys::InvalidOid)
             });
             pg_sys::MemoryContextSwitchTo(old);
-            let p = pg_sys::SPI_prepare_params(src, Some(sql_fn_parser_setup), pinfo, 0);
+            let p = pg_sys::SPI_prepare_params(src.as_ptr(), Some(sql_fn_parser_setup), pinfo, 0);
             if !p.is_null() {
                 if one_jsonb_select(p) && pg_sys::SPI_keepplan(p) == 0 {
                     plan = Some(p);

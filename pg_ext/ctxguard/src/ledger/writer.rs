@@ -140,20 +140,15 @@ pub extern "C-unwind" fn ctxguard_ledger_writer_main(arg: pg_sys::Datum) {
                 }
                 continue;
             }
+            // At most NOWAIT_DELAY_MS: records of callers that do not wait come without a wake-up.
             let ms = if waiting {
-                retry_every
-                    .saturating_sub(last_retry.elapsed())
-                    .as_millis()
-                    .max(1) as i64
+                let retry_in = retry_every.saturating_sub(last_retry.elapsed()).as_millis();
+                (retry_in.max(1) as i64).min(super::NOWAIT_DELAY_MS)
             } else {
                 super::NOWAIT_DELAY_MS
             };
             unsafe {
-                pg_sys::ConditionVariableTimedSleep(
-                    cv,
-                    ms.min(super::NOWAIT_DELAY_MS),
-                    pg_sys::PG_WAIT_EXTENSION,
-                );
+                pg_sys::ConditionVariableTimedSleep(cv, ms, pg_sys::PG_WAIT_EXTENSION);
                 pg_sys::ConditionVariableCancelSleep();
             }
             continue;
