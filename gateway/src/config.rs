@@ -80,6 +80,12 @@ pub struct Config {
         default_value = "auto"
     )]
     pub db_statements: crate::db::StatementMode,
+    /// How the transactions that mint a turn's generation and save the turn commit: `lazy`
+    /// (default) does not wait for their WAL flush, so a crash may lose the last fraction of a
+    /// second of saved turns (never an audit record, a charge or a tool's effect: those commit
+    /// durably); `durable` waits, one flush more per turn and per generation.
+    #[arg(long, env = "CTXGUARD_TURN_COMMIT", value_enum, default_value = "lazy")]
+    pub turn_commit: crate::db::Commit,
     /// Database connection pool size.
     #[arg(long, env = "CTXGUARD_POOL_SIZE", default_value_t = 16)]
     pub pool_size: usize,

@@ -82,6 +82,8 @@ pub struct Db {
     /// `auto`, once resolved: whether statements are sent unnamed.
     unnamed: Arc<OnceCell<bool>>,
     url: Arc<String>,
+    /// How transactions that mint a generation or save a turn commit (`CTXGUARD_TURN_COMMIT`).
+    turn_commit: Commit,
 }
 
 /// A pooled client or an open transaction: deadpool's view (statement cache) and tokio-postgres's.
@@ -126,6 +128,75 @@ async fn rows<C: Conn>(
         .map_err(map_pg)
 }
 
+/// How a transaction commits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Commit {
+    /// Wait for the WAL flush (PostgreSQL's default).
+    Durable,
+    /// Do not wait for it (`SET LOCAL synchronous_commit = off`): a crash may lose the last
+    /// fraction of a second of such commits, never a later commit and never half of one.
+    Lazy,
+}
+
+impl Commit {
+    fn begin(self) -> &'static str {
+        match self {
+            Commit::Durable => "BEGIN",
+            Commit::Lazy => "BEGIN; SET LOCAL synchronous_commit TO off",
+        }
+    }
+}
+
+/// One request of a pipelined transaction ([`Db::transaction`]).
+type Step<'a> = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<Vec<Row>, tokio_postgres::Error>> + Send + 'a>,
+>;
+
+/// The one row of a statement's answer (else INTERNAL: the statements here always return one).
+fn one_row(mut rows: Vec<Row>) -> Result<Row, ApiError> {
+    if rows.len() != 1 {
+        return Err(ApiError::Internal(format!(
+            "expected one row, got {}",
+            rows.len()
+        )));
+    }
+    Ok(rows.remove(0))
+}
+
+/// Gate A (ranked by `$1`, cut at `$2`) and the page type's description, in one statement. The
+/// page type's row comes out once even when no tool is visible.
+const PAGE_TOOLS: &str =
+    "SELECT pt.description, v.name, v.description, v.input_schema, v.read_only, v.danger,
+        v.requires_approval, v.server, t.title
+   FROM ctxguard.page_types pt
+   LEFT JOIN LATERAL ctxguard.visible_tools($1, $2) WITH ORDINALITY v ON true
+   LEFT JOIN ctxguard.tools t ON t.name = v.name
+  WHERE pt.name = ctxguard.page_type()
+  ORDER BY v.ordinality";
+
+/// The tools and the page description of [`PAGE_TOOLS`]'s rows.
+fn tool_specs(rows: &[Row]) -> (Vec<ToolSpec>, String) {
+    let description = rows
+        .first()
+        .map(|r| r.get::<_, String>(0))
+        .unwrap_or_default();
+    let tools = rows
+        .iter()
+        .filter(|r| r.get::<_, Option<String>>(1).is_some())
+        .map(|r| ToolSpec {
+            name: r.get(1),
+            description: r.get(2),
+            input_schema: r.get(3),
+            read_only: r.get(4),
+            danger: r.get(5),
+            requires_approval: r.get(6),
+            server: r.get(7),
+            title: r.get(8),
+        })
+        .collect();
+    (tools, description)
+}
+
 /// Exactly one row (else INTERNAL: the statements here always return one).
 async fn row<C: Conn>(
     c: &C,
@@ -133,14 +204,7 @@ async fn row<C: Conn>(
     sql: &str,
     params: &Params<'_>,
 ) -> Result<Row, ApiError> {
-    let mut r = rows(c, unnamed, sql, params).await?;
-    if r.len() != 1 {
-        return Err(ApiError::Internal(format!(
-            "expected one row, got {}",
-            r.len()
-        )));
-    }
-    Ok(r.remove(0))
+    one_row(rows(c, unnamed, sql, params).await?)
 }
 
 /// Is `url` PostgreSQL itself, with nothing in between? A connection of our own asks the server
@@ -309,7 +373,14 @@ impl Db {
             mode,
             unnamed: Arc::new(OnceCell::new()),
             url: Arc::new(url.to_string()),
+            turn_commit: Commit::Durable,
         })
+    }
+
+    /// Commit the transactions that mint a generation or save a turn this way (else durably).
+    pub fn with_turn_commit(mut self, commit: Commit) -> Db {
+        self.turn_commit = commit;
+        self
     }
 
     /// Whether statements go unnamed. `auto` probes once (a failed probe is not remembered, and
@@ -363,26 +434,73 @@ impl Db {
         self.pool.get().await.map_err(map_pool)
     }
 
-    /// Open a transaction with the scope's context set.
-    async fn begin<'a>(
-        client: &'a mut deadpool_postgres::Object,
-        unnamed: bool,
+    /// One transaction in one round trip: `BEGIN`, `set_context` with the scope, `stmts`, `COMMIT`,
+    /// sent together (pipelined) and answered in order. Returns the context and each statement's
+    /// rows. The first error in that order is the answer: after a failed step the later statements
+    /// fail (25P02) and the `COMMIT` rolls back, so nothing of a failed transaction stays.
+    /// `Commit::Lazy` commits without waiting for the WAL flush (`SET LOCAL synchronous_commit`).
+    async fn transaction(
+        &self,
         scope: &Scope,
-    ) -> Result<(deadpool_postgres::Transaction<'a>, Value), ApiError> {
-        let tx = client.transaction().await.map_err(map_pg)?;
-        let r = row(
-            &tx,
-            unnamed,
-            "SELECT ctxguard.set_context($1, $2, $3, $4)",
-            &[
-                (&scope.token, Type::TEXT),
-                (&scope.page, Type::JSONB),
-                (&scope.generation, Type::UUID),
-                (&scope.trace_id, Type::TEXT),
-            ],
-        )
-        .await?;
-        Ok((tx, r.get(0)))
+        commit: Commit,
+        stmts: &[(&str, &Params<'_>)],
+    ) -> Result<(Value, Vec<Vec<Row>>), ApiError> {
+        let unnamed = self.unnamed().await;
+        let client = self.client().await?;
+        let set_context: &Params<'_> = &[
+            (&scope.token, Type::TEXT),
+            (&scope.page, Type::JSONB),
+            (&scope.generation, Type::UUID),
+            (&scope.trace_id, Type::TEXT),
+        ];
+        let all: Vec<(&str, &Params<'_>)> =
+            std::iter::once(("SELECT ctxguard.set_context($1, $2, $3, $4)", set_context))
+                .chain(stmts.iter().copied())
+                .collect();
+        // Named statements are parsed before anything is sent (a cache miss costs one round trip,
+        // once per connection), so that the pipeline itself never waits.
+        let mut prepared = Vec::with_capacity(all.len());
+        for (sql, params) in &all {
+            prepared.push(if unnamed {
+                None
+            } else {
+                let types: Vec<Type> = params.iter().map(|(_, t)| t.clone()).collect();
+                Some(
+                    deadpool_postgres::GenericClient::prepare_typed_cached(&client, sql, &types)
+                        .await
+                        .map_err(map_pg)?,
+                )
+            });
+        }
+        let pg: &tokio_postgres::Client = &client;
+        // Each request is queued when its future is first polled; join_all polls them in order
+        // (and all of them before any answer can arrive), so they go out in this order.
+        let mut steps: Vec<Step<'_>> = Vec::with_capacity(all.len() + 2);
+        steps.push(Box::pin(async move {
+            pg.batch_execute(commit.begin()).await.map(|()| Vec::new())
+        }));
+        for ((sql, params), stmt) in all.iter().zip(&prepared) {
+            steps.push(match stmt {
+                Some(stmt) => Box::pin(async move {
+                    let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
+                    pg.query(stmt, &values).await
+                }),
+                None => Box::pin(pg.query_typed(sql, params)),
+            });
+        }
+        steps.push(Box::pin(async move {
+            pg.batch_execute("COMMIT").await.map(|()| Vec::new())
+        }));
+        let mut results = futures::future::join_all(steps).await.into_iter();
+        results.next().unwrap_or(Ok(Vec::new())).map_err(map_pg)?;
+        let mut out = Vec::with_capacity(all.len());
+        for _ in 0..all.len() {
+            out.push(results.next().unwrap_or(Ok(Vec::new())).map_err(map_pg)?);
+        }
+        results.next().unwrap_or(Ok(Vec::new())).map_err(map_pg)?;
+        let mut out = out.into_iter();
+        let context = one_row(out.next().unwrap_or_default())?.get(0);
+        Ok((context, out.collect()))
     }
 
     /// `SELECT extversion` of ctxguard, for readiness.
@@ -409,36 +527,37 @@ impl Db {
         message: &str,
         max_tools: i32,
     ) -> Result<TurnStart, ApiError> {
-        let unnamed = self.unnamed().await;
-        let mut client = self.client().await?;
-        let (tx, _) = Self::begin(&mut client, unnamed, scope).await?;
-        let r = row(
-            &tx,
-            unnamed,
-            "SELECT ctxguard.begin_generation($1), ctxguard.context(),
-                    (SELECT generation_ttl FROM ctxguard.effective_ttls())",
-            &[(&conversation_id, Type::TEXT)],
-        )
-        .await?;
-        let (generation, context, ttl): (Uuid, Value, i32) = (r.get(0), r.get(1), r.get(2));
-        let (tools, page_description) =
-            Self::page_tools_in(&tx, unnamed, Some(message), Some(max_tools)).await?;
-        let mut history: Vec<(String, String)> = Vec::new();
+        let mint: &Params<'_> = &[(&conversation_id, Type::TEXT)];
+        let gate_a: &Params<'_> = &[(&Some(message), Type::TEXT), (&Some(max_tools), Type::INT4)];
+        let mut stmts = vec![
+            (
+                "SELECT ctxguard.begin_generation($1), ctxguard.context(),
+                        (SELECT generation_ttl FROM ctxguard.effective_ttls())",
+                mint,
+            ),
+            (PAGE_TOOLS, gate_a),
+        ];
         if continuing {
-            history = rows(
-                &tx,
-                unnamed,
+            stmts.push((
                 "SELECT message, coalesce(answer, '') FROM ctxguard.conversation_turns
                   WHERE conversation_id = $1 ORDER BY turn DESC LIMIT 6",
-                &[(&conversation_id, Type::TEXT)],
-            )
-            .await?
+                mint,
+            ));
+        }
+        // The generation row may be lost in a crash before its WAL is flushed (Commit::Lazy): a
+        // call under it is then refused and the page view mints another (pages.rs).
+        let (_, mut results) = self.transaction(scope, self.turn_commit, &stmts).await?;
+        let mut history: Vec<(String, String)> = results
+            .get_mut(2)
+            .map(std::mem::take)
+            .unwrap_or_default()
             .into_iter()
             .map(|r| (r.get(0), r.get(1)))
             .collect();
-            history.reverse();
-        }
-        tx.commit().await.map_err(map_pg)?;
+        history.reverse();
+        let (tools, page_description) = tool_specs(&results[1]);
+        let r = one_row(std::mem::take(&mut results[0]))?;
+        let (generation, context, ttl): (Uuid, Value, i32) = (r.get(0), r.get(1), r.get(2));
         Ok(TurnStart {
             context,
             generation,
@@ -459,12 +578,21 @@ impl Db {
     where
         T: for<'r> tokio_postgres::types::FromSql<'r>,
     {
-        let unnamed = self.unnamed().await;
-        let mut client = self.client().await?;
-        let (tx, _) = Self::begin(&mut client, unnamed, scope).await?;
-        let value: T = row(&tx, unnamed, sql, params).await?.get(0);
-        tx.commit().await.map_err(map_pg)?;
-        Ok(value)
+        self.one_with(scope, Commit::Durable, sql, params).await
+    }
+
+    async fn one_with<T>(
+        &self,
+        scope: &Scope,
+        commit: Commit,
+        sql: &str,
+        params: &Params<'_>,
+    ) -> Result<T, ApiError>
+    where
+        T: for<'r> tokio_postgres::types::FromSql<'r>,
+    {
+        let (_, mut results) = self.transaction(scope, commit, &[(sql, params)]).await?;
+        Ok(one_row(results.pop().unwrap_or_default())?.get(0))
     }
 
     /// One statement without a context (its own implicit transaction), returning one value.
@@ -560,11 +688,7 @@ impl Db {
 
     /// Verify the token and page, returning the context (who the database says the caller is).
     pub async fn context(&self, scope: &Scope) -> Result<Value, ApiError> {
-        let unnamed = self.unnamed().await;
-        let mut client = self.client().await?;
-        let (tx, context) = Self::begin(&mut client, unnamed, scope).await?;
-        tx.commit().await.map_err(map_pg)?;
-        Ok(context)
+        Ok(self.transaction(scope, Commit::Durable, &[]).await?.0)
     }
 
     /// Mint a generation for a conversation: its id and how long the database keeps it.
@@ -573,18 +697,18 @@ impl Db {
         scope: &Scope,
         conversation_id: &str,
     ) -> Result<(Uuid, Duration), ApiError> {
-        let unnamed = self.unnamed().await;
-        let mut client = self.client().await?;
-        let (tx, _) = Self::begin(&mut client, unnamed, scope).await?;
-        let r = row(
-            &tx,
-            unnamed,
-            "SELECT ctxguard.begin_generation($1),
-                    (SELECT generation_ttl FROM ctxguard.effective_ttls())",
-            &[(&conversation_id, Type::TEXT)],
-        )
-        .await?;
-        tx.commit().await.map_err(map_pg)?;
+        let (_, mut results) = self
+            .transaction(
+                scope,
+                self.turn_commit,
+                &[(
+                    "SELECT ctxguard.begin_generation($1),
+                            (SELECT generation_ttl FROM ctxguard.effective_ttls())",
+                    &[(&conversation_id, Type::TEXT)],
+                )],
+            )
+            .await?;
+        let r = one_row(results.pop().unwrap_or_default())?;
         Ok((r.get(0), ttl_secs(r.get(1))))
     }
 
@@ -598,8 +722,9 @@ impl Db {
         answer: &str,
         calls: &Value,
     ) -> Result<i32, ApiError> {
-        self.one(
+        self.one_with(
             scope,
+            self.turn_commit,
             "SELECT ctxguard.save_turn($1, $2, $3, $4)",
             &[
                 (&conversation_id, Type::TEXT),
@@ -676,14 +801,14 @@ impl Db {
     /// current page (`put_user_page`: announced to every gateway at commit when it changed).
     /// Returns the context and `{key, changed}`.
     pub async fn put_user_page(&self, scope: &Scope) -> Result<(Value, Value), ApiError> {
-        let unnamed = self.unnamed().await;
-        let mut client = self.client().await?;
-        let (tx, context) = Self::begin(&mut client, unnamed, scope).await?;
-        let put: Value = row(&tx, unnamed, "SELECT ctxguard.put_user_page()", &[])
-            .await?
-            .get(0);
-        tx.commit().await.map_err(map_pg)?;
-        Ok((context, put))
+        let (context, mut results) = self
+            .transaction(
+                scope,
+                Commit::Durable,
+                &[("SELECT ctxguard.put_user_page()", &[])],
+            )
+            .await?;
+        Ok((context, one_row(results.pop().unwrap_or_default())?.get(0)))
     }
 
     /// Validate the scope's page and make it the own page of the caller's MCP session.
@@ -754,54 +879,14 @@ impl Db {
         query: Option<&str>,
         top_k: Option<i32>,
     ) -> Result<(Vec<ToolSpec>, String), ApiError> {
-        let unnamed = self.unnamed().await;
-        let mut client = self.client().await?;
-        let (tx, _) = Self::begin(&mut client, unnamed, scope).await?;
-        let out = Self::page_tools_in(&tx, unnamed, query, top_k).await?;
-        tx.commit().await.map_err(map_pg)?;
-        Ok(out)
-    }
-
-    /// Gate A and the page description in one statement of an open transaction. The page type's
-    /// row comes out once even when no tool is visible.
-    async fn page_tools_in(
-        tx: &deadpool_postgres::Transaction<'_>,
-        unnamed: bool,
-        query: Option<&str>,
-        top_k: Option<i32>,
-    ) -> Result<(Vec<ToolSpec>, String), ApiError> {
-        let rows = rows(
-            tx,
-            unnamed,
-            "SELECT pt.description, v.name, v.description, v.input_schema, v.read_only, v.danger,
-                    v.requires_approval, v.server, t.title
-               FROM ctxguard.page_types pt
-               LEFT JOIN LATERAL ctxguard.visible_tools($1, $2) WITH ORDINALITY v ON true
-               LEFT JOIN ctxguard.tools t ON t.name = v.name
-              WHERE pt.name = ctxguard.page_type()
-              ORDER BY v.ordinality",
-            &[(&query, Type::TEXT), (&top_k, Type::INT4)],
-        )
-        .await?;
-        let description = rows
-            .first()
-            .map(|r| r.get::<_, String>(0))
-            .unwrap_or_default();
-        let tools = rows
-            .iter()
-            .filter(|r| r.get::<_, Option<String>>(1).is_some())
-            .map(|r| ToolSpec {
-                name: r.get(1),
-                description: r.get(2),
-                input_schema: r.get(3),
-                read_only: r.get(4),
-                danger: r.get(5),
-                requires_approval: r.get(6),
-                server: r.get(7),
-                title: r.get(8),
-            })
-            .collect();
-        Ok((tools, description))
+        let (_, results) = self
+            .transaction(
+                scope,
+                Commit::Durable,
+                &[(PAGE_TOOLS, &[(&query, Type::TEXT), (&top_k, Type::INT4)])],
+            )
+            .await?;
+        Ok(tool_specs(results.first().map_or(&[][..], Vec::as_slice)))
     }
 
     /// Second half of a forwarded upstream call: mask, charge and audit the result.

@@ -86,7 +86,8 @@ impl AppState {
             config.pool_size,
             config.db_timeout(),
             config.db_statements,
-        )?;
+        )?
+        .with_turn_commit(config.turn_commit);
         // Discovery records a server's tools once per (re)connection: two connections are plenty.
         let discovery = config
             .discovery_url()
