@@ -325,13 +325,15 @@ report() {
     'BEGIN {printf "%.3f", (s1 - s0) / (n1 - n0) * 2 * 1000}')
   printf '\nInside the gateway at 1 connection (its `ctxguard_llm_request_seconds`, mean): the two model calls take %s ms per turn as the gateway sees them (request built, sent, answer parsed), against a mean turn of %s ms.\n' \
     "$llm_turn" "$(ms "$(val gw-mock 1 mean_us)")"
-  printf '\nThe turn'"'"'s database work alone at 1 client, per statement (pgbench `-M prepared -r`, mean ms):'
+  printf '\nThe turn'"'"'s database work alone at 1 client, per statement (pgbench `-M prepared -r`, mean ms; in a pipeline a statement'"'"'s time is its sending, and the wait for all answers is the pipeline'"'"'s end):'
   awk 'BEGIN {name[1] = "open_turn"; name[2] = "call_tool"; name[3] = "save_turn"}
        /^statement latencies/ {f = 1; next}
-       f && $1 ~ /^[0-9.]+$/ && $3 != "\\set" {
+       f && $1 ~ /^[0-9.]+$/ && $3 != "\\set" && $3 != "\\startpipeline" {
          k = "?"
          if ($0 ~ /BEGIN;/) { k = "BEGIN"; t++; out = out sprintf("%s %s:", (t > 1 ? ";" : ""), name[t]) }
          else if ($0 ~ /COMMIT;/) k = "COMMIT"
+         else if ($3 == "\\endpipeline") k = "the pipeline'"'"'s answers"
+         else if ($0 ~ /synchronous_commit/) k = "`SET LOCAL synchronous_commit`"
          else if ($0 ~ /set_context/) k = "`set_context`"
          else if ($0 ~ /begin_generation/) k = "`begin_generation`"
          else if ($0 ~ /visible_tools/ || $0 ~ /pt\.description/) k = "`visible_tools`"

@@ -522,3 +522,68 @@ async fn the_anthropic_provider_goes_through_the_same_gates() {
     let second = mock.requests.lock().unwrap()[1].clone();
     assert!(second.to_string().contains("tool_result"), "{second}");
 }
+
+/// Each of the gateway's transactions goes out in one round trip (BEGIN, set_context, the
+/// statements, COMMIT, pipelined). The answer is the first step that failed, not the `25P02` of
+/// the steps after it; a failed transaction leaves nothing behind, and the one pooled connection
+/// serves the next transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_step_of_a_pipelined_transaction_answers_with_its_own_error() {
+    use ctxguard_gateway::db::Scope;
+    use ctxguard_gateway::error::ApiError;
+    let (_, state) = gateway_with_state(&["--pool-size", "1"]).await;
+    let alice = token("alice", "acme", &["ap_clerk"]);
+    let scope = |token: &str| Scope {
+        token: token.to_string(),
+        page: json!({"pageType": "vendor_table"}),
+        generation: None,
+        trace_id: "pipelined".to_string(),
+    };
+    let db = admin().await;
+    let run = format!("pipelined-{}", std::process::id());
+    let conv = |n: u32| format!("{run}-{n}");
+
+    // set_context fails: 401, though every statement after it failed too.
+    let e = state
+        .db
+        .save_turn(&scope("forged.token.value"), &conv(1), "q", "a", &json!([]))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ApiError::Unauthorized(_)), "{e:?}");
+    // A statement after set_context fails (a message over save_turn's 32 KiB): its own error.
+    let e = state
+        .db
+        .save_turn(
+            &scope(&alice),
+            &conv(2),
+            &"x".repeat(40_000),
+            "a",
+            &json!([]),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ApiError::TurnTooLarge), "{e:?}");
+    // The pool's only connection is not left in the failed transaction: it serves the next one
+    // (inside an aborted transaction its set_context would fail with 25P02), in which the
+    // context holds.
+    let n = state
+        .db
+        .save_turn(&scope(&alice), &conv(3), "q", "a", &json!([]))
+        .await
+        .unwrap();
+    assert_eq!(n, 1);
+    let context = state.db.context(&scope(&alice)).await.unwrap();
+    assert_eq!(context["userId"], "alice");
+    assert_eq!(context["pageType"], "vendor_table");
+    let saved: Vec<String> = db
+        .query(
+            "SELECT conversation_id FROM ctxguard.conversation_turns WHERE conversation_id LIKE $1 || '-%' ORDER BY 1",
+            &[&run],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(saved, vec![conv(3)]);
+}

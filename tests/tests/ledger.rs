@@ -354,3 +354,48 @@ fn calls_that_do_not_wait_for_their_audit_record_still_get_it() {
         "a call that waits finds its row committed"
     );
 }
+
+/// The writer reports what it writes to PostgreSQL's statistics, as a backend does: without that,
+/// autovacuum would never see the rows of `audit_log` (written by no one else) and would neither
+/// analyze nor vacuum it.
+#[test]
+fn the_writers_rows_reach_the_statistics_autovacuum_reads() {
+    let tok = token("stats_caller", "acme", &["ap_clerk"]);
+    let mut su = admin();
+    let inserted = |su: &mut Client| -> i64 {
+        // Its own transaction each time: a fresh statistics snapshot.
+        su.query_one(
+            "SELECT n_tup_ins FROM pg_stat_user_tables WHERE relid = 'ctxguard.audit_log'::regclass",
+            &[],
+        )
+        .unwrap()
+        .get(0)
+    };
+    let before = inserted(&mut su);
+    let mut c = connect();
+    for _ in 0..20 {
+        let mut tx = c.transaction().unwrap();
+        tx.execute("SELECT ctxguard.set_context($1, $2)", &[&tok, &library()])
+            .unwrap();
+        let r: Value = tx
+            .query_one(
+                "SELECT ctxguard.call_tool('list_available_tools', '{}')",
+                &[],
+            )
+            .unwrap()
+            .get(0);
+        tx.commit().unwrap();
+        assert_eq!(code(&r), "ok", "{r}");
+    }
+    // PostgreSQL flushes a process's counts at most once a second; the bound is a hang guard.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while inserted(&mut su) < before + 20 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "audit_log inserts counted: {} before, {} now, 20 calls audited",
+            before,
+            inserted(&mut su)
+        );
+        thread::sleep(std::time::Duration::from_millis(100));
+    }
+}

@@ -435,17 +435,22 @@ fn begin_generation(conversation_id: Option<&str>) -> pgrx::Uuid {
     };
     let id = uuid::Uuid::new_v4();
     as_owner(|| {
-        Spi::run_with_args(
-            "INSERT INTO ctxguard.generations (id, tenant_id, user_id, conversation_id, expires_at)
-             VALUES ($1::pg_catalog.uuid, $2, $3, $4, pg_catalog.now() + pg_catalog.make_interval(secs => $5))",
-            &[
-                id.to_string().as_str().into(),
-                ctx.tenant_id.as_str().into(),
-                ctx.user_id.as_str().into(),
-                conv.into(),
-                f64::from(crate::ttls::for_tenant(&ctx.tenant_id).generation).into(),
-            ],
-        )
+        Spi::connect_mut(|c| {
+            crate::pgutil::update_saved(
+                c,
+                "INSERT INTO ctxguard.generations (id, tenant_id, user_id, conversation_id, expires_at)
+                 VALUES ($1::pg_catalog.uuid, $2, $3, $4, pg_catalog.now() + pg_catalog.make_interval(secs => $5))",
+                None,
+                &[
+                    id.to_string().as_str().into(),
+                    ctx.tenant_id.as_str().into(),
+                    ctx.user_id.as_str().into(),
+                    conv.into(),
+                    f64::from(crate::ttls::for_tenant(&ctx.tenant_id).generation).into(),
+                ],
+            )
+            .map(|_| ())
+        })
     })
     .unwrap_or_else(|_| {
         raise(

@@ -87,13 +87,25 @@ pub extern "C-unwind" fn ctxguard_ledger_writer_main(arg: pg_sys::Datum) {
     }
     // Commits do not wait for their WAL flush: each caller waiting on a record flushes the WAL up
     // to its batch's commit (ctxguard.audit_wait), many callers in one flush.
-    unsafe {
-        pg_sys::SetConfigOption(
-            c"synchronous_commit".as_ptr(),
-            c"off".as_ptr(),
-            pg_sys::GucContext::PGC_SUSET,
-            pg_sys::GucSource::PGC_S_OVERRIDE,
-        );
+    // Every statement of the writer touches a few rows by key (a batch is at most MAX_BATCH
+    // records). The planner, told that jsonb_to_recordset returns 100 rows, would join them to
+    // `generations` by scanning the whole table (tens of thousands of live generations) in every
+    // batch, and a plan made while a table is still small is kept until the table is analyzed:
+    // the writer joins through indexes, whatever the statistics say.
+    for (name, value) in [
+        (c"synchronous_commit", c"off"),
+        (c"enable_seqscan", c"off"),
+        (c"enable_hashjoin", c"off"),
+        (c"enable_mergejoin", c"off"),
+    ] {
+        unsafe {
+            pg_sys::SetConfigOption(
+                name.as_ptr(),
+                value.as_ptr(),
+                pg_sys::GucContext::PGC_SUSET,
+                pg_sys::GucSource::PGC_S_OVERRIDE,
+            );
+        }
     }
     let Some(i) = claim(db) else { return };
     unsafe { pg_sys::before_shmem_exit(Some(release), pg_sys::Datum::from(i)) };
@@ -110,6 +122,11 @@ pub extern "C-unwind" fn ctxguard_ledger_writer_main(arg: pg_sys::Datum) {
         unsafe { pg_sys::ConditionVariablePrepareToSleep(cv) };
         let batch = take(i);
         if batch.is_empty() {
+            // As a backend does when it goes idle (and after each batch, below): the counts of
+            // what the writer inserted and updated reach the statistics, so that autovacuum
+            // analyzes and vacuums the ledger's tables (audit_log is written by no one else).
+            // PostgreSQL flushes them at most once a second.
+            unsafe { pg_sys::pgstat_report_stat(false) };
             let stopping = BackgroundWorker::sigterm_received();
             if !unsaved.is_empty() && (stopping || last_retry.elapsed() >= retry_every) {
                 // Generation counters waiting for their generation's row to commit; less often
@@ -168,6 +185,7 @@ pub extern "C-unwind" fn ctxguard_ledger_writer_main(arg: pg_sys::Datum) {
         }
         let lsn = unsafe { pg_sys::XactLastCommitEnd };
         publish(i, last, n, &failed, lsn);
+        unsafe { pg_sys::pgstat_report_stat(false) };
     }
 }
 
