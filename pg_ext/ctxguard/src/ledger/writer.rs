@@ -114,6 +114,7 @@ pub extern "C-unwind" fn ctxguard_ledger_writer_main(arg: pg_sys::Datum) {
     let mut unsaved = Unsaved::default();
     let (mut last_retry, mut retry_every) = (Instant::now(), RETRY_UNSAVED);
     let mut idle_since = Instant::now();
+    let mut stats_due: Option<Instant> = None;
     loop {
         if BackgroundWorker::sighup_received() {
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
@@ -122,11 +123,9 @@ pub extern "C-unwind" fn ctxguard_ledger_writer_main(arg: pg_sys::Datum) {
         unsafe { pg_sys::ConditionVariablePrepareToSleep(cv) };
         let batch = take(i);
         if batch.is_empty() {
-            // As a backend does when it goes idle (and after each batch, below): the counts of
-            // what the writer inserted and updated reach the statistics, so that autovacuum
-            // analyzes and vacuums the ledger's tables (audit_log is written by no one else).
-            // PostgreSQL flushes them at most once a second.
-            unsafe { pg_sys::pgstat_report_stat(false) };
+            if stats_due.is_some_and(|due| Instant::now() >= due) {
+                report_stats(&mut stats_due, true);
+            }
             let stopping = BackgroundWorker::sigterm_received();
             if !unsaved.is_empty() && (stopping || last_retry.elapsed() >= retry_every) {
                 // Generation counters waiting for their generation's row to commit; less often
@@ -185,8 +184,18 @@ pub extern "C-unwind" fn ctxguard_ledger_writer_main(arg: pg_sys::Datum) {
         }
         let lsn = unsafe { pg_sys::XactLastCommitEnd };
         publish(i, last, n, &failed, lsn);
-        unsafe { pg_sys::pgstat_report_stat(false) };
+        report_stats(&mut stats_due, false);
     }
+}
+
+/// Report what the writer wrote to the statistics, as a backend does when it goes idle, so that
+/// autovacuum analyzes and vacuums the ledger's tables (`audit_log` is written by no one else).
+/// PostgreSQL flushes at most once a second; what it defers is forced at `due` (a backend's idle
+/// statistics timeout).
+fn report_stats(due: &mut Option<Instant>, force: bool) {
+    let retry_ms = unsafe { pg_sys::pgstat_report_stat(force) };
+    *due = (retry_ms > 0)
+        .then(|| Instant::now() + Duration::from_millis(retry_ms.clamp(1, 1000) as u64));
 }
 
 /// Take queue slot `i` for this process, unless a live writer has it.
