@@ -86,7 +86,8 @@ pub struct Db {
     turn_commit: Commit,
 }
 
-/// A pooled client or an open transaction: deadpool's view (statement cache) and tokio-postgres's.
+/// A pooled client: deadpool's view (statement cache) and tokio-postgres's. (Transactions go
+/// through [`Db::transaction`], pipelined.)
 trait Conn: deadpool_postgres::GenericClient + Sync {
     type Pg: tokio_postgres::GenericClient + Sync;
     fn pg(&self) -> &Self::Pg;
@@ -94,13 +95,6 @@ trait Conn: deadpool_postgres::GenericClient + Sync {
 
 impl Conn for deadpool_postgres::Client {
     type Pg = tokio_postgres::Client;
-    fn pg(&self) -> &Self::Pg {
-        self
-    }
-}
-
-impl<'a> Conn for deadpool_postgres::Transaction<'a> {
-    type Pg = tokio_postgres::Transaction<'a>;
     fn pg(&self) -> &Self::Pg {
         self
     }
