@@ -485,14 +485,14 @@ impl Db {
         steps.push(Box::pin(async move {
             pg.batch_execute("COMMIT").await.map(|()| Vec::new())
         }));
-        let mut results = futures::future::join_all(steps).await.into_iter();
-        results.next().unwrap_or(Ok(Vec::new())).map_err(map_pg)?;
-        let mut out = Vec::with_capacity(all.len());
-        for _ in 0..all.len() {
-            out.push(results.next().unwrap_or(Ok(Vec::new())).map_err(map_pg)?);
-        }
-        results.next().unwrap_or(Ok(Vec::new())).map_err(map_pg)?;
-        let mut out = out.into_iter();
+        // Collecting into a Result stops at the first error, in the order sent.
+        let results: Vec<Vec<Row>> = futures::future::join_all(steps)
+            .await
+            .into_iter()
+            .collect::<Result<_, _>>()
+            .map_err(map_pg)?;
+        // BEGIN, set_context, the statements, COMMIT.
+        let mut out = results.into_iter().skip(1).take(all.len());
         let context = one_row(out.next().unwrap_or_default())?.get(0);
         Ok((context, out.collect()))
     }
