@@ -1,5 +1,7 @@
 //! Database access. Every step is one short transaction that starts with `ctxguard.set_context`;
 //! no transaction is held while the model thinks. The gateway decides nothing: the database does.
+//! A transaction goes out in one round trip: `BEGIN`, `set_context`, its statements and `COMMIT`,
+//! pipelined ([`Db::transaction`]).
 //!
 //! Statements: with `CTXGUARD_DB_STATEMENTS=prepared` each connection keeps named prepared
 //! statements for its life (parsed once per connection); with `unnamed` every statement is sent as
@@ -9,7 +11,8 @@
 //! run on different server connections there. `auto` (the default) probes once which it is talking
 //! to (see [`probe_direct`]) and takes `prepared` only when it sees PostgreSQL itself.
 //! No statement here sets session state (`SET`, temporary objects, `LISTEN`, advisory locks):
-//! ctxguard's context lives in transaction-local settings.
+//! ctxguard's context lives in transaction-local settings, and so does the one setting the gateway
+//! makes (`SET LOCAL synchronous_commit`, [`Commit::Lazy`]).
 //!
 //! A `Db` is one pool, connected as one role. The gateway holds up to three: the gateway role's
 //! (model calls: EXECUTE on ctxguard's API only), the discovery role's (`sync_mcp_tools` only) and,
