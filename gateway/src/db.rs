@@ -1,7 +1,7 @@
 //! Database access. Every step is one short transaction that starts with `ctxguard.set_context`;
 //! no transaction is held while the model thinks. The gateway decides nothing: the database does.
 //! A transaction goes out in one round trip: `BEGIN`, `set_context`, its statements and `COMMIT`,
-//! pipelined ([`Db::transaction`]).
+//! pipelined (`Db::transaction`).
 //!
 //! Statements: with `CTXGUARD_DB_STATEMENTS=prepared` each connection keeps named prepared
 //! statements for its life (parsed once per connection); with `unnamed` every statement is sent as
