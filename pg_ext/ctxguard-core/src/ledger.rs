@@ -4,6 +4,9 @@
 //! Everything here is `Copy` and heap-free so that it can live in PostgreSQL shared memory, where
 //! an all-zero value is the valid empty state (the extension zero-fills the segment).
 
+use std::collections::HashMap;
+use std::hash::Hash;
+
 use sha2::{Digest, Sha256};
 
 /// Seconds in a day.
@@ -245,6 +248,126 @@ pub fn chain_hash(prev: &str, fields: &[Option<&str>]) -> String {
     d.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// PostgreSQL's text form of a `jsonb` value (what `jsonb_out` prints for the value `jsonb_in`
+/// makes of `v`'s JSON text): `", "` and `": "` between items, object keys shortest first and then
+/// by their bytes, numbers as `numeric` prints them (no exponent), strings escaped as
+/// `escape_json` does. The audit chain hashes rows in this form, so that the writer (here) and
+/// `ctxguard.verify_audit` (in SQL, `jsonb_build_array(...)::text`) agree byte for byte.
+pub fn jsonb_text(v: &serde_json::Value, out: &mut String) {
+    use serde_json::Value;
+    match v {
+        Value::Null => out.push_str("null"),
+        Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        Value::Number(n) => out.push_str(&numeric_text(&n.to_string())),
+        Value::String(s) => json_string(s, out),
+        Value::Array(items) => {
+            out.push('[');
+            for (k, item) in items.iter().enumerate() {
+                if k > 0 {
+                    out.push_str(", ");
+                }
+                jsonb_text(item, out);
+            }
+            out.push(']');
+        }
+        Value::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort_by(|a, b| {
+                a.len()
+                    .cmp(&b.len())
+                    .then_with(|| a.as_bytes().cmp(b.as_bytes()))
+            });
+            out.push('{');
+            for (k, key) in keys.into_iter().enumerate() {
+                if k > 0 {
+                    out.push_str(", ");
+                }
+                json_string(key, out);
+                out.push_str(": ");
+                jsonb_text(&map[key], out);
+            }
+            out.push('}');
+        }
+    }
+}
+
+/// A JSON string as PostgreSQL's `escape_json` writes it.
+fn json_string(s: &str, out: &mut String) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+/// A JSON number's text as `numeric` prints it: `numeric_in` keeps the digits after the point
+/// (less the exponent) as the scale, and `numeric_out` writes no exponent and no negative zero.
+fn numeric_text(t: &str) -> String {
+    let (neg, t) = match t.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, t),
+    };
+    let (mantissa, exp) = match t.find(['e', 'E']) {
+        Some(k) => (&t[..k], t[k + 1..].parse::<i64>().unwrap_or(0)),
+        None => (t, 0),
+    };
+    let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let digits: String = format!("{int}{frac}");
+    // Where the point falls in `digits`, counted from the left.
+    let point = int.len() as i64 + exp;
+    let n = digits.len() as i64;
+    let int_part: String = if point <= 0 {
+        String::new()
+    } else if point >= n {
+        format!("{digits}{}", "0".repeat((point - n) as usize))
+    } else {
+        digits[..point as usize].to_string()
+    };
+    let int_part = int_part.trim_start_matches('0');
+    let frac_part: String = if point >= n {
+        String::new()
+    } else if point < 0 {
+        format!("{}{digits}", "0".repeat((-point) as usize))
+    } else {
+        digits[point as usize..].to_string()
+    };
+    let mut out = String::new();
+    if neg && digits.bytes().any(|b| b != b'0') {
+        out.push('-');
+    }
+    out.push_str(if int_part.is_empty() { "0" } else { int_part });
+    if !frac_part.is_empty() {
+        out.push('.');
+        out.push_str(&frac_part);
+    }
+    out
+}
+
+/// Append a row of `tenant` whose canonical text is `canon` to its chain: the row's
+/// `(prev_hash, row_hash)`, and `heads[tenant]` becomes the row's hash. `None` if `heads` has no
+/// entry for `tenant`: the caller says where every chain starts (`""` for a tenant with no rows),
+/// so that a forgotten head breaks nothing silently.
+pub fn link<K: Eq + Hash>(
+    heads: &mut HashMap<K, String>,
+    tenant: &K,
+    canon: &str,
+) -> Option<(String, String)> {
+    let head = heads.get_mut(tenant)?;
+    let hash = chain_hash(head, &[Some(canon)]);
+    let prev = std::mem::replace(head, hash.clone());
+    Some((prev, hash))
+}
+
 /// The first row of a chain whose stored hash is not the hash of its content and its
 /// predecessor's stored hash: `Some(index)`, or `None` if the chain holds.
 pub fn first_broken<'a>(
@@ -400,5 +523,63 @@ mod tests {
         );
         // NULL and the empty string differ.
         assert_ne!(chain_hash("", &[None]), chain_hash("", &[Some("")]));
+    }
+
+    #[test]
+    fn links_interleave_tenants_as_separate_chains() {
+        let mut heads: HashMap<Option<&str>, String> = HashMap::new();
+        heads.insert(Some("a"), String::new());
+        heads.insert(None, "h0".to_string());
+        let a1 = link(&mut heads, &Some("a"), "x").unwrap();
+        let n1 = link(&mut heads, &None, "y").unwrap();
+        let a2 = link(&mut heads, &Some("a"), "z").unwrap();
+        assert_eq!(a1, (String::new(), chain_hash("", &[Some("x")])));
+        assert_eq!(n1, ("h0".to_string(), chain_hash("h0", &[Some("y")])));
+        assert_eq!(a2, (a1.1.clone(), chain_hash(&a1.1, &[Some("z")])));
+        assert_eq!(heads[&Some("a")], a2.1, "the head moves to the last row");
+        // Tenant a's rows verify as one chain, on their own.
+        let rows = vec![
+            (a1.0.as_str(), a1.1.as_str(), vec![Some("x")]),
+            (a2.0.as_str(), a2.1.as_str(), vec![Some("z")]),
+        ];
+        assert_eq!(first_broken(rows), None);
+        // A tenant whose head nobody gave is refused, not started from scratch.
+        assert_eq!(link(&mut heads, &Some("b"), "x"), None);
+    }
+
+    #[test]
+    fn jsonb_text_is_what_postgres_prints() {
+        let text = |j: &str| {
+            let mut out = String::new();
+            jsonb_text(&serde_json::from_str(j).unwrap(), &mut out);
+            out
+        };
+        // Each expectation is `SELECT '<input>'::jsonb::text` on PostgreSQL 15.
+        assert_eq!(
+            text(r#"{"bb":1,"a":[true,null],"c":"x"}"#),
+            r#"{"a": [true, null], "c": "x", "bb": 1}"#
+        );
+        assert_eq!(text(r#"[]"#), "[]");
+        assert_eq!(text(r#"{}"#), "{}");
+        assert_eq!(
+            text(r#"["\"\\\/\b\f\n\r\t\u0001\u001f\u007f é😀"]"#),
+            "[\"\\\"\\\\/\\b\\f\\n\\r\\t\\u0001\\u001f\u{7f} é😀\"]"
+        );
+        assert_eq!(
+            text("[1.5, 100.0, -0.0, 0.1, 12345678901234567890]"),
+            "[1.5, 100.0, 0.0, 0.1, 12345678901234567890]"
+        );
+        assert_eq!(numeric_text("1e-7"), "0.0000001");
+        assert_eq!(numeric_text("1.5e21"), "1500000000000000000000");
+        assert_eq!(numeric_text("1.50e1"), "15.0");
+        assert_eq!(numeric_text("-2.5E-3"), "-0.0025");
+        assert_eq!(numeric_text("123e2"), "12300");
+        assert_eq!(numeric_text("-0"), "0");
+        assert_eq!(numeric_text("0.000"), "0.000");
+        // Keys of equal length (in bytes) sort by their bytes, shorter ones first.
+        assert_eq!(
+            text(r#"{"é":1,"z":2,"aa":3}"#),
+            r#"{"z": 2, "aa": 3, "é": 1}"#
+        );
     }
 }

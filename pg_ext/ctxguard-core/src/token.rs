@@ -201,8 +201,43 @@ fn candidate_keys(
     })
 }
 
+/// A verified token: its identity, and the time during which the same token, under the same
+/// keys and settings, verifies again (its `nbf` and `exp` with the leeway).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verified {
+    pub identity: Identity,
+    /// `nbf`, if the token has one (Unix seconds).
+    pub not_before: Option<u64>,
+    /// `exp` (Unix seconds; required).
+    pub expires: u64,
+    pub leeway: u64,
+}
+
+impl Verified {
+    /// Would the token still verify at `now` (Unix seconds)? The same comparisons as the
+    /// verification's own `exp` and `nbf` checks.
+    pub fn valid_at(&self, now: u64) -> bool {
+        self.expires >= now.saturating_sub(self.leeway)
+            && self
+                .not_before
+                .is_none_or(|nbf| nbf <= now.saturating_add(self.leeway))
+    }
+}
+
+/// SHA-256 of a token: what a backend keeps to recognise the last token it verified (compared
+/// whole, not byte by byte, and never the token itself).
+pub fn digest(token: &str) -> [u8; 32] {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(token.as_bytes()).into()
+}
+
 /// Verify `token` and extract the identity (`sub`, the tenant and roles claims).
 pub fn verify(token: &str, keys: &KeyConfig<'_>) -> Result<Identity, TokenError> {
+    verify_claims(token, keys).map(|v| v.identity)
+}
+
+/// [`verify`], with the time window in which the verdict holds.
+pub fn verify_claims(token: &str, keys: &KeyConfig<'_>) -> Result<Verified, TokenError> {
     if token.is_empty() || token.len() > MAX_TOKEN_LEN {
         return Err(TokenError::Malformed);
     }
@@ -270,10 +305,19 @@ pub fn verify(token: &str, keys: &KeyConfig<'_>) -> Result<Identity, TokenError>
     let user_id = id_claim(claims.get("sub"), "sub")?;
     let tenant_id = id_claim(tenant_path.lookup(&claims), "tenant_id")?;
     let roles = roles_claim(roles_path.lookup(&claims))?;
-    Ok(Identity {
-        user_id,
-        tenant_id,
-        roles,
+    Ok(Verified {
+        identity: Identity {
+            user_id,
+            tenant_id,
+            roles,
+        },
+        not_before: claims.get("nbf").and_then(Value::as_u64),
+        // Validation required `exp` and parsed it as a u64.
+        expires: claims
+            .get("exp")
+            .and_then(Value::as_u64)
+            .ok_or(TokenError::BadClaim("exp"))?,
+        leeway: keys.leeway_secs,
     })
 }
 
@@ -416,6 +460,33 @@ mod tests {
         };
         assert_eq!(verify(&hs(good()), &keys()).unwrap(), want);
         assert_eq!(verify(&ed(good()), &keys()).unwrap(), want);
+    }
+
+    #[test]
+    fn the_window_of_a_verdict_is_the_verifications_own() {
+        let t = now();
+        let mut claims = good();
+        claims["exp"] = json!(t + 30);
+        claims["nbf"] = json!(t - 1);
+        let v = verify_claims(&hs(claims), &keys()).unwrap();
+        assert_eq!(
+            (v.not_before, v.expires, v.leeway),
+            (Some(t - 1), t + 30, 5)
+        );
+        assert!(v.valid_at(t));
+        // exp + leeway is the last second that verifies, as in the verification itself.
+        assert!(v.valid_at(t + 35));
+        assert!(!v.valid_at(t + 36));
+        // nbf - leeway is the first.
+        assert!(v.valid_at(t - 6));
+        assert!(!v.valid_at(t - 7));
+        // Checked against the verification: a token past its window is refused.
+        let mut expired = good();
+        expired["exp"] = json!(t - 6);
+        assert_eq!(verify(&hs(expired), &keys()), Err(TokenError::Expired));
+        let mut early = good();
+        early["nbf"] = json!(t + 6);
+        assert_eq!(verify(&hs(early), &keys()), Err(TokenError::NotYetValid));
     }
 
     #[test]

@@ -41,12 +41,37 @@ struct CachedJwks {
     stamp: Option<Stamp>,
     inline: String,
     keys: Option<Result<KeySet, String>>,
+    /// Bumped at every (re)load, so that a remembered verdict never outlives its keys.
+    generation: u64,
+}
+
+/// Everything a token's verdict depends on besides the token and the clock.
+#[derive(PartialEq)]
+struct Settings {
+    secret: Option<String>,
+    public_key: Option<String>,
+    jwks: u64,
+    audience: Option<String>,
+    issuer: Option<String>,
+    claim_tenant: Option<String>,
+    claim_roles: Option<String>,
+    leeway: u64,
+}
+
+/// The last token this backend verified (its SHA-256), the settings it was verified under, and
+/// the verdict: a gateway sends the same token in every transaction of a turn, and a pooled
+/// connection the same few. Refusals are not remembered.
+struct Remembered {
+    token: [u8; 32],
+    settings: Settings,
+    verified: token::Verified,
 }
 
 thread_local! {
     static SECRET_FILE: RefCell<Cached> = RefCell::new(Cached::default());
     static PUBLIC_KEY_FILE: RefCell<Cached> = RefCell::new(Cached::default());
     static JWKS: RefCell<CachedJwks> = RefCell::new(CachedJwks::default());
+    static LAST: RefCell<Option<Remembered>> = const { RefCell::new(None) };
 }
 
 /// The trimmed contents of `path` (cached by modification time and size); None if unreadable.
@@ -104,8 +129,9 @@ fn server_log(message: String) {
     .report(pgrx::PgLogLevel::LOG_SERVER_ONLY);
 }
 
-/// Run `f` with the configured JWKS, parsed once per change of the file or the inline setting.
-fn with_jwks<R>(f: impl FnOnce(Jwks<'_>) -> R) -> R {
+/// Run `f` with the configured JWKS, parsed once per change of the file or the inline setting,
+/// and the number of its load (0: no JWKS configured).
+fn with_jwks<R>(f: impl FnOnce(Jwks<'_>, u64) -> R) -> R {
     let file = gucs::get(&gucs::JWKS_FILE);
     let inline = if file.is_none() {
         gucs::get(&gucs::JWKS)
@@ -113,7 +139,7 @@ fn with_jwks<R>(f: impl FnOnce(Jwks<'_>) -> R) -> R {
         None
     };
     if file.is_none() && inline.is_none() {
-        return f(Jwks::Unset);
+        return f(Jwks::Unset, 0);
     }
     JWKS.with(|c| {
         let mut c = c.borrow_mut();
@@ -150,6 +176,7 @@ fn with_jwks<R>(f: impl FnOnce(Jwks<'_>) -> R) -> R {
             }
         };
         if fresh {
+            c.generation += 1;
             // Once per change and backend: what was loaded (kids and kinds, never key material).
             match &c.keys {
                 Some(Ok(set)) => {
@@ -176,9 +203,10 @@ fn with_jwks<R>(f: impl FnOnce(Jwks<'_>) -> R) -> R {
                 None => {}
             }
         }
+        let generation = c.generation;
         match &c.keys {
-            Some(Ok(set)) => f(Jwks::Set(set)),
-            _ => f(Jwks::Invalid),
+            Some(Ok(set)) => f(Jwks::Set(set), generation),
+            _ => f(Jwks::Invalid, generation),
         }
     })
 }
@@ -200,7 +228,7 @@ pub fn verify(token: Option<&str>) -> Result<token::Identity, token::TokenError>
     if token.len() > token::MAX_TOKEN_LEN {
         return Err(token::TokenError::Malformed);
     }
-    with_jwks(|jwks| {
+    with_jwks(|jwks, jwks_generation| {
         let keys = KeyConfig {
             hs256_secret: secret.as_deref(),
             ed25519_public_key: public_key.as_deref(),
@@ -211,6 +239,38 @@ pub fn verify(token: Option<&str>) -> Result<token::Identity, token::TokenError>
             claim_roles: claim_roles.as_deref(),
             leeway_secs: gucs::JWT_LEEWAY.get().max(0) as u64,
         };
-        token::verify(token, &keys)
+        let digest = token::digest(token);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let settings = Settings {
+            secret: secret.clone(),
+            public_key: public_key.clone(),
+            jwks: jwks_generation,
+            audience: audience.clone(),
+            issuer: issuer.clone(),
+            claim_tenant: claim_tenant.clone(),
+            claim_roles: claim_roles.clone(),
+            leeway: keys.leeway_secs,
+        };
+        let known = LAST.with(|l| {
+            l.borrow()
+                .as_ref()
+                .filter(|r| r.token == digest && r.settings == settings && r.verified.valid_at(now))
+                .map(|r| r.verified.identity.clone())
+        });
+        if let Some(identity) = known {
+            return Ok(identity);
+        }
+        let verified = token::verify_claims(token, &keys)?;
+        let identity = verified.identity.clone();
+        LAST.with(|l| {
+            *l.borrow_mut() = Some(Remembered {
+                token: digest,
+                settings,
+                verified,
+            })
+        });
+        Ok(identity)
     })
 }

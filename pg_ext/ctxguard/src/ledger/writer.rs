@@ -11,10 +11,10 @@
 //! Ledger changes travel as absolute values (`GREATEST` on write), so replays and reordering
 //! never lower a persisted counter.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use ctxguard_core::ledger::{chain_hash, first_broken};
+use ctxguard_core::ledger::{first_broken, jsonb_text, link};
 use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, SignalWakeFlags};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -54,6 +54,52 @@ const CANON: &str = "pg_catalog.jsonb_build_array(r.call_id, r.tenant_id, r.user
     r.entity_type, r.entity_id, r.tool, r.decision, r.code, r.args_hash, r.result_bytes, r.generation,
     r.trace_id, r.doc_id, r.tokens, r.masked, r.budget,
     (EXTRACT(epoch FROM r.at) * 1000000)::pg_catalog.int8)::pg_catalog.text";
+
+/// The canonical text of queued audit row `a`: what [`CANON`] computes from the row once stored
+/// (`verify_audit` does), computed here so that the batch's one statement can insert the hashes.
+fn canon(a: &Value) -> String {
+    // As `jsonb_to_recordset` stores each column: text takes a scalar's text, uuid its canonical
+    // form, and `at` is sent as microseconds since 2000-01-01 (canonical: since 1970).
+    let text = |k: &str| match &a[k] {
+        Value::Null => Value::Null,
+        Value::String(s) => Value::String(s.clone()),
+        v => {
+            let mut t = String::new();
+            jsonb_text(v, &mut t);
+            Value::String(t)
+        }
+    };
+    let uuid = |k: &str| match &a[k] {
+        Value::String(s) => {
+            Value::String(uuid::Uuid::parse_str(s).map_or_else(|_| s.clone(), |u| u.to_string()))
+        }
+        v => v.clone(),
+    };
+    let at = a["at_us"].as_i64().unwrap_or_default() + 946_684_800_000_000;
+    let row = Value::Array(vec![
+        uuid("call_id"),
+        text("tenant_id"),
+        text("user_id"),
+        text("page_type"),
+        text("entity_type"),
+        text("entity_id"),
+        text("tool"),
+        text("decision"),
+        text("code"),
+        text("args_hash"),
+        a["result_bytes"].clone(),
+        uuid("generation"),
+        text("trace_id"),
+        text("doc_id"),
+        a["tokens"].clone(),
+        a["masked"].clone(),
+        a["budget"].clone(),
+        json!(at),
+    ]);
+    let mut out = String::new();
+    jsonb_text(&row, &mut out);
+    out
+}
 
 /// The columns of a queued audit row.
 const AUDIT_COLUMNS: &str = "v(i pg_catalog.int4, call_id pg_catalog.uuid, tenant_id pg_catalog.text,
@@ -324,12 +370,12 @@ fn s(v: &Value, i: usize) -> Value {
     v.get(i).cloned().unwrap_or(Value::Null)
 }
 
-/// Write one batch (inside the writer's transaction); the new chain heads.
+/// Write one batch (inside the writer's transaction); the new chain heads, and the batch's
+/// generation counters whose generation row is not visible yet.
 fn apply(
     batch: &[(u64, String)],
     chains: &HashMap<Option<String>, String>,
 ) -> (HashMap<Option<String>, String>, Unsaved) {
-    let mut heads: HashMap<Option<String>, String> = HashMap::new();
     let mut audits = Vec::new();
     let mut gens: HashMap<String, (i64, i64)> = HashMap::new();
     let mut docs: HashMap<(String, String), (Value, i64, i64)> = HashMap::new();
@@ -373,98 +419,177 @@ fn apply(
                 }
             }
         }
-        if rec["a"].is_object() {
-            let mut a = rec["a"].clone();
+        if let Some(a) = rec.get("a").filter(|a| a.is_object()) {
+            let mut a = a.clone();
             a["i"] = json!(audits.len());
             audits.push(a);
         }
     }
     let mut unsaved = Unsaved { gens, docs };
-    let days: Vec<Value> = days
+    let days = days
         .into_iter()
         .map(|((t, u, day), b)| json!({"t": t, "u": u, "day": day, "b": b}))
         .collect();
     let result = as_owner(|| {
         Spi::connect_mut(|c| {
-            save_generations(c, &mut unsaved)?;
-            if !days.is_empty() {
-                update_saved(
-                    c,
-                    "INSERT INTO ctxguard.user_day_usage AS u (tenant_id, user_id, day, bytes)
-                     SELECT v.t, v.u, '2000-01-01'::pg_catalog.date OPERATOR(pg_catalog.+) v.day, v.b
-                       FROM pg_catalog.jsonb_to_recordset($1) AS v(t pg_catalog.text, u pg_catalog.text, day pg_catalog.int4, b pg_catalog.int8)
-                     ON CONFLICT (tenant_id, user_id, day) DO UPDATE SET bytes = GREATEST(u.bytes, EXCLUDED.bytes)",
-                    None,
-                    &[JsonB(Value::Array(days)).into()],
-                )?;
-            }
-            if !pages.is_empty() {
-                update_saved(
-                    c,
-                    "INSERT INTO ctxguard.document_coverage (tenant_id, user_id, doc_id, day, page_no)
-                     SELECT v.t, v.u, v.d, '2000-01-01'::pg_catalog.date OPERATOR(pg_catalog.+) v.day, v.p
-                       FROM pg_catalog.jsonb_to_recordset($1) AS v(t pg_catalog.text, u pg_catalog.text, d pg_catalog.text, day pg_catalog.int4, p pg_catalog.int4)
-                     ON CONFLICT DO NOTHING",
-                    None,
-                    &[JsonB(Value::Array(pages)).into()],
-                )?;
-            }
-            if audits.is_empty() {
-                return Ok(unsaved);
-            }
-            let rows = Value::Array(audits.clone());
-            let canon: Vec<String> = update_saved(
-                c,
-                &format!(
-                    "SELECT {CANON} FROM (SELECT v.*, {AT} AS at
-                       FROM pg_catalog.jsonb_to_recordset($1) AS {AUDIT_COLUMNS}) r ORDER BY r.i"
-                ),
-                None,
-                &[JsonB(rows).into()],
-            )?
-            .map(|r| r.get::<String>(1).map(Option::unwrap_or_default))
-            .collect::<Result<_, _>>()?;
-            for (a, text) in audits.iter_mut().zip(canon) {
+            unsaved.drop_expired();
+            let mut b = Batch {
+                days,
+                pages,
+                gens: unsaved.gen_rows(),
+                docs: unsaved.doc_rows(),
+                ..Batch::default()
+            };
+            // Each row's hash, in the batch's order (which is also the order of the ids
+            // `verify_audit` walks): from the chain heads this writer knows, or the tables.
+            let mut heads: HashMap<Option<String>, String> = HashMap::new();
+            for a in &mut audits {
                 let tenant = a["tenant_id"].as_str().map(str::to_string);
-                let prev = match heads.get(&tenant).or_else(|| chains.get(&tenant)) {
-                    Some(h) => h.clone(),
-                    None => last_hash(c, tenant.as_deref())?,
-                };
-                let hash = chain_hash(&prev, &[Some(&text)]);
+                if !heads.contains_key(&tenant) {
+                    let head = match chains.get(&tenant) {
+                        Some(h) => h.clone(),
+                        None => last_hash(c, tenant.as_deref())?,
+                    };
+                    heads.insert(tenant.clone(), head);
+                }
+                let (prev, hash) = link(&mut heads, &tenant, &canon(a)).expect("head loaded");
                 a["prev_hash"] = json!(prev);
                 a["row_hash"] = json!(hash);
-                heads.insert(tenant, hash);
             }
-            update_saved(
-                    c,
-                &format!(
-                    "INSERT INTO ctxguard.audit_log (at, call_id, tenant_id, user_id, page_type, entity_type, entity_id,
-                         tool, decision, code, args_hash, result_bytes, generation, trace_id, doc_id, tokens, masked,
-                         budget, prev_hash, row_hash)
-                     SELECT {AT}, v.call_id, v.tenant_id, v.user_id, v.page_type, v.entity_type, v.entity_id,
-                            v.tool, v.decision, v.code, v.args_hash, v.result_bytes, v.generation, v.trace_id, v.doc_id,
-                            v.tokens, v.masked, v.budget, v.prev_hash, v.row_hash
-                       FROM pg_catalog.jsonb_to_recordset($1) AS {AUDIT_COLUMNS} ORDER BY v.i"
-                ),
-                None,
-                &[JsonB(Value::Array(audits)).into()],
-            )?;
-            Ok::<_, pgrx::spi::Error>(unsaved)
+            b.audits = audits;
+            let w = b.write(c)?;
+            unsaved.keep_missing(&w);
+            Ok::<_, pgrx::spi::Error>((heads, unsaved))
         })
     });
-    match result {
-        Ok(unsaved) => (heads, unsaved),
-        Err(e) => raise(
+    result.unwrap_or_else(|e| {
+        raise(
             PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
             format!("ctxguard: ledger writer: {e}"),
-        ),
+        )
+    })
+}
+
+/// What one batch writes, each part as rows for `jsonb_to_recordset`. All of it is one statement
+/// (data-modifying CTEs, one snapshot), and parts with no rows are left out of it, so a batch
+/// costs one plan execution whatever it carries (each combination of parts has its saved plan).
+#[derive(Default)]
+struct Batch {
+    /// Audit rows with their hashes, each with its index `i` in the batch (the order of the
+    /// chain and so of the ids).
+    audits: Vec<Value>,
+    /// A user's UTC day: bytes received (absolute; the larger value wins).
+    days: Vec<Value>,
+    /// Pages read, for the daily coverage.
+    pages: Vec<Value>,
+    /// A generation's bytes used (absolute).
+    gens: Vec<Value>,
+    /// A generation's calls on a document (absolute).
+    docs: Vec<Value>,
+}
+
+/// What a batch's statement reports back.
+#[derive(Default)]
+struct Written {
+    /// Generations whose row this transaction cannot see: their counters were not written.
+    missing_gens: HashSet<String>,
+    missing_docs: HashSet<String>,
+}
+
+impl Batch {
+    fn write(self, c: &mut pgrx::spi::SpiClient<'_>) -> Result<Written, pgrx::spi::Error> {
+        let mut args: Vec<pgrx::datum::DatumWithOid<'static>> = Vec::new();
+        let mut param = |d: pgrx::datum::DatumWithOid<'static>| {
+            args.push(d);
+            format!("${}", args.len())
+        };
+        let rows = |v: Vec<Value>| JsonB(Value::Array(v)).into();
+        let (mut ctes, mut out) = (Vec::new(), Vec::new());
+        if !self.gens.is_empty() {
+            let p = param(rows(self.gens));
+            ctes.push(format!(
+                "gv AS (SELECT * FROM pg_catalog.jsonb_to_recordset({p}) AS v(id pg_catalog.uuid, b pg_catalog.int8)),
+                 gu AS (UPDATE ctxguard.generations g SET bytes_used = v.b FROM gv v
+                         WHERE g.id OPERATOR(pg_catalog.=) v.id AND g.bytes_used OPERATOR(pg_catalog.<) v.b)"
+            ));
+            out.push(
+                "SELECT 'g'::pg_catalog.text, v.id::pg_catalog.text FROM gv v
+                  WHERE NOT EXISTS (SELECT 1 FROM ctxguard.generations g WHERE g.id OPERATOR(pg_catalog.=) v.id)",
+            );
+        }
+        if !self.docs.is_empty() {
+            let p = param(rows(self.docs));
+            ctes.push(format!(
+                "dv AS (SELECT * FROM pg_catalog.jsonb_to_recordset({p})
+                          AS v(g pg_catalog.uuid, t pg_catalog.text, d pg_catalog.text, n pg_catalog.int4)),
+                 di AS (INSERT INTO ctxguard.document_calls AS d (generation, tenant_id, doc_id, calls)
+                        SELECT v.g, v.t, v.d, v.n FROM dv v
+                         WHERE EXISTS (SELECT 1 FROM ctxguard.generations g WHERE g.id OPERATOR(pg_catalog.=) v.g FOR KEY SHARE)
+                        ON CONFLICT (generation, doc_id) DO UPDATE SET calls = GREATEST(d.calls, EXCLUDED.calls))"
+            ));
+            out.push(
+                "SELECT DISTINCT 'd'::pg_catalog.text, v.g::pg_catalog.text FROM dv v
+                  WHERE NOT EXISTS (SELECT 1 FROM ctxguard.generations g WHERE g.id OPERATOR(pg_catalog.=) v.g)",
+            );
+        }
+        if !self.days.is_empty() {
+            let p = param(rows(self.days));
+            ctes.push(format!(
+                "ud AS (INSERT INTO ctxguard.user_day_usage AS u (tenant_id, user_id, day, bytes)
+                        SELECT v.t, v.u, '2000-01-01'::pg_catalog.date OPERATOR(pg_catalog.+) v.day, v.b
+                          FROM pg_catalog.jsonb_to_recordset({p}) AS v(t pg_catalog.text, u pg_catalog.text, day pg_catalog.int4, b pg_catalog.int8)
+                        ON CONFLICT (tenant_id, user_id, day) DO UPDATE SET bytes = GREATEST(u.bytes, EXCLUDED.bytes))"
+            ));
+        }
+        if !self.pages.is_empty() {
+            let p = param(rows(self.pages));
+            ctes.push(format!(
+                "dc AS (INSERT INTO ctxguard.document_coverage (tenant_id, user_id, doc_id, day, page_no)
+                        SELECT v.t, v.u, v.d, '2000-01-01'::pg_catalog.date OPERATOR(pg_catalog.+) v.day, v.p
+                          FROM pg_catalog.jsonb_to_recordset({p}) AS v(t pg_catalog.text, u pg_catalog.text, d pg_catalog.text, day pg_catalog.int4, p pg_catalog.int4)
+                        ON CONFLICT DO NOTHING)"
+            ));
+        }
+        if !self.audits.is_empty() {
+            let p = param(rows(self.audits));
+            ctes.push(format!(
+                "ai AS (INSERT INTO ctxguard.audit_log (at, call_id, tenant_id, user_id, page_type, entity_type,
+                            entity_id, tool, decision, code, args_hash, result_bytes, generation, trace_id, doc_id,
+                            tokens, masked, budget, prev_hash, row_hash)
+                        SELECT {AT}, v.call_id, v.tenant_id, v.user_id, v.page_type, v.entity_type, v.entity_id,
+                               v.tool, v.decision, v.code, v.args_hash, v.result_bytes, v.generation, v.trace_id,
+                               v.doc_id, v.tokens, v.masked, v.budget, v.prev_hash, v.row_hash
+                          FROM pg_catalog.jsonb_to_recordset({p}) AS {AUDIT_COLUMNS} ORDER BY v.i)"
+            ));
+        }
+        let mut w = Written::default();
+        if ctes.is_empty() {
+            return Ok(w);
+        }
+        if out.is_empty() {
+            out.push("SELECT NULL::pg_catalog.text, NULL::pg_catalog.text WHERE false");
+        }
+        let sql = format!(
+            "WITH {}\n({})",
+            ctes.join(",\n"),
+            out.join(")\nUNION ALL\n(")
+        );
+        for r in update_saved(c, &sql, None, &args)? {
+            let key = r.get::<String>(2)?;
+            match r.get::<String>(1)?.as_deref() {
+                Some("g") => w.missing_gens.extend(key),
+                Some("d") => w.missing_docs.extend(key),
+                _ => {}
+            }
+        }
+        Ok(w)
     }
 }
 
 /// Generation counters whose generation row the writer cannot see yet: the generation was minted
 /// in a transaction still open (its calls charged before it committed), or one that rolled back.
-/// They are kept and written again with every later batch (and at least every
-/// [`RETRY_UNSAVED`] while any wait) until their row appears or their generation expires.
+/// They are kept and written again (at least every [`RETRY_UNSAVED`] while any wait, when no
+/// batch comes) until their row appears or their generation expires.
 #[derive(Default)]
 pub struct Unsaved {
     /// generation -> (bytes used, expiry in Unix seconds)
@@ -517,78 +642,55 @@ impl Unsaved {
         self.gens.retain(|_, (_, e)| *e >= t);
         self.docs.retain(|_, (_, _, e)| *e >= t);
     }
-}
 
-/// Write generation bytes and per-document calls (absolute values, `GREATEST`), and keep in
-/// `unsaved` only those whose generation row is not visible to this transaction.
-fn save_generations(
-    c: &mut pgrx::spi::SpiClient<'_>,
-    unsaved: &mut Unsaved,
-) -> Result<(), pgrx::spi::Error> {
-    unsaved.drop_expired();
-    if !unsaved.gens.is_empty() {
-        let gens: Vec<Value> = unsaved
-            .gens
+    /// The generation counters as rows of a [`Batch`].
+    fn gen_rows(&self) -> Vec<Value> {
+        self.gens
             .iter()
             .map(|(g, (b, _))| json!({"id": g, "b": b}))
-            .collect();
-        // One statement: the UPDATE, and the generations with no visible row (the same snapshot).
-        let missing = ids(update_saved(
-            c,
-            "WITH v AS (SELECT * FROM pg_catalog.jsonb_to_recordset($1) AS v(id pg_catalog.uuid, b pg_catalog.int8)),
-                  u AS (UPDATE ctxguard.generations g SET bytes_used = v.b FROM v
-                         WHERE g.id OPERATOR(pg_catalog.=) v.id AND g.bytes_used OPERATOR(pg_catalog.<) v.b)
-             SELECT v.id::pg_catalog.text FROM v
-              WHERE NOT EXISTS (SELECT 1 FROM ctxguard.generations g WHERE g.id OPERATOR(pg_catalog.=) v.id)",
-            None,
-            &[JsonB(Value::Array(gens)).into()],
-        )?)?;
-        unsaved.gens.retain(|g, _| missing.contains(g));
+            .collect()
     }
-    if !unsaved.docs.is_empty() {
-        let docs: Vec<Value> = unsaved
-            .docs
+
+    /// The per-document call counters as rows of a [`Batch`].
+    fn doc_rows(&self) -> Vec<Value> {
+        self.docs
             .iter()
             .map(|((g, d), (t, n, _))| json!({"g": g, "t": t, "d": d, "n": n}))
-            .collect();
-        let missing = ids(update_saved(
-            c,
-            "WITH v AS (SELECT * FROM pg_catalog.jsonb_to_recordset($1)
-                          AS v(g pg_catalog.uuid, t pg_catalog.text, d pg_catalog.text, n pg_catalog.int4)),
-                  i AS (INSERT INTO ctxguard.document_calls AS d (generation, tenant_id, doc_id, calls)
-                        SELECT v.g, v.t, v.d, v.n FROM v
-                         WHERE EXISTS (SELECT 1 FROM ctxguard.generations g WHERE g.id OPERATOR(pg_catalog.=) v.g FOR KEY SHARE)
-                        ON CONFLICT (generation, doc_id) DO UPDATE SET calls = GREATEST(d.calls, EXCLUDED.calls))
-             SELECT DISTINCT v.g::pg_catalog.text FROM v
-              WHERE NOT EXISTS (SELECT 1 FROM ctxguard.generations g WHERE g.id OPERATOR(pg_catalog.=) v.g)",
-            None,
-            &[JsonB(Value::Array(docs)).into()],
-        )?)?;
-        unsaved.docs.retain(|(g, _), _| missing.contains(g));
+            .collect()
     }
-    Ok(())
-}
 
-/// The text column of every row.
-fn ids(
-    rows: pgrx::spi::SpiTupleTable<'_>,
-) -> Result<std::collections::HashSet<String>, pgrx::spi::Error> {
-    rows.map(|r| r.get::<String>(1).map(Option::unwrap_or_default))
-        .collect()
+    /// Keep only the counters a batch could not write (their generation's row is not visible).
+    fn keep_missing(&mut self, w: &Written) {
+        self.gens.retain(|g, _| w.missing_gens.contains(g));
+        self.docs.retain(|(g, _), _| w.missing_docs.contains(g));
+    }
 }
 
 /// Write again the counters still waiting for their generation row (in the writer's transaction).
 fn retry_unsaved(unsaved: &mut Unsaved) {
     let mut u = std::mem::take(unsaved);
     let result = in_subtransaction(false, || {
-        as_owner(|| Spi::connect_mut(|c| save_generations(c, &mut u)))
-            .map(|()| u)
-            .unwrap_or_else(|e| {
-                raise(
-                    PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
-                    format!("ctxguard: ledger writer: {e}"),
-                )
+        as_owner(|| {
+            Spi::connect_mut(|c| {
+                u.drop_expired();
+                let b = Batch {
+                    gens: u.gen_rows(),
+                    docs: u.doc_rows(),
+                    ..Batch::default()
+                };
+                b.write(c)
             })
+        })
+        .map(|w| {
+            u.keep_missing(&w);
+            u
+        })
+        .unwrap_or_else(|e| {
+            raise(
+                PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+                format!("ctxguard: ledger writer: {e}"),
+            )
+        })
     });
     match result {
         Ok(u) => *unsaved = u,
