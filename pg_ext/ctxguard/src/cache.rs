@@ -5,7 +5,7 @@
 //! which statement triggers bump on any catalog change. Including xmin means a change made and rolled
 //! back by one transaction can never be confused with a later, different change of the same number.
 
-use std::cell::{OnceCell, RefCell};
+use std::cell::{Cell, OnceCell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
 
@@ -154,6 +154,10 @@ impl Catalog {
 
 thread_local! {
     static CACHE: RefCell<Option<Rc<Catalog>>> = const { RefCell::new(None) };
+    /// The transaction (local id, start time) and command whose snapshot last checked the
+    /// catalog's version: later statements of that transaction, until it changes something
+    /// itself, use the catalog it found.
+    static CHECKED: Cell<Option<(u32, i64, pg_sys::CommandId)>> = const { Cell::new(None) };
 }
 
 fn internal(e: impl std::fmt::Display) -> ! {
@@ -163,9 +167,25 @@ fn internal(e: impl std::fmt::Display) -> ! {
     )
 }
 
-/// The catalog as of the current snapshot.
+/// The catalog as of the transaction's first look at it, or its own last change (in READ
+/// COMMITTED too: a policy change committed meanwhile applies from the caller's next transaction,
+/// as it would in REPEATABLE READ, which any caller may choose).
 pub fn catalog() -> Rc<Catalog> {
-    as_owner(catalog_as_owner)
+    let now = unsafe {
+        (
+            crate::compat::local_xid(),
+            pg_sys::GetCurrentTransactionStartTimestamp(),
+            pg_sys::GetCurrentCommandId(false),
+        )
+    };
+    if CHECKED.get() == Some(now) {
+        if let Some(c) = CACHE.with(|c| c.borrow().clone()) {
+            return c;
+        }
+    }
+    let c = as_owner(catalog_as_owner);
+    CHECKED.set(Some(now));
+    c
 }
 
 fn catalog_as_owner() -> Rc<Catalog> {

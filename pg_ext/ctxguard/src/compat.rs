@@ -20,3 +20,13 @@ pub fn may_execute_function(role: pg_sys::Oid, fn_oid: pg_sys::Oid) -> bool {
     let acl = unsafe { pg_sys::object_aclcheck(pg_sys::ProcedureRelationId, fn_oid, role, mode) };
     acl == pg_sys::AclResult::ACLCHECK_OK
 }
+
+/// This backend's local transaction id (distinct for each of its transactions until it wraps
+/// around, after 2^32 of them). PostgreSQL 17 moved it into `PGPROC.vxid`.
+pub fn local_xid() -> u32 {
+    #[cfg(any(feature = "pg15", feature = "pg16"))]
+    let lxid = unsafe { (*pg_sys::MyProc).lxid };
+    #[cfg(not(any(feature = "pg15", feature = "pg16")))]
+    let lxid = unsafe { (*pg_sys::MyProc).vxid.lxid };
+    lxid
+}

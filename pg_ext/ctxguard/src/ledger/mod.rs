@@ -347,6 +347,7 @@ fn slot(qs: &mut [shmem::Queue; shmem::DATABASES]) -> Option<usize> {
     q.start_requested = 0;
     q.next_seq = 0;
     q.durable = 0;
+    q.waiters = [shmem::Waiter::FREE; shmem::WAITERS];
     Some(i)
 }
 
@@ -470,16 +471,34 @@ pub fn wait(i: usize, seq: u64) -> Result<(), Unavailable> {
     }
     let deadline =
         Instant::now() + Duration::from_secs(gucs::AUDIT_WAIT_TIMEOUT.get().max(1) as u64);
-    let cv = shmem::durable_cv(i);
-    unsafe { pg_sys::ConditionVariablePrepareToSleep(cv) };
+    let me = unsafe { pg_sys::MyLatch } as usize;
+    let mine = |w: &shmem::Waiter| w.latch == me && w.seq == seq;
+    // The waiter slot this call holds, if it found one (else it polls).
+    let mut slot: Option<usize> = None;
     let done = loop {
+        // Reset before looking: a wake-up after the look is not lost.
+        unsafe { pg_sys::ResetLatch(pg_sys::MyLatch) };
         let committed = {
-            let qs = shmem::queues();
-            if qs[i].db != db() {
+            let mut qs = shmem::queues();
+            let q = &mut qs[i];
+            if q.db != db() {
                 break true;
             }
-            // Written, unless the writer could not write this record.
-            (qs[i].durable >= seq).then(|| (!qs[i].failed.contains(&seq), qs[i].durable_lsn))
+            if q.durable >= seq {
+                // Written, unless the writer could not write this record.
+                if let Some(k) = slot.filter(|&k| mine(&q.waiters[k])) {
+                    q.waiters[k] = shmem::Waiter::FREE;
+                }
+                Some((!q.failed.contains(&seq), q.durable_lsn))
+            } else {
+                if !slot.is_some_and(|k| mine(&q.waiters[k])) {
+                    slot = q.waiters.iter().position(|w| w.latch == 0);
+                    if let Some(k) = slot {
+                        q.waiters[k] = shmem::Waiter { latch: me, seq };
+                    }
+                }
+                None
+            }
         };
         if let Some((written, lsn)) = committed {
             // The writer commits without waiting for the WAL flush; the waiter flushes (group
@@ -492,10 +511,27 @@ pub fn wait(i: usize, seq: u64) -> Result<(), Unavailable> {
         if Instant::now() >= deadline {
             break false;
         }
-        // Returns on a broadcast or after 100 ms; checks for interrupts (cancel, terminate).
-        unsafe { pg_sys::ConditionVariableTimedSleep(cv, 100, pg_sys::PG_WAIT_EXTENSION) };
+        // Woken by the writer once the record is durable; at most 100 ms (or 1 ms without a
+        // slot) between looks. Cancel and terminate interrupt the wait.
+        let ms = if slot.is_some() { 100 } else { 1 };
+        unsafe {
+            pg_sys::WaitLatch(
+                pg_sys::MyLatch,
+                (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
+                ms,
+                pg_sys::PG_WAIT_EXTENSION,
+            )
+        };
+        pgrx::check_for_interrupts!();
     };
-    unsafe { pg_sys::ConditionVariableCancelSleep() };
+    // A wait that timed out gives its slot back (one left by an error is freed by the writer
+    // when its record is durable).
+    if let Some(k) = slot {
+        let mut qs = shmem::queues();
+        if mine(&qs[i].waiters[k]) {
+            qs[i].waiters[k] = shmem::Waiter::FREE;
+        }
+    }
     if done {
         Ok(())
     } else {

@@ -28,6 +28,21 @@ pub const QUEUE_LEN: usize = 128;
 pub const FAILED: usize = 64;
 /// Bytes of one record (a JSON object).
 pub const RECORD_BYTES: usize = 4096 - 16;
+/// Callers per database whose wait the writer ends by setting their latch (more wait by polling).
+pub const WAITERS: usize = 64;
+
+/// A caller waiting for record `seq` to be durable: the writer sets `latch` (0: slot free) once
+/// it is, and frees the slot. Only that caller is woken, not every caller of the database.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Waiter {
+    pub latch: usize,
+    pub seq: u64,
+}
+
+impl Waiter {
+    pub const FREE: Waiter = Waiter { latch: 0, seq: 0 };
+}
 
 /// Slots of each ledger table, fixed at server start (`ctxguard.ledger_*`, rounded up to whole
 /// buckets).
@@ -130,7 +145,10 @@ pub struct Queue {
     /// The last records the writer could not write (their calls fail), a ring.
     pub failed: [u64; FAILED],
     pub failed_next: u32,
-    /// The writer sleeps on `work`; callers waiting for durability sleep on `durable_cv`.
+    /// Callers waiting for their record (each woken alone, by its latch).
+    pub waiters: [Waiter; WAITERS],
+    /// The writer sleeps on `work`; callers waiting for room in the queue or for a writer sleep
+    /// on `durable_cv`.
     pub work: pg_sys::ConditionVariable,
     pub durable_cv: pg_sys::ConditionVariable,
     pub ring: [Record; QUEUE_LEN],

@@ -348,6 +348,8 @@ fn write(
 }
 
 fn publish(i: usize, last: u64, n: usize, failed: &[u64], lsn: u64) {
+    let mut woken = [0usize; shmem::WAITERS];
+    let mut n_woken = 0;
     {
         let mut qs = shmem::queues();
         let q = &mut qs[i];
@@ -362,6 +364,20 @@ fn publish(i: usize, last: u64, n: usize, failed: &[u64], lsn: u64) {
         q.records += n as u64;
         q.last_batch = n as u32;
         q.max_batch = q.max_batch.max(n as u32);
+        // Only the callers whose record this made durable.
+        let durable = q.durable;
+        for w in q
+            .waiters
+            .iter_mut()
+            .filter(|w| w.latch != 0 && w.seq <= durable)
+        {
+            woken[n_woken] = w.latch;
+            n_woken += 1;
+            *w = shmem::Waiter::FREE;
+        }
+    }
+    for &latch in &woken[..n_woken] {
+        unsafe { pg_sys::SetLatch(latch as *mut pg_sys::Latch) };
     }
     unsafe { pg_sys::ConditionVariableBroadcast(shmem::durable_cv(i)) };
 }
