@@ -23,7 +23,7 @@ use crate::handler;
 use crate::ledger;
 use crate::masking;
 use crate::owner::as_owner;
-use crate::pgutil::raise;
+use crate::pgutil::{raise, select_saved};
 
 /// Words of a free-text query as an OR tsquery (`w1 | w2`); only `[a-z0-9]` so no tsquery syntax.
 fn or_query(text: &str) -> Option<String> {
@@ -59,7 +59,8 @@ fn scores(query: Option<&str>, names: Vec<String>) -> HashMap<String, f32> {
         return HashMap::new();
     };
     as_owner(|| Spi::connect(|c| {
-        c.select(
+        select_saved(
+            &c,
             "SELECT t.name, pg_catalog.ts_rank(t.search, pg_catalog.to_tsquery('pg_catalog.english'::pg_catalog.regconfig, $1))
                FROM ctxguard.tools t WHERE t.name OPERATOR(pg_catalog.=) ANY($2)",
             None,
