@@ -88,6 +88,62 @@ fn a_warm_backend_sees_policy_changes_at_once() {
     assert_eq!(call["status"], "ok");
 }
 
+/// The catalog's version is looked at once per transaction (issue 13): a policy change committed
+/// while a gateway's transaction is open applies from that gateway's next transaction (as it
+/// would in REPEATABLE READ), and a transaction's own change applies at once.
+#[test]
+fn a_policy_change_applies_from_the_callers_next_transaction() {
+    let _serial = one_at_a_time();
+    let tok = token("alice", "acme", &["ap_clerk"]);
+    let page = json!({"pageType": "vendor_table"});
+    let visible = |tx: &mut postgres::Transaction<'_>| -> bool {
+        tx.query("SELECT name FROM ctxguard.visible_tools()", &[])
+            .unwrap()
+            .iter()
+            .any(|r| r.get::<_, String>(0) == "vendor.list")
+    };
+    let mut gw = Client::connect(&env("CTXGUARD_TEST_DATABASE_URL"), NoTls).unwrap();
+    let mut admin = Client::connect(&env("CTXGUARD_TEST_ADMIN_URL"), NoTls).unwrap();
+
+    let mut tx = gw.transaction().unwrap();
+    tx.execute("SELECT ctxguard.set_context($1, $2)", &[&tok, &page])
+        .unwrap();
+    assert!(visible(&mut tx));
+    set_vendor_list_enabled(&mut admin, false);
+    let call: Value = tx
+        .query_one("SELECT ctxguard.call_tool('vendor.list', '{}')", &[])
+        .unwrap()
+        .get(0);
+    tx.commit().unwrap();
+    assert_eq!(
+        call["status"], "ok",
+        "the open transaction keeps the catalog it saw: {call}"
+    );
+    let (names, call) = visible_and_call(&mut gw, &tok);
+    assert!(!names.contains(&"vendor.list".to_string()));
+    assert_eq!(
+        call["error"]["code"], "TOOL_NOT_VISIBLE",
+        "the next one does not"
+    );
+
+    // A transaction that changes the catalog itself sees its change in its next statement.
+    let mut tx = admin.transaction().unwrap();
+    tx.execute("SELECT ctxguard.set_context($1, $2)", &[&tok, &page])
+        .unwrap();
+    assert!(!visible(&mut tx));
+    tx.execute(
+        "UPDATE ctxguard.tool_policies SET enabled = true WHERE tool = 'vendor.list'",
+        &[],
+    )
+    .unwrap();
+    assert!(visible(&mut tx), "its own change is seen at once");
+    tx.rollback().unwrap();
+
+    set_vendor_list_enabled(&mut admin, true);
+    let (names, _) = visible_and_call(&mut gw, &tok);
+    assert!(names.contains(&"vendor.list".to_string()));
+}
+
 #[test]
 fn a_viewer_page_confines_document_tools_even_without_the_binding() {
     let _serial = one_at_a_time();
