@@ -60,7 +60,7 @@ fn scores(query: Option<&str>, names: Vec<String>) -> HashMap<String, f32> {
     };
     as_owner(|| Spi::connect(|c| {
         select_saved(
-            &c,
+            c,
             "SELECT t.name, pg_catalog.ts_rank(t.search, pg_catalog.to_tsquery('pg_catalog.english'::pg_catalog.regconfig, $1))
                FROM ctxguard.tools t WHERE t.name OPERATOR(pg_catalog.=) ANY($2)",
             None,
