@@ -521,19 +521,12 @@ impl Batch {
         };
         let rows = |v: Vec<Value>| JsonB(Value::Array(v)).into();
         let (mut ctes, mut out) = (Vec::new(), Vec::new());
-        if !self.gens.is_empty() {
-            let p = param(rows(self.gens));
-            ctes.push(format!(
-                "gv AS (SELECT * FROM pg_catalog.jsonb_to_recordset({p}) AS v(id pg_catalog.uuid, b pg_catalog.int8)),
-                 gu AS (UPDATE ctxguard.generations g SET bytes_used = v.b FROM gv v
-                         WHERE g.id OPERATOR(pg_catalog.=) v.id AND g.bytes_used OPERATOR(pg_catalog.<) v.b)"
-            ));
-            out.push(
-                "SELECT 'g'::pg_catalog.text, v.id::pg_catalog.text FROM gv v
-                  WHERE NOT EXISTS (SELECT 1 FROM ctxguard.generations g WHERE g.id OPERATOR(pg_catalog.=) v.id)",
-            );
-        }
-        if !self.docs.is_empty() {
+        // The per-document counters first: their insert locks each generation's row (KEY SHARE,
+        // against a concurrent DELETE), and a row the generation UPDATE below had already changed
+        // in this statement would be skipped by that lock ("updated by the current command"). So
+        // the UPDATE reads the insert's output, which makes the insert run to completion first.
+        let docs_first = !self.docs.is_empty();
+        if docs_first {
             let p = param(rows(self.docs));
             ctes.push(format!(
                 "dv AS (SELECT * FROM pg_catalog.jsonb_to_recordset({p})
@@ -541,11 +534,29 @@ impl Batch {
                  di AS (INSERT INTO ctxguard.document_calls AS d (generation, tenant_id, doc_id, calls)
                         SELECT v.g, v.t, v.d, v.n FROM dv v
                          WHERE EXISTS (SELECT 1 FROM ctxguard.generations g WHERE g.id OPERATOR(pg_catalog.=) v.g FOR KEY SHARE)
-                        ON CONFLICT (generation, doc_id) DO UPDATE SET calls = GREATEST(d.calls, EXCLUDED.calls))"
+                        ON CONFLICT (generation, doc_id) DO UPDATE SET calls = GREATEST(d.calls, EXCLUDED.calls)
+                        RETURNING 1)"
             ));
             out.push(
                 "SELECT DISTINCT 'd'::pg_catalog.text, v.g::pg_catalog.text FROM dv v
                   WHERE NOT EXISTS (SELECT 1 FROM ctxguard.generations g WHERE g.id OPERATOR(pg_catalog.=) v.g)",
+            );
+        }
+        if !self.gens.is_empty() {
+            let p = param(rows(self.gens));
+            let after_docs = if docs_first {
+                " AND (SELECT pg_catalog.count(*) FROM di) OPERATOR(pg_catalog.>=) 0"
+            } else {
+                ""
+            };
+            ctes.push(format!(
+                "gv AS (SELECT * FROM pg_catalog.jsonb_to_recordset({p}) AS v(id pg_catalog.uuid, b pg_catalog.int8)),
+                 gu AS (UPDATE ctxguard.generations g SET bytes_used = v.b FROM gv v
+                         WHERE g.id OPERATOR(pg_catalog.=) v.id AND g.bytes_used OPERATOR(pg_catalog.<) v.b{after_docs})"
+            ));
+            out.push(
+                "SELECT 'g'::pg_catalog.text, v.id::pg_catalog.text FROM gv v
+                  WHERE NOT EXISTS (SELECT 1 FROM ctxguard.generations g WHERE g.id OPERATOR(pg_catalog.=) v.id)",
             );
         }
         if !self.days.is_empty() {
