@@ -213,46 +213,30 @@ fn with_jwks<R>(f: impl FnOnce(Jwks<'_>, u64) -> R) -> R {
 
 /// Verify a context token against the configured keys.
 pub fn verify(token: Option<&str>) -> Result<token::Identity, token::TokenError> {
-    let secret = key(&gucs::JWT_SECRET_FILE, &SECRET_FILE, &gucs::JWT_SECRET);
-    let public_key = key(
-        &gucs::JWT_PUBLIC_KEY_FILE,
-        &PUBLIC_KEY_FILE,
-        &gucs::JWT_PUBLIC_KEY,
-    );
-    let audience = gucs::get(&gucs::JWT_AUDIENCE);
-    let issuer = gucs::get(&gucs::JWT_ISSUER);
-    let claim_tenant = gucs::get(&gucs::CLAIM_TENANT);
-    let claim_roles = gucs::get(&gucs::CLAIM_ROLES);
     let token = token.unwrap_or_default();
     // Size first: an oversized token is refused before the JWKS is even looked at.
     if token.len() > token::MAX_TOKEN_LEN {
         return Err(token::TokenError::Malformed);
     }
     with_jwks(|jwks, jwks_generation| {
-        let keys = KeyConfig {
-            hs256_secret: secret.as_deref(),
-            ed25519_public_key: public_key.as_deref(),
-            jwks,
-            issuer: issuer.as_deref(),
-            audience: audience.as_deref(),
-            claim_tenant: claim_tenant.as_deref(),
-            claim_roles: claim_roles.as_deref(),
-            leeway_secs: gucs::JWT_LEEWAY.get().max(0) as u64,
+        let settings = Settings {
+            secret: key(&gucs::JWT_SECRET_FILE, &SECRET_FILE, &gucs::JWT_SECRET),
+            public_key: key(
+                &gucs::JWT_PUBLIC_KEY_FILE,
+                &PUBLIC_KEY_FILE,
+                &gucs::JWT_PUBLIC_KEY,
+            ),
+            jwks: jwks_generation,
+            audience: gucs::get(&gucs::JWT_AUDIENCE),
+            issuer: gucs::get(&gucs::JWT_ISSUER),
+            claim_tenant: gucs::get(&gucs::CLAIM_TENANT),
+            claim_roles: gucs::get(&gucs::CLAIM_ROLES),
+            leeway: gucs::JWT_LEEWAY.get().max(0) as u64,
         };
         let digest = token::digest(token);
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
-        let settings = Settings {
-            secret: secret.clone(),
-            public_key: public_key.clone(),
-            jwks: jwks_generation,
-            audience: audience.clone(),
-            issuer: issuer.clone(),
-            claim_tenant: claim_tenant.clone(),
-            claim_roles: claim_roles.clone(),
-            leeway: keys.leeway_secs,
-        };
         let known = LAST.with(|l| {
             l.borrow()
                 .as_ref()
@@ -262,6 +246,16 @@ pub fn verify(token: Option<&str>) -> Result<token::Identity, token::TokenError>
         if let Some(identity) = known {
             return Ok(identity);
         }
+        let keys = KeyConfig {
+            hs256_secret: settings.secret.as_deref(),
+            ed25519_public_key: settings.public_key.as_deref(),
+            jwks,
+            issuer: settings.issuer.as_deref(),
+            audience: settings.audience.as_deref(),
+            claim_tenant: settings.claim_tenant.as_deref(),
+            claim_roles: settings.claim_roles.as_deref(),
+            leeway_secs: settings.leeway,
+        };
         let verified = token::verify_claims(token, &keys)?;
         let identity = verified.identity.clone();
         LAST.with(|l| {
