@@ -9,10 +9,34 @@ use ctxguard_gateway::config::Config;
 use serde_json::{json, Value};
 use support::*;
 
-fn secret_file() -> std::path::PathBuf {
+/// The test's signing secret in a file only its owner reads, removed when dropped (the gateway
+/// reads it once, at start).
+struct SecretFile(std::path::PathBuf);
+
+impl SecretFile {
+    fn path(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for SecretFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn secret_file() -> SecretFile {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
     let path = std::env::temp_dir().join(format!("ctxguard-demo-secret-{}", uuid::Uuid::new_v4()));
-    std::fs::write(&path, env("CTXGUARD_TEST_JWT_SECRET")).unwrap();
-    path
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .and_then(|mut f| f.write_all(env("CTXGUARD_TEST_JWT_SECRET").as_bytes()))
+        .unwrap();
+    SecretFile(path)
 }
 
 /// A gateway in demo mode whose screens read through `screens_url`.
@@ -22,7 +46,7 @@ async fn demo_gateway_reading_as(screens_url: &str) -> std::net::SocketAddr {
         "--demo",
         "true",
         "--demo-jwt-secret-file",
-        secret.to_str().unwrap(),
+        secret.path(),
         "--demo-jwt-audience",
         "ctxguard-tests",
         "--demo-database-url",
@@ -59,8 +83,8 @@ fn config(args: &[&str]) -> Result<(), String> {
 
 #[test]
 fn demo_mode_is_opt_in_loopback_only_and_needs_the_secret_and_the_screens_role() {
-    let secret = secret_file();
-    let secret = secret.to_str().unwrap();
+    let file = secret_file();
+    let secret = file.path();
     let screens = ["--demo-database-url", "host=/nowhere user=ctxguard_app"];
     assert!(config(&[]).is_ok());
     let demo = |extra: &[&str]| {
@@ -109,7 +133,7 @@ fn demo_mode_does_not_start_without_the_screens_role() {
         "--demo",
         "true",
         "--demo-jwt-secret-file",
-        secret.to_str().unwrap(),
+        secret.path(),
     ])
     .unwrap();
     let err = ctxguard_gateway::AppState::from_config(config)
