@@ -383,8 +383,92 @@ pub fn first_broken<'a>(
     None
 }
 
+/// When the writer writes again the generation counters still waiting for their generation's row
+/// (minted in a transaction that was still open when its calls were charged): [`Retry::FIRST`]
+/// after the last try, twice as long each time nothing was saved, up to [`Retry::MAX`], and back
+/// to the first interval whenever new counters start waiting. Due whether or not batches keep
+/// coming: under constant load the queue is never empty, and counters that waited only for an
+/// idle moment would wait, unsaved, as long as the load lasts.
+#[derive(Debug, Clone, Copy)]
+pub struct Retry {
+    last: std::time::Instant,
+    every: std::time::Duration,
+}
+
+impl Retry {
+    pub const FIRST: std::time::Duration = std::time::Duration::from_millis(100);
+    pub const MAX: std::time::Duration = std::time::Duration::from_secs(10);
+
+    pub fn new(now: std::time::Instant) -> Retry {
+        Retry {
+            last: now,
+            every: Retry::FIRST,
+        }
+    }
+
+    /// Is a retry due at `now`?
+    pub fn due(&self, now: std::time::Instant) -> bool {
+        self.until_due(now).is_zero()
+    }
+
+    /// How long until the next retry is due (zero: now).
+    pub fn until_due(&self, now: std::time::Instant) -> std::time::Duration {
+        self.every
+            .saturating_sub(now.saturating_duration_since(self.last))
+    }
+
+    /// A retry ran at `now`; `saved_any`: it wrote some of the waiting counters.
+    pub fn tried(&mut self, now: std::time::Instant, saved_any: bool) {
+        self.last = now;
+        self.every = if saved_any {
+            Retry::FIRST
+        } else {
+            (self.every * 2).min(Retry::MAX)
+        };
+    }
+
+    /// New counters started waiting: retry them soon.
+    pub fn waiting_again(&mut self) {
+        self.every = Retry::FIRST;
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn waiting_counters_are_retried_on_schedule_whatever_the_load() {
+        use std::time::{Duration, Instant};
+        let t0 = Instant::now();
+        let mut r = Retry::new(t0);
+        assert!(!r.due(t0));
+        assert!(!r.due(t0 + Duration::from_millis(99)));
+        assert!(r.due(t0 + Retry::FIRST));
+        assert_eq!(
+            r.until_due(t0 + Duration::from_millis(40)),
+            Duration::from_millis(60)
+        );
+        // Nothing saved: the interval doubles, up to the cap.
+        let mut t = t0 + Retry::FIRST;
+        let mut seen = Vec::new();
+        for _ in 0..10 {
+            r.tried(t, false);
+            seen.push(r.until_due(t));
+            t += r.until_due(t);
+            assert!(r.due(t));
+        }
+        assert_eq!(seen[0], Duration::from_millis(200));
+        assert_eq!(seen[1], Duration::from_millis(400));
+        assert_eq!(*seen.last().unwrap(), Retry::MAX);
+        // Something saved, or new counters waiting: back to the first interval.
+        r.tried(t, true);
+        assert_eq!(r.until_due(t), Retry::FIRST);
+        r.tried(t, false);
+        r.waiting_again();
+        assert_eq!(r.until_due(t), Retry::FIRST);
+        // A clock read before the last try (another thread's Instant) is not due, and does not panic.
+        assert!(!r.due(t0));
+    }
+
     use super::*;
 
     #[test]

@@ -14,7 +14,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use ctxguard_core::ledger::{first_broken, jsonb_text, link};
+use ctxguard_core::ledger::{first_broken, jsonb_text, link, Retry};
 use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, SignalWakeFlags};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -158,7 +158,7 @@ pub extern "C-unwind" fn ctxguard_ledger_writer_main(arg: pg_sys::Datum) {
     pgrx::log!("ctxguard: ledger writer started for database {db}");
     let mut chains: HashMap<Option<String>, String> = HashMap::new();
     let mut unsaved = Unsaved::default();
-    let (mut last_retry, mut retry_every) = (Instant::now(), RETRY_UNSAVED);
+    let mut retry = Retry::new(Instant::now());
     let mut idle_since = Instant::now();
     let mut stats_due: Option<Instant> = None;
     loop {
@@ -173,22 +173,9 @@ pub extern "C-unwind" fn ctxguard_ledger_writer_main(arg: pg_sys::Datum) {
                 report_stats(&mut stats_due, true);
             }
             let stopping = BackgroundWorker::sigterm_received();
-            if !unsaved.is_empty() && (stopping || last_retry.elapsed() >= retry_every) {
-                // Generation counters waiting for their generation's row to commit; less often
-                // while nothing changes (a generation that rolled back waits until it expires).
+            if !unsaved.is_empty() && (stopping || retry.due(Instant::now())) {
                 unsafe { pg_sys::ConditionVariableCancelSleep() };
-                let before = unsaved.len();
-                let u = std::panic::AssertUnwindSafe(&mut unsaved);
-                BackgroundWorker::transaction(std::panic::AssertUnwindSafe(move || {
-                    let u = u;
-                    retry_unsaved(u.0)
-                }));
-                last_retry = Instant::now();
-                retry_every = if unsaved.len() < before {
-                    RETRY_UNSAVED
-                } else {
-                    (retry_every * 2).min(RETRY_UNSAVED_MAX)
-                };
+                retry_in_transaction(&mut unsaved, &mut retry);
                 if !stopping {
                     continue;
                 }
@@ -204,7 +191,7 @@ pub extern "C-unwind" fn ctxguard_ledger_writer_main(arg: pg_sys::Datum) {
             }
             // At most NOWAIT_DELAY_MS: records of callers that do not wait come without a wake-up.
             let ms = if waiting {
-                let retry_in = retry_every.saturating_sub(last_retry.elapsed()).as_millis();
+                let retry_in = retry.until_due(Instant::now()).as_millis();
                 (retry_in.max(1) as i64).min(super::NOWAIT_DELAY_MS)
             } else {
                 super::NOWAIT_DELAY_MS
@@ -219,19 +206,38 @@ pub extern "C-unwind" fn ctxguard_ledger_writer_main(arg: pg_sys::Datum) {
         idle_since = Instant::now();
         let last = batch.last().map_or(0, |(s, _)| *s);
         let n = batch.len();
+        let waiting = unsaved.len();
         let chains_ref = std::panic::AssertUnwindSafe((&mut chains, &mut unsaved));
         let failed = BackgroundWorker::transaction(std::panic::AssertUnwindSafe(move || {
             let refs = chains_ref;
             let (chains, unsaved) = refs.0;
             write(&batch, chains, unsaved)
         }));
-        if !unsaved.is_empty() {
-            retry_every = RETRY_UNSAVED;
+        if unsaved.len() > waiting {
+            retry.waiting_again();
         }
         let lsn = unsafe { pg_sys::XactLastCommitEnd };
         publish(i, last, n, &failed, lsn);
         report_stats(&mut stats_due, false);
+        // Under constant load the queue is never empty: waiting counters are retried when due
+        // all the same (after the batch's callers are woken).
+        if !unsaved.is_empty() && retry.due(Instant::now()) {
+            retry_in_transaction(&mut unsaved, &mut retry);
+        }
     }
+}
+
+/// Write again, in a transaction of its own, the generation counters waiting for their
+/// generation's row to commit; less often while nothing is saved (a generation that rolled back
+/// waits until it expires).
+fn retry_in_transaction(unsaved: &mut Unsaved, retry: &mut Retry) {
+    let before = unsaved.len();
+    let u = std::panic::AssertUnwindSafe(&mut *unsaved);
+    BackgroundWorker::transaction(std::panic::AssertUnwindSafe(move || {
+        let u = u;
+        retry_unsaved(u.0)
+    }));
+    retry.tried(Instant::now(), unsaved.len() < before);
 }
 
 /// Report what the writer wrote to the statistics, as a backend does when it goes idle, so that
@@ -615,8 +621,8 @@ impl Batch {
 
 /// Generation counters whose generation row the writer cannot see yet: the generation was minted
 /// in a transaction still open (its calls charged before it committed), or one that rolled back.
-/// They are kept and written again (at least every [`RETRY_UNSAVED`] while any wait, when no
-/// batch comes) until their row appears or their generation expires.
+/// They are kept and written again (on the schedule of [`Retry`], whether or not batches keep
+/// coming) until their row appears or their generation expires.
 #[derive(Default)]
 pub struct Unsaved {
     /// generation -> (bytes used, expiry in Unix seconds)
@@ -625,10 +631,6 @@ pub struct Unsaved {
     docs: HashMap<(String, String), (Value, i64, i64)>,
 }
 
-/// How often counters of generations not yet visible are written again while no batch comes:
-/// first after this, then twice as long each time nothing was saved, up to [`RETRY_UNSAVED_MAX`].
-pub const RETRY_UNSAVED: Duration = Duration::from_millis(100);
-pub const RETRY_UNSAVED_MAX: Duration = Duration::from_secs(10);
 /// Most generation counters kept waiting (each was a charged call; beyond this, the newest wait
 /// only in shared memory, which a restart forgets).
 const UNSAVED_MAX: usize = 16_384;
