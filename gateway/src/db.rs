@@ -781,12 +781,13 @@ impl Db {
     }
 
     /// Record a use of the sessions this gateway holds streams on (`[{token, sessionId}]`, at most
-    /// 1000), throttled by `touch_after_ms`: how many are live.
+    /// 1000), throttled by `touch_after_ms`: the ids (of tokens that verify) whose session is gone
+    /// (ended or expired through any gateway).
     pub async fn mcp_session_touch(
         &self,
         sessions: &Value,
         touch_after_ms: i32,
-    ) -> Result<i32, ApiError> {
+    ) -> Result<Vec<String>, ApiError> {
         self.bare(
             "SELECT ctxguard.mcp_session_touch($1, $2)",
             &[(sessions, Type::JSONB), (&touch_after_ms, Type::INT4)],

@@ -662,24 +662,37 @@ impl crate::mcp_sessions::SessionRecords for DbSessionRecords {
         }
     }
 
-    async fn touch(&self, sessions: &[(Arc<str>, String)], touch_after: std::time::Duration) {
+    async fn touch(
+        &self,
+        sessions: &[(Arc<str>, String)],
+        touch_after: std::time::Duration,
+    ) -> Vec<Arc<str>> {
+        let mut gone = Vec::new();
         // The database takes at most 1000 a call.
         for chunk in sessions.chunks(1000) {
             let batch: Vec<Value> = chunk
                 .iter()
                 .map(|(id, token)| json!({"token": token, "sessionId": &**id}))
                 .collect();
-            if let Err(e) = self
+            match self
                 .db
                 .mcp_session_touch(&Value::Array(batch), millis(touch_after))
                 .await
             {
-                tracing::warn!(
+                // Only ids this gateway sent (the answer names nothing else).
+                Ok(ids) => gone.extend(
+                    chunk
+                        .iter()
+                        .filter(|(id, _)| ids.iter().any(|g| g == &**id))
+                        .map(|(id, _)| id.clone()),
+                ),
+                Err(e) => tracing::warn!(
                     code = e.code(),
                     "recording the use of streamed MCP sessions failed"
-                );
+                ),
             }
         }
+        gone
     }
 }
 

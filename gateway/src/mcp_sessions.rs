@@ -230,8 +230,8 @@ pub trait SessionRecords: Send + Sync {
     /// End the session's record if no gateway used it for `idle`.
     async fn expire(&self, id: &str, token: &str, idle: Duration) -> Expiry;
     /// Record a use of these sessions (their id, their token), unless one was recorded within
-    /// `touch_after`.
-    async fn touch(&self, sessions: &[(Arc<str>, String)], touch_after: Duration);
+    /// `touch_after`. Returns those that are gone (ended through another gateway, or expired).
+    async fn touch(&self, sessions: &[(Arc<str>, String)], touch_after: Duration) -> Vec<Arc<str>>;
 }
 
 /// rmcp's in-memory session manager, bound to the store.
@@ -329,13 +329,18 @@ impl BoundSessions {
             .unwrap_or_default()
     }
 
-    /// One tick of the reaper: record the use of sessions with an open stream here, then end the
-    /// sessions idle for `idle` here and in the database; returns how many ended.
+    /// One tick of the reaper: record the use of sessions with an open stream here (closing those
+    /// ended through another gateway meanwhile: their streams end), then end the sessions idle for
+    /// `idle` here and in the database; returns how many ended for idleness.
     pub async fn reap(&self, idle: Duration) -> usize {
         if let Some(records) = &self.records {
             let streamed = self.store.streamed();
             if !streamed.is_empty() {
-                records.touch(&streamed, touch_after(idle)).await;
+                for id in records.touch(&streamed, touch_after(idle)).await {
+                    let session = self.log_id(&id);
+                    tracing::info!(%session, "MCP session ended elsewhere: its streams here close");
+                    let _ = self.close_session(&id).await;
+                }
             }
         }
         let mut ended = 0;
@@ -625,6 +630,8 @@ mod tests {
         answers: Mutex<HashMap<String, Expiry>>,
         expired: Mutex<Vec<(String, String, Duration)>>,
         touched: Mutex<Vec<Touched>>,
+        /// Streamed sessions the database says are gone.
+        gone: Mutex<Vec<String>>,
     }
 
     #[async_trait]
@@ -636,11 +643,21 @@ mod tests {
                 .push((id.into(), token.into(), idle));
             self.answers.lock().unwrap()[id].clone()
         }
-        async fn touch(&self, sessions: &[(Arc<str>, String)], touch_after: Duration) {
+        async fn touch(
+            &self,
+            sessions: &[(Arc<str>, String)],
+            touch_after: Duration,
+        ) -> Vec<Arc<str>> {
             self.touched
                 .lock()
                 .unwrap()
                 .push((sessions.to_vec(), touch_after));
+            let gone = self.gone.lock().unwrap();
+            sessions
+                .iter()
+                .filter(|(id, _)| gone.iter().any(|g| g == &**id))
+                .map(|(id, _)| id.clone())
+                .collect()
         }
     }
 
@@ -703,6 +720,32 @@ mod tests {
         assert_eq!(metrics.expired.get(), 1, "only the one the database ended");
         // The one used elsewhere is due again only when it would be idle there.
         assert!(!store.idle(idle).contains(&Arc::<str>::from("used")));
+    }
+
+    #[tokio::test]
+    async fn a_streamed_session_ended_elsewhere_is_closed_here_and_the_others_stay() {
+        let store = Arc::new(SessionStore::default());
+        let metrics = SessionMetrics::new(&crate::metrics::Metrics::new());
+        let fake = Arc::new(FakeRecords::default());
+        let closed = Arc::new(Mutex::new(Vec::new()));
+        let seen = closed.clone();
+        let sessions = BoundSessions::new(store.clone(), metrics.clone(), move |k| {
+            seen.lock().unwrap().push(k.0.to_string())
+        })
+        .with_records(fake.clone());
+        for id in ["kept", "ended-elsewhere"] {
+            let mut r = SessionRecord::new(who("alice"));
+            r.token = Some(format!("tok-{id}"));
+            store.insert(id.into(), r);
+            store.streams(id, 1);
+        }
+        fake.gone.lock().unwrap().push("ended-elsewhere".into());
+        // Streamed sessions are never idle: nothing ends for idleness.
+        assert_eq!(sessions.reap(Duration::from_secs(60)).await, 0);
+        assert_eq!(*closed.lock().unwrap(), vec!["ended-elsewhere".to_string()]);
+        assert!(store.get("ended-elsewhere").is_none());
+        assert!(store.get("kept").is_some());
+        assert_eq!(metrics.expired.get(), 0, "not an expiry here");
     }
 
     #[test]

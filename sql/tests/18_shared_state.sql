@@ -65,18 +65,23 @@ SELECT ok(ctxguard.mcp_identity(:'tok_alice', :'sid2')->'session' ? 'page', 'wit
 SELECT ok(pg_temp.idle_ms(:'tok_alice', :'sid2') >= 1000, 'nothing is recorded');
 
 -- Touch: the sessions a gateway holds streams on, in one call; only each token's own sessions.
-SELECT is(ctxguard.mcp_session_touch(jsonb_build_array(jsonb_build_object('token', :'tok_bob', 'sessionId', :'sid2'),
-                                                       jsonb_build_object('token', :'tok_carol', 'sessionId', :'sid2'),
-                                                       jsonb_build_object('token', :'tok_forged', 'sessionId', :'sid2'),
-                                                       jsonb_build_object('token', :'tok_expired', 'sessionId', :'sid2')), 0),
-          0, 'other users'' and bad tokens touch nothing, and do not stop the batch');
+SELECT is((SELECT array_agg(g ORDER BY g) FROM unnest(ctxguard.mcp_session_touch(jsonb_build_array(
+              jsonb_build_object('token', :'tok_bob', 'sessionId', :'sid2'),
+              jsonb_build_object('token', :'tok_carol', 'sessionId', :'sid2'),
+              jsonb_build_object('token', :'tok_forged', 'sessionId', :'sid2'),
+              jsonb_build_object('token', :'tok_expired', 'sessionId', :'sid2')), 0)) g),
+          ARRAY[:'sid2', :'sid2'],
+          'another user''s session is gone to bob and carol (as an unknown one); bad tokens are skipped and do not stop the batch');
 SELECT ok(pg_temp.idle_ms(:'tok_alice', :'sid2') >= 1000, 'alice''s session untouched');
-SELECT is(ctxguard.mcp_session_touch(jsonb_build_array(jsonb_build_object('token', :'tok_bob', 'sessionId', :'sid'),
-                                                       jsonb_build_object('token', :'tok_alice', 'sessionId', :'sid2'),
-                                                       jsonb_build_object('token', :'tok_alice', 'sessionId', repeat('z', 40))), 0),
-          1, 'alice''s own live session counts');
+SELECT is((SELECT array_agg(g ORDER BY g) FROM unnest(ctxguard.mcp_session_touch(jsonb_build_array(
+              jsonb_build_object('token', :'tok_bob', 'sessionId', :'sid'),
+              jsonb_build_object('token', :'tok_alice', 'sessionId', :'sid2'),
+              jsonb_build_object('token', :'tok_alice', 'sessionId', repeat('z', 40)),
+              jsonb_build_object('token', :'tok_alice', 'sessionId', repeat('z', 300))), 0)) g),
+          (SELECT array_agg(g ORDER BY g) FROM unnest(ARRAY[:'sid', repeat('z', 40), repeat('z', 300)]) g),
+          'alice''s own live session is not gone; an unknown id (of any length) and another user''s are');
 SELECT ok(pg_temp.idle_ms(:'tok_alice', :'sid2') < 1000, 'and is kept alive');
-SELECT is(ctxguard.mcp_session_touch('[]', 0), 0, 'an empty batch');
+SELECT is(ctxguard.mcp_session_touch('[]', 0), '{}'::text[], 'an empty batch');
 SELECT throws_ok($$SELECT ctxguard.mcp_session_touch('{}', 0)$$, '22023',
                  'ctxguard: sessions is an array of at most 1000 {token, sessionId} objects', 'not an array');
 SELECT throws_ok($$SELECT ctxguard.mcp_session_touch('[{"token": "x"}]', 0)$$, '22023',

@@ -267,6 +267,47 @@ async fn a_session_opened_on_one_gateway_is_used_and_ended_on_the_other() {
     assert_eq!(rows, 0);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_ended_through_one_gateway_closes_its_stream_on_the_other() {
+    // The idle timeout sets the reaper's tick (a quarter of it): A notices within a tick or two.
+    let (a, _, b, _) = two_gateways_with(&["--mcp-session-idle-timeout-ms", "2000"]).await;
+    let run = uuid::Uuid::new_v4().simple().to_string();
+    let tok = token(&format!("ended-{run}"), "acme", &["ap_clerk"]);
+    put_page(a, &tok, &invoice_page("acme_inv3")).await;
+    let sid = initialize(a, &tok).await;
+    let stream = http()
+        .get(format!("http://{a}/mcp"))
+        .bearer_auth(&tok)
+        .header("accept", "text/event-stream")
+        .header("mcp-session-id", &sid)
+        .header("mcp-protocol-version", "2025-06-18")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status().as_u16(), 200);
+    let closed = tokio::spawn(async move {
+        let mut body = stream.bytes_stream();
+        while let Some(Ok(_)) = body.next().await {}
+    });
+    // A stream of a live session stays open (keep-alives only).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!closed.is_finished(), "the stream of a live session closed");
+
+    let resp = http()
+        .delete(format!("http://{b}/mcp"))
+        .bearer_auth(&tok)
+        .header("mcp-session-id", &sid)
+        .header("mcp-protocol-version", "2025-06-18")
+        .send()
+        .await
+        .unwrap();
+    assert!(resp.status().is_success(), "{}", resp.status());
+    tokio::time::timeout(Duration::from_secs(10), closed)
+        .await
+        .expect("the session ended through B, and its GET stream on A is still open")
+        .unwrap();
+}
+
 /// Open the session's GET stream on `gw`: a task reading it, and when it first heard
 /// `notifications/tools/list_changed`.
 async fn watch(

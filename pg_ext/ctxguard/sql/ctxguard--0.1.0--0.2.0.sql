@@ -631,16 +631,17 @@ COMMENT ON FUNCTION ctxguard.mcp_session_expire(text, text, integer) IS 'End the
 -- The sessions a gateway holds event streams on are in use: one call per tick of its reaper records
 -- it for all of them (throttled as in mcp_identity), each only for its own token's user. A token
 -- that no longer verifies is skipped, not an error (one user's expired token must not stop the
--- others'). Returns how many of the given sessions are live and their token's.
-CREATE FUNCTION ctxguard.mcp_session_touch(sessions jsonb, touch_after_ms integer) RETURNS integer
+-- others'). Returns the given session ids (of tokens that verify) that name no live session of
+-- their token's user: ended or expired, through any gateway; the gateway closes their streams.
+CREATE FUNCTION ctxguard.mcp_session_touch(sessions jsonb, touch_after_ms integer) RETURNS text[]
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     tok text;
     who jsonb;
     hashes text[];
-    live integer := 0;
-    n integer;
+    lost text[];
+    gone text[] := '{}';
 BEGIN
     PERFORM ctxguard._refuse_inside_handler('mcp_session_touch');
     IF touch_after_ms IS NULL OR touch_after_ms NOT BETWEEN 0 AND 86400000 THEN
@@ -664,14 +665,21 @@ BEGIN
         EXCEPTION WHEN invalid_authorization_specification THEN
             CONTINUE;
         END;
-        SELECT pg_catalog.array_agg(pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to(e->>'sessionId', 'UTF8')), 'hex'))
-          INTO hashes
-          FROM pg_catalog.jsonb_array_elements(sessions) e
-         WHERE e->>'token' = tok AND pg_catalog.length(e->>'sessionId') <= 256;
-        SELECT pg_catalog.count(*) INTO n FROM ctxguard.mcp_sessions ms
-         WHERE ms.id_hash = ANY (hashes) AND ms.tenant_id = who->>'tenantId' AND ms.user_id = who->>'userId'
-           AND ms.expires_at > pg_catalog.now();
-        live := live + n;
+        -- This token's ids: the hashes of those naming a live session of its user, and the others.
+        SELECT pg_catalog.array_agg(x.h) FILTER (WHERE x.live), pg_catalog.array_agg(x.id) FILTER (WHERE NOT x.live)
+          INTO hashes, lost
+          FROM (SELECT e->>'sessionId' AS id, k.h,
+                       k.h IS NOT NULL AND EXISTS (
+                           SELECT FROM ctxguard.mcp_sessions ms
+                            WHERE ms.id_hash = k.h AND ms.tenant_id = who->>'tenantId'
+                              AND ms.user_id = who->>'userId' AND ms.expires_at > pg_catalog.now()) AS live
+                  FROM pg_catalog.jsonb_array_elements(sessions) e
+                 CROSS JOIN LATERAL (
+                       SELECT CASE WHEN pg_catalog.length(e->>'sessionId') <= 256
+                                   THEN pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to(e->>'sessionId', 'UTF8')), 'hex')
+                              END AS h) k
+                 WHERE e->>'token' = tok) x;
+        gone := gone || coalesce(lost, '{}');
         UPDATE ctxguard.mcp_sessions ms
            SET last_used_at = pg_catalog.now(),
                expires_at = GREATEST(ms.expires_at, pg_catalog.now() + pg_catalog.make_interval(secs => ms.ttl))
@@ -680,10 +688,10 @@ BEGIN
            AND (ms.last_used_at <= pg_catalog.now() - pg_catalog.make_interval(secs => touch_after_ms / 1000.0)
                 OR ms.expires_at < pg_catalog.now() + pg_catalog.make_interval(secs => ms.ttl / 2));
     END LOOP;
-    RETURN live;
+    RETURN gone;
 END
 $$;
-COMMENT ON FUNCTION ctxguard.mcp_session_touch(jsonb, integer) IS 'Record a use of the given MCP sessions ([{token, sessionId}], at most 1000), each for its own token''s user only, when the recorded one is older than touch_after_ms; returns how many are live and their token''s.';
+COMMENT ON FUNCTION ctxguard.mcp_session_touch(jsonb, integer) IS 'Record a use of the given MCP sessions ([{token, sessionId}], at most 1000), each for its own token''s user only, when the recorded one is older than touch_after_ms; returns the given ids (of tokens that verify) that name no live session of their token''s user.';
 -- <<< sql/state.sql
 
 -- Tools: an optional title (issue 14), and names unique as MCP and model clients see them ('.' is
