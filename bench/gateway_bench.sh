@@ -247,7 +247,7 @@ done
 # 5. Report.
 # ------------------------------------------------------------------------------------------------
 ms() { awk -v u="$1" 'BEGIN {printf "%.3f", u / 1000}'; }
-# db_row MODE C: "tps|p50|p90|p99|mean" (ms) of a pgbench run, percentiles by nearest rank from its log
+# db_row MODE C: "tps|p50|p95|p99|mean" (ms) of a pgbench run, percentiles by nearest rank from its log
 db_row() {
   local tps mean
   tps=$(awk '/^tps = / {printf "%.0f", $3}' "$OUT/db-$1-c$2.txt")
@@ -256,7 +256,7 @@ db_row() {
     {v[NR] = $1}
     END {
       printf "%s", tps
-      split("0.50 0.90 0.99", q, " ")
+      split("0.50 0.95 0.99", q, " ")
       for (i = 1; i <= 3; i++) { r = int(q[i] * NR + 0.999999); if (r < 1) r = 1; printf "|%.3f", v[r] / 1000 }
       printf "|%s", mean
     }'
@@ -266,7 +266,7 @@ rps() { awk -v n="$(val "$1" "$2" requests)" -v d="$(val "$1" "$2" duration_us)"
 # shellcheck disable=SC2016
 report() {
   local c label name p row
-  printf '| scenario | connections | turns/s | p50 ms | p90 ms | p99 ms | mean ms | non-2xx / errors |\n'
+  printf '| scenario | connections | turns/s | p50 ms | p95 ms | p99 ms | mean ms | non-2xx / errors |\n'
   printf '|---|---:|---:|---:|---:|---:|---:|---:|\n'
   for c in 1 "$LOAD"; do
     local names="step1 step2 direct gw-mock gw-offline db-prepared"
@@ -290,14 +290,14 @@ report() {
         # Sequential sum: p50 etc. of step 1 plus those of step 2; turns/s = 1 / (1/r1 + 1/r2).
         printf '| %s | %s | %s' "$label" "$c" \
           "$(awk -v a="$(rps step1 "$c")" -v b="$(rps step2 "$c")" 'BEGIN {printf "%.0f", 1 / (1 / a + 1 / b)}')"
-        for p in p50_us p90_us p99_us mean_us; do
+        for p in p50_us p95_us p99_us mean_us; do
           printf ' | %s' "$(ms "$(awk -v a="$(val step1 "$c" "$p")" -v b="$(val step2 "$c" "$p")" 'BEGIN {print a + b}')")"
         done
         printf ' | 0 |\n'
         continue
       fi
       printf '| %s | %s | %s' "$label" "$c" "$(rps "$name" "$c")"
-      for p in p50_us p90_us p99_us mean_us; do printf ' | %s' "$(ms "$(val "$name" "$c" "$p")")"; done
+      for p in p50_us p95_us p99_us mean_us; do printf ' | %s' "$(ms "$(val "$name" "$c" "$p")")"; done
       printf ' | %s |\n' "$(val "$name" "$c" status)"
     done
   done
@@ -308,8 +308,8 @@ report() {
   added_load=$(( $(val gw-mock "$LOAD" p50_us) - $(val step1 "$LOAD" p50_us) - $(val step2 "$LOAD" p50_us) ))
   printf '\n**Added per turn at p50, 1 connection: %s ms** (gateway %s ms − direct %s ms; aim ≤ 2 ms: **%s**). ' \
     "$(ms "$added")" "$(ms "$gw1")" "$(ms "$direct1")" "$( [ "$added" -le 2000 ] && echo met || echo 'not met')"
-  printf 'At p90 %s ms, p99 %s ms (differences of percentiles). With %s connections: %s ms at p50; throughput %s turns/s through the gateway against %s direct (%s), all with zero non-2xx responses and zero socket errors or timeouts.\n' \
-    "$(ms "$(( $(val gw-mock 1 p90_us) - $(val step1 1 p90_us) - $(val step2 1 p90_us) ))")" \
+  printf 'At p95 %s ms, p99 %s ms (differences of percentiles). With %s connections: %s ms at p50; throughput %s turns/s through the gateway against %s direct (%s), all with zero non-2xx responses and zero socket errors or timeouts.\n' \
+    "$(ms "$(( $(val gw-mock 1 p95_us) - $(val step1 1 p95_us) - $(val step2 1 p95_us) ))")" \
     "$(ms "$(( $(val gw-mock 1 p99_us) - $(val step1 1 p99_us) - $(val step2 1 p99_us) ))")" \
     "$LOAD" "$(ms "$added_load")" "$(rps gw-mock "$LOAD")" \
     "$(awk -v a="$(rps step1 "$LOAD")" -v b="$(rps step2 "$LOAD")" 'BEGIN {printf "%.0f", 1 / (1 / a + 1 / b)}')" \

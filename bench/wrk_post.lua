@@ -14,8 +14,8 @@ end
 function done(summary, latency, requests)
   local e = summary.errors
   io.write(string.format(
-    "WRK_RESULT requests=%d duration_us=%d mean_us=%.1f p50_us=%d p90_us=%d p99_us=%d max_us=%d " ..
+    "WRK_RESULT requests=%d duration_us=%d mean_us=%.1f p50_us=%d p95_us=%d p99_us=%d max_us=%d " ..
     "connect=%d read=%d write=%d status=%d timeout=%d\n",
-    summary.requests, summary.duration, latency.mean, latency:percentile(50), latency:percentile(90),
+    summary.requests, summary.duration, latency.mean, latency:percentile(50), latency:percentile(95),
     latency:percentile(99), latency.max, e.connect, e.read, e.write, e.status, e.timeout))
 end
