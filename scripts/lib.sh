@@ -29,14 +29,16 @@ pg_own_prefix() { local own=CTXGUARD_PG$1_PREFIX; [ -n "${!own:-}" ]; }
 PG_BIN=$(pg_prefix "$PG_MAJOR")/bin
 # psql, pg_prove's psql and pg_dump of this major first.
 PATH=$PG_BIN:$PATH
-# 15 keeps its cluster directory and port; each other major has its own (16: 54160, 17: 54170, 18: 54180;
-# the cluster without preload takes the next port).
+# 15 keeps its cluster directory; each other major has its own. Ports (the base and up to 6 more:
+# the cluster without preload, the package, pg_upgrade and release tests' clusters, pgbouncer) lie
+# below Linux's ephemeral range (32768-60999), where a client socket of an earlier test could hold
+# one when a cluster starts: 15: 25329, 16: 25160, 17: 25170, 18: 25180.
 if [ "$PG_MAJOR" = "$PG_DEBIAN_MAJOR" ]; then
   RUN=${CTXGUARD_RUN:-/tmp/ctxguard-run}
-  PGPORT=${CTXGUARD_PGPORT:-54329}
+  PGPORT=${CTXGUARD_PGPORT:-25329}
 else
   RUN=${CTXGUARD_RUN:-/tmp/ctxguard-run-pg$PG_MAJOR}
-  PGPORT=${CTXGUARD_PGPORT:-54${PG_MAJOR}0}
+  PGPORT=${CTXGUARD_PGPORT:-25${PG_MAJOR}0}
 fi
 PGDATA_DIR=$RUN/pgdata
 PROFILE=${CTXGUARD_PROFILE:-release}
@@ -106,6 +108,7 @@ max_worker_processes = 32
 max_prepared_transactions = 10
 CONF
   fi
+  conf_port "$PGDATA_DIR"
   # A preloaded library is read once, at postmaster start: restart so a fresh install takes effect.
   if as_pg "$PG_BIN/pg_ctl" -D "$PGDATA_DIR" status >/dev/null 2>&1; then
     [ "${CTXGUARD_KEEP_RUNNING:-}" = 1 ] && return 0
@@ -114,6 +117,18 @@ CONF
   else
     log "starting PostgreSQL on port $PGPORT"
     as_pg "$PG_BIN/pg_ctl" -D "$PGDATA_DIR" -l "$RUN/postgres.log" -w start >/dev/null
+  fi
+}
+
+# The cluster in data directory $1 listens on port $2 (default $PGPORT). One made before its port
+# moved (these ports were once in the ephemeral range) is given the new one (the last `port` line
+# of the file wins) and stopped if it runs, so that its caller starts it there.
+conf_port() {
+  local conf=$1/postgresql.conf want=${2:-$PGPORT}
+  if [ "$(sed -n 's/^port *= *\([0-9]*\).*/\1/p' "$conf" | tail -n 1)" != "$want" ]; then
+    log "$1: port $want"
+    echo "port = $want" | as_pg tee -a "$conf" >/dev/null
+    stop_cluster_at "$1"
   fi
 }
 
@@ -138,6 +153,7 @@ ctxguard.jwt_secret = '$(cat "$RUN/jwt_secret")'
 log_min_messages = warning
 CONF
   fi
+  conf_port "$run/pgdata" "$port"
   as_pg "$PG_BIN/pg_ctl" -D "$run/pgdata" status >/dev/null 2>&1 ||
     as_pg "$PG_BIN/pg_ctl" -D "$run/pgdata" -l "$run/postgres.log" -w start >/dev/null
 }
