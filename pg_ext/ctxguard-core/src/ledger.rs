@@ -435,6 +435,8 @@ impl Retry {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn waiting_counters_are_retried_on_schedule_whatever_the_load() {
         use std::time::{Duration, Instant};
@@ -465,11 +467,9 @@ mod tests {
         r.tried(t, false);
         r.waiting_again();
         assert_eq!(r.until_due(t), Retry::FIRST);
-        // A clock read before the last try (another thread's Instant) is not due, and does not panic.
+        // An instant before the last try is not due (and does not panic).
         assert!(!r.due(t0));
     }
-
-    use super::*;
 
     #[test]
     fn utc_days() {
