@@ -427,13 +427,17 @@ pub fn submit(mut audit: Value) -> Result<(usize, u64), Unavailable> {
             text.len()
         ))));
     }
-    // ready() waits while the queue is full; another caller may take the room it saw first.
+    // ready() waits while the queue is full; another caller may take the room it saw first. Its
+    // writer may also have retired since (idle, with nothing queued): a record is queued only
+    // while the queue has a writer, which then cannot retire before writing it (`retire` checks
+    // under the same lock); otherwise ready() starts one.
     for _ in 0..1000 {
         let i = ready().map_err(restore)?;
         let seq = {
             let mut qs = shmem::queues();
             let q = &mut qs[i];
-            (q.db == db() && q.next_seq - q.durable < QUEUE_LEN as u64).then(|| {
+            let open = q.db == db() && q.writer_pid != 0;
+            (open && q.next_seq - q.durable < QUEUE_LEN as u64).then(|| {
                 let seq = q.next_seq + 1;
                 let r = &mut q.ring[(seq % QUEUE_LEN as u64) as usize];
                 r.seq = seq;
