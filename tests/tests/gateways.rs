@@ -230,15 +230,7 @@ async fn a_session_opened_on_one_gateway_is_used_and_ended_on_the_other() {
     assert_eq!(result["structuredContent"]["id"], "acme_inv3", "{result}");
 
     // Ended through B: A no longer knows it.
-    let resp = http()
-        .delete(format!("http://{b}/mcp"))
-        .bearer_auth(&tok)
-        .header("mcp-session-id", &sid)
-        .header("mcp-protocol-version", "2025-06-18")
-        .send()
-        .await
-        .unwrap();
-    assert!(resp.status().is_success(), "{}", resp.status());
+    end_session(b, &tok, &sid).await;
     let (status, _, body) = rpc(
         a,
         &tok,
@@ -275,16 +267,7 @@ async fn a_session_ended_through_one_gateway_closes_its_stream_on_the_other() {
     let tok = token(&format!("ended-{run}"), "acme", &["ap_clerk"]);
     put_page(a, &tok, &invoice_page("acme_inv3")).await;
     let sid = initialize(a, &tok).await;
-    let stream = http()
-        .get(format!("http://{a}/mcp"))
-        .bearer_auth(&tok)
-        .header("accept", "text/event-stream")
-        .header("mcp-session-id", &sid)
-        .header("mcp-protocol-version", "2025-06-18")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(stream.status().as_u16(), 200);
+    let stream = open_stream(a, &tok, &sid).await;
     let closed = tokio::spawn(async move {
         let mut body = stream.bytes_stream();
         while let Some(Ok(_)) = body.next().await {}
@@ -293,19 +276,39 @@ async fn a_session_ended_through_one_gateway_closes_its_stream_on_the_other() {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(!closed.is_finished(), "the stream of a live session closed");
 
+    end_session(b, &tok, &sid).await;
+    tokio::time::timeout(Duration::from_secs(10), closed)
+        .await
+        .expect("the session ended through B, and its GET stream on A is still open")
+        .unwrap();
+}
+
+/// End the session through `gw` (`DELETE /mcp`).
+async fn end_session(gw: SocketAddr, tok: &str, sid: &str) {
     let resp = http()
-        .delete(format!("http://{b}/mcp"))
-        .bearer_auth(&tok)
-        .header("mcp-session-id", &sid)
+        .delete(format!("http://{gw}/mcp"))
+        .bearer_auth(tok)
+        .header("mcp-session-id", sid)
         .header("mcp-protocol-version", "2025-06-18")
         .send()
         .await
         .unwrap();
     assert!(resp.status().is_success(), "{}", resp.status());
-    tokio::time::timeout(Duration::from_secs(10), closed)
+}
+
+/// The session's GET stream on `gw`, opened (200).
+async fn open_stream(gw: SocketAddr, tok: &str, sid: &str) -> reqwest::Response {
+    let stream = http()
+        .get(format!("http://{gw}/mcp"))
+        .bearer_auth(tok)
+        .header("accept", "text/event-stream")
+        .header("mcp-session-id", sid)
+        .header("mcp-protocol-version", "2025-06-18")
+        .send()
         .await
-        .expect("the session ended through B, and its GET stream on A is still open")
         .unwrap();
+    assert_eq!(stream.status().as_u16(), 200);
+    stream
 }
 
 /// Open the session's GET stream on `gw`: a task reading it, and when it first heard
@@ -318,16 +321,7 @@ async fn watch(
     tokio::task::JoinHandle<()>,
     tokio::sync::oneshot::Receiver<Instant>,
 ) {
-    let stream = http()
-        .get(format!("http://{gw}/mcp"))
-        .bearer_auth(tok)
-        .header("accept", "text/event-stream")
-        .header("mcp-session-id", sid)
-        .header("mcp-protocol-version", "2025-06-18")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(stream.status().as_u16(), 200);
+    let stream = open_stream(gw, tok, sid).await;
     let (tx, rx) = tokio::sync::oneshot::channel::<Instant>();
     let watcher = tokio::spawn(async move {
         let mut body = stream.bytes_stream();
