@@ -454,13 +454,10 @@ fn apply(
         .collect();
     let result = as_owner(|| {
         Spi::connect_mut(|c| {
-            unsaved.drop_expired();
             let mut b = Batch {
                 days,
                 pages,
-                gens: unsaved.gen_rows(),
-                docs: unsaved.doc_rows(),
-                ..Batch::default()
+                ..unsaved.batch()
             };
             // Each row's hash, in the batch's order (which is also the order of the ids
             // `verify_audit` walks): from the chain heads this writer knows, or the tables.
@@ -484,12 +481,15 @@ fn apply(
             Ok::<_, pgrx::spi::Error>((heads, unsaved))
         })
     });
-    result.unwrap_or_else(|e| {
-        raise(
-            PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
-            format!("ctxguard: ledger writer: {e}"),
-        )
-    })
+    result.unwrap_or_else(|e| statement_failed(e))
+}
+
+/// A statement of the writer failed: raise it (its subtransaction rolls back: see `write`).
+fn statement_failed(e: pgrx::spi::Error) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+        format!("ctxguard: ledger writer: {e}"),
+    )
 }
 
 /// What one batch writes, each part as rows for `jsonb_to_recordset`. All of it is one statement
@@ -672,20 +672,22 @@ impl Unsaved {
         self.docs.retain(|_, (_, _, e)| *e >= t);
     }
 
-    /// The generation counters as rows of a [`Batch`].
-    fn gen_rows(&self) -> Vec<Value> {
-        self.gens
-            .iter()
-            .map(|(g, (b, _))| json!({"id": g, "b": b}))
-            .collect()
-    }
-
-    /// The per-document call counters as rows of a [`Batch`].
-    fn doc_rows(&self) -> Vec<Value> {
-        self.docs
-            .iter()
-            .map(|((g, d), (t, n, _))| json!({"g": g, "t": t, "d": d, "n": n}))
-            .collect()
+    /// A [`Batch`] of the counters not yet expired (the others are forgotten).
+    fn batch(&mut self) -> Batch {
+        self.drop_expired();
+        Batch {
+            gens: self
+                .gens
+                .iter()
+                .map(|(g, (b, _))| json!({"id": g, "b": b}))
+                .collect(),
+            docs: self
+                .docs
+                .iter()
+                .map(|((g, d), (t, n, _))| json!({"g": g, "t": t, "d": d, "n": n}))
+                .collect(),
+            ..Batch::default()
+        }
     }
 
     /// Keep only the counters a batch could not write (their generation's row is not visible).
@@ -699,27 +701,12 @@ impl Unsaved {
 fn retry_unsaved(unsaved: &mut Unsaved) {
     let mut u = std::mem::take(unsaved);
     let result = in_subtransaction(false, || {
-        as_owner(|| {
-            Spi::connect_mut(|c| {
-                u.drop_expired();
-                let b = Batch {
-                    gens: u.gen_rows(),
-                    docs: u.doc_rows(),
-                    ..Batch::default()
-                };
-                b.write(c)
+        as_owner(|| Spi::connect_mut(|c| u.batch().write(c)))
+            .map(|w| {
+                u.keep_missing(&w);
+                u
             })
-        })
-        .map(|w| {
-            u.keep_missing(&w);
-            u
-        })
-        .unwrap_or_else(|e| {
-            raise(
-                PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
-                format!("ctxguard: ledger writer: {e}"),
-            )
-        })
+            .unwrap_or_else(|e| statement_failed(e))
     });
     match result {
         Ok(u) => *unsaved = u,
