@@ -491,10 +491,8 @@ pub fn wait(i: usize, seq: u64) -> Result<(), Unavailable> {
                 break false;
             }
             if q.durable >= seq {
-                // Written, unless the writer could not write this record.
-                if let Some(k) = slot.filter(|&k| mine(&q.waiters[k])) {
-                    q.waiters[k] = shmem::Waiter::FREE;
-                }
+                // Written, unless the writer could not write this record. (The writer freed this
+                // call's slot when it made the record durable.)
                 Some((!q.failed.contains(&seq), q.durable_lsn))
             } else {
                 if !slot.is_some_and(|k| mine(&q.waiters[k])) {
