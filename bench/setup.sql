@@ -222,3 +222,10 @@ CREATE TABLE bench.audit (
     result_bytes integer NOT NULL
 );
 GRANT INSERT ON bench.audit TO ctxguard_gateway;
+
+-- 4. The bench measures the gates, not the daily byte limit. One run reads about 60 MB as alice
+--    (some 200,000 calls of 303 bytes): close to ctxguard.max_bytes_per_user_day's 64 MiB, so a
+--    faster machine (or a second run within the same UTC day on one database) would measure
+--    refusals (RATE_LIMIT_EXCEEDED, which skip the handler). acme's limit is raised to the most.
+INSERT INTO ctxguard.tenant_limits (tenant_id, max_bytes_per_user_day) VALUES ('acme', 2147483647)
+ON CONFLICT (tenant_id) DO UPDATE SET max_bytes_per_user_day = EXCLUDED.max_bytes_per_user_day;

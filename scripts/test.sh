@@ -75,7 +75,7 @@ pg_prove -h "$RUN" -p "$PGPORT" -U ctxguard_reader -d "$DB" "${vars[@]}" sql/tes
 pg_prove -h "$RUN" -p "$PGPORT" -U ctxguard_app -d "$DB" "${vars[@]}" sql/tests/app/*.sql
 pg_prove -h "$RUN" -p "$PGPORT" -U ctxguard_ingest -d "$DB" "${vars[@]}" sql/tests/ingest/*.sql
 log "SQL suite (pgTAP) as the superuser: masking stops on statement_timeout, cancel and terminate"
-pg_prove -h "$RUN" -p "$PGPORT" -U postgres -d "$DB" sql/tests/superuser/*.sql
+pg_prove -h "$RUN" -p "$PGPORT" -U postgres -d "$DB" "${vars[@]}" sql/tests/superuser/*.sql
 [ -n "${CTXGUARD_SUITE_DB:-}" ] && exit 0
 
 bash scripts/upgrade_test.sh

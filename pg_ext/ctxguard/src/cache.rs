@@ -19,7 +19,7 @@ use pgrx::JsonB;
 use serde_json::Value;
 
 use crate::owner::as_owner;
-use crate::pgutil::{raise, saved_plan};
+use crate::pgutil::raise;
 
 /// One catalogued tool and, if it has one, its policy.
 pub struct ToolEntry {
@@ -183,34 +183,69 @@ pub fn catalog() -> Rc<Catalog> {
             return c;
         }
     }
-    let c = as_owner(catalog_as_owner);
+    let c = catalog_of(version_key());
     CHECKED.set(Some(now));
     c
 }
 
-fn catalog_as_owner() -> Rc<Catalog> {
-    let key = Spi::connect(|c| {
-        let plan = saved_plan(
-            c,
-            "SELECT version, xmin::pg_catalog.text FROM ctxguard.catalog_version",
-            &[],
-            false,
-        )?;
-        let mut rows = c.select(&*plan, Some(1), &[])?;
-        let r = rows.next().expect("catalog_version has one row");
-        Ok::<_, pgrx::spi::Error>((
-            r.get::<i64>(1)?.unwrap_or(0),
-            r.get::<String>(2)?.unwrap_or_default(),
-        ))
-    })
-    .unwrap_or_else(|e| internal(e));
+/// The catalog of version `key`: the cached one, or loaded (as the owner).
+fn catalog_of(key: (i64, String)) -> Rc<Catalog> {
     if let Some(c) = CACHE.with(|c| c.borrow().as_ref().filter(|c| c.key == key).cloned()) {
         return c;
     }
-    let loaded = Rc::new(load(key).unwrap_or_else(|e| internal(e)));
+    let loaded = Rc::new(as_owner(|| load(key)).unwrap_or_else(|e| internal(e)));
     crate::handler::catalog_changed();
     CACHE.with(|c| *c.borrow_mut() = Some(loaded.clone()));
     loaded
+}
+
+/// `(version, xmin)` of the `ctxguard.catalog_version` row that the active snapshot sees: what
+/// `SELECT version, xmin FROM ctxguard.catalog_version` returns on that snapshot, read straight from
+/// the heap, with no statement to plan or run (that statement was a quarter of `set_context`'s own cost).
+/// The schema and table are found by name in the system catalogs (never through `search_path`).
+fn version_key() -> (i64, String) {
+    unsafe {
+        let schema = pg_sys::get_namespace_oid(c"ctxguard".as_ptr(), false);
+        let relid = pg_sys::get_relname_relid(c"catalog_version".as_ptr(), schema);
+        if relid == pg_sys::InvalidOid {
+            internal("ctxguard.catalog_version is missing");
+        }
+        let attnum = pg_sys::get_attnum(relid, c"version".as_ptr());
+        let lock = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
+        let rel = pg_sys::table_open(relid, lock);
+        // The snapshot SPI would use: the statement's, or in a transaction that has written, a
+        // new one (as pgrx's writing client would; on an error the abort pops it).
+        let fresh = pg_sys::GetCurrentTransactionIdIfAny() != pg_sys::InvalidTransactionId
+            || !pg_sys::ActiveSnapshotSet();
+        if fresh {
+            pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
+        }
+        let snapshot = pg_sys::GetActiveSnapshot();
+        let scan = pg_sys::systable_beginscan(
+            rel,
+            pg_sys::InvalidOid,
+            false,
+            snapshot,
+            0,
+            std::ptr::null_mut(),
+        );
+        let tuple = pg_sys::systable_getnext(scan);
+        let key = if tuple.is_null() || attnum <= 0 {
+            None
+        } else {
+            let mut isnull = false;
+            let d = pg_sys::heap_getattr(tuple, attnum as i32, (*rel).rd_att, &mut isnull);
+            let version = if isnull { 0 } else { d.value() as i64 };
+            let xmin = pg_sys::HeapTupleHeaderGetRawXmin((*tuple).t_data);
+            Some((version, xmin.into_inner().to_string()))
+        };
+        pg_sys::systable_endscan(scan);
+        pg_sys::table_close(rel, lock);
+        if fresh {
+            pg_sys::PopActiveSnapshot();
+        }
+        key.unwrap_or_else(|| internal("ctxguard.catalog_version has no row"))
+    }
 }
 
 fn policy_from_row(row: &SpiHeapTupleData) -> Result<Option<Policy>, pgrx::spi::Error> {

@@ -30,3 +30,23 @@ pub fn local_xid() -> u32 {
     let lxid = unsafe { (*pg_sys::MyProc).vxid.lxid };
     lxid
 }
+
+/// Give `estate` a range table of the one relation `rte` (for a single-relation insert outside
+/// a plan). PostgreSQL 16 added permission infos, 18 the unpruned relations.
+///
+/// # Safety
+/// In a transaction, with `estate` and `rte` freshly made.
+pub unsafe fn init_range_table(estate: *mut pg_sys::EState, rte: *mut pg_sys::RangeTblEntry) {
+    let list = pg_sys::lappend(std::ptr::null_mut(), rte.cast());
+    #[cfg(feature = "pg15")]
+    pg_sys::ExecInitRangeTable(estate, list);
+    #[cfg(not(feature = "pg15"))]
+    {
+        let mut perminfos: *mut pg_sys::List = std::ptr::null_mut();
+        pg_sys::addRTEPermissionInfo(&mut perminfos, rte);
+        #[cfg(any(feature = "pg16", feature = "pg17"))]
+        pg_sys::ExecInitRangeTable(estate, list, perminfos);
+        #[cfg(not(any(feature = "pg16", feature = "pg17")))]
+        pg_sys::ExecInitRangeTable(estate, list, perminfos, pg_sys::bms_make_singleton(1));
+    }
+}

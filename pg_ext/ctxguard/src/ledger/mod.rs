@@ -12,6 +12,7 @@
 //! call returns only once its record is durable. No writer, a full queue or a full ledger: the
 //! call fails closed (`AUDIT_UNAVAILABLE`) before any handler runs.
 
+mod direct;
 pub mod shmem;
 pub mod writer;
 
@@ -562,7 +563,7 @@ pub fn tables() -> Option<Value> {
 
 /// This database's writer: pid, last durable sequence number, batches, records, last and largest
 /// batch (for `ctxguard.ledger_stats()`).
-pub fn stats() -> Option<(i32, u64, u64, u64, u32, u32)> {
+pub fn stats() -> Option<(i32, u64, u64, u64, u32, u32, u64)> {
     if !shmem::attached() {
         return None;
     }
@@ -575,6 +576,7 @@ pub fn stats() -> Option<(i32, u64, u64, u64, u32, u32)> {
             q.records,
             q.last_batch,
             q.max_batch,
+            q.audit_direct,
         )
     })
 }

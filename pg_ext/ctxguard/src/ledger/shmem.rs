@@ -142,6 +142,8 @@ pub struct Queue {
     pub records: u64,
     pub last_batch: u32,
     pub max_batch: u32,
+    /// Audit rows written without a statement (`direct.rs`).
+    pub audit_direct: u64,
     /// The last records the writer could not write (their calls fail), a ring.
     pub failed: [u64; FAILED],
     pub failed_next: u32,

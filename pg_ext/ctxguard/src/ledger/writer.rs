@@ -208,16 +208,17 @@ pub extern "C-unwind" fn ctxguard_ledger_writer_main(arg: pg_sys::Datum) {
         let n = batch.len();
         let waiting = unsaved.len();
         let chains_ref = std::panic::AssertUnwindSafe((&mut chains, &mut unsaved));
-        let failed = BackgroundWorker::transaction(std::panic::AssertUnwindSafe(move || {
-            let refs = chains_ref;
-            let (chains, unsaved) = refs.0;
-            write(&batch, chains, unsaved)
-        }));
+        let (failed, direct) =
+            BackgroundWorker::transaction(std::panic::AssertUnwindSafe(move || {
+                let refs = chains_ref;
+                let (chains, unsaved) = refs.0;
+                write(&batch, chains, unsaved)
+            }));
         if unsaved.len() > waiting {
             retry.waiting_again();
         }
         let lsn = unsafe { pg_sys::XactLastCommitEnd };
-        publish(i, last, n, &failed, lsn);
+        publish(i, last, n, &failed, direct, lsn);
         report_stats(&mut stats_due, false);
         // Under constant load the queue is never empty: waiting counters are retried when due
         // all the same (after the batch's callers are woken).
@@ -322,21 +323,23 @@ fn take(i: usize) -> Vec<(u64, String)> {
 }
 
 /// Write a batch in subtransactions: whole, or (if that fails) record by record, so that one
-/// record the tables refuse fails its own call only. Returns the records not written.
+/// record the tables refuse fails its own call only. Record by record, audit rows go through the
+/// statement (never `direct`), so a fault of the direct path costs a batch's speed, not its calls.
+/// Returns the records not written, and how many audit rows were written without a statement.
 fn write(
     batch: &[(u64, String)],
     chains: &mut HashMap<Option<String>, String>,
     unsaved: &mut Unsaved,
-) -> Vec<u64> {
-    if let Ok((heads, u)) = in_subtransaction(false, || apply(batch, chains)) {
+) -> (Vec<u64>, usize) {
+    if let Ok((heads, u, direct)) = in_subtransaction(false, || apply(batch, chains, true)) {
         chains.extend(heads);
         unsaved.merge(u);
-        return Vec::new();
+        return (Vec::new(), direct);
     }
     let mut failed = Vec::new();
     for rec in batch {
-        match in_subtransaction(false, || apply(std::slice::from_ref(rec), chains)) {
-            Ok((heads, u)) => {
+        match in_subtransaction(false, || apply(std::slice::from_ref(rec), chains, false)) {
+            Ok((heads, u, _)) => {
                 chains.extend(heads);
                 unsaved.merge(u);
             }
@@ -350,10 +353,10 @@ fn write(
             }
         }
     }
-    failed
+    (failed, 0)
 }
 
-fn publish(i: usize, last: u64, n: usize, failed: &[u64], lsn: u64) {
+fn publish(i: usize, last: u64, n: usize, failed: &[u64], direct: usize, lsn: u64) {
     let mut woken = [0usize; shmem::WAITERS];
     let mut n_woken = 0;
     {
@@ -368,6 +371,7 @@ fn publish(i: usize, last: u64, n: usize, failed: &[u64], lsn: u64) {
         q.durable = q.durable.max(last);
         q.batches += 1;
         q.records += n as u64;
+        q.audit_direct += direct as u64;
         q.last_batch = n as u32;
         q.max_batch = q.max_batch.max(n as u32);
         // Only the callers whose record this made durable.
@@ -392,12 +396,15 @@ fn s(v: &Value, i: usize) -> Value {
     v.get(i).cloned().unwrap_or(Value::Null)
 }
 
-/// Write one batch (inside the writer's transaction); the new chain heads, and the batch's
-/// generation counters whose generation row is not visible yet.
+/// Write one batch (inside the writer's transaction), its audit rows without a statement if
+/// `direct` allows and the table is as ctxguard creates it; the new chain heads, the batch's
+/// generation counters whose generation row is not visible yet, and how many audit rows were
+/// written without a statement.
 fn apply(
     batch: &[(u64, String)],
     chains: &HashMap<Option<String>, String>,
-) -> (HashMap<Option<String>, String>, Unsaved) {
+    direct: bool,
+) -> (HashMap<Option<String>, String>, Unsaved, usize) {
     let mut audits = Vec::new();
     let mut gens: HashMap<String, (i64, i64)> = HashMap::new();
     let mut docs: HashMap<(String, String), (Value, i64, i64)> = HashMap::new();
@@ -475,10 +482,16 @@ fn apply(
                 a["prev_hash"] = json!(prev);
                 a["row_hash"] = json!(hash);
             }
-            b.audits = audits;
+            let n_direct = if direct && !audits.is_empty() && super::direct::insert_audits(&audits)
+            {
+                audits.len()
+            } else {
+                b.audits = audits;
+                0
+            };
             let w = b.write(c)?;
             unsaved.keep_missing(&w);
-            Ok::<_, pgrx::spi::Error>((heads, unsaved))
+            Ok::<_, pgrx::spi::Error>((heads, unsaved, n_direct))
         })
     });
     result.unwrap_or_else(|e| statement_failed(e))
@@ -773,17 +786,19 @@ fn verify_audit(tenant: Option<&str>) -> JsonB {
 }
 
 /// This database's audit writer: pid (NULL if none), last durable record, batches, records,
-/// last and largest batch size; and the slots and live entries of each ledger table.
+/// last and largest batch size, audit rows written without a statement; and the slots and live
+/// entries of each ledger table.
 #[pg_extern(volatile, parallel_unsafe)]
 fn ledger_stats() -> JsonB {
     let mut stats = match super::stats() {
-        Some((pid, durable, batches, records, last, max)) => json!({
+        Some((pid, durable, batches, records, last, max, direct)) => json!({
             "writer_pid": (pid != 0).then_some(pid),
             "durable": durable,
             "batches": batches,
             "records": records,
             "last_batch": last,
             "max_batch": max,
+            "audit_rows_direct": direct,
             "avg_batch": if batches > 0 { records as f64 / batches as f64 } else { 0.0 },
         }),
         None => json!({"writer_pid": null}),

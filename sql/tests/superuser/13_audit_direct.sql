@@ -1,0 +1,81 @@
+-- The writer's two ways into ctxguard.audit_log (issue 13): into the table as ctxguard creates it,
+-- rows without a statement (ledger/direct.rs); into a table a DBA changed, the statement, which
+-- honours the change. Either way a DBA's column gets its default, a DBA's trigger fires, and the
+-- chain verifies. Runs as the superuser (the DBA); the calls run as ctxguard_gateway.
+\set QUIET 1
+SET client_min_messages = warning;
+SELECT * FROM no_plan();
+\set page '{"pageType": "invoice_detail", "entity": {"type": "invoice", "id": "acme_inv3"}}'
+CREATE FUNCTION pg_temp.call(tok text, page jsonb) RETURNS uuid LANGUAGE plpgsql AS $$
+DECLARE r jsonb;
+BEGIN
+    SET LOCAL ROLE ctxguard_gateway;
+    PERFORM ctxguard.set_context(tok, page);
+    r := ctxguard.call_tool('invoice.get', '{}');
+    RESET ROLE;
+    IF r->>'status' <> 'ok' THEN RAISE EXCEPTION 'call failed: %', r; END IF;
+    RETURN (r->>'call_id')::uuid;
+END $$;
+CREATE TABLE public.audit_direct_copy (call_id uuid, decision text, id bigint);
+CREATE FUNCTION public.audit_direct_copy() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO public.audit_direct_copy VALUES (NEW.call_id, NEW.decision, NEW.id);
+    RETURN NEW;
+END $$;
+
+-- The table as ctxguard creates it: no statement.
+SELECT (ctxguard.ledger_stats()->>'audit_rows_direct')::bigint AS direct0 \gset
+BEGIN;
+SELECT pg_temp.call(:'tok_alice', :'page') AS c1 \gset
+COMMIT;
+SELECT is((SELECT decision || '|' || tool || '|' || entity_id || '|' || (row_hash IS NOT NULL) || '|' || (id IS NOT NULL)
+             FROM ctxguard.audit_log WHERE call_id = :'c1'),
+          'allow|invoice.get|acme_inv3|true|true', 'direct: the row is there, chained, with its identity id');
+SELECT ok((ctxguard.ledger_stats()->>'audit_rows_direct')::bigint > :direct0, 'direct: written without a statement');
+
+-- A column a DBA added, with a default: filled on the direct path as an INSERT would fill it.
+ALTER TABLE ctxguard.audit_log ADD COLUMN dba_note text DEFAULT 'noted';
+SELECT (ctxguard.ledger_stats()->>'audit_rows_direct')::bigint AS direct1 \gset
+BEGIN;
+SELECT pg_temp.call(:'tok_alice', :'page') AS c2 \gset
+COMMIT;
+SELECT is((SELECT dba_note FROM ctxguard.audit_log WHERE call_id = :'c2'), 'noted', 'direct: a DBA''s column gets its default');
+SELECT ok((ctxguard.ledger_stats()->>'audit_rows_direct')::bigint > :direct1, 'direct: still without a statement');
+
+-- A DBA's trigger: the statement, and the trigger fires.
+CREATE TRIGGER audit_direct_copy AFTER INSERT ON ctxguard.audit_log
+    FOR EACH ROW EXECUTE FUNCTION public.audit_direct_copy();
+SELECT (ctxguard.ledger_stats()->>'audit_rows_direct')::bigint AS direct2 \gset
+BEGIN;
+SELECT pg_temp.call(:'tok_alice', :'page') AS c3 \gset
+COMMIT;
+SELECT is((SELECT decision FROM public.audit_direct_copy WHERE call_id = :'c3'), 'allow',
+          'with a DBA''s trigger on audit_log, the trigger fires for the writer''s row');
+SELECT is((SELECT dba_note FROM ctxguard.audit_log WHERE call_id = :'c3'), 'noted', 'statement: the DBA''s column gets its default');
+SELECT is((ctxguard.ledger_stats()->>'audit_rows_direct')::bigint, :direct2::bigint, 'with a trigger, no row goes without a statement');
+DROP TRIGGER audit_direct_copy ON ctxguard.audit_log;
+
+-- A dropped column: the direct path again.
+ALTER TABLE ctxguard.audit_log DROP COLUMN dba_note;
+BEGIN;
+SELECT pg_temp.call(:'tok_alice', :'page') AS c4 \gset
+COMMIT;
+SELECT ok((SELECT id FROM ctxguard.audit_log WHERE call_id = :'c4') > (SELECT id FROM ctxguard.audit_log WHERE call_id = :'c3'),
+          'after a dropped column, ids still follow the calls');
+SELECT ok((ctxguard.ledger_stats()->>'audit_rows_direct')::bigint > :direct2, 'and rows go without a statement again');
+-- A check the direct path must honour: a DBA's constraint refuses the row, and the call fails closed.
+ALTER TABLE ctxguard.audit_log ADD CONSTRAINT dba_no_invoice_get CHECK (tool <> 'invoice.get') NOT VALID;
+SET ROLE ctxguard_gateway;
+BEGIN;
+SELECT ctxguard.set_context(:'tok_alice', :'page') \g /dev/null
+SELECT ctxguard.call_tool('invoice.get', '{}') AS refused \gset
+COMMIT;
+RESET ROLE;
+ALTER TABLE ctxguard.audit_log DROP CONSTRAINT dba_no_invoice_get;
+SELECT is((:'refused'::jsonb)->'error'->>'code', 'AUDIT_UNAVAILABLE', 'a row the table refuses fails its call closed');
+SELECT is((SELECT count(*) FROM ctxguard.audit_log WHERE call_id = ((:'refused'::jsonb)->>'call_id')::uuid), 0::bigint, 'and is not there');
+
+SELECT is(ctxguard.verify_audit('acme')->>'intact', 'true', 'the chain holds across both ways');
+DROP TABLE public.audit_direct_copy;
+DROP FUNCTION public.audit_direct_copy();
+SELECT * FROM finish();
