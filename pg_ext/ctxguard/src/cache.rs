@@ -236,7 +236,8 @@ fn version_key() -> (i64, String) {
             let mut isnull = false;
             let d = pg_sys::heap_getattr(tuple, attnum as i32, (*rel).rd_att, &mut isnull);
             let version = if isnull { 0 } else { d.value() as i64 };
-            let xmin = pg_sys::HeapTupleHeaderGetRawXmin((*tuple).t_data);
+            // HeapTupleHeaderGetRawXmin (spelled out: pgrx 0.18 binds two of them for PostgreSQL 18).
+            let xmin = (*(*tuple).t_data).t_choice.t_heap.t_xmin;
             Some((version, xmin.into_inner().to_string()))
         };
         pg_sys::systable_endscan(scan);
