@@ -102,7 +102,7 @@ CREATE INDEX audit_log_call_id_idx ON ctxguard.audit_log (call_id);
 COMMENT ON TABLE ctxguard.audit_log IS 'Every Gate B decision. Hashes and sizes only: never argument values or results.';
 
 -- One counter bumped by any catalog change: each backend caches the catalog (page types, entity
--- mappings, tools, policies, mask rules) and reloads it when (version, xmin) of this row moves.
+-- mappings, tools, policies, mask rules, tenant limits) and reloads it when (version, xmin) of this row moves.
 CREATE TABLE ctxguard.catalog_version (
     singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
     version   bigint NOT NULL

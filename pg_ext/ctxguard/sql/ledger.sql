@@ -14,6 +14,9 @@ ALTER TABLE ctxguard.user_day_usage ENABLE ROW LEVEL SECURITY;
 ALTER TABLE ctxguard.user_day_usage FORCE ROW LEVEL SECURITY;
 CREATE POLICY user_day_usage_owner ON ctxguard.user_day_usage USING (true) WITH CHECK (true);  -- no grants: owner only
 ALTER TABLE ctxguard.tenant_limits ADD COLUMN max_bytes_per_user_day integer CHECK (max_bytes_per_user_day > 0);
+-- Each backend keeps the tenants' limits with its catalog: a change of them moves the catalog's version.
+CREATE TRIGGER tenant_limits_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON ctxguard.tenant_limits
+    FOR EACH STATEMENT EXECUTE FUNCTION ctxguard._bump_catalog_version();
 
 -- The audit chain: the writer stores, per tenant, each row's hash over its content and the
 -- previous row's hash; ctxguard.verify_audit(tenant) reports the first broken link.

@@ -57,38 +57,28 @@ pub fn unavailable(e: Unavailable) -> ! {
 impl Budget {
     /// Read limits and, with a generation, what it has used (from the ledger).
     pub fn open(ctx: &Ctx) -> Result<Budget, Unavailable> {
-        type Row = (Option<i64>, Option<i64>, [Option<i32>; 6], Option<f64>);
-        let (loaded, expires, ints, cov): Row = as_owner(|| {
-            let sql = match &ctx.generation {
-                Some(_) => "SELECT g.bytes_used, EXTRACT(epoch FROM g.expires_at)::pg_catalog.int8,
-                                   tl.max_pages_per_call, tl.max_calls_per_document,
-                                   tl.max_bytes_per_generation, tl.max_section_tokens, tl.max_search_results,
-                                   tl.max_bytes_per_user_day, tl.max_document_coverage::pg_catalog.float8
-                              FROM ctxguard.generations g
-                              LEFT JOIN ctxguard.tenant_limits tl ON tl.tenant_id = g.tenant_id
-                             WHERE g.id = $1::pg_catalog.uuid AND g.tenant_id = $2",
-                None => "SELECT 0::pg_catalog.int8, 0::pg_catalog.int8, tl.max_pages_per_call, tl.max_calls_per_document,
-                                tl.max_bytes_per_generation, tl.max_section_tokens, tl.max_search_results,
-                                tl.max_bytes_per_user_day, tl.max_document_coverage::pg_catalog.float8
-                           FROM (SELECT $2::pg_catalog.text AS tenant_id, $1::pg_catalog.text AS unused) t
-                           LEFT JOIN ctxguard.tenant_limits tl ON tl.tenant_id = t.tenant_id",
-            };
-            select_fresh(
-                sql,
-                Some(1),
-                &[ctx.generation.as_deref().into(), ctx.tenant_id.as_str().into()],
-                |mut rows| {
-                    let Some(r) = rows.next() else { return Ok((None, None, [None; 6], None)) };
-                    Ok((
-                        r.get::<i64>(1)?,
-                        r.get::<i64>(2)?,
-                        [r.get::<i32>(3)?, r.get::<i32>(4)?, r.get::<i32>(5)?, r.get::<i32>(6)?, r.get::<i32>(7)?, r.get::<i32>(8)?],
-                        r.get::<f64>(9)?,
-                    ))
-                },
-            )
-        })
-        .unwrap_or_else(|e| internal(e));
+        // The tenant's limits come with the catalog (read once per catalog version); a
+        // generation's use, from its row.
+        let (ints, cov) = crate::cache::catalog().tenant_limits(&ctx.tenant_id);
+        let (loaded, expires) = match &ctx.generation {
+            None => (None, None),
+            Some(g) => as_owner(|| {
+                select_fresh(
+                    "SELECT g.bytes_used, EXTRACT(epoch FROM g.expires_at)::pg_catalog.int8
+                       FROM ctxguard.generations g
+                      WHERE g.id = $1::pg_catalog.uuid AND g.tenant_id = $2",
+                    Some(1),
+                    &[g.as_str().into(), ctx.tenant_id.as_str().into()],
+                    |mut rows| {
+                        let Some(r) = rows.next() else {
+                            return Ok((None, None));
+                        };
+                        Ok((r.get::<i64>(1)?, r.get::<i64>(2)?))
+                    },
+                )
+            })
+            .unwrap_or_else(|e| internal(e)),
+        };
         let pick =
             |o: Option<i32>, g: &pgrx::GucSetting<i32>| i64::from(o.unwrap_or_else(|| g.get()));
         let limits = Limits {

@@ -76,6 +76,9 @@ impl EntityMapping {
 
 pub struct Catalog {
     key: (i64, String),
+    /// Rows of `ctxguard.tenant_limits` read so far, by tenant (a trigger on that table moves the
+    /// catalog's version too, so they are as current as the rest of the catalog).
+    limits: RefCell<HashMap<String, TenantLimits>>,
     pub tools: Vec<Rc<ToolEntry>>,
     by_name: HashMap<String, usize>,
     page_types: HashMap<String, Option<String>>,
@@ -83,7 +86,55 @@ pub struct Catalog {
     servers: HashMap<String, ServerAccess>,
 }
 
+/// A tenant's overrides in `ctxguard.tenant_limits` (NULL: the setting): `max_pages_per_call`,
+/// `max_calls_per_document`, `max_bytes_per_generation`, `max_section_tokens`,
+/// `max_search_results`, `max_bytes_per_user_day`; and `max_document_coverage`.
+pub type TenantLimits = ([Option<i32>; 6], Option<f64>);
+
+/// Most tenants whose limits a catalog keeps (beyond, it forgets them all and reads again).
+const LIMITS_KEPT: usize = 10_000;
+
 impl Catalog {
+    /// `tenant`'s row of `ctxguard.tenant_limits`, read (as the owner) once per catalog version.
+    pub fn tenant_limits(&self, tenant: &str) -> TenantLimits {
+        if let Some(l) = self.limits.borrow().get(tenant) {
+            return *l;
+        }
+        let l = as_owner(|| {
+            crate::pgutil::select_fresh(
+                "SELECT max_pages_per_call, max_calls_per_document, max_bytes_per_generation,
+                        max_section_tokens, max_search_results, max_bytes_per_user_day,
+                        max_document_coverage::pg_catalog.float8
+                   FROM ctxguard.tenant_limits WHERE tenant_id OPERATOR(pg_catalog.=) $1",
+                Some(1),
+                &[tenant.into()],
+                |mut rows| {
+                    let Some(r) = rows.next() else {
+                        return Ok(([None; 6], None));
+                    };
+                    Ok((
+                        [
+                            r.get(1)?,
+                            r.get(2)?,
+                            r.get(3)?,
+                            r.get(4)?,
+                            r.get(5)?,
+                            r.get(6)?,
+                        ],
+                        r.get(7)?,
+                    ))
+                },
+            )
+        })
+        .unwrap_or_else(|e| internal(e));
+        let mut kept = self.limits.borrow_mut();
+        if kept.len() >= LIMITS_KEPT {
+            kept.clear();
+        }
+        kept.insert(tenant.to_string(), l);
+        l
+    }
+
     /// The catalog's cache key: `(version, xmin)` of `ctxguard.catalog_version` (also moved by
     /// mask-rule changes).
     pub fn key(&self) -> &(i64, String) {
@@ -411,6 +462,7 @@ fn load(key: (i64, String)) -> Result<Catalog, pgrx::spi::Error> {
         }
         Ok(Catalog {
             key,
+            limits: RefCell::default(),
             tools,
             by_name,
             page_types,
