@@ -252,8 +252,8 @@ fn catalog_of(key: (i64, String)) -> Rc<Catalog> {
 
 /// `(version, xmin)` of the `ctxguard.catalog_version` row that the active snapshot sees: what
 /// `SELECT version, xmin FROM ctxguard.catalog_version` returns on that snapshot, read straight from
-/// the heap, with no statement to plan or run (that statement was a quarter of `set_context`'s own cost).
-/// The schema and table are found by name in the system catalogs (never through `search_path`).
+/// the heap (a one-page scan), with no statement to plan and run once per transaction. The schema
+/// and table are found by name in the system catalogs (never through `search_path`).
 fn version_key() -> (i64, String) {
     unsafe {
         let schema = pg_sys::get_namespace_oid(c"ctxguard".as_ptr(), false);

@@ -505,9 +505,10 @@ fn statement_failed(e: pgrx::spi::Error) -> ! {
     )
 }
 
-/// What one batch writes, each part as rows for `jsonb_to_recordset`. All of it is one statement
-/// (data-modifying CTEs, one snapshot), and parts with no rows are left out of it, so a batch
-/// costs one plan execution whatever it carries (each combination of parts has its saved plan).
+/// What one batch writes with a statement, each part as rows for `jsonb_to_recordset` (the audit
+/// rows only when `direct` did not take them). All of it is one statement (data-modifying CTEs,
+/// one snapshot), and parts with no rows are left out of it, so a batch costs one plan execution
+/// whatever it carries (each combination of parts has its saved plan).
 #[derive(Default)]
 struct Batch {
     /// Audit rows with their hashes, each with its index `i` in the batch (the order of the
