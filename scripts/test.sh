@@ -74,7 +74,7 @@ log "SQL security suite (pgTAP): RLS as ctxguard_reader, screens as ctxguard_app
 pg_prove -h "$RUN" -p "$PGPORT" -U ctxguard_reader -d "$DB" "${vars[@]}" sql/tests/reader/*.sql
 pg_prove -h "$RUN" -p "$PGPORT" -U ctxguard_app -d "$DB" "${vars[@]}" sql/tests/app/*.sql
 pg_prove -h "$RUN" -p "$PGPORT" -U ctxguard_ingest -d "$DB" "${vars[@]}" sql/tests/ingest/*.sql
-log "SQL suite (pgTAP) as the superuser: masking stops on statement_timeout, cancel and terminate"
+log "SQL suite (pgTAP) as the superuser: masking interrupts, the audit chain, the writer's two ways in, tenant limits"
 pg_prove -h "$RUN" -p "$PGPORT" -U postgres -d "$DB" "${vars[@]}" sql/tests/superuser/*.sql
 [ -n "${CTXGUARD_SUITE_DB:-}" ] && exit 0
 
