@@ -119,15 +119,16 @@ pub fn insert_audits(rows: &[Value]) -> bool {
     }
 }
 
-/// Each column's attribute number, in [`COLUMNS`]' order; `None` if the table is not as ctxguard
-/// creates it.
-unsafe fn layout(rel: pg_sys::Relation) -> Option<[usize; COLUMNS.len()]> {
+/// Each column's index in `attrs` (the table's attributes), in [`COLUMNS`]' order; `None` if the
+/// table is not as ctxguard creates it.
+unsafe fn layout(
+    rel: pg_sys::Relation,
+    attrs: &[&pg_sys::FormData_pg_attribute],
+) -> Option<[usize; COLUMNS.len()]> {
     let plain = (*(*rel).rd_rel).relkind == pg_sys::RELKIND_RELATION as std::ffi::c_char;
     if !plain || !(*rel).trigdesc.is_null() || !(*rel).rd_rules.is_null() {
         return None;
     }
-    let desc = pgrx::PgTupleDesc::from_pg_unchecked((*rel).rd_att);
-    let attrs: Vec<&pg_sys::FormData_pg_attribute> = desc.iter().collect();
     let mut at = [0usize; COLUMNS.len()];
     for (i, (name, _, kind)) in COLUMNS.iter().enumerate() {
         let n = attrs
@@ -142,7 +143,10 @@ unsafe fn layout(rel: pg_sys::Relation) -> Option<[usize; COLUMNS.len()]> {
 }
 
 unsafe fn insert_into(rel: pg_sys::Relation, rows: &[Value]) -> bool {
-    let Some(layout) = layout(rel) else {
+    let desc = (*rel).rd_att;
+    let tupdesc = pgrx::PgTupleDesc::from_pg_unchecked(desc);
+    let attrs: Vec<&pg_sys::FormData_pg_attribute> = tupdesc.iter().collect();
+    let Some(layout) = layout(rel, &attrs) else {
         return false;
     };
     // Every value first: a value the statement must judge sends the whole batch there.
@@ -158,8 +162,7 @@ unsafe fn insert_into(rel: pg_sys::Relation, rows: &[Value]) -> bool {
         values.push(v);
     }
 
-    let desc = (*rel).rd_att;
-    let natts = (*desc).natts as usize;
+    let natts = attrs.len();
     let estate = pg_sys::CreateExecutorState();
     let rte = pgrx::PgBox::<pg_sys::RangeTblEntry>::alloc_node(pg_sys::NodeTag::T_RangeTblEntry)
         .into_pg();
@@ -178,12 +181,9 @@ unsafe fn insert_into(rel: pg_sys::Relation, rows: &[Value]) -> bool {
 
     // The defaults of the columns ctxguard does not write (the identity `id`, and any column a
     // DBA added with a default), as an INSERT naming only ctxguard's columns would fill them.
-    let written: Vec<bool> = (0..natts).map(|n| layout.contains(&n)).collect();
-    let tupdesc = pgrx::PgTupleDesc::from_pg_unchecked(desc);
-    let attrs: Vec<&pg_sys::FormData_pg_attribute> = tupdesc.iter().collect();
     let mut defaults = Vec::new();
-    for n in 0..natts {
-        if written[n] || attrs[n].attisdropped || attrs[n].attgenerated != 0 {
+    for (n, a) in attrs.iter().enumerate() {
+        if layout.contains(&n) || a.attisdropped || a.attgenerated != 0 {
             continue;
         }
         let expr = pg_sys::build_column_default(rel, n as i32 + 1);
