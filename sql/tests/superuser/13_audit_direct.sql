@@ -6,13 +6,11 @@
 SET client_min_messages = warning;
 SELECT * FROM no_plan();
 \set page '{"pageType": "invoice_detail", "entity": {"type": "invoice", "id": "acme_inv3"}}'
+\ir ../lib/gateway_call.sql
+-- The call's id; a call that is not ok fails the test.
 CREATE FUNCTION pg_temp.call(tok text, page jsonb) RETURNS uuid LANGUAGE plpgsql AS $$
-DECLARE r jsonb;
+DECLARE r jsonb := pg_temp.gateway_call(tok, page);
 BEGIN
-    SET LOCAL ROLE ctxguard_gateway;
-    PERFORM ctxguard.set_context(tok, page);
-    r := ctxguard.call_tool('invoice.get', '{}');
-    RESET ROLE;
     IF r->>'status' <> 'ok' THEN RAISE EXCEPTION 'call failed: %', r; END IF;
     RETURN (r->>'call_id')::uuid;
 END $$;
@@ -65,12 +63,9 @@ SELECT ok((SELECT id FROM ctxguard.audit_log WHERE call_id = :'c4') > (SELECT id
 SELECT ok((ctxguard.ledger_stats()->>'audit_rows_direct')::bigint > :direct2, 'and rows go without a statement again');
 -- A check the direct path must honour: a DBA's constraint refuses the row, and the call fails closed.
 ALTER TABLE ctxguard.audit_log ADD CONSTRAINT dba_no_invoice_get CHECK (tool <> 'invoice.get') NOT VALID;
-SET ROLE ctxguard_gateway;
 BEGIN;
-SELECT ctxguard.set_context(:'tok_alice', :'page') \g /dev/null
-SELECT ctxguard.call_tool('invoice.get', '{}') AS refused \gset
+SELECT pg_temp.gateway_call(:'tok_alice', :'page') AS refused \gset
 COMMIT;
-RESET ROLE;
 ALTER TABLE ctxguard.audit_log DROP CONSTRAINT dba_no_invoice_get;
 SELECT is((:'refused'::jsonb)->'error'->>'code', 'AUDIT_UNAVAILABLE', 'a row the table refuses fails its call closed');
 SELECT is((SELECT count(*) FROM ctxguard.audit_log WHERE call_id = ((:'refused'::jsonb)->>'call_id')::uuid), 0::bigint, 'and is not there');

@@ -1,20 +1,15 @@
 -- A tenant's limits travel with the catalog (issue 13: Budget reads them once per catalog version):
 -- a change to ctxguard.tenant_limits moves the catalog's version, so it binds the gateway's next
--- transaction. Runs as the superuser
--- (the DBA changes the limits); the calls run as ctxguard_gateway.
+-- transaction. Runs as the superuser (the DBA changes the limits); the calls run as ctxguard_gateway.
 \set QUIET 1
 SET client_min_messages = warning;
 SELECT * FROM no_plan();
 \set page '{"pageType": "invoice_detail", "entity": {"type": "invoice", "id": "acme_inv3"}}'
-CREATE FUNCTION pg_temp.call(tok text, page jsonb) RETURNS text LANGUAGE plpgsql AS $$
-DECLARE r jsonb;
-BEGIN
-    SET LOCAL ROLE ctxguard_gateway;
-    PERFORM ctxguard.set_context(tok, page);
-    r := ctxguard.call_tool('invoice.get', '{}');
-    RESET ROLE;
-    RETURN coalesce(split_part(r->'error'->>'message', ':', 1), r->>'status');
-END $$;
+\ir ../lib/gateway_call.sql
+-- The call's status, or the limit that refused it.
+CREATE FUNCTION pg_temp.call(tok text, page jsonb) RETURNS text LANGUAGE sql AS $$
+    SELECT coalesce(split_part(r->'error'->>'message', ':', 1), r->>'status') FROM pg_temp.gateway_call(tok, page) r
+$$;
 CREATE TEMP TABLE saved AS SELECT * FROM ctxguard.tenant_limits WHERE tenant_id = 'acme';
 SELECT catalog_version.version AS v0 FROM ctxguard.catalog_version \gset
 
