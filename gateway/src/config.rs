@@ -68,6 +68,28 @@ pub struct Config {
     /// Longest wait for a database connection, in milliseconds.
     #[arg(long, env = "CTXGUARD_DB_TIMEOUT_MS", default_value_t = 2_000)]
     pub db_timeout_ms: u64,
+    /// Longest a statement of the gateway may run, in milliseconds (`SET LOCAL statement_timeout`
+    /// in every transaction: a setting a previous client of a pooled connection left, or a role
+    /// default, does not apply). A statement over it fails (503, `DB_UNAVAILABLE`).
+    #[arg(
+        long,
+        env = "CTXGUARD_DB_STATEMENT_TIMEOUT_MS",
+        default_value_t = 15_000
+    )]
+    pub db_statement_timeout_ms: u64,
+    /// Longest a statement of the gateway waits for a lock, in milliseconds (`SET LOCAL
+    /// lock_timeout`): a lock some other session holds cannot stall a call for longer.
+    #[arg(long, env = "CTXGUARD_DB_LOCK_TIMEOUT_MS", default_value_t = 5_000)]
+    pub db_lock_timeout_ms: u64,
+    /// Longest a gateway transaction may sit idle, in milliseconds (`SET LOCAL
+    /// idle_in_transaction_session_timeout`): a gateway stalled mid-transaction gives back its
+    /// server connection and locks.
+    #[arg(
+        long,
+        env = "CTXGUARD_DB_IDLE_IN_TRANSACTION_TIMEOUT_MS",
+        default_value_t = 15_000
+    )]
+    pub db_idle_in_transaction_timeout_ms: u64,
     /// How statements are sent to the database: `prepared` (named prepared statements cached per
     /// connection: PostgreSQL directly, pgbouncer in session mode, or pgbouncer 1.21+ with
     /// `max_prepared_statements`), `unnamed` (one unnamed statement per query: any pooler, e.g.
@@ -280,6 +302,29 @@ impl Config {
         if self.llm_timeout_ms < 100 || self.db_timeout_ms < 10 {
             return bad("timeouts are too small");
         }
+        for (name, ms) in [
+            (
+                "CTXGUARD_DB_STATEMENT_TIMEOUT_MS",
+                self.db_statement_timeout_ms,
+            ),
+            ("CTXGUARD_DB_LOCK_TIMEOUT_MS", self.db_lock_timeout_ms),
+            (
+                "CTXGUARD_DB_IDLE_IN_TRANSACTION_TIMEOUT_MS",
+                self.db_idle_in_transaction_timeout_ms,
+            ),
+        ] {
+            // 0 would mean "no limit" to PostgreSQL: never.
+            if !(100..=3_600_000).contains(&ms) {
+                return Err(ConfigError::Invalid(format!(
+                    "{name} must be 100..3600000 (milliseconds)"
+                )));
+            }
+        }
+        if self.db_lock_timeout_ms > self.db_statement_timeout_ms {
+            return bad(
+                "CTXGUARD_DB_LOCK_TIMEOUT_MS must not exceed CTXGUARD_DB_STATEMENT_TIMEOUT_MS",
+            );
+        }
         if self.provider != Provider::Offline {
             if self.llm_base_url.as_deref().unwrap_or("").is_empty() {
                 return bad(
@@ -426,6 +471,15 @@ impl Config {
 
     pub fn db_timeout(&self) -> Duration {
         Duration::from_millis(self.db_timeout_ms)
+    }
+
+    /// The timeouts every database transaction pins.
+    pub fn db_limits(&self) -> crate::sql::Limits {
+        crate::sql::Limits {
+            statement_timeout_ms: self.db_statement_timeout_ms,
+            lock_timeout_ms: self.db_lock_timeout_ms,
+            idle_in_transaction_timeout_ms: self.db_idle_in_transaction_timeout_ms,
+        }
     }
 
     pub fn mcp_connect_timeout(&self) -> Duration {

@@ -11,17 +11,26 @@
 //! run on different server connections there. `auto` (the default) probes once which it is talking
 //! to (see [`probe_direct`]) and takes `prepared` only when it sees PostgreSQL itself.
 //! No statement here sets session state (`SET`, temporary objects, `LISTEN`, advisory locks):
-//! ctxguard's context lives in transaction-local settings, and so does the one setting the gateway
-//! makes (`SET LOCAL synchronous_commit`, [`Commit::Lazy`]).
+//! ctxguard's context lives in transaction-local settings, and so do the settings the gateway pins.
+//!
+//! A server connection is hostile ground (a pooler's previous client, role defaults): every SQL
+//! text is in [`crate::sql`], fully schema-qualified, and every statement runs inside a transaction
+//! that starts `BEGIN ISOLATION LEVEL READ COMMITTED READ WRITE` (or `READ ONLY`) with the
+//! settings of [`crate::sql::PINS`] pinned by `SET LOCAL` in the same message ([`crate::sql::begin`]):
+//! the statements without a context ([`Db::verify_token`], the MCP session records, discovery),
+//! the probe, and in prepared mode the Parse of a named statement too.
 //!
 //! A `Db` is one pool, connected as one role. The gateway holds up to three: the gateway role's
 //! (model calls: EXECUTE on ctxguard's API only), the discovery role's (`sync_mcp_tools` only) and,
 //! in demo mode, the demo screens' role (`demo_page`). Each method says which pool it is for.
 
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use deadpool_postgres::{ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime, Timeouts};
+use deadpool_postgres::{
+    ManagerConfig, ObjectId, Pool, PoolError, RecyclingMethod, Runtime, Timeouts,
+};
 use serde_json::Value;
 use tokio::sync::OnceCell;
 use tokio_postgres::error::SqlState;
@@ -31,7 +40,10 @@ use uuid::Uuid;
 
 use crate::error::ApiError;
 use crate::llm::ToolSpec;
+use crate::sql::{self, Access, Limits};
 use crate::upstream::ServerConfig;
+
+pub use crate::sql::Commit;
 
 /// Who and where: the caller's token and page, plus the turn's generation and trace id.
 #[derive(Debug, Clone)]
@@ -87,61 +99,28 @@ pub struct Db {
     url: Arc<String>,
     /// How transactions that mint a generation or save a turn commit (`CTXGUARD_TURN_COMMIT`).
     turn_commit: Commit,
+    /// The timeouts every transaction pins.
+    limits: Limits,
+    /// The transaction frames (`sql::begin`), built once: [access][commit].
+    begins: Arc<[[String; 2]; 2]>,
+    /// Prepared mode: the statements already parsed on each pooled connection (so that a Parse is
+    /// sent inside a pinned transaction the first time only).
+    parsed: Arc<Mutex<HashSet<(ObjectId, &'static str)>>>,
 }
 
-/// A pooled client: deadpool's view (statement cache) and tokio-postgres's. (Transactions go
-/// through [`Db::transaction`], pipelined.)
-trait Conn: deadpool_postgres::GenericClient + Sync {
-    type Pg: tokio_postgres::GenericClient + Sync;
-    fn pg(&self) -> &Self::Pg;
-}
-
-impl Conn for deadpool_postgres::Client {
-    type Pg = tokio_postgres::Client;
-    fn pg(&self) -> &Self::Pg {
-        self
-    }
-}
-
-/// Run `sql` on `c`, unnamed or as a cached named prepared statement.
-async fn rows<C: Conn>(
-    c: &C,
-    unnamed: bool,
-    sql: &str,
-    params: &Params<'_>,
-) -> Result<Vec<Row>, ApiError> {
-    if unnamed {
-        return tokio_postgres::GenericClient::query_typed(c.pg(), sql, params)
-            .await
-            .map_err(map_pg);
-    }
-    let types: Vec<Type> = params.iter().map(|(_, t)| t.clone()).collect();
-    let stmt = deadpool_postgres::GenericClient::prepare_typed_cached(c, sql, &types)
-        .await
-        .map_err(map_pg)?;
-    let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
-    deadpool_postgres::GenericClient::query(c, &stmt, &values)
-        .await
-        .map_err(map_pg)
-}
-
-/// How a transaction commits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Commit {
-    /// Wait for the WAL flush (PostgreSQL's default).
-    Durable,
-    /// Do not wait for it (`SET LOCAL synchronous_commit = off`): a crash may lose the last
-    /// fraction of a second of such commits, never a later commit and never half of one.
-    Lazy,
-}
-
-impl Commit {
-    fn begin(self) -> &'static str {
-        match self {
-            Commit::Durable => "BEGIN",
-            Commit::Lazy => "BEGIN; SET LOCAL synchronous_commit TO off",
-        }
-    }
+/// The frames of [`sql::begin`] for `limits`, indexed [access][commit].
+fn begins(limits: &Limits) -> Arc<[[String; 2]; 2]> {
+    let b = |a, c| sql::begin(a, c, limits);
+    Arc::new([
+        [
+            b(Access::ReadWrite, Commit::Durable),
+            b(Access::ReadWrite, Commit::Lazy),
+        ],
+        [
+            b(Access::ReadOnly, Commit::Durable),
+            b(Access::ReadOnly, Commit::Lazy),
+        ],
+    ])
 }
 
 /// One request of a pipelined transaction ([`Db::transaction`]).
@@ -160,18 +139,7 @@ fn one_row(mut rows: Vec<Row>) -> Result<Row, ApiError> {
     Ok(rows.remove(0))
 }
 
-/// Gate A (ranked by `$1`, cut at `$2`) and the page type's description, in one statement. The
-/// page type's row comes out once even when no tool is visible.
-const PAGE_TOOLS: &str =
-    "SELECT pt.description, v.name, v.description, v.input_schema, v.read_only, v.danger,
-        v.requires_approval, v.server, t.title
-   FROM ctxguard.page_types pt
-   LEFT JOIN LATERAL ctxguard.visible_tools($1, $2) WITH ORDINALITY v ON true
-   LEFT JOIN ctxguard.tools t ON t.name = v.name
-  WHERE pt.name = ctxguard.page_type()
-  ORDER BY v.ordinality";
-
-/// The tools and the page description of [`PAGE_TOOLS`]'s rows.
+/// The tools and the page description of [`sql::PAGE_TOOLS`]'s rows.
 fn tool_specs(rows: &[Row]) -> (Vec<ToolSpec>, String) {
     let description = rows
         .first()
@@ -194,16 +162,6 @@ fn tool_specs(rows: &[Row]) -> (Vec<ToolSpec>, String) {
     (tools, description)
 }
 
-/// Exactly one row (else INTERNAL: the statements here always return one).
-async fn row<C: Conn>(
-    c: &C,
-    unnamed: bool,
-    sql: &str,
-    params: &Params<'_>,
-) -> Result<Row, ApiError> {
-    one_row(rows(c, unnamed, sql, params).await?)
-}
-
 /// Is `url` PostgreSQL itself, with nothing in between? A connection of our own asks the server
 /// what it sees: over TCP, our own source port as its client port (a pooler or proxy connects from
 /// its own) and the port we dialled as its own; over a Unix socket, no client port and its own
@@ -218,8 +176,14 @@ pub async fn probe_direct(url: &str) -> Result<bool, String> {
         .cloned()
         .ok_or("database URL names no host")?;
     let port = config.get_ports().first().copied().unwrap_or(5432);
-    let sql = "SELECT pg_catalog.inet_client_port(), pg_catalog.inet_server_port(),
-                      pg_catalog.current_setting('port')::int";
+    // In a pinned read-only transaction like every other statement (its answer is the one row).
+    let sql = format!(
+        "{}; {}; {}",
+        sql::begin(Access::ReadOnly, Commit::Durable, &Limits::default()),
+        sql::PROBE,
+        sql::COMMIT
+    );
+    let sql = sql.as_str();
     let timeout = config
         .get_connect_timeout()
         .copied()
@@ -365,19 +329,53 @@ impl Db {
         let pool = cfg
             .create_pool(Some(Runtime::Tokio1), NoTls)
             .map_err(|e| e.to_string())?;
-        Ok(Db {
+        Ok(Db::from_pool(pool, url, mode))
+    }
+
+    /// A `Db` on a pool made elsewhere (its connections to `url`); tests hand it connections a
+    /// previous client used.
+    pub fn from_pool(pool: Pool, url: &str, mode: StatementMode) -> Db {
+        let limits = Limits::default();
+        Db {
             pool,
             mode,
             unnamed: Arc::new(OnceCell::new()),
             url: Arc::new(url.to_string()),
             turn_commit: Commit::Durable,
-        })
+            limits,
+            begins: begins(&limits),
+            parsed: Arc::new(Mutex::new(HashSet::new())),
+        }
     }
 
     /// Commit the transactions that mint a generation or save a turn this way (else durably).
     pub fn with_turn_commit(mut self, commit: Commit) -> Db {
         self.turn_commit = commit;
         self
+    }
+
+    /// Pin these timeouts in every transaction (else [`Limits::default`]).
+    pub fn with_limits(mut self, limits: Limits) -> Db {
+        self.limits = limits;
+        self.begins = begins(&limits);
+        self
+    }
+
+    /// The timeouts every transaction pins.
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    fn begin(&self, access: Access, commit: Commit) -> &str {
+        let a = match access {
+            Access::ReadWrite => 0,
+            Access::ReadOnly => 1,
+        };
+        let c = match commit {
+            Commit::Durable => 0,
+            Commit::Lazy => 1,
+        };
+        &self.begins[a][c]
     }
 
     /// Whether statements go unnamed. `auto` probes once (a failed probe is not remembered, and
@@ -431,53 +429,60 @@ impl Db {
         self.pool.get().await.map_err(map_pool)
     }
 
-    /// One transaction in one round trip: `BEGIN`, `set_context` with the scope, `stmts`, `COMMIT`,
-    /// sent together (pipelined) and answered in order. Returns the context and each statement's
-    /// rows. The first error in that order is the answer: after a failed step the later statements
-    /// fail (25P02) and the `COMMIT` rolls back, so nothing of a failed transaction stays.
-    /// `Commit::Lazy` commits without waiting for the WAL flush (`SET LOCAL synchronous_commit`).
+    /// One transaction in one round trip: `BEGIN` with the pins, `set_context` with the scope,
+    /// `stmts`, `COMMIT`, sent together (pipelined) and answered in order. Returns the context and
+    /// each statement's rows. The first error in that order is the answer: after a failed step the
+    /// later statements fail (25P02) and the `COMMIT` rolls back, so nothing of a failed
+    /// transaction stays. `Commit::Lazy` commits without waiting for the WAL flush.
     async fn transaction(
         &self,
         scope: &Scope,
         commit: Commit,
-        stmts: &[(&str, &Params<'_>)],
+        stmts: &[(&'static str, &Params<'_>)],
     ) -> Result<(Value, Vec<Vec<Row>>), ApiError> {
-        let unnamed = self.unnamed().await;
-        let client = self.client().await?;
         let set_context: &Params<'_> = &[
             (&scope.token, Type::TEXT),
             (&scope.page, Type::JSONB),
             (&scope.generation, Type::UUID),
             (&scope.trace_id, Type::TEXT),
         ];
-        let all: Vec<(&str, &Params<'_>)> =
-            std::iter::once(("SELECT ctxguard.set_context($1, $2, $3, $4)", set_context))
+        let all: Vec<(&'static str, &Params<'_>)> =
+            std::iter::once((sql::SET_CONTEXT, set_context))
                 .chain(stmts.iter().copied())
                 .collect();
-        // Named statements are parsed before anything is sent (a cache miss costs one round trip,
-        // once per connection), so that the pipeline itself never waits.
+        let mut out = self
+            .pipeline(Access::ReadWrite, commit, &all)
+            .await?
+            .into_iter();
+        let context = one_row(out.next().unwrap_or_default())?.get(0);
+        Ok((context, out.collect()))
+    }
+
+    /// `stmts` in one pinned transaction ([`sql::begin`] … `COMMIT`), pipelined in one round trip;
+    /// each statement's rows. In prepared mode, statements not yet parsed on the connection are
+    /// parsed first, in a pinned read-only transaction of their own.
+    async fn pipeline(
+        &self,
+        access: Access,
+        commit: Commit,
+        all: &[(&'static str, &Params<'_>)],
+    ) -> Result<Vec<Vec<Row>>, ApiError> {
+        let unnamed = self.unnamed().await;
+        let client = self.client().await?;
+        let begin = self.begin(access, commit);
         let mut prepared = Vec::with_capacity(all.len());
-        for (sql, params) in &all {
-            prepared.push(if unnamed {
-                None
-            } else {
-                let types: Vec<Type> = params.iter().map(|(_, t)| t.clone()).collect();
-                Some(
-                    deadpool_postgres::GenericClient::prepare_typed_cached(&client, sql, &types)
-                        .await
-                        .map_err(map_pg)?,
-                )
-            });
+        if !unnamed {
+            prepared = self.prepare(&client, all).await?;
         }
         let pg: &tokio_postgres::Client = &client;
         // Each request is queued when its future is first polled; join_all polls them in order
         // (and all of them before any answer can arrive), so they go out in this order.
         let mut steps: Vec<Step<'_>> = Vec::with_capacity(all.len() + 2);
         steps.push(Box::pin(async move {
-            pg.batch_execute(commit.begin()).await.map(|()| Vec::new())
+            pg.batch_execute(begin).await.map(|()| Vec::new())
         }));
-        for ((sql, params), stmt) in all.iter().zip(&prepared) {
-            steps.push(match stmt {
+        for (i, (sql, params)) in all.iter().enumerate() {
+            steps.push(match prepared.get(i) {
                 Some(stmt) => Box::pin(async move {
                     let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
                     pg.query(stmt, &values).await
@@ -486,7 +491,7 @@ impl Db {
             });
         }
         steps.push(Box::pin(async move {
-            pg.batch_execute("COMMIT").await.map(|()| Vec::new())
+            pg.batch_execute(sql::COMMIT).await.map(|()| Vec::new())
         }));
         // Collecting into a Result stops at the first error, in the order sent.
         let results: Vec<Vec<Row>> = futures::future::join_all(steps)
@@ -494,24 +499,68 @@ impl Db {
             .into_iter()
             .collect::<Result<_, _>>()
             .map_err(map_pg)?;
-        // BEGIN, set_context, the statements, COMMIT.
-        let mut out = results.into_iter().skip(1).take(all.len());
-        let context = one_row(out.next().unwrap_or_default())?.get(0);
-        Ok((context, out.collect()))
+        // BEGIN, the statements, COMMIT.
+        Ok(results.into_iter().skip(1).take(all.len()).collect())
+    }
+
+    /// Prepared mode: the named statements of `all`, from the connection's cache. Those not yet
+    /// parsed on this connection are parsed inside a pinned read-only transaction (sent with it,
+    /// one round trip per statement as before), so that no Parse runs under a previous client's
+    /// settings either.
+    async fn prepare(
+        &self,
+        client: &deadpool_postgres::Client,
+        all: &[(&'static str, &Params<'_>)],
+    ) -> Result<Vec<tokio_postgres::Statement>, ApiError> {
+        let id = deadpool_postgres::Object::id(client);
+        let known = {
+            let parsed = self.parsed.lock().unwrap_or_else(|e| e.into_inner());
+            all.iter().all(|(sql, _)| parsed.contains(&(id, *sql)))
+        };
+        let prepare = |sql: &'static str, params: &Params<'_>| {
+            let types: Vec<Type> = params.iter().map(|(_, t)| t.clone()).collect();
+            async move { client.prepare_typed_cached(sql, &types).await }
+        };
+        if known {
+            let mut out = Vec::with_capacity(all.len());
+            for (sql, params) in all {
+                out.push(prepare(sql, params).await.map_err(map_pg)?);
+            }
+            return Ok(out);
+        }
+        let pg: &tokio_postgres::Client = client;
+        let begin = self.begin(Access::ReadOnly, Commit::Durable);
+        // Polled in order, so sent in order: BEGIN, every Parse, COMMIT (one round trip).
+        let (opened, parsed, closed) = futures::join!(
+            pg.batch_execute(begin),
+            futures::future::join_all(all.iter().map(|(sql, params)| prepare(sql, params))),
+            pg.batch_execute(sql::COMMIT)
+        );
+        opened.map_err(map_pg)?;
+        let out = parsed
+            .into_iter()
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(map_pg)?;
+        closed.map_err(map_pg)?;
+        let mut known = self.parsed.lock().unwrap_or_else(|e| e.into_inner());
+        // Connections come and go: forget them all now and then (a re-parse costs one round trip).
+        if known.len() > 16_384 {
+            known.clear();
+        }
+        known.extend(all.iter().map(|(sql, _)| (id, *sql)));
+        Ok(out)
     }
 
     /// `SELECT extversion` of ctxguard, for readiness.
     pub async fn extension_version(&self) -> Result<Option<String>, ApiError> {
-        let unnamed = self.unnamed().await;
-        let client = self.client().await?;
-        let r = rows(
-            &client,
-            unnamed,
-            "SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'ctxguard'",
-            &[],
-        )
-        .await?;
-        Ok(r.first().map(|r| r.get(0)))
+        let mut r = self
+            .pipeline(
+                Access::ReadOnly,
+                Commit::Durable,
+                &[(sql::EXTENSION_VERSION, &[])],
+            )
+            .await?;
+        Ok(r.pop().unwrap_or_default().first().map(|r| r.get(0)))
     }
 
     /// Mint a generation (it becomes the transaction's context generation), read Gate A (ranked
@@ -526,20 +575,9 @@ impl Db {
     ) -> Result<TurnStart, ApiError> {
         let mint: &Params<'_> = &[(&conversation_id, Type::TEXT)];
         let gate_a: &Params<'_> = &[(&Some(message), Type::TEXT), (&Some(max_tools), Type::INT4)];
-        let mut stmts = vec![
-            (
-                "SELECT ctxguard.begin_generation($1), ctxguard.context(),
-                        (SELECT generation_ttl FROM ctxguard.effective_ttls())",
-                mint,
-            ),
-            (PAGE_TOOLS, gate_a),
-        ];
+        let mut stmts = vec![(sql::OPEN_TURN_MINT, mint), (sql::PAGE_TOOLS, gate_a)];
         if continuing {
-            stmts.push((
-                "SELECT message, coalesce(answer, '') FROM ctxguard.conversation_turns
-                  WHERE conversation_id = $1 ORDER BY turn DESC LIMIT 6",
-                mint,
-            ));
+            stmts.push((sql::HISTORY, mint));
         }
         // The generation row may be lost in a crash before its WAL is flushed (Commit::Lazy): a
         // call under it is then refused and the page view mints another (pages.rs).
@@ -569,7 +607,7 @@ impl Db {
     pub(crate) async fn one<T>(
         &self,
         scope: &Scope,
-        sql: &str,
+        sql: &'static str,
         params: &Params<'_>,
     ) -> Result<T, ApiError>
     where
@@ -582,7 +620,7 @@ impl Db {
         &self,
         scope: &Scope,
         commit: Commit,
-        sql: &str,
+        sql: &'static str,
         params: &Params<'_>,
     ) -> Result<T, ApiError>
     where
@@ -592,14 +630,20 @@ impl Db {
         Ok(one_row(results.pop().unwrap_or_default())?.get(0))
     }
 
-    /// One statement without a context (its own implicit transaction), returning one value.
-    async fn bare<T>(&self, sql: &str, params: &Params<'_>) -> Result<T, ApiError>
+    /// One statement without a context (in a pinned transaction of its own), returning one value.
+    async fn bare<T>(
+        &self,
+        access: Access,
+        sql: &'static str,
+        params: &Params<'_>,
+    ) -> Result<T, ApiError>
     where
         T: for<'r> tokio_postgres::types::FromSql<'r>,
     {
-        let unnamed = self.unnamed().await;
-        let client = self.client().await?;
-        Ok(row(&client, unnamed, sql, params).await?.get(0))
+        let mut r = self
+            .pipeline(access, Commit::Durable, &[(sql, params)])
+            .await?;
+        Ok(one_row(r.pop().unwrap_or_default())?.get(0))
     }
 
     /// The validated context, the page description, and every catalogued tool with Gate A's
@@ -613,19 +657,7 @@ impl Db {
     ) -> Result<Value, ApiError> {
         self.one(
             scope,
-            "SELECT jsonb_build_object(
-                 'context', ctxguard.context(),
-                 'page', (SELECT jsonb_build_object('type', pt.name, 'description', pt.description)
-                            FROM ctxguard.page_types pt WHERE pt.name = ctxguard.page_type()),
-                 'tools', (SELECT coalesce(jsonb_agg(jsonb_build_object(
-                                      'name', e.name, 'visible', e.visible, 'reason', e.reason,
-                                      'offered', e.offered, 'leftOut', e.left_out,
-                                      'description', t.description, 'readOnly', v.read_only,
-                                      'danger', v.danger, 'requiresApproval', v.requires_approval)
-                                      ORDER BY NOT e.visible, e.offered IS NOT TRUE, e.name), '[]')
-                             FROM ctxguard.explain_tools($1, $2) e
-                             JOIN ctxguard.tools t ON t.name = e.name
-                             LEFT JOIN ctxguard.visible_tools() v ON v.name = e.name))",
+            sql::EXPLAIN_PAGE,
             &[(&query, Type::TEXT), (&top_k, Type::INT4)],
         )
         .await
@@ -642,19 +674,15 @@ impl Db {
             ToolName::Catalog(name) => {
                 self.one(
                     scope,
-                    "SELECT ctxguard.call_tool($1, $2)",
+                    sql::CALL_TOOL,
                     &[(name, Type::TEXT), (args, Type::JSONB)],
                 )
                 .await
             }
-            // The catalog name whose wire form this is (unique: `tools_wire_name_key`); a name
-            // that is no tool's wire form goes to Gate B as it is (TOOL_NOT_FOUND).
             ToolName::Wire(wire) => {
                 self.one(
                     scope,
-                    "SELECT ctxguard.call_tool(coalesce(
-                         (SELECT t.name FROM ctxguard.tools t
-                           WHERE pg_catalog.replace(t.name, '.', '__') = $1), $1), $2)",
+                    sql::CALL_TOOL_WIRE,
                     &[(wire, Type::TEXT), (args, Type::JSONB)],
                 )
                 .await
@@ -665,22 +693,13 @@ impl Db {
     /// A demo screen: the validated context and the data of the screen it names. Only on the demo
     /// screens' pool (`CTXGUARD_DEMO_DATABASE_URL`): the gateway role cannot (`42501`).
     pub async fn demo_page(&self, scope: &Scope) -> Result<Value, ApiError> {
-        self.one(
-            scope,
-            "SELECT jsonb_build_object('context', ctxguard.context(), 'data', demo.page_data())",
-            &[],
-        )
-        .await
+        self.one(scope, sql::DEMO_PAGE, &[]).await
     }
 
     /// Run a pending approval exactly once (the database consumes it atomically).
     pub async fn approve(&self, scope: &Scope, call_id: Uuid) -> Result<Value, ApiError> {
-        self.one(
-            scope,
-            "SELECT ctxguard.approve_call($1)",
-            &[(&call_id, Type::UUID)],
-        )
-        .await
+        self.one(scope, sql::APPROVE_CALL, &[(&call_id, Type::UUID)])
+            .await
     }
 
     /// Verify the token and page, returning the context (who the database says the caller is).
@@ -698,11 +717,7 @@ impl Db {
             .transaction(
                 scope,
                 self.turn_commit,
-                &[(
-                    "SELECT ctxguard.begin_generation($1),
-                            (SELECT generation_ttl FROM ctxguard.effective_ttls())",
-                    &[(&conversation_id, Type::TEXT)],
-                )],
+                &[(sql::MINT_GENERATION, &[(&conversation_id, Type::TEXT)])],
             )
             .await?;
         let r = one_row(results.pop().unwrap_or_default())?;
@@ -722,7 +737,7 @@ impl Db {
         self.one_with(
             scope,
             self.turn_commit,
-            "SELECT ctxguard.save_turn($1, $2, $3, $4)",
+            sql::SAVE_TURN,
             &[
                 (&conversation_id, Type::TEXT),
                 (&message, Type::TEXT),
@@ -736,7 +751,7 @@ impl Db {
 
     /// Verify a bearer token without a page (for MCP requests): the identity, or 401.
     pub async fn verify_token(&self, token: &str) -> Result<Value, ApiError> {
-        self.bare("SELECT ctxguard.verify_token($1)", &[(&token, Type::TEXT)])
+        self.bare(Access::ReadOnly, sql::VERIFY_TOKEN, &[(&token, Type::TEXT)])
             .await
     }
 
@@ -751,7 +766,8 @@ impl Db {
         touch_after_ms: Option<i32>,
     ) -> Result<Value, ApiError> {
         self.bare(
-            "SELECT ctxguard.mcp_identity($1, $2, $3)",
+            Access::ReadWrite,
+            sql::MCP_IDENTITY,
             &[
                 (&token, Type::TEXT),
                 (&session_id, Type::TEXT),
@@ -770,7 +786,8 @@ impl Db {
         idle_ms: i32,
     ) -> Result<Option<Value>, ApiError> {
         self.bare(
-            "SELECT ctxguard.mcp_session_expire($1, $2, $3)",
+            Access::ReadWrite,
+            sql::MCP_SESSION_EXPIRE,
             &[
                 (&token, Type::TEXT),
                 (&session_id, Type::TEXT),
@@ -789,7 +806,8 @@ impl Db {
         touch_after_ms: i32,
     ) -> Result<Vec<String>, ApiError> {
         self.bare(
-            "SELECT ctxguard.mcp_session_touch($1, $2)",
+            Access::ReadWrite,
+            sql::MCP_SESSION_TOUCH,
             &[(sessions, Type::JSONB), (&touch_after_ms, Type::INT4)],
         )
         .await
@@ -800,11 +818,7 @@ impl Db {
     /// Returns the context and `{key, changed}`.
     pub async fn put_user_page(&self, scope: &Scope) -> Result<(Value, Value), ApiError> {
         let (context, mut results) = self
-            .transaction(
-                scope,
-                Commit::Durable,
-                &[("SELECT ctxguard.put_user_page()", &[])],
-            )
+            .transaction(scope, Commit::Durable, &[(sql::PUT_USER_PAGE, &[])])
             .await?;
         Ok((context, one_row(results.pop().unwrap_or_default())?.get(0)))
     }
@@ -815,12 +829,8 @@ impl Db {
         scope: &Scope,
         session_id: &str,
     ) -> Result<bool, ApiError> {
-        self.one(
-            scope,
-            "SELECT ctxguard.put_session_page($1)",
-            &[(&session_id, Type::TEXT)],
-        )
-        .await
+        self.one(scope, sql::PUT_SESSION_PAGE, &[(&session_id, Type::TEXT)])
+            .await
     }
 
     /// Record an MCP session for the token's user, so that any gateway can serve it.
@@ -831,18 +841,18 @@ impl Db {
         init_params: &Value,
         ttl_secs: i32,
     ) -> Result<(), ApiError> {
-        let unnamed = self.unnamed().await;
-        let client = self.client().await?;
-        rows(
-            &client,
-            unnamed,
-            "SELECT ctxguard.mcp_session_open($1, $2, $3, $4)::text",
-            &[
-                (&token, Type::TEXT),
-                (&session_id, Type::TEXT),
-                (init_params, Type::JSONB),
-                (&ttl_secs, Type::INT4),
-            ],
+        self.pipeline(
+            Access::ReadWrite,
+            Commit::Durable,
+            &[(
+                sql::MCP_SESSION_OPEN,
+                &[
+                    (&token, Type::TEXT),
+                    (&session_id, Type::TEXT),
+                    (init_params, Type::JSONB),
+                    (&ttl_secs, Type::INT4),
+                ],
+            )],
         )
         .await?;
         Ok(())
@@ -855,7 +865,8 @@ impl Db {
         session_id: &str,
     ) -> Result<Option<Value>, ApiError> {
         self.bare(
-            "SELECT ctxguard.mcp_session_load($1, $2)",
+            Access::ReadOnly,
+            sql::MCP_SESSION_LOAD,
             &[(&token, Type::TEXT), (&session_id, Type::TEXT)],
         )
         .await
@@ -864,7 +875,8 @@ impl Db {
     /// End the caller's session of that id; whether there was one.
     pub async fn mcp_session_close(&self, token: &str, session_id: &str) -> Result<bool, ApiError> {
         self.bare(
-            "SELECT ctxguard.mcp_session_close($1, $2)",
+            Access::ReadWrite,
+            sql::MCP_SESSION_CLOSE,
             &[(&token, Type::TEXT), (&session_id, Type::TEXT)],
         )
         .await
@@ -881,7 +893,10 @@ impl Db {
             .transaction(
                 scope,
                 Commit::Durable,
-                &[(PAGE_TOOLS, &[(&query, Type::TEXT), (&top_k, Type::INT4)])],
+                &[(
+                    sql::PAGE_TOOLS,
+                    &[(&query, Type::TEXT), (&top_k, Type::INT4)],
+                )],
             )
             .await?;
         Ok(tool_specs(results.first().map_or(&[][..], Vec::as_slice)))
@@ -897,7 +912,7 @@ impl Db {
     ) -> Result<Value, ApiError> {
         self.one(
             scope,
-            "SELECT ctxguard.complete_call($1, $2, $3)",
+            sql::COMPLETE_CALL,
             &[
                 (&call_id, Type::UUID),
                 (result, Type::JSONB),
@@ -912,18 +927,16 @@ impl Db {
         &self,
         names: Option<&[String]>,
     ) -> Result<Vec<ServerConfig>, ApiError> {
-        let unnamed = self.unnamed().await;
-        let client = self.client().await?;
         let names: Option<Vec<String>> = names.map(<[String]>::to_vec);
-        let rows = rows(
-            &client,
-            unnamed,
-            "SELECT name, transport, url, command, args, env, cwd, headers, bearer_token_env
-               FROM ctxguard.mcp_servers WHERE enabled AND ($1::text[] IS NULL OR name = ANY($1))
-              ORDER BY name",
-            &[(&names, Type::TEXT_ARRAY)],
-        )
-        .await?;
+        let rows = self
+            .pipeline(
+                Access::ReadOnly,
+                Commit::Durable,
+                &[(sql::MCP_SERVERS, &[(&names, Type::TEXT_ARRAY)])],
+            )
+            .await?
+            .pop()
+            .unwrap_or_default();
         let strings = |v: Value| -> std::collections::HashMap<String, String> {
             v.as_object()
                 .map(|o| {
@@ -953,7 +966,8 @@ impl Db {
     /// pool (`CTXGUARD_DISCOVERY_DATABASE_URL`): the gateway role cannot (`42501`).
     pub async fn sync_mcp_tools(&self, server: &str, tools: &Value) -> Result<Value, ApiError> {
         self.bare(
-            "SELECT ctxguard.sync_mcp_tools($1, $2)",
+            Access::ReadWrite,
+            sql::SYNC_MCP_TOOLS,
             &[(&server, Type::TEXT), (tools, Type::JSONB)],
         )
         .await

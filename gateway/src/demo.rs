@@ -88,7 +88,8 @@ impl Demo {
                 config.pool_size.min(8),
                 config.db_timeout(),
                 config.db_statements,
-            )?,
+            )?
+            .with_limits(config.db_limits()),
         }))
     }
 

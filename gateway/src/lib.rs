@@ -37,6 +37,7 @@ pub mod origin;
 pub mod pages;
 pub mod public_url;
 pub mod secrets;
+pub mod sql;
 pub mod tools;
 pub mod upstream;
 
@@ -87,11 +88,15 @@ impl AppState {
             config.db_timeout(),
             config.db_statements,
         )?
-        .with_turn_commit(config.turn_commit);
+        .with_turn_commit(config.turn_commit)
+        .with_limits(config.db_limits());
         // Discovery records a server's tools once per (re)connection: two connections are plenty.
         let discovery = config
             .discovery_url()
-            .map(|url| Db::connect(url, 2, config.db_timeout(), config.db_statements))
+            .map(|url| {
+                Db::connect(url, 2, config.db_timeout(), config.db_statements)
+                    .map(|db| db.with_limits(config.db_limits()))
+            })
             .transpose()?;
         let model: Arc<dyn ChatModel> = match config.provider {
             Provider::Offline => Arc::new(llm::offline::Offline),

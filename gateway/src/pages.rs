@@ -148,6 +148,21 @@ impl View {
 /// session's (`s:<key>`).
 pub const CHANNEL: &str = "ctxguard_pages";
 
+/// `LISTEN` (`sql::LISTEN_PAGES`), in a pinned transaction like everything the gateway sends (it
+/// takes effect at its commit).
+fn listen_statement() -> String {
+    format!(
+        "{}; {}; {}",
+        crate::sql::begin(
+            crate::sql::Access::ReadWrite,
+            crate::sql::Commit::Durable,
+            &crate::sql::Limits::default()
+        ),
+        crate::sql::LISTEN_PAGES,
+        crate::sql::COMMIT
+    )
+}
+
 /// Where the gateway's one listening connection goes: `CTXGUARD_NOTIFY_DATABASE_URL`, else the
 /// database URL when it reaches PostgreSQL itself. Never through a transaction-mode pooler: a
 /// `LISTEN` there stays on a server connection that other clients then get.
@@ -211,7 +226,7 @@ async fn listen_once(
         Ok(())
     });
     client
-        .batch_execute(&format!("LISTEN {CHANNEL}"))
+        .batch_execute(&listen_statement())
         .await
         .map_err(|e| e.to_string())?;
     hub.set_following(true);
