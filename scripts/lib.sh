@@ -161,7 +161,8 @@ CONF
 # pgbouncer (Debian's package: 1.18 on Debian 12) in transaction mode between clients and this cluster,
 # as the gateway runs behind it in production (README "Behind pgbouncer"): every database of the
 # cluster, trust authentication for the roles in $PGB_DIR/userlist.txt, a server pool of
-# ${PGBOUNCER_POOL_SIZE:-2} connections per database and role. Admin console: database pgbouncer, user postgres.
+# ${PGBOUNCER_POOL_SIZE:-2} connections per database and role, and docs/deploy.md's timeouts
+# (idle_transaction_timeout, query_timeout, query_wait_timeout). Admin console: database pgbouncer, user postgres.
 PGBOUNCER_PORT=${CTXGUARD_PGBOUNCER_PORT:-$((PGPORT + 5))}
 PGB_DIR=$RUN/pgbouncer
 start_pgbouncer() {
@@ -180,6 +181,7 @@ start_pgbouncer() {
   as_pg tee "$PGB_DIR/userlist.txt" >/dev/null <<USERS
 "postgres" ""
 "ctxguard_gateway" ""
+"ctxguard_gateway_b" ""
 "ctxguard_discovery" ""
 "ctxguard_app" ""
 USERS
@@ -200,6 +202,15 @@ min_pool_size = 0
 reserve_pool_size = 0
 max_client_conn = 1000
 server_login_retry = 1
+; The hygiene docs/deploy.md sets, with why (its pgbouncer section).
+max_db_connections = 64
+idle_transaction_timeout = 5
+query_timeout = 30
+query_wait_timeout = 10
+server_idle_timeout = 600
+server_lifetime = 3600
+server_reset_query = DISCARD ALL
+server_reset_query_always = 0
 logfile = $PGB_DIR/pgbouncer.log
 pidfile = $PGB_DIR/pgbouncer.pid
 INI

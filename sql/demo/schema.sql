@@ -15,13 +15,18 @@ CREATE EXTENSION IF NOT EXISTS ctxguard;
 --                       ctxguard.sync_mcp_tools only). The gateway's CTXGUARD_DISCOVERY_DATABASE_URL.
 --   ctxguard_app        LOGIN: the demo app's human screens (demo.page_data and what it reads). The
 --                       gateway's CTXGUARD_DEMO_DATABASE_URL in demo mode.
+--   ctxguard_gateways   NOLOGIN: the group of the gateways' login roles, holding their grants. One
+--                       login role per gateway instance, each a member (docs/deploy.md): a role can
+--                       cancel or terminate its own role's backends, so no gateway can end another's.
+--   ctxguard_gateway_b  LOGIN: a second gateway instance's role (ctxguard_gateway is the first's).
 -- None is a superuser, none bypasses RLS, none creates databases or roles.
 DO $$
 DECLARE
     r record;
 BEGIN
     FOR r IN SELECT * FROM (VALUES ('ctxguard_gateway', true), ('ctxguard_tools', false),
-                                   ('ctxguard_discovery', true), ('ctxguard_app', true)) AS v(name, login) LOOP
+                                   ('ctxguard_discovery', true), ('ctxguard_app', true),
+                                   ('ctxguard_gateways', false), ('ctxguard_gateway_b', true)) AS v(name, login) LOOP
         IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = r.name) THEN
             EXECUTE format('CREATE ROLE %I', r.name);
         END IF;
@@ -30,6 +35,10 @@ BEGIN
     END LOOP;
 END $$;
 GRANT CONNECT, TEMPORARY ON DATABASE :"DBNAME" TO ctxguard_gateway;
+-- One login role per gateway instance, members of the group that holds the grants (ctxguard's API is
+-- EXECUTE to PUBLIC; the group holds CONNECT, and would hold EXECUTE where PUBLIC's is revoked).
+GRANT CONNECT ON DATABASE :"DBNAME" TO ctxguard_gateways;
+GRANT ctxguard_gateways TO ctxguard_gateway, ctxguard_gateway_b;
 GRANT CONNECT ON DATABASE :"DBNAME" TO ctxguard_discovery, ctxguard_app;
 
 DROP SCHEMA IF EXISTS demo CASCADE;
