@@ -33,10 +33,15 @@ pub enum Code {
     /// The call cannot be audited now (no audit writer, its queue or the shared-memory ledger is
     /// full): refused before any handler ran. Retry later.
     AuditUnavailable,
+    /// The tenant or user holds its share of a ledger table that every tenant shares
+    /// (`ctxguard.ledger_tenant_share`, `ctxguard.ledger_user_share`), or the table is full:
+    /// refused, nothing was read or run. The message names the table's setting. Other tenants
+    /// are not affected; retry once entries expire.
+    CapacityExceeded,
 }
 
 impl Code {
-    pub const ALL: [Code; 13] = [
+    pub const ALL: [Code; 14] = [
         Code::ContextMissing,
         Code::ToolNotFound,
         Code::ToolNotVisible,
@@ -50,6 +55,7 @@ impl Code {
         Code::RateLimitExceeded,
         Code::ResultTooLarge,
         Code::AuditUnavailable,
+        Code::CapacityExceeded,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -67,6 +73,7 @@ impl Code {
             Code::RateLimitExceeded => "RATE_LIMIT_EXCEEDED",
             Code::ResultTooLarge => "RESULT_TOO_LARGE",
             Code::AuditUnavailable => "AUDIT_UNAVAILABLE",
+            Code::CapacityExceeded => "CAPACITY_EXCEEDED",
         }
     }
 }

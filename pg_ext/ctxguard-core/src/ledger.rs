@@ -128,12 +128,55 @@ impl Coverage {
     }
 }
 
-/// One slot: a key, when it stops mattering (Unix seconds; 0 = free), and its value.
+/// One slot: a key, when it stops mattering (Unix seconds; 0 = free), its value, and whose it is
+/// (the [`Owner`] of tenant and user; zero for the share table's own entries).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Slot<V: Copy> {
     pub key: Key,
     pub expires: i64,
+    pub owner: Owner,
     pub value: V,
+}
+
+impl<V: Copy> Slot<V> {
+    fn free(&mut self) {
+        self.key = Key::default();
+        self.expires = 0;
+        self.owner = Owner::default();
+    }
+}
+
+/// Whose entry a slot holds: 64-bit hashes of the tenant and of (tenant, user). Zero: nobody's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Owner {
+    pub tenant: u64,
+    pub user: u64,
+}
+
+impl Owner {
+    pub fn of(tenant: &str, user: &str) -> Owner {
+        let h = |k: Key| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&k.0[..8]);
+            u64::from_le_bytes(b).max(1)
+        };
+        Owner {
+            tenant: h(Key::of(&[b"tenant", tenant.as_bytes()])),
+            user: h(Key::of(&[b"user", tenant.as_bytes(), user.as_bytes()])),
+        }
+    }
+
+    fn is_none(&self) -> bool {
+        self.tenant == 0
+    }
+
+    fn tenant_key(&self) -> Key {
+        Key::of(&[b"t", &self.tenant.to_le_bytes()])
+    }
+
+    fn user_key(&self) -> Key {
+        Key::of(&[b"u", &self.tenant.to_le_bytes(), &self.user.to_le_bytes()])
+    }
 }
 
 /// Slots per bucket: a key lives in one bucket, found by scanning it whole (no tombstones).
@@ -192,20 +235,58 @@ impl<'a, V: Copy> Table<'a, V> {
     /// ("two choices": buckets stay even, so a table fills almost completely before any insert
     /// fails), evicting an expired slot if needed. Returns the entry.
     pub fn insert(&mut self, key: &Key, expires: i64, value: V, now: i64) -> Result<&mut V, Full> {
+        let (i, _) = self.insert_owned(key, expires, value, now, Owner::default())?;
+        Ok(&mut self.slots[i].value)
+    }
+
+    /// [`Table::insert`] for `owner`: the slot's index and, when the insert evicted an expired
+    /// entry that had an owner, that owner (whose share the caller gives back).
+    fn insert_owned(
+        &mut self,
+        key: &Key,
+        expires: i64,
+        value: V,
+        now: i64,
+        owner: Owner,
+    ) -> Result<(usize, Option<Owner>), Full> {
         if let Some(i) = self.find_live(key, now) {
-            return Ok(&mut self.slots[i].value);
+            return Ok((i, None));
         }
         let open = |s: &Slot<V>| s.expires <= now || s.key.is_free();
         let [a, b] = self.candidates(key);
         let free = |r: &std::ops::Range<usize>| r.clone().filter(|&i| open(&self.slots[i])).count();
         let best = if free(&b) > free(&a) { b } else { a };
         let i = best.clone().find(|&i| open(&self.slots[i])).ok_or(Full)?;
+        let old = self.slots[i];
+        let evicted = (!old.key.is_free() && !old.owner.is_none()).then_some(old.owner);
         self.slots[i] = Slot {
             key: *key,
             expires,
+            owner,
             value,
         };
-        Ok(&mut self.slots[i].value)
+        Ok((i, evicted))
+    }
+
+    /// Free the slot of `key` (live or not).
+    fn remove(&mut self, key: &Key) {
+        for i in self.candidates(key).into_iter().flatten() {
+            if self.slots[i].key == *key {
+                self.slots[i].free();
+            }
+        }
+    }
+
+    /// Free every expired slot; `gone` is told the owner of each that had one.
+    fn sweep(&mut self, now: i64, mut gone: impl FnMut(Owner)) {
+        for s in self.slots.iter_mut() {
+            if !s.key.is_free() && s.expires <= now {
+                if !s.owner.is_none() {
+                    gone(s.owner);
+                }
+                s.free();
+            }
+        }
     }
 
     /// Live entries at `now`.
@@ -220,6 +301,190 @@ impl<'a, V: Copy> Table<'a, V> {
     pub fn capacity(&self) -> usize {
         self.slots.len()
     }
+}
+
+/// Live entries one owner holds in each ledger table (by [`Share::table`] index), and for a
+/// tenant's entry, how many of its users hold entries. One table of these (the share table)
+/// counts every tenant and every user with live entries, so that one of them filling its share
+/// is refused while everyone else keeps theirs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Held {
+    pub entries: [u32; TABLES],
+    pub users: u32,
+    /// The tenant's id (for `ledger_stats`), cut at [`TENANT_NAME`] bytes; users leave it empty.
+    pub name_len: u8,
+    pub name: [u8; TENANT_NAME],
+}
+
+/// The ledger's tables that are shared out: generations, document calls, coverage, user days.
+pub const TABLES: usize = 4;
+/// Bytes of a tenant's id kept for `ledger_stats`.
+pub const TENANT_NAME: usize = 32;
+
+impl Held {
+    pub fn name(&self) -> String {
+        String::from_utf8_lossy(&self.name[..usize::from(self.name_len).min(TENANT_NAME)]).into_owned()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.entries.iter().all(|&n| n == 0) && self.users == 0
+    }
+}
+
+/// How much of one table a tenant and a user may hold, and of the share table how many users
+/// one tenant may have counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Share {
+    pub table: usize,
+    pub tenant: u32,
+    pub user: u32,
+    pub tenant_users: u32,
+}
+
+impl Share {
+    /// The caps for a table of `slots` slots and a share table of `owner_slots`: `tenant_pct`
+    /// and `user_pct` percent of the table (at least one entry each), `tenant_pct` percent of
+    /// the share table's slots for one tenant's users.
+    pub fn of(table: usize, slots: usize, owner_slots: usize, tenant_pct: u32, user_pct: u32) -> Share {
+        let pct = |n: usize, p: u32| {
+            u32::try_from((n as u64 * u64::from(p.min(100))).div_ceil(100)).unwrap_or(u32::MAX).max(1)
+        };
+        Share {
+            table,
+            tenant: pct(slots, tenant_pct),
+            user: pct(slots, user_pct).min(pct(slots, tenant_pct)),
+            tenant_users: pct(owner_slots, tenant_pct),
+        }
+    }
+}
+
+/// Why an owned insert was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// The tenant holds its share of the table.
+    Tenant,
+    /// The user holds their share of the table.
+    User,
+    /// The tenant has its share of the share table's user entries, or the share table is full.
+    Owners,
+    /// The table itself is full where the key must go.
+    Full,
+}
+
+/// Insert `key` into `table` for `owner` within `share`, counting it in `owners` (the share
+/// table). A live key is returned as it is (counted already). An expired entry the insert
+/// evicts gives its owner's count back. `tenant` names the tenant's share entry (for stats).
+#[allow(clippy::too_many_arguments)]
+pub fn insert_shared<'t, V: Copy>(
+    table: &'t mut Table<'_, V>,
+    owners: &mut Table<'_, Held>,
+    share: Share,
+    owner: Owner,
+    tenant: &str,
+    key: &Key,
+    expires: i64,
+    value: V,
+    now: i64,
+) -> Result<&'t mut V, Refused> {
+    if let Some(i) = table.find_live(key, now) {
+        return Ok(&mut table.slots[i].value);
+    }
+    let (tk, uk) = (owner.tenant_key(), owner.user_key());
+    let held_t = owners.get(&tk, now).copied().unwrap_or_default();
+    let held_u = owners.get(&uk, now).copied();
+    if held_t.entries[share.table] >= share.tenant {
+        return Err(Refused::Tenant);
+    }
+    if held_u.is_some_and(|h| h.entries[share.table] >= share.user) {
+        return Err(Refused::User);
+    }
+    if held_u.is_none() && held_t.users >= share.tenant_users {
+        return Err(Refused::Owners);
+    }
+    // Room in the share table for both entries, before anything changes.
+    let t_new = owners.find_live(&tk, now).is_none();
+    let u_new = held_u.is_none();
+    if t_new || u_new {
+        let mut probe_t = None;
+        if t_new {
+            match owners.insert(&tk, i64::MAX, Held::default(), now) {
+                Ok(h) => {
+                    let n = tenant.len().min(TENANT_NAME);
+                    h.name[..n].copy_from_slice(&tenant.as_bytes()[..n]);
+                    h.name_len = n as u8;
+                    probe_t = Some(());
+                }
+                Err(Full) => return Err(Refused::Owners),
+            }
+        }
+        if u_new && owners.insert(&uk, i64::MAX, Held::default(), now).is_err() {
+            if probe_t.is_some() {
+                owners.remove(&tk);
+            }
+            return Err(Refused::Owners);
+        }
+        if u_new {
+            owners.get(&tk, now).expect("inserted").users += 1;
+        }
+    }
+    let (i, evicted) = match table.insert_owned(key, expires, value, now, owner) {
+        Ok(r) => r,
+        Err(Full) => {
+            // Give back what this insert took in the share table.
+            release(owners, owner, None, now);
+            return Err(Refused::Full);
+        }
+    };
+    owners.get(&tk, now).expect("present").entries[share.table] += 1;
+    owners.get(&uk, now).expect("present").entries[share.table] += 1;
+    if let Some(o) = evicted {
+        release(owners, o, Some(share.table), now);
+    }
+    Ok(&mut table.slots[i].value)
+}
+
+/// `owner` holds one entry fewer of table `which` (if any); entries of the share table that count
+/// nothing any more are freed.
+fn release(owners: &mut Table<'_, Held>, owner: Owner, which: Option<usize>, now: i64) {
+    let (tk, uk) = (owner.tenant_key(), owner.user_key());
+    let mut user_gone = false;
+    if let Some(u) = owners.get(&uk, now) {
+        if let Some(w) = which {
+            u.entries[w] = u.entries[w].saturating_sub(1);
+        }
+        if u.is_empty() {
+            owners.remove(&uk);
+            user_gone = true;
+        }
+    }
+    if let Some(t) = owners.get(&tk, now) {
+        if let Some(w) = which {
+            t.entries[w] = t.entries[w].saturating_sub(1);
+        }
+        if user_gone {
+            t.users = t.users.saturating_sub(1);
+        }
+        if t.is_empty() {
+            owners.remove(&tk);
+        }
+    }
+}
+
+/// Free the expired entries of `table` (table `which` of the shares), giving their owners' shares
+/// back. O(slots): the caller runs it only when a share or the table is full, and not more than
+/// once a second per table.
+pub fn sweep_shared<V: Copy>(table: &mut Table<'_, V>, owners: &mut Table<'_, Held>, which: usize, now: i64) {
+    table.sweep(now, |o| release(owners, o, Some(which), now));
+}
+
+/// The tenants' entries of the share table: (tenant, entries per table, users).
+pub fn tenants_held(owners: &Table<'_, Held>, now: i64) -> Vec<(String, [u32; TABLES], u32)> {
+    owners
+        .slots
+        .iter()
+        .filter(|s| !s.key.is_free() && s.expires > now && s.value.name_len > 0)
+        .map(|s| (s.value.name(), s.value.entries, s.value.users))
+        .collect()
 }
 
 /// End (Unix seconds, exclusive) of a UTC day: day-keyed entries expire then.
@@ -469,6 +734,71 @@ mod tests {
         assert_eq!(r.until_due(t), Retry::FIRST);
         // An instant before the last try is not due (and does not panic).
         assert!(!r.due(t0));
+    }
+
+    #[test]
+    fn one_tenant_filling_its_share_leaves_the_others_theirs() {
+        let mut slots = [Slot::<i64>::default(); 64];
+        let mut own = [Slot::<Held>::default(); 32];
+        let mut t = Table::new(&mut slots);
+        let mut o = Table::new(&mut own);
+        // A quarter of 64 slots per tenant, an eighth per user.
+        let share = Share::of(0, 64, 32, 25, 12);
+        assert_eq!((share.tenant, share.user, share.tenant_users), (16, 8, 8));
+        let (a1, a2, b) = (Owner::of("acme", "u1"), Owner::of("acme", "u2"), Owner::of("globex", "u1"));
+        let k = |s: &str, n: i32| Key::of(&[s.as_bytes(), &n.to_le_bytes()]);
+        for n in 0..8 {
+            insert_shared(&mut t, &mut o, share, a1, "acme", &k("a1", n), 100, 0, 0).unwrap();
+        }
+        assert_eq!(
+            insert_shared(&mut t, &mut o, share, a1, "acme", &k("a1", 8), 100, 0, 0).err(),
+            Some(Refused::User)
+        );
+        // A live key is found, not counted again.
+        insert_shared(&mut t, &mut o, share, a1, "acme", &k("a1", 0), 100, 0, 0).unwrap();
+        for n in 0..8 {
+            insert_shared(&mut t, &mut o, share, a2, "acme", &k("a2", n), 100, 0, 0).unwrap();
+        }
+        let a3 = Owner::of("acme", "u3");
+        assert_eq!(
+            insert_shared(&mut t, &mut o, share, a3, "acme", &k("a3", 0), 100, 0, 0).err(),
+            Some(Refused::Tenant)
+        );
+        // globex is untouched by acme's flood.
+        for n in 0..8 {
+            insert_shared(&mut t, &mut o, share, b, "globex", &k("b", n), 100, 0, 0).unwrap();
+        }
+        let held = tenants_held(&o, 0);
+        let acme = held.iter().find(|h| h.0 == "acme").unwrap();
+        assert_eq!((acme.1[0], acme.2), (16, 2));
+        // Once acme's entries expire, a sweep gives its share back; so does an eviction.
+        sweep_shared(&mut t, &mut o, 0, 150);
+        assert!(tenants_held(&o, 150).is_empty(), "every share returned");
+        assert_eq!(o.live(150), 0, "no share entries left behind");
+        insert_shared(&mut t, &mut o, share, a3, "acme", &k("a3", 0), 300, 0, 150).unwrap();
+        assert_eq!(tenants_held(&o, 150)[0].1[0], 1);
+    }
+
+    #[test]
+    fn an_eviction_returns_the_evicted_owners_share() {
+        let mut slots = [Slot::<i64>::default(); 16];
+        let mut own = [Slot::<Held>::default(); 32];
+        let mut t = Table::new(&mut slots);
+        let mut o = Table::new(&mut own);
+        let share = Share::of(1, 16, 32, 100, 100);
+        let (a, b) = (Owner::of("acme", "u"), Owner::of("globex", "u"));
+        for n in 0..16u8 {
+            insert_shared(&mut t, &mut o, share, a, "acme", &Key::of(&[&[n]]), 10, 0, 0).unwrap();
+        }
+        assert_eq!(
+            insert_shared(&mut t, &mut o, share, b, "globex", &Key::of(&[b"x"]), 50, 0, 5).err(),
+            Some(Refused::Full)
+        );
+        assert!(tenants_held(&o, 5).iter().all(|h| h.0 == "acme"), "a refused insert holds nothing");
+        insert_shared(&mut t, &mut o, share, b, "globex", &Key::of(&[b"x"]), 50, 0, 20).unwrap();
+        let held = tenants_held(&o, 20);
+        let acme = held.iter().find(|h| h.0 == "acme").unwrap();
+        assert_eq!(acme.1[1], 15, "the evicted entry is acme's no more");
     }
 
     #[test]

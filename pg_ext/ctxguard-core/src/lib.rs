@@ -29,6 +29,7 @@ pub mod names;
 pub mod page;
 pub mod policy;
 pub mod ranking;
+pub mod redact;
 pub mod token;
 
 pub use codes::Code;

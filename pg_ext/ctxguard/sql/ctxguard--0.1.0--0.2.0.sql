@@ -145,6 +145,7 @@ $$;
 
 CREATE OR REPLACE FUNCTION ctxguard.save_turn(conversation_id text, message text, answer text, tool_calls jsonb DEFAULT '[]')
     RETURNS integer LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+    SET lock_timeout = '5s'
 AS $$
 DECLARE
     ctx jsonb := ctxguard.context();
@@ -163,9 +164,15 @@ BEGIN
     -- 54000 naming the limit: message 32 KiB, answer 256 KiB, all three ctxguard.max_turn_bytes.
     PERFORM ctxguard._check_turn_size(octet_length(message), octet_length(coalesce(answer, '')),
                                       octet_length(coalesce(tool_calls, '[]')::text));
-    PERFORM pg_advisory_xact_lock(hashtextextended(ctx->>'tenantId' || chr(31) || (ctx->>'userId') || chr(31) || conversation_id, 11));
-    SELECT coalesce(max(t.turn), 0) + 1 INTO n FROM ctxguard.conversation_turns t
-     WHERE t.tenant_id = ctx->>'tenantId' AND t.user_id = ctx->>'userId' AND t.conversation_id = save_turn.conversation_id;
+    -- The conversation's row in conversation_heads orders its turns: a row lock only save_turn
+    -- can take (no grants), waited for at most lock_timeout (this function's own setting).
+    INSERT INTO ctxguard.conversation_heads AS h (tenant_id, user_id, conversation_id, turns)
+    VALUES (ctx->>'tenantId', ctx->>'userId', save_turn.conversation_id,
+            (SELECT coalesce(max(t.turn), 0) + 1 FROM ctxguard.conversation_turns t
+              WHERE t.tenant_id = ctx->>'tenantId' AND t.user_id = ctx->>'userId'
+                AND t.conversation_id = save_turn.conversation_id))
+    ON CONFLICT (tenant_id, user_id, conversation_id) DO UPDATE SET turns = h.turns + 1
+    RETURNING h.turns INTO n;
     INSERT INTO ctxguard.conversation_turns (tenant_id, user_id, conversation_id, turn, page, generation, message, answer, tool_calls)
     VALUES (ctx->>'tenantId', ctx->>'userId', save_turn.conversation_id, n,
             jsonb_build_object('pageType', ctx->'pageType', 'entity', ctx->'entity', 'pageState', ctx->'pageState', 'states', ctx->'states'),
@@ -244,7 +251,48 @@ AS $$
       FROM pg_proc p
      WHERE p.provolatile = 'i'
        AND (p.prosrc ~ 'ctxguard\.(context|tenant_id|user_id|roles|has_role|page_type|entity_type|entity_id|generation)\s*\('
-            OR (p.pronamespace = 'ctxguard'::regnamespace AND p.proname IN ('context', 'tenant_id', 'user_id', 'roles', 'has_role', 'page_type', 'entity_type', 'entity_id', 'generation')))
+            OR (p.pronamespace = 'ctxguard'::regnamespace AND p.proname IN ('context', 'tenant_id', 'user_id', 'roles', 'has_role', 'page_type', 'entity_type', 'entity_id', 'generation')))    UNION ALL
+    -- Role-level defaults on a role that can set a context apply to every connection of every
+    -- gateway using it, and the role can set them on itself (ALTER ROLE CURRENT_USER SET). Names
+    -- only; the gateway pins what matters per transaction, but a default is a sign of tampering.
+    SELECT 'caller_role_setting', r.rolname::text,
+           'role-level setting(s) ' || string_agg(split_part(cfg, '=', 1), ', ' ORDER BY cfg)
+           || ' apply to every session of this role (ALTER ROLE ' || quote_ident(r.rolname) || ' RESET ...)'
+      FROM pg_db_role_setting s
+      JOIN pg_roles r ON r.oid = s.setrole
+      CROSS JOIN LATERAL unnest(s.setconfig) cfg
+     WHERE s.setdatabase IN (0, (SELECT d.oid FROM pg_database d WHERE d.datname = current_database()))
+       AND NOT r.rolsuper
+       AND has_function_privilege(r.oid, 'ctxguard._set_context(text, text)', 'EXECUTE')
+       AND split_part(cfg, '=', 1) NOT IN ('statement_timeout', 'lock_timeout', 'idle_in_transaction_session_timeout', 'idle_session_timeout')
+     GROUP BY r.rolname
+    UNION ALL
+    -- A login role that calls tools with no server-side bound on an idle transaction: one stuck
+    -- client holds a pooled server connection (and its locks) forever.
+    SELECT 'caller_without_timeouts', r.rolname::text,
+           'idle_in_transaction_session_timeout is 0 for this role (set it for the role, the database or the server)'
+      FROM pg_roles r
+     WHERE r.rolcanlogin AND NOT r.rolsuper
+       AND has_function_privilege(r.oid, 'ctxguard._call_tool(text, text)', 'EXECUTE')
+       AND NOT EXISTS (SELECT 1 FROM pg_db_role_setting s CROSS JOIN LATERAL unnest(s.setconfig) cfg
+                        WHERE s.setrole IN (0, r.oid)
+                          AND s.setdatabase IN (0, (SELECT d.oid FROM pg_database d WHERE d.datname = current_database()))
+                          AND cfg ~ '^idle_in_transaction_session_timeout=[1-9]')
+       AND (SELECT st.boot_val = st.reset_val OR st.reset_val = '0' FROM pg_settings st
+             WHERE st.name = 'idle_in_transaction_session_timeout')
+    UNION ALL
+    -- One login role used from several places (client addresses or application names): every
+    -- session of a role may cancel or end every other (pg_cancel_backend, pg_terminate_backend),
+    -- so gateways sharing a login role share one blast radius. Seen only while they are connected.
+    SELECT 'shared_gateway_login', a.usename::text,
+           'sessions of this tool-calling login role come from ' || count(DISTINCT (coalesce(host(a.client_addr), 'local'), a.application_name))
+           || ' client/application pairs: give each gateway instance its own login role (members of one NOLOGIN group role)'
+      FROM pg_stat_activity a
+      JOIN pg_roles r ON r.oid = a.usesysid
+     WHERE a.backend_type = 'client backend' AND r.rolcanlogin AND NOT r.rolsuper
+       AND has_function_privilege(r.oid, 'ctxguard._call_tool(text, text)', 'EXECUTE')
+     GROUP BY a.usename
+    HAVING count(DISTINCT (coalesce(host(a.client_addr), 'local'), a.application_name)) > 1
 $$;
 
 -- Definition pinning: accept an upstream tool's current definition (DBA only).
@@ -695,6 +743,20 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION ctxguard.mcp_session_touch(jsonb, integer) IS 'Record a use of the given MCP sessions ([{token, sessionId}], at most 1000), each for its own token''s user only, when the recorded one is older than touch_after_ms; returns the given ids (of tokens that verify) that name no live session of their token''s user.';
+-- save_turn's turn counter per conversation (issue 29): the row lock that orders a conversation's
+-- turns. No grants, so no other role can lock it (an advisory lock key anyone could compute let
+-- any role stall a user's chat turn).
+CREATE TABLE ctxguard.conversation_heads (
+    tenant_id       text NOT NULL,
+    user_id         text NOT NULL,
+    conversation_id text NOT NULL,
+    turns           integer NOT NULL,
+    PRIMARY KEY (tenant_id, user_id, conversation_id)
+);
+COMMENT ON TABLE ctxguard.conversation_heads IS 'The last turn number of each conversation; written by ctxguard.save_turn only (owner only).';
+ALTER TABLE ctxguard.conversation_heads ENABLE ROW LEVEL SECURITY;
+ALTER TABLE ctxguard.conversation_heads FORCE ROW LEVEL SECURITY;
+CREATE POLICY conversation_heads_owner ON ctxguard.conversation_heads USING (true) WITH CHECK (true);
 -- <<< sql/state.sql
 
 -- Tools: an optional title (issue 14), and names unique as MCP and model clients see them ('.' is

@@ -348,3 +348,18 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION ctxguard.mcp_session_touch(jsonb, integer) IS 'Record a use of the given MCP sessions ([{token, sessionId}], at most 1000), each for its own token''s user only, when the recorded one is older than touch_after_ms; returns the given ids (of tokens that verify) that name no live session of their token''s user.';
+
+-- save_turn's turn counter per conversation (issue 29): the row lock that orders a conversation's
+-- turns. No grants, so no other role can lock it (an advisory lock key anyone could compute let
+-- any role stall a user's chat turn).
+CREATE TABLE ctxguard.conversation_heads (
+    tenant_id       text NOT NULL,
+    user_id         text NOT NULL,
+    conversation_id text NOT NULL,
+    turns           integer NOT NULL,
+    PRIMARY KEY (tenant_id, user_id, conversation_id)
+);
+COMMENT ON TABLE ctxguard.conversation_heads IS 'The last turn number of each conversation; written by ctxguard.save_turn only (owner only).';
+ALTER TABLE ctxguard.conversation_heads ENABLE ROW LEVEL SECURITY;
+ALTER TABLE ctxguard.conversation_heads FORCE ROW LEVEL SECURITY;
+CREATE POLICY conversation_heads_owner ON ctxguard.conversation_heads USING (true) WITH CHECK (true);

@@ -11,7 +11,8 @@ use serde_json::{json, Value};
 
 use crate::context::Ctx;
 use crate::gucs;
-use crate::ledger::{self, GenLimit, Over, Unavailable};
+use crate::ledger::{self, GenLimit, NoRoom, Over, Who};
+use ctxguard_core::Code;
 use crate::owner::as_owner;
 use crate::pgutil::{raise, select_fresh};
 
@@ -45,18 +46,25 @@ fn internal(e: impl std::fmt::Display) -> ! {
     )
 }
 
-/// The ledger cannot take a charge in the middle of a call: fail closed (logged).
-pub fn unavailable(e: Unavailable) -> ! {
-    pgrx::log!("ctxguard: call refused, AUDIT_UNAVAILABLE: {}", e.0);
-    raise(
-        PgSqlErrorCode::ERRCODE_INSUFFICIENT_RESOURCES,
-        format!("ctxguard: AUDIT_UNAVAILABLE: {}", e.0),
-    )
+
+/// The envelope code and message of a charge the ledger could not take: `CAPACITY_EXCEEDED` for a
+/// full share or table (the message names the setting), else `AUDIT_UNAVAILABLE` (logged).
+pub fn no_room(e: NoRoom) -> (Code, String) {
+    match e {
+        NoRoom::Capacity(message) => (Code::CapacityExceeded, message),
+        NoRoom::Unavailable(u) => {
+            pgrx::log!("ctxguard: call refused, AUDIT_UNAVAILABLE: {}", u.0);
+            (
+                Code::AuditUnavailable,
+                "the call cannot be audited now; nothing was run or returned, retry later".into(),
+            )
+        }
+    }
 }
 
 impl Budget {
     /// Read limits and, with a generation, what it has used (from the ledger).
-    pub fn open(ctx: &Ctx) -> Result<Budget, Unavailable> {
+    pub fn open(ctx: &Ctx) -> Result<Budget, NoRoom> {
         // The tenant's limits come with the catalog (read once per catalog version); a
         // generation's use, from its row.
         let (ints, cov) = crate::cache::catalog().tenant_limits(&ctx.tenant_id);
@@ -95,7 +103,8 @@ impl Budget {
             (Some(_), None) => (None, limits.bytes_per_generation),
             (Some(g), Some(b)) => {
                 let expires = expires.unwrap_or(0);
-                let used = ledger::generation_used(g, expires, b)?;
+                let who = Who::new(&ctx.tenant_id, &ctx.user_id);
+                let used = ledger::generation_used(g, &who, expires, b)?;
                 (Some((g.clone(), expires)), used)
             }
             (None, _) => (None, 0),
@@ -129,7 +138,7 @@ impl Budget {
 
     /// Charge `bytes` returned by this call to the generation and the user's day, atomically
     /// against concurrent calls: `Err(message)` naming the limit if either would be exceeded.
-    pub fn charge(&mut self, bytes: i64) -> Result<Result<(), String>, Unavailable> {
+    pub fn charge(&mut self, bytes: i64) -> Result<Result<(), String>, NoRoom> {
         if self.generation.is_none() && bytes > self.remaining() {
             return Ok(Err(format!(
                 "bytes_per_generation: a {bytes}-byte result exceeds the {} bytes left",
@@ -170,11 +179,13 @@ impl Budget {
     }
 
     /// Count one call on `doc_id` in this generation; `None` if the per-document limit is reached.
-    pub fn take_document_call(&self, ctx: &Ctx, doc_id: &str) -> Option<i32> {
-        let g = self.gen_limit()?;
+    pub fn take_document_call(&self, ctx: &Ctx, doc_id: &str) -> Result<Option<i32>, NoRoom> {
+        let Some(g) = self.gen_limit() else {
+            return Ok(None);
+        };
         ledger::doc_call(
             &g,
-            &ctx.tenant_id,
+            &Who::new(&ctx.tenant_id, &ctx.user_id),
             doc_id,
             self.limits.calls_per_document,
             || {
@@ -185,7 +196,6 @@ impl Budget {
                 ) as i32
             },
         )
-        .unwrap_or_else(|e| unavailable(e))
     }
 
     /// Record that the user reads `pages` of a document today (UTC); refuse if that would exceed
@@ -196,7 +206,7 @@ impl Budget {
         doc_id: &str,
         page_count: i64,
         pages: &[i32],
-    ) -> Result<(i64, i64), (i64, i64)> {
+    ) -> Result<Result<(i64, i64), (i64, i64)>, NoRoom> {
         let allowed = ((page_count as f64 * self.limits.coverage).ceil() as i64)
             .max(self.limits.pages_per_call);
         let (t, u) = (ctx.tenant_id.as_str(), ctx.user_id.as_str());
@@ -215,9 +225,8 @@ impl Budget {
                 )
             })
             .unwrap_or_else(|e| internal(e))
-        })
-        .unwrap_or_else(|e| unavailable(e));
-        taken.map(|n| (n, allowed)).map_err(|n| (n, allowed))
+        })?;
+        Ok(taken.map(|n| (n, allowed)).map_err(|n| (n, allowed)))
     }
 
     /// Budget state for the audit row (numbers only).

@@ -153,6 +153,7 @@ fn set_context_text(
     generation: default!(Option<pgrx::Uuid>, "NULL"),
     trace_id: default!(Option<&str>, "NULL"),
 ) -> JsonB {
+    crate::log_guard::saw_token();
     let _pin = crate::owner::pin();
     let auth = PgSqlErrorCode::ERRCODE_INVALID_AUTHORIZATION_SPECIFICATION;
     let invalid = PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE;

@@ -45,6 +45,40 @@ pub struct Out {
     pub doc_id: Option<String>,
     pub tokens: u32,
     pub doc_calls: Option<i32>,
+    /// The pages this result shows, charged to the user's daily coverage by Gate B last of all
+    /// (after the byte charge): a coverage mark is never given back.
+    pub coverage: Option<Pages>,
+}
+
+/// Pages of a document a result shows (for the coverage charge).
+pub struct Pages {
+    pub doc_id: String,
+    pub page_count: i64,
+    pub pages: Vec<i32>,
+    /// Pages shown as search snippets (the refusal says that search results count).
+    pub search: bool,
+}
+
+impl Pages {
+    /// Charge the pages to the user's coverage of the day: `Err` refusal if that exceeds the share.
+    pub fn charge(&self, ctx: &Ctx, budget: &Budget) -> Result<(), Refusal> {
+        match budget.take_coverage(ctx, &self.doc_id, self.page_count, &self.pages) {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err((read, allowed))) => Err((
+                Code::RateLimitExceeded,
+                format!(
+                    "document_coverage: at most {allowed} of {} pages per user per day ({read} read today){}",
+                    self.page_count,
+                    if self.search { "; search results count" } else { "" }
+                ),
+                None,
+            )),
+            Err(e) => {
+                let (code, message) = crate::budget::no_room(e);
+                Err((code, message, None))
+            }
+        }
+    }
 }
 
 impl Out {
@@ -55,6 +89,7 @@ impl Out {
             doc_id: None,
             tokens,
             doc_calls: None,
+            coverage: None,
         }
     }
 }
@@ -309,36 +344,38 @@ pub fn run(
             "bytes_per_generation: the generation's byte budget is spent",
         );
     }
-    let Some(doc_calls) = budget.take_document_call(ctx, &doc.id) else {
-        return refuse(
-            Code::RateLimitExceeded,
-            &format!(
-                "calls_per_document: at most {} calls per document per generation",
-                limits.calls_per_document
-            ),
-        );
-    };
-    if let Some((start, end)) = pages {
-        let list: Vec<i32> = (start..=end).map(|p| p as i32).collect();
-        if let Err((read, allowed)) = budget.take_coverage(ctx, &doc.id, doc.page_count, &list) {
-            return Err((
+    // The document call is counted first (given back if the call leaves no record); the text is
+    // read before any page is marked: a call cut short while reading marks nothing.
+    let doc_calls = match budget.take_document_call(ctx, &doc.id) {
+        Ok(Some(n)) => n,
+        Ok(None) => {
+            return refuse(
                 Code::RateLimitExceeded,
-                format!("document_coverage: at most {allowed} of {} pages per user per day ({read} read today)", doc.page_count),
-                None,
-            ));
+                &format!(
+                    "calls_per_document: at most {} calls per document per generation",
+                    limits.calls_per_document
+                ),
+            )
         }
-    }
+        Err(e) => {
+            let (code, message) = crate::budget::no_room(e);
+            return Err((code, message, None));
+        }
+    };
     let room = (budget.remaining() - ENVELOPE_BYTES).max(0) as usize;
-    let out = match name {
-        "read_doc_metadata" => metadata(ctx, &doc),
+    let (out, shown, search) = match name {
+        "read_doc_metadata" => (metadata(ctx, &doc), Vec::new(), false),
         "read_doc_section" => {
             let (start, end) = pages.expect("section range");
             let cap = (limits.section_tokens * 4) as usize;
-            section(ctx, &doc, start, end, room.min(cap), room < cap, job).map_err(too_large)?
+            let out =
+                section(ctx, &doc, start, end, room.min(cap), room < cap, job).map_err(too_large)?;
+            (out, (start..=end).map(|p| p as i32).collect(), false)
         }
         "read_doc_pages" => {
             let (start, end) = pages.expect("page range");
-            read_pages(ctx, &doc, start, end, room, job).map_err(too_large)?
+            let out = read_pages(ctx, &doc, start, end, room, job).map_err(too_large)?;
+            (out, (start..=end).map(|p| p as i32).collect(), false)
         }
         "doc_local_search" => {
             let asked = int_arg(args, "max_results").unwrap_or(limits.search_results);
@@ -359,21 +396,20 @@ pub fn run(
                 .flatten()
                 .filter_map(|r| r["page"].as_i64().and_then(|p| i32::try_from(p).ok()))
                 .collect();
-            if let Err((read, allowed)) = budget.take_coverage(ctx, &doc.id, doc.page_count, &shown)
-            {
-                return Err((
-                    Code::RateLimitExceeded,
-                    format!("document_coverage: at most {allowed} of {} pages per user per day ({read} read today); search results count", doc.page_count),
-                    None,
-                ));
-            }
-            out
+            (out, shown, true)
         }
         _ => return refuse(Code::ToolNotFound, "no such tool"),
     };
+    let coverage = (!shown.is_empty()).then(|| Pages {
+        doc_id: doc.id.clone(),
+        page_count: doc.page_count,
+        pages: shown,
+        search,
+    });
     Ok(Out {
         doc_calls: Some(doc_calls),
         doc_id: Some(doc.id),
+        coverage,
         ..out
     })
 }

@@ -14,7 +14,7 @@ use pgrx::prelude::*;
 use pgrx::JsonB;
 use serde_json::{json, Value};
 
-use crate::budget::Budget;
+use crate::budget::{self, Budget};
 use crate::cache::{self, ToolEntry};
 use crate::context::Ctx;
 use crate::documents;
@@ -23,7 +23,7 @@ use crate::handler;
 use crate::ledger;
 use crate::masking;
 use crate::owner::as_owner;
-use crate::pgutil::{raise, select_saved};
+use crate::pgutil::{self, raise, select_saved};
 
 /// Words of a free-text query as an OR tsquery (`w1 | w2`); only `[a-z0-9]` so no tsquery syntax.
 fn or_query(text: &str) -> Option<String> {
@@ -365,6 +365,8 @@ struct Call {
     tokens: Option<u32>,
     masked: Option<MaskCounts>,
     budget: Option<Value>,
+    /// The audit record could not be queued or made durable: the call's effects are rolled back.
+    unaudited: bool,
 }
 
 impl Call {
@@ -379,8 +381,28 @@ impl Call {
             tokens: None,
             masked: None,
             budget: None,
+            unaudited: false,
         }
     }
+}
+
+/// Decide, run and audit a call in a subtransaction that is kept only if the call's audit record
+/// was queued (and, with `ctxguard.audit_wait`, made durable): no effect of a handler, an
+/// approval or a completion commits without its record. Ledger charges of a call that leaves no
+/// record are given back (`ledger::settle`), also when `run` raises (a cancel, a timeout).
+fn audited<R>(run: impl FnOnce() -> (Call, R)) -> (Call, R) {
+    ledger::begin_call();
+    let out = pgutil::keep_if(
+        || {
+            let (call, r) = run();
+            let keep = !call.unaudited;
+            ((call, r), keep)
+        },
+        ledger::settle,
+    );
+    // Queued with its record (nothing left), or given back.
+    ledger::settle();
+    out
 }
 
 fn parse_args(args: Option<&str>) -> Result<(Value, usize), ArgError> {
@@ -491,7 +513,10 @@ fn gate_b(
     // Budgets: what the generation has used, from the shared-memory ledger (no row lock).
     let budget = match Budget::open(ctx) {
         Ok(b) => b,
-        Err(e) => return deny(call, Code::AuditUnavailable, &unavailable(e)),
+        Err(e) => {
+            let (code, message) = budget::no_room(e);
+            return deny(call, code, &message);
+        }
     };
     if budget.remaining() == 0 {
         call.budget = Some(budget.state(None));
@@ -513,6 +538,7 @@ fn gate_b(
         return call;
     }
     let mut doc_calls = None;
+    let mut coverage = None;
     // Document tools mask page text before they cut or mark it; the result is masked again whole.
     let mut job = masking::Job::new(catalog.key());
     let produced = match tool.kind.as_str() {
@@ -525,6 +551,7 @@ fn gate_b(
                     call.doc_id = out.doc_id;
                     call.tokens = Some(out.tokens);
                     doc_calls = out.doc_calls;
+                    coverage = out.coverage;
                     Ok(out.value)
                 }
                 Err((code, message, details)) => {
@@ -555,7 +582,7 @@ fn gate_b(
             return call;
         }
     };
-    finish(&mut call, value, budget, doc_calls, job);
+    finish(&mut call, ctx, value, budget, doc_calls, coverage, job);
     call
 }
 
@@ -563,9 +590,11 @@ fn gate_b(
 /// size to the byte budget. A result too large to mask is refused.
 fn finish(
     call: &mut Call,
+    ctx: &Ctx,
     mut value: Value,
     budget: Budget,
     doc_calls: Option<i32>,
+    coverage: Option<documents::Pages>,
     mut job: masking::Job,
 ) {
     if let Err(e) = job.json(&mut value) {
@@ -576,7 +605,8 @@ fn finish(
     let text = value.to_string();
     let bytes = text.len() as i64;
     call.masked = Some(job.counts);
-    // Charged atomically in the ledger (generation and the user's day): never refunded.
+    // Charged atomically in the ledger (generation and the user's day), given back only if the
+    // call leaves no audit record; then the pages shown, last (a coverage mark is never given back).
     let mut budget = budget;
     match budget.charge(bytes) {
         Ok(Ok(())) => {}
@@ -587,7 +617,15 @@ fn finish(
         }
         Err(e) => {
             call.budget = Some(budget.state(doc_calls));
-            call.outcome = Outcome::Denied(Code::AuditUnavailable, unavailable(e), None);
+            let (code, message) = budget::no_room(e);
+            call.outcome = Outcome::Denied(code, message, None);
+            return;
+        }
+    }
+    if let Some(pages) = coverage {
+        if let Err((code, message, details)) = pages.charge(ctx, &budget) {
+            call.budget = Some(budget.state(doc_calls));
+            call.outcome = Outcome::Denied(code, message, details);
             return;
         }
     }
@@ -692,6 +730,11 @@ fn audit_ready(call_id: uuid::Uuid) -> Option<JsonB> {
 /// `ctxguard.audit_wait`, wait until it is durable. If that fails the call fails: no result
 /// leaves without its audit record.
 fn audit(ctx: Option<&Ctx>, call: &mut Call) {
+    // A call that returns nothing consumed nothing: its charges are given back before its record
+    // is written (charges the record carries are those of results that left).
+    if call.result_bytes.is_none() {
+        ledger::settle();
+    }
     let (decision, code) = match &call.outcome {
         Outcome::Ok(_) => ("allow", None),
         Outcome::Denied(c, _, _) => ("deny", Some(c.as_str())),
@@ -726,6 +769,7 @@ fn audit(ctx: Option<&Ctx>, call: &mut Call) {
     });
     if let Err(e) = ledger::submit(record).and_then(|(q, seq)| ledger::wait(q, seq)) {
         call.outcome = Outcome::Denied(Code::AuditUnavailable, unavailable(e), None);
+        call.unaudited = true;
     }
 }
 
@@ -769,8 +813,11 @@ fn _call_tool(name: Option<&str>, args: Option<&str>) -> JsonB {
     if let Some(refused) = audit_ready(call_id) {
         return refused;
     }
-    let mut call = gate_b(ctx.as_ref(), name.unwrap_or_default(), args, false, call_id);
-    audit(ctx.as_ref(), &mut call);
+    let (call, ()) = audited(|| {
+        let mut call = gate_b(ctx.as_ref(), name.unwrap_or_default(), args, false, call_id);
+        audit(ctx.as_ref(), &mut call);
+        (call, ())
+    });
     envelope(call)
 }
 
@@ -783,16 +830,22 @@ fn approve_call(call_id: Option<pgrx::Uuid>) -> JsonB {
     let id = call_id
         .map(|u| uuid::Uuid::from_bytes(*u.as_bytes()))
         .unwrap_or_default();
+    if let Some(refused) = audit_ready(id) {
+        return refused;
+    }
+    let (call, ()) = audited(|| (approve(ctx.as_ref(), id), ()));
+    envelope(call)
+}
+
+/// `approve_call` after its checks: claim the approval, run the call, audit it.
+fn approve(ctx: Option<&Ctx>, id: uuid::Uuid) -> Call {
     let invalid = |ctx: Option<&Ctx>, code: Code, msg: &str| {
         let mut call = Call::new(id);
         call.outcome = Outcome::Denied(code, msg.into(), None);
         audit(ctx, &mut call);
-        envelope(call)
+        call
     };
-    if let Some(refused) = audit_ready(id) {
-        return refused;
-    }
-    let Some(c) = ctx.as_ref() else {
+    let Some(c) = ctx else {
         return invalid(
             None,
             Code::ContextMissing,
@@ -836,14 +889,14 @@ fn approve_call(call_id: Option<pgrx::Uuid>) -> JsonB {
     });
     let Some((tool, args)) = claimed else {
         return invalid(
-            ctx.as_ref(),
+            ctx,
             Code::ApprovalInvalid,
             "no pending approval with this id for this user on this page",
         );
     };
-    let mut call = gate_b(ctx.as_ref(), &tool, Some(&args), true, id);
-    audit(ctx.as_ref(), &mut call);
-    envelope(call)
+    let mut call = gate_b(ctx, &tool, Some(&args), true, id);
+    audit(ctx, &mut call);
+    call
 }
 
 /// Second half of an upstream MCP call authorized by `call_tool`: mask the upstream result, charge
@@ -853,26 +906,44 @@ fn approve_call(call_id: Option<pgrx::Uuid>) -> JsonB {
 fn complete_call_text(
     call_id: Option<pgrx::Uuid>,
     result: Option<&str>,
-    is_error: default!(bool, false),
+    is_error: default!(Option<bool>, false),
 ) -> JsonB {
     let _pin = crate::owner::pin();
     handler::refuse_inside("complete_call");
+    let Some(is_error) = is_error else {
+        raise(
+            PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED,
+            "ctxguard: complete_call: is_error must not be NULL",
+        )
+    };
     let ctx = Ctx::current();
     let id = call_id
         .map(|u| uuid::Uuid::from_bytes(*u.as_bytes()))
         .unwrap_or_default();
-    let mut call = Call::new(id);
     if let Some(refused) = audit_ready(id) {
         return refused;
     }
-    let Some(c) = ctx.as_ref() else {
+    let (call, shown) = audited(|| complete(ctx.as_ref(), id, result, is_error));
+    let audited_failure = matches!(call.outcome, Outcome::Failed(_));
+    let mut env = envelope(call);
+    if let (Some(masked), true) = (shown, audited_failure) {
+        env.0["result"] = masked;
+    }
+    env
+}
+
+/// `complete_call` after its checks: claim the authorized call, mask and charge the result, audit
+/// it. The masked result of a call the upstream reported failed comes back beside the call.
+fn complete(ctx: Option<&Ctx>, id: uuid::Uuid, result: Option<&str>, is_error: bool) -> (Call, Option<Value>) {
+    let mut call = Call::new(id);
+    let Some(c) = ctx else {
         call.outcome = Outcome::Denied(
             Code::ContextMissing,
             "no context is set for this transaction".into(),
             None,
         );
         audit(None, &mut call);
-        return envelope(call);
+        return (call, None);
     };
     let claimed = as_owner(|| {
         Spi::connect_mut(|client| {
@@ -907,8 +978,8 @@ fn complete_call_text(
             "no authorized call with this id is awaiting completion".into(),
             None,
         );
-        audit(ctx.as_ref(), &mut call);
-        return envelope(call);
+        audit(ctx, &mut call);
+        return (call, None);
     };
     call.tool = Some(tool);
     // The result is checked for size before it is parsed; an oversize or unparsable result is
@@ -922,8 +993,8 @@ fn complete_call_text(
                 "the upstream result is larger than ctxguard.max_external_result_bytes".into(),
                 None,
             );
-            audit(ctx.as_ref(), &mut call);
-            return envelope(call);
+            audit(ctx, &mut call);
+            return (call, None);
         }
         Some(text) => match serde_json::from_str::<Value>(text) {
             Ok(v) => v,
@@ -933,32 +1004,30 @@ fn complete_call_text(
                     "the upstream result is not valid JSON or nested too deeply".into(),
                     None,
                 );
-                audit(ctx.as_ref(), &mut call);
-                return envelope(call);
+                audit(ctx, &mut call);
+                return (call, None);
             }
         },
     };
     let catalog = cache::catalog();
     let job = masking::Job::new(catalog.key());
     match Budget::open(c) {
-        Ok(budget) => finish(&mut call, value, budget, None, job),
-        Err(e) => call.outcome = Outcome::Denied(Code::AuditUnavailable, unavailable(e), None),
+        Ok(budget) => finish(&mut call, c, value, budget, None, None, job),
+        Err(e) => {
+            let (code, message) = budget::no_room(e);
+            call.outcome = Outcome::Denied(code, message, None);
+        }
     }
     if is_error {
         if let Outcome::Ok(v) = &call.outcome {
             let masked = v.clone();
             call.outcome = Outcome::Failed("the upstream tool reported an error".into());
-            audit(ctx.as_ref(), &mut call);
-            let audited = matches!(call.outcome, Outcome::Failed(_));
-            let mut env = envelope(call);
-            if audited {
-                env.0["result"] = masked;
-            }
-            return env;
+            audit(ctx, &mut call);
+            return (call, Some(masked));
         }
     }
-    audit(ctx.as_ref(), &mut call);
-    envelope(call)
+    audit(ctx, &mut call);
+    (call, None)
 }
 
 /// The 0.1.0 entry point (`complete_call(uuid, jsonb, bool)` bound to this symbol), kept for a
@@ -970,5 +1039,5 @@ fn complete_call(
     is_error: default!(bool, false),
 ) -> JsonB {
     let text = result.map(|JsonB(v)| v.to_string());
-    complete_call_text(call_id, text.as_deref(), is_error)
+    complete_call_text(call_id, text.as_deref(), Some(is_error))
 }

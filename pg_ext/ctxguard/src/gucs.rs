@@ -62,6 +62,9 @@ pub static LEDGER_GENERATIONS: GucSetting<i32> = GucSetting::<i32>::new(262_144)
 pub static LEDGER_DOCUMENT_CALLS: GucSetting<i32> = GucSetting::<i32>::new(262_144);
 pub static LEDGER_COVERAGE: GucSetting<i32> = GucSetting::<i32>::new(16_384);
 pub static LEDGER_USER_DAYS: GucSetting<i32> = GucSetting::<i32>::new(32_768);
+pub static LEDGER_OWNERS: GucSetting<i32> = GucSetting::<i32>::new(65_536);
+pub static LEDGER_TENANT_SHARE: GucSetting<i32> = GucSetting::<i32>::new(25);
+pub static LEDGER_USER_SHARE: GucSetting<i32> = GucSetting::<i32>::new(5);
 pub static MAX_MASK_BYTES: GucSetting<i32> = GucSetting::<i32>::new(8 * 1024 * 1024);
 pub static MAX_TURN_BYTES: GucSetting<i32> = GucSetting::<i32>::new(1024 * 1024);
 
@@ -89,7 +92,32 @@ type IntGuc = (
     GucFlags,
 );
 
+/// The shares of the ledger's tables one tenant and one user may hold (reloadable).
+fn init_ledger_shares() {
+    GucRegistry::define_int_guc(
+        c"ctxguard.ledger_tenant_share",
+        c"Percent of each shared-memory ledger table (and of ctxguard.ledger_owners) one tenant may hold.",
+        c"A tenant at its share gets CAPACITY_EXCEEDED for new entries; other tenants keep theirs.",
+        &LEDGER_TENANT_SHARE,
+        1,
+        100,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"ctxguard.ledger_user_share",
+        c"Percent of each shared-memory ledger table one user may hold (at most the tenant's share).",
+        c"A user at their share gets CAPACITY_EXCEEDED for new entries; other users keep theirs.",
+        &LEDGER_USER_SHARE,
+        1,
+        100,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+}
+
 pub fn init() {
+    init_ledger_shares();
     let ctx_flags = GucFlags::NO_RESET_ALL | GucFlags::NOT_WHILE_SEC_REST | GucFlags::NO_SHOW_ALL;
     for (setting, name) in CONTEXT_GUCS {
         GucRegistry::define_string_guc(
@@ -410,23 +438,28 @@ pub fn init_ledger_sizes() {
     for (name, desc, setting) in [
         (
             c"ctxguard.ledger_generations",
-            c"Live generations the shared-memory ledger tracks (their byte budgets); about 32 bytes each.",
+            c"Live generations the shared-memory ledger tracks (their byte budgets); about 48 bytes each.",
             &LEDGER_GENERATIONS,
         ),
         (
             c"ctxguard.ledger_document_calls",
-            c"Live (generation, document) call counters in the shared-memory ledger; about 32 bytes each.",
+            c"Live (generation, document) call counters in the shared-memory ledger; about 48 bytes each.",
             &LEDGER_DOCUMENT_CALLS,
         ),
         (
             c"ctxguard.ledger_coverage",
-            c"Live (user, document, UTC day) coverage bitmaps in the shared-memory ledger; about 160 bytes each.",
+            c"Live (user, document, UTC day) coverage bitmaps in the shared-memory ledger; about 176 bytes each.",
             &LEDGER_COVERAGE,
         ),
         (
             c"ctxguard.ledger_user_days",
-            c"Live (user, UTC day) byte totals in the shared-memory ledger; about 32 bytes each.",
+            c"Live (user, UTC day) byte totals in the shared-memory ledger; about 48 bytes each.",
             &LEDGER_USER_DAYS,
+        ),
+        (
+            c"ctxguard.ledger_owners",
+            c"Tenants and users holding entries in the shared-memory ledger (their shares); about 96 bytes each.",
+            &LEDGER_OWNERS,
         ),
     ] {
         GucRegistry::define_int_guc(

@@ -213,6 +213,7 @@ fn with_jwks<R>(f: impl FnOnce(Jwks<'_>, u64) -> R) -> R {
 
 /// Verify a context token against the configured keys.
 pub fn verify(token: Option<&str>) -> Result<token::Identity, token::TokenError> {
+    crate::log_guard::saw_token();
     let token = token.unwrap_or_default();
     // Size first: an oversized token is refused before the JWKS is even looked at.
     if token.len() > token::MAX_TOKEN_LEN {

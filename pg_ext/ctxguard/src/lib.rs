@@ -17,6 +17,7 @@
 //! - `owner`: the one way SQL runs: pinned settings, and as the extension owner where it must.
 //! - `handler`: tool handlers: run_as role, depth, what a running handler may not call.
 //! - `keys`: verification keys from settings or files.
+//! - `log_guard`: no token (nor, where a token was seen, error context) in the server log.
 //! - `pgutil`: the few other `unsafe` Postgres internals (local GUC writes, subtransactions).
 //! - `compat`: what differs between PostgreSQL majors; the only place with `cfg(feature = "pgNN")`.
 #![allow(
@@ -37,6 +38,7 @@ mod gucs;
 mod handler;
 mod keys;
 mod ledger;
+mod log_guard;
 mod masking;
 mod mcp;
 mod owner;
@@ -65,12 +67,18 @@ pub extern "C-unwind" fn _PG_init() {
         std::env::set_var("RUST_LIB_BACKTRACE", "0");
     }
     gucs::init();
-    pgutil::reserve_prefix();
-    if pgutil::loaded_at_startup() {
-        context::PRELOADED.store(true, std::sync::atomic::Ordering::Relaxed);
+    let preloaded = pgutil::loaded_at_startup();
+    if preloaded {
+        // Defined before the prefix is reserved: a setting defined after it would be refused,
+        // and postgresql.conf's value of it dropped ("invalid configuration parameter name").
         gucs::init_ledger_sizes();
+    }
+    pgutil::reserve_prefix();
+    if preloaded {
+        context::PRELOADED.store(true, std::sync::atomic::Ordering::Relaxed);
         ledger::shmem::init();
         ledger::register_flush_at_transaction_end();
+        log_guard::init();
     }
 }
 

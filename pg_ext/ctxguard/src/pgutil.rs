@@ -108,6 +108,37 @@ pub fn in_subtransaction<R>(read_only: bool, f: impl FnOnce() -> R) -> Result<R,
     }
 }
 
+/// Run `f` in an internal subtransaction whose effects stay only if `f` says so: `f` returns its
+/// result and whether to keep what it did. An error `f` raises rolls the subtransaction back, then
+/// `on_error` runs (in the caller's transaction, its locks released), then the error goes on.
+/// Used so that a tool's effects commit only with its audit record.
+pub fn keep_if<R>(f: impl FnOnce() -> (R, bool), on_error: impl FnOnce()) -> R {
+    unsafe {
+        let old_cx = pg_sys::CurrentMemoryContext;
+        let old_owner = pg_sys::CurrentResourceOwner;
+        pg_sys::BeginInternalSubTransaction(std::ptr::null());
+        pg_sys::MemoryContextSwitchTo(old_cx);
+        let result = PgTryBuilder::new(AssertUnwindSafe(|| Ok(f())))
+            .catch_others(Err)
+            .execute();
+        let keep = matches!(result, Ok((_, true)));
+        if keep {
+            pg_sys::ReleaseCurrentSubTransaction();
+        } else {
+            pg_sys::RollbackAndReleaseCurrentSubTransaction();
+        }
+        pg_sys::MemoryContextSwitchTo(old_cx);
+        pg_sys::CurrentResourceOwner = old_owner;
+        match result {
+            Ok((r, _)) => r,
+            Err(e) => {
+                on_error();
+                e.rethrow()
+            }
+        }
+    }
+}
+
 /// Was the library loaded through `shared_preload_libraries`? Set once in `_PG_init`.
 pub fn loaded_at_startup() -> bool {
     unsafe { pg_sys::process_shared_preload_libraries_in_progress }

@@ -19,12 +19,15 @@ pub mod writer;
 use std::cell::RefCell;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use ctxguard_core::ledger::{day_end, pg_date, utc_day, Coverage, Key, Table};
+use ctxguard_core::ledger::{
+    day_end, insert_shared, pg_date, sweep_shared, tenants_held, utc_day, Coverage, Key, Owner,
+    Refused, Share,
+};
 use pgrx::pg_sys;
 use serde_json::{json, Value};
 
 use crate::gucs;
-use shmem::{Ledger, QUEUE_LEN, RECORD_BYTES};
+use shmem::{Tab, QUEUE_LEN, RECORD_BYTES};
 
 /// Why the ledger cannot take a call (logged; the caller sees `AUDIT_UNAVAILABLE`).
 #[derive(Debug)]
@@ -59,19 +62,92 @@ fn key(kind: &str, parts: &[&str]) -> Key {
     Key::of(&all)
 }
 
+/// How a charge of the running call is given back if the call leaves no audit record.
+#[derive(Clone, Copy)]
+enum Undo {
+    /// Bytes charged to a user's day and (if any) a generation.
+    Bytes { day: Key, gen: Option<Key>, bytes: i64 },
+    /// One call counted on a (generation, document).
+    DocCall { key: Key },
+}
+
+/// A ledger change of the running call: what its audit record tells the writer, and how to give
+/// it back. Coverage has no undo: a page marked read may already have let another call of the
+/// same user read it uncounted, so it stands (charged last, see `documents.rs`).
+struct Change {
+    record: Value,
+    undo: Option<Undo>,
+}
+
+/// Most changes a backend keeps for the end of its transaction (coverage of calls that left no
+/// record); beyond it the oldest are dropped from persistence (shared memory keeps them until a
+/// restart). Never more than this waits, so no caller's record ever carries another's.
+const LEFTOVER_MAX: usize = 64;
+
 thread_local! {
-    /// Ledger changes of this backend not yet queued: they travel with its next audit record.
-    static PENDING: RefCell<Vec<Value>> = const { RefCell::new(Vec::new()) };
+    /// The running call's ledger changes: they travel with its audit record, or are given back.
+    static CALL: RefCell<Vec<Change>> = const { RefCell::new(Vec::new()) };
+    /// Changes of calls that left no record and cannot be given back (coverage), queued on their
+    /// own at the end of the transaction; bounded by `LEFTOVER_MAX`.
+    static LEFTOVER: RefCell<Vec<Value>> = const { RefCell::new(Vec::new()) };
 }
 
-fn note(change: Value) {
-    PENDING.with(|p| p.borrow_mut().push(change));
+fn note(record: Value, undo: Option<Undo>) {
+    CALL.with(|c| c.borrow_mut().push(Change { record, undo }));
 }
 
-/// At the end of every transaction (preloaded backends): changes of a call that ended in an error
-/// before its audit record was queued are queued on their own, so that they do not wait for this
-/// backend's next record (or die with it). Never waits and never fails — it runs where an error is
-/// not allowed; what finds no room now stays pending for the next record.
+/// A call begins: whatever an earlier call of this backend left unsettled is settled first, so
+/// that this call's record carries only its own changes.
+pub fn begin_call() {
+    settle();
+}
+
+/// The running call ends without an audit record (refused, failed, or its record could not be
+/// queued): its charges are given back; what cannot be (coverage) waits for the end of the
+/// transaction, bounded.
+pub fn settle() {
+    let changes = CALL.with(|c| std::mem::take(&mut *c.borrow_mut()));
+    if changes.is_empty() {
+        return;
+    }
+    let undos: Vec<Undo> = changes.iter().filter_map(|c| c.undo).collect();
+    if !undos.is_empty() && shmem::attached() {
+        let t = now();
+        let mut l = shmem::ledger();
+        for u in undos {
+            match u {
+                Undo::Bytes { day, gen, bytes } => {
+                    if let Some(v) = l.user_days().get(&day, t) {
+                        *v = (*v - bytes).max(0);
+                    }
+                    if let Some(g) = gen {
+                        if let Some(v) = l.generations().get(&g, t) {
+                            *v = (*v - bytes).max(0);
+                        }
+                    }
+                }
+                Undo::DocCall { key } => {
+                    if let Some(v) = l.doc_calls().get(&key, t) {
+                        *v = (*v - 1).max(0);
+                    }
+                }
+            }
+        }
+    }
+    LEFTOVER.with(|left| {
+        let mut left = left.borrow_mut();
+        left.extend(changes.into_iter().filter(|c| c.undo.is_none()).map(|c| c.record));
+        let over = left.len().saturating_sub(LEFTOVER_MAX);
+        if over > 0 {
+            left.drain(..over);
+        }
+    });
+}
+
+/// At the end of every transaction (preloaded backends): settle a call an error cut short, and
+/// queue the leftover changes on their own, one record each, so that they neither wait for this
+/// backend's next call nor ride on it. Never waits and never fails — it runs where an error is not
+/// allowed; what finds no room now stays for the next transaction's end (bounded).
 pub fn register_flush_at_transaction_end() {
     unsafe { pg_sys::RegisterXactCallback(Some(at_transaction_end), std::ptr::null_mut()) };
 }
@@ -82,21 +158,36 @@ unsafe extern "C-unwind" fn at_transaction_end(
 ) {
     if event == pg_sys::XactEvent::XACT_EVENT_COMMIT || event == pg_sys::XactEvent::XACT_EVENT_ABORT
     {
-        flush_pending();
+        settle();
+        flush_leftover();
     }
 }
 
-fn flush_pending() {
-    let changes = PENDING.with(|p| std::mem::take(&mut *p.borrow_mut()));
-    if changes.is_empty() || !shmem::attached() {
-        PENDING.with(|p| p.borrow_mut().extend(changes));
+fn flush_leftover() {
+    if !shmem::attached() {
         return;
     }
-    let text = json!({"l": changes}).to_string();
-    let queued = text.len() <= RECORD_BYTES && enqueue_existing(&text).is_some();
-    if !queued {
-        PENDING.with(|p| p.borrow_mut().extend(changes));
+    let left = LEFTOVER.with(|l| std::mem::take(&mut *l.borrow_mut()));
+    let mut rest = Vec::new();
+    for change in left {
+        let text = json!({"l": [change]}).to_string();
+        if !rest.is_empty() || text.len() > RECORD_BYTES || enqueue_existing(&text).is_none() {
+            rest.push(change);
+        }
     }
+    LEFTOVER.with(|l| {
+        let mut l = l.borrow_mut();
+        rest.append(&mut l);
+        *l = rest;
+    });
+}
+
+/// How many ledger changes this backend holds: the running call's, and leftovers (tests).
+pub fn held() -> (usize, usize) {
+    (
+        CALL.with(|c| c.borrow().len()),
+        LEFTOVER.with(|l| l.borrow().len()),
+    )
 }
 
 /// Put `text` on this database's queue if it has one and room for it; the queue, or `None`.
@@ -121,55 +212,117 @@ fn enqueue_existing(text: &str) -> Option<usize> {
     Some(i)
 }
 
-fn full(what: &str) -> Unavailable {
-    let setting = match what {
-        "a generation" => "ledger_generations",
-        "a document's call count" => "ledger_document_calls",
-        "a document's coverage" => "ledger_coverage",
-        _ => "ledger_user_days",
+/// Why a charge could not be taken.
+pub enum NoRoom {
+    /// The ledger cannot be used now (not preloaded): `AUDIT_UNAVAILABLE`.
+    Unavailable(Unavailable),
+    /// The tenant or user holds its share of a table, or the table is full: `CAPACITY_EXCEEDED`
+    /// (the message names the setting; it says nothing of other tenants).
+    Capacity(String),
+}
+
+impl From<Unavailable> for NoRoom {
+    fn from(e: Unavailable) -> NoRoom {
+        NoRoom::Unavailable(e)
+    }
+}
+
+/// Whose entry a charge makes: the tenant (named in `ledger_stats`) and its owner hashes.
+pub struct Who<'a> {
+    pub tenant: &'a str,
+    pub owner: Owner,
+}
+
+impl<'a> Who<'a> {
+    pub fn new(tenant: &'a str, user: &str) -> Who<'a> {
+        Who {
+            tenant,
+            owner: Owner::of(tenant, user),
+        }
+    }
+}
+
+fn capacity<V>(t: &Tab<V>, why: Refused) -> NoRoom {
+    let (whose, setting) = match why {
+        Refused::Tenant => ("this tenant holds its share of", "ledger_tenant_share"),
+        Refused::User => ("this user holds their share of", "ledger_user_share"),
+        Refused::Owners => ("this tenant holds its share of", "ledger_owners"),
+        Refused::Full => ("no room is left in", t.setting),
     };
-    Unavailable(format!(
-        "the shared-memory ledger has no free slot for {what} (raise ctxguard.{setting} and restart)"
+    pgrx::log!(
+        "ctxguard: CAPACITY_EXCEEDED table={} limit=ctxguard.{setting}",
+        t.setting
+    );
+    NoRoom::Capacity(format!(
+        "{whose} the shared ledger's {} (ctxguard.{setting}); retry once entries expire",
+        t.what
     ))
 }
 
-/// Run `f` on the live entry of `key`, loading it first (outside the lock) if it is missing.
+/// The caps of table `t` now (the shares are reloadable settings).
+fn share<V>(t: &Tab<V>, slots: usize, owner_slots: usize) -> Share {
+    let pct = |g: &pgrx::GucSetting<i32>| u32::try_from(g.get()).unwrap_or(1);
+    Share::of(
+        t.index,
+        slots,
+        owner_slots,
+        pct(&gucs::LEDGER_TENANT_SHARE),
+        pct(&gucs::LEDGER_USER_SHARE),
+    )
+}
+
+/// Run `f` on the live entry of `key` in table `t`, loading it first (outside the lock) if it is
+/// missing; a new entry counts against `who`'s shares.
 fn with_entry<V: Copy, R>(
-    table: for<'a> fn(&'a mut Ledger) -> Table<'a, V>,
+    t: &Tab<V>,
+    who: &Who,
     key: &Key,
     expires: i64,
-    what: &str,
     load: impl FnOnce() -> V,
     f: impl FnOnce(&mut V) -> R,
-) -> Result<R, Unavailable> {
+) -> Result<R, NoRoom> {
     if !shmem::attached() {
-        return Err(Unavailable(
-            "ctxguard is not in shared_preload_libraries".into(),
-        ));
+        return Err(Unavailable("ctxguard is not in shared_preload_libraries".into()).into());
     }
-    let t = now();
+    let now_s = now();
     {
         let mut l = shmem::ledger();
-        if let Some(v) = table(&mut l).get(key, t) {
+        let (mut tb, _, _) = l.shared(t);
+        if let Some(v) = tb.get(key, now_s) {
             return Ok(f(v));
         }
     }
     let loaded = load();
     let mut l = shmem::ledger();
-    // Another backend may have loaded it meanwhile: `insert` keeps the live entry.
-    let mut tb = table(&mut l);
-    let v = tb.insert(key, expires, loaded, t).map_err(|_| full(what))?;
-    Ok(f(v))
+    let (mut tb, mut owners, swept) = l.shared(t);
+    let s = share(t, tb.capacity(), owners.capacity());
+    // Another backend may have loaded it meanwhile: a live entry is kept as it is.
+    let mut tried = insert_shared(&mut tb, &mut owners, s, who.owner, who.tenant, key, expires, loaded, now_s)
+        .map(|_| ());
+    if tried.is_err() && *swept < now_s {
+        // Expired entries still counted: give their shares back (at most once a second), retry.
+        *swept = now_s;
+        sweep_shared(&mut tb, &mut owners, t.index, now_s);
+        tried = insert_shared(&mut tb, &mut owners, s, who.owner, who.tenant, key, expires, loaded, now_s)
+            .map(|_| ());
+    }
+    match tried {
+        Ok(()) => Ok(f(tb.get(key, now_s).expect("inserted"))),
+        Err(why) => {
+            drop(l);
+            Err(capacity(t, why))
+        }
+    }
 }
 
 /// Bytes used by generation `id` (expiring at `expires`), `loaded` from its row if missing.
-pub fn generation_used(id: &str, expires: i64, loaded: i64) -> Result<i64, Unavailable> {
+pub fn generation_used(id: &str, who: &Who, expires: i64, loaded: i64) -> Result<i64, NoRoom> {
     let k = key("gen", &[id]);
     with_entry(
-        Ledger::generations,
+        &shmem::GENERATIONS,
+        who,
         &k,
         expires + GRACE,
-        "a generation",
         || loaded,
         |v| {
             *v = (*v).max(loaded);
@@ -197,7 +350,8 @@ pub struct GenLimit<'a> {
     pub limit: i64,
 }
 
-/// Charge `bytes` to the generation (if any) and to the user's UTC day, both or neither.
+/// Charge `bytes` to the generation (if any) and to the user's UTC day, both or neither. Given
+/// back if the call leaves no audit record ([`settle`]).
 pub fn charge_bytes(
     generation: Option<&GenLimit>,
     tenant: &str,
@@ -205,41 +359,22 @@ pub fn charge_bytes(
     day_limit: i64,
     bytes: i64,
     load_day: impl FnOnce(i32) -> i64,
-) -> Result<Result<Charged, Over>, Unavailable> {
+) -> Result<Result<Charged, Over>, NoRoom> {
+    let who = Who::new(tenant, user);
     let day = today();
     let dk = key("day", &[tenant, user, &day.to_string()]);
     let day_expires = day_end(day + 10_957) + GRACE;
-    with_entry(
-        Ledger::user_days,
-        &dk,
-        day_expires,
-        "a user's day",
-        || load_day(day),
-        |_| (),
-    )?;
+    with_entry(&shmem::USER_DAYS, &who, &dk, day_expires, || load_day(day), |_| ())?;
     let gk = generation.map(|g| key("gen", &[g.id]));
     if let (Some(g), Some(k)) = (generation, &gk) {
-        with_entry(
-            Ledger::generations,
-            k,
-            g.expires + GRACE,
-            "a generation",
-            || 0,
-            |_| (),
-        )?;
+        with_entry(&shmem::GENERATIONS, &who, k, g.expires + GRACE, || 0, |_| ())?;
     }
     let t = now();
+    let lost = |tab: &str| Unavailable(format!("a ledger entry of {tab} was evicted during the call"));
     let mut l = shmem::ledger();
-    let day_used = *l
-        .user_days()
-        .get(&dk, t)
-        .ok_or_else(|| full("a user's day"))?;
+    let day_used = *l.user_days().get(&dk, t).ok_or_else(|| lost("user days"))?;
     let gen_used = match &gk {
-        Some(k) => Some(
-            *l.generations()
-                .get(k, t)
-                .ok_or_else(|| full("a generation"))?,
-        ),
+        Some(k) => Some(*l.generations().get(k, t).ok_or_else(|| lost("generations"))?),
         None => None,
     };
     if let (Some(g), Some(used)) = (generation, gen_used) {
@@ -262,9 +397,14 @@ pub fn charge_bytes(
         None => None,
     };
     drop(l);
-    note(json!({"day": [tenant, user, day], "bytes": new_day}));
+    let undo = Some(Undo::Bytes {
+        day: dk,
+        gen: gk,
+        bytes,
+    });
+    note(json!({"day": [tenant, user, day], "bytes": new_day}), undo);
     if let (Some(g), Some(b)) = (generation, new_gen) {
-        note(json!({"gen": g.id, "bytes": b, "exp": g.expires}));
+        note(json!({"gen": g.id, "bytes": b, "exp": g.expires}), None);
     }
     Ok(Ok(Charged {
         generation: new_gen,
@@ -272,20 +412,21 @@ pub fn charge_bytes(
     }))
 }
 
-/// Count one call on `doc` in generation `gen`: the count, or `None` at the limit.
+/// Count one call on `doc` in generation `gen`: the count, or `None` at the limit. Given back if
+/// the call leaves no audit record ([`settle`]).
 pub fn doc_call(
     gen: &GenLimit,
-    tenant: &str,
+    who: &Who,
     doc: &str,
     limit: i32,
     load: impl FnOnce() -> i32,
-) -> Result<Option<i32>, Unavailable> {
+) -> Result<Option<i32>, NoRoom> {
     let k = key("doc", &[gen.id, doc]);
     let taken = with_entry(
-        Ledger::doc_calls,
+        &shmem::DOC_CALLS,
+        who,
         &k,
         gen.expires + GRACE,
-        "a document's call count",
         load,
         |v| {
             if *v >= limit {
@@ -297,13 +438,16 @@ pub fn doc_call(
         },
     )?;
     if let Some(n) = taken {
-        note(json!({"doc": [gen.id, tenant, doc], "calls": n, "exp": gen.expires}));
+        note(
+            json!({"doc": [gen.id, who.tenant, doc], "calls": n, "exp": gen.expires}),
+            Some(Undo::DocCall { key: k }),
+        );
     }
     Ok(taken)
 }
 
 /// Mark `pages` of `doc` read by the user today, unless that exceeds `allowed`:
-/// `Ok(pages read today)` or `Err(pages read before)`.
+/// `Ok(pages read today)` or `Err(pages read before)`. Never given back: charge it last.
 pub fn coverage(
     tenant: &str,
     user: &str,
@@ -311,14 +455,14 @@ pub fn coverage(
     pages: &[i32],
     allowed: i64,
     load: impl FnOnce(i32) -> Vec<i32>,
-) -> Result<Result<i64, i64>, Unavailable> {
+) -> Result<Result<i64, i64>, NoRoom> {
     let day = today();
     let k = key("cov", &[tenant, user, doc, &day.to_string()]);
     let taken = with_entry(
-        Ledger::coverage,
+        &shmem::COVERAGE,
+        &Who::new(tenant, user),
         &k,
         day_end(day + 10_957) + GRACE,
-        "a document's coverage",
         || {
             let mut c = Coverage::default();
             c.add(&load(day));
@@ -327,7 +471,7 @@ pub fn coverage(
         |c| c.take(pages, allowed),
     )?;
     if taken.is_ok() && !pages.is_empty() {
-        note(json!({"cov": [tenant, user, doc, day], "pages": pages}));
+        note(json!({"cov": [tenant, user, doc, day], "pages": pages}), None);
     }
     Ok(taken)
 }
@@ -415,13 +559,11 @@ fn sleep(cv: *mut pg_sys::ConditionVariable, ms: i64) {
 pub fn submit(mut audit: Value) -> Result<(usize, u64), Unavailable> {
     let at = unsafe { pg_sys::GetCurrentTimestamp() };
     audit["at_us"] = json!(at);
-    let changes = PENDING.with(|p| std::mem::take(&mut *p.borrow_mut()));
+    // Only the running call's own changes ride on its record: a handful, bounded by what one
+    // call can charge. On failure they stay with the call, which settles them (gives them back).
+    let changes: Vec<Value> = CALL.with(|c| c.borrow().iter().map(|c| c.record.clone()).collect());
     let text = json!({"a": audit, "l": changes}).to_string();
-    // On failure the changes stay pending (the charges stand in shared memory either way).
-    let restore = |e: Unavailable| {
-        PENDING.with(|p| p.borrow_mut().extend(changes.iter().cloned()));
-        e
-    };
+    let restore = |e: Unavailable| e;
     if text.len() > RECORD_BYTES {
         return Err(restore(Unavailable(format!(
             "an audit record of {} bytes exceeds {RECORD_BYTES}",
@@ -456,6 +598,8 @@ pub fn submit(mut audit: Value) -> Result<(usize, u64), Unavailable> {
             if gucs::AUDIT_WAIT.get() || queued >= NOWAIT_WAKE_RECORDS {
                 unsafe { pg_sys::ConditionVariableSignal(shmem::work_cv(i)) };
             }
+            // Queued: the changes are the record's now.
+            CALL.with(|c| c.borrow_mut().clear());
             return Ok((i, seq));
         }
     }
@@ -547,18 +691,56 @@ pub fn wait(i: usize, seq: u64) -> Result<(), Unavailable> {
     }
 }
 
-/// Slots and live entries of each ledger table, by setting name (for `ctxguard.ledger_stats()`).
+/// Slots, live entries and caps of each ledger table by setting name, and the tenants nearest
+/// their cap (for `ctxguard.ledger_stats()`, a DBA's function).
 pub fn tables() -> Option<Value> {
     let sizes = shmem::sizes()?;
     let t = now();
     let mut l = shmem::ledger();
-    let row = |slots: usize, live: usize| json!({"slots": slots, "live": live});
-    Some(json!({
-        "ledger_generations": row(sizes.generations, l.generations().live(t)),
-        "ledger_document_calls": row(sizes.doc_calls, l.doc_calls().live(t)),
-        "ledger_coverage": row(sizes.coverage, l.coverage().live(t)),
-        "ledger_user_days": row(sizes.user_days, l.user_days().live(t)),
-    }))
+    let live = [
+        l.generations().live(t),
+        l.doc_calls().live(t),
+        l.coverage().live(t),
+        l.user_days().live(t),
+    ];
+    let owners_live = l.owners().live(t);
+    let held = tenants_held(&l.owners(), t);
+    drop(l);
+    let names = [
+        shmem::GENERATIONS.setting,
+        shmem::DOC_CALLS.setting,
+        shmem::COVERAGE.setting,
+        shmem::USER_DAYS.setting,
+    ];
+    let mut out = serde_json::Map::new();
+    let mut fullest: Vec<(f64, Value)> = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        let s = Share::of(
+            i,
+            sizes.of(i),
+            sizes.owners,
+            u32::try_from(gucs::LEDGER_TENANT_SHARE.get()).unwrap_or(1),
+            u32::try_from(gucs::LEDGER_USER_SHARE.get()).unwrap_or(1),
+        );
+        out.insert(
+            (*name).to_string(),
+            json!({"slots": sizes.of(i), "live": live[i], "tenant_cap": s.tenant, "user_cap": s.user}),
+        );
+        for (tenant, entries, _) in &held {
+            let used = f64::from(entries[i]) / f64::from(s.tenant.max(1));
+            fullest.push((used, json!({"tenant": tenant, "table": name, "entries": entries[i], "cap": s.tenant})));
+        }
+    }
+    out.insert(
+        "ledger_owners".into(),
+        json!({"slots": sizes.owners, "live": owners_live}),
+    );
+    fullest.sort_by(|a, b| b.0.total_cmp(&a.0));
+    out.insert(
+        "nearest_cap".into(),
+        Value::Array(fullest.into_iter().take(10).map(|(_, v)| v).collect()),
+    );
+    Some(Value::Object(out))
 }
 
 /// This database's writer: pid, last durable sequence number, batches, records, last and largest

@@ -14,7 +14,7 @@
 
 use std::sync::atomic::{AtomicPtr, Ordering};
 
-use ctxguard_core::ledger::{table_slots, Coverage, Slot, Table};
+use ctxguard_core::ledger::{table_slots, Coverage, Held, Slot, Table, TABLES};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
@@ -53,6 +53,8 @@ pub struct Sizes {
     pub doc_calls: usize,
     pub coverage: usize,
     pub user_days: usize,
+    /// The share table: one entry per tenant and per user holding entries in the four above.
+    pub owners: usize,
 }
 
 impl Sizes {
@@ -63,19 +65,26 @@ impl Sizes {
             doc_calls: n(&gucs::LEDGER_DOCUMENT_CALLS),
             coverage: n(&gucs::LEDGER_COVERAGE),
             user_days: n(&gucs::LEDGER_USER_DAYS),
+            owners: n(&gucs::LEDGER_OWNERS),
         }
     }
 
-    /// Byte offsets of the four tables after the header, and the segment's size.
-    fn layout(&self) -> ([usize; 4], usize) {
+    /// Slots of table `which` (0..4: generations, document calls, coverage, user days).
+    pub fn of(&self, which: usize) -> usize {
+        [self.generations, self.doc_calls, self.coverage, self.user_days][which]
+    }
+
+    /// Byte offsets of the five tables after the header, and the segment's size.
+    fn layout(&self) -> ([usize; 5], usize) {
         let align = |n: usize| n.div_ceil(64) * 64;
         let mut at = align(std::mem::size_of::<Header>());
-        let mut offsets = [0; 4];
+        let mut offsets = [0; 5];
         for (k, bytes) in [
             self.generations * std::mem::size_of::<Slot<i64>>(),
             self.doc_calls * std::mem::size_of::<Slot<i32>>(),
             self.coverage * std::mem::size_of::<Slot<Coverage>>(),
             self.user_days * std::mem::size_of::<Slot<i64>>(),
+            self.owners * std::mem::size_of::<Slot<Held>>(),
         ]
         .into_iter()
         .enumerate()
@@ -87,11 +96,33 @@ impl Sizes {
     }
 }
 
-/// The ledger's four tables (process-local pointers into the segment), used under lock 0.
+/// One of the four shared tables, with the type of its values.
+pub struct Tab<V> {
+    pub index: usize,
+    pub setting: &'static str,
+    pub what: &'static str,
+    _v: std::marker::PhantomData<V>,
+}
+
+const fn tab<V>(index: usize, setting: &'static str, what: &'static str) -> Tab<V> {
+    Tab {
+        index,
+        setting,
+        what,
+        _v: std::marker::PhantomData,
+    }
+}
+
+pub const GENERATIONS: Tab<i64> = tab(0, "ledger_generations", "generations");
+pub const DOC_CALLS: Tab<i32> = tab(1, "ledger_document_calls", "document call counts");
+pub const COVERAGE: Tab<Coverage> = tab(2, "ledger_coverage", "document coverage");
+pub const USER_DAYS: Tab<i64> = tab(3, "ledger_user_days", "daily byte totals");
+
+/// The ledger's five tables (process-local pointers into the segment), used under lock 0.
 pub struct Ledger {
     base: *mut u8,
     sizes: Sizes,
-    offsets: [usize; 4],
+    offsets: [usize; 5],
 }
 
 impl Ledger {
@@ -100,6 +131,26 @@ impl Ledger {
             let p = self.base.add(self.offsets[k]).cast::<Slot<V>>();
             Table::new(std::slice::from_raw_parts_mut(p, n))
         }
+    }
+
+    /// Table `t` together with the share table (two disjoint regions) and when `t` was last swept.
+    pub fn shared<V: Copy>(&mut self, t: &Tab<V>) -> (Table<'_, V>, Table<'_, Held>, &mut i64) {
+        let which = t.index;
+        assert!(which < TABLES);
+        unsafe {
+            let p = self.base.add(self.offsets[which]).cast::<Slot<V>>();
+            let o = self.base.add(self.offsets[4]).cast::<Slot<Held>>();
+            let h = self.base.cast::<Header>();
+            (
+                Table::new(std::slice::from_raw_parts_mut(p, self.sizes.of(which))),
+                Table::new(std::slice::from_raw_parts_mut(o, self.sizes.owners)),
+                &mut (*h).swept[which],
+            )
+        }
+    }
+
+    pub fn owners(&mut self) -> Table<'_, Held> {
+        self.table(4, self.sizes.owners)
     }
     pub fn generations(&mut self) -> Table<'_, i64> {
         self.table(0, self.sizes.generations)
@@ -160,6 +211,8 @@ pub struct Queue {
 #[repr(C)]
 pub struct Header {
     pub sizes: Sizes,
+    /// When each table was last swept of expired entries (Unix seconds; at most once a second).
+    pub swept: [i64; TABLES],
     pub queues: [Queue; DATABASES],
 }
 

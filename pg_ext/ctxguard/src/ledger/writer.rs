@@ -804,9 +804,16 @@ fn ledger_stats() -> JsonB {
         }),
         None => json!({"writer_pid": null}),
     };
-    if let Some(t) = super::tables() {
+    if let Some(mut t) = super::tables() {
+        if let Some(nearest) = t.as_object_mut().and_then(|o| o.remove("nearest_cap")) {
+            stats["nearest_cap"] = nearest;
+        }
         stats["tables"] = t;
     }
+    // This backend's ledger changes awaiting a record: the running call's, and those of calls
+    // that left none (bounded).
+    let (call, leftover) = super::held();
+    stats["this_backend"] = json!({"call_changes": call, "leftover_changes": leftover});
     JsonB(stats)
 }
 
