@@ -3,7 +3,7 @@
 
   mint_token.py keygen --dir RUN                 # HS256 secret + Ed25519 key pair (once per cluster)
   mint_token.py mint --dir RUN --sub alice --tenant acme --roles ap_clerk [--alg HS256|EdDSA|none|confused]
-                     [--ttl 600] [--nbf-in 0] [--aud X] [--bad-signature] [--crit]
+                     [--ttl 600] [--nbf-in 0] [--aud X] [--bad-signature] [--crit] [--dup-tenant T]
 
 For tests only: the hostile variants (alg none, HS/EdDSA confusion, forged signature) exist so the
 database's refusal can be proven.
@@ -50,7 +50,16 @@ def mint(a) -> str:
     if a.aud:  # an empty --aud means "no audience"
         claims["aud"] = a.aud
     secret = open(os.path.join(a.dir, "jwt_secret")).read().strip()
-    if a.crit:
+    if a.dup_tenant:
+        # A correctly signed HS256 token whose claims repeat tenant_id (the second value last): JSON
+        # written by hand, as no JSON encoder repeats a member. Refused whichever value a parser keeps.
+        body = json.dumps(claims)
+        assert body.endswith("}")
+        body = body[:-1] + ", " + json.dumps("tenant_id") + ": " + json.dumps(a.dup_tenant) + "}"
+        head = b64url(b'{"alg":"HS256","typ":"JWT"}') + "." + b64url(body.encode())
+        import hashlib, hmac
+        tok = head + "." + b64url(hmac.new(secret.encode(), head.encode(), hashlib.sha256).digest())
+    elif a.crit:
         # A correctly signed token whose header names an extension the verifier must understand (and
         # does not): RFC 7515 §4.1.11 says reject it.
         head = b64url(json.dumps({"alg": "HS256", "typ": "JWT", "crit": ["x-ctxguard-test"], "x-ctxguard-test": True}).encode())
@@ -95,6 +104,8 @@ def main() -> None:
     m.add_argument("--aud", default=None)
     m.add_argument("--bad-signature", action="store_true")
     m.add_argument("--crit", action="store_true", help="HS256 with a crit header naming an unknown extension")
+    m.add_argument("--dup-tenant", default=None, metavar="T",
+                   help="HS256 whose claims repeat tenant_id, T the second (last) value")
     a = p.parse_args()
     if a.cmd == "keygen":
         keygen(a.dir)

@@ -61,6 +61,7 @@ vars=(
   -S "tok_no_aud=$(mint --sub alice --tenant acme)"
   -S "tok_no_exp=$(mint --sub alice --tenant acme --no-exp "${AUD[@]}")"
   -S "tok_crit=$(mint --sub alice --tenant acme --crit "${AUD[@]}")"
+  -S "tok_dup=$(mint --sub alice --tenant acme --roles ap_clerk --dup-tenant globex "${AUD[@]}")"
   -S "tok_ingest=$(mint --sub ingest-bot --tenant acme --roles doc_ingest "${AUD[@]}")"
 )
 

@@ -6,7 +6,9 @@
 //! P-384 (ES384) points on their curve, Ed25519 (EdDSA). Keys that are not for signing
 //! (`use` other than `sig`, `key_ops` without `verify`), symmetric keys (`oct`: HS256 comes only
 //! from the secret settings), other key types and curves, and weak RSA keys are skipped, with the
-//! reason recorded. A document holding private key material is refused as a whole.
+//! reason recorded. A document holding private key material is refused as a whole, and so is one
+//! that repeats a member anywhere (a key read as RSA by one parser and as another key by the next:
+//! [`crate::json`]).
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
@@ -109,6 +111,8 @@ pub enum JwksError {
     PrivateKey,
     #[error("JWKS document holds no usable signing key")]
     NoUsableKey,
+    #[error("JWKS document repeats a member")]
+    DuplicateMember,
 }
 
 /// Members that only private (or symmetric) keys have.
@@ -120,7 +124,12 @@ impl KeySet {
         if text.len() > MAX_JWKS_BYTES {
             return Err(JwksError::TooLarge);
         }
-        let doc: Value = serde_json::from_str(text).map_err(|_| JwksError::Malformed)?;
+        let doc = crate::json::parse(text.as_bytes()).map_err(|e| match e {
+            crate::json::JsonError::Duplicate => JwksError::DuplicateMember,
+            crate::json::JsonError::Syntax | crate::json::JsonError::TooDeep => {
+                JwksError::Malformed
+            }
+        })?;
         let items = doc
             .get("keys")
             .and_then(Value::as_array)
@@ -475,6 +484,56 @@ pub(crate) mod tests {
         assert_eq!(
             parse(json!([{"kty":"RSA","n":rsa_n(2048),"e":"AQAB","d":"AQAB"}])).unwrap_err(),
             JwksError::PrivateKey
+        );
+        // A repeated member anywhere refuses the whole document (the same key text read by a
+        // parser keeping the first value is another key). Each also parses without the repeat.
+        let ed = format!(r#"{{"kty":"OKP","crv":"Ed25519","x":"{ED_X}"}}"#);
+        let rsa = format!(r#"{{"kty":"RSA","n":"{}","e":"AQAB"}}"#, rsa_n(2048));
+        let key =
+            |members: &str| format!(r#"{{"kty":"OKP","crv":"Ed25519","x":"{ED_X}"{members}}}"#);
+        for (label, repeated, once) in [
+            (
+                "kid twice",
+                key(r#","kid":"a","kid":"b""#),
+                key(r#","kid":"b""#),
+            ),
+            ("x twice", key(&format!(r#","x":"{ED_X}""#)), key("")),
+            ("kty twice", key(r#","kty":"RSA""#), key("")),
+            (
+                "alg twice, escaped",
+                key(r#","alg":"EdDSA","\u0061lg":"EdDSA""#),
+                key(r#","alg":"EdDSA""#),
+            ),
+            (
+                "nested",
+                key(r#","ext":{"a":1,"a":2}"#),
+                key(r#","ext":{"a":2}"#),
+            ),
+        ] {
+            let doc = format!(r#"{{"keys":[{rsa},{repeated}]}}"#);
+            assert_eq!(
+                KeySet::parse(&doc).unwrap_err(),
+                JwksError::DuplicateMember,
+                "{label}"
+            );
+            let doc = format!(r#"{{"keys":[{rsa},{once}]}}"#);
+            assert_eq!(KeySet::parse(&doc).map(|s| s.keys.len()), Ok(2), "{label}");
+        }
+        let doc = format!(r#"{{"keys":[{ed}],"keys":[{rsa}]}}"#);
+        assert_eq!(
+            KeySet::parse(&doc).unwrap_err(),
+            JwksError::DuplicateMember,
+            "keys twice"
+        );
+        let deep = format!(
+            r#"{{"keys":[{ed}],"x":{}1{}}}"#,
+            "[".repeat(300),
+            "]".repeat(300)
+        );
+        assert_eq!(
+            KeySet::parse(&deep).unwrap_err(),
+            JwksError::Malformed,
+            "too deep"
         );
     }
 }

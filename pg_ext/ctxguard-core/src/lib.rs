@@ -6,6 +6,8 @@
 //! - [`names`]: identifier and entity-id rules shared by every input.
 //! - [`token`]: JWT verification (HS256 secret, JWKS keys, Ed25519 key) into an [`token::Identity`].
 //! - [`jwks`]: JWKS documents parsed and checked once into usable keys.
+//! - [`json`]: strict JSON (repeated members and deep nesting refused) for tokens, JWKS and
+//!   page contexts read from text.
 //! - [`claims`]: claim paths (`realm_access.roles`, `"https://acme.example/roles"`).
 //! - [`page`]: the seed-000 page-context contract, validated against the page-type catalog.
 //! - [`policy`]: tool policies (parse + contradiction checks) and their evaluation (Gate A/B).
@@ -21,6 +23,7 @@ pub mod binding;
 pub mod claims;
 pub mod codes;
 pub mod docs;
+pub mod json;
 pub mod jwks;
 pub mod ledger;
 pub mod mask;

@@ -5,8 +5,10 @@
 //! configured JWKS ([`crate::jwks`]) that fits the algorithm (chosen by `kid`), and EdDSA also with
 //! the single configured Ed25519 key. `alg: none`, other algorithms, a key that does not fit the
 //! algorithm (HS/RSA or HS/EdDSA confusion), keys named or carried by the token itself (`jku`,
-//! `x5u`, `x5c`, `jwk`) and any `crit` are refused before any signature work. Where the tenant and
-//! roles are in the claims is configured ([`crate::claims`]).
+//! `x5u`, `x5c`, `jwk`) and any `crit` are refused before any signature work, and so is a header
+//! or a claims set that repeats a member at any depth ([`crate::json`]: libraries disagree on
+//! which of two `tenant_id`s counts). Where the tenant and roles are in the claims is configured
+//! ([`crate::claims`]).
 
 use std::collections::HashSet;
 
@@ -14,6 +16,7 @@ use jsonwebtoken::{decode, decode_header, errors::ErrorKind, Algorithm, Decoding
 use serde_json::Value;
 
 use crate::claims::ClaimPath;
+use crate::json::{self, JsonError};
 use crate::jwks::KeySet;
 use crate::names::{is_valid_id, is_valid_label};
 
@@ -98,6 +101,8 @@ pub enum TokenError {
     UnknownKey,
     #[error("configured claim path (ctxguard.claim_tenant or ctxguard.claim_roles) is invalid")]
     BadClaimPath,
+    #[error("token header or claims repeat a member")]
+    DuplicateMember,
 }
 
 impl TokenError {
@@ -118,6 +123,7 @@ impl TokenError {
             TokenError::KeyInHeader => "key_in_header",
             TokenError::UnknownKey => "unknown_kid",
             TokenError::BadClaimPath => "claim_path",
+            TokenError::DuplicateMember => "duplicate_member",
         }
     }
 }
@@ -247,7 +253,7 @@ pub fn verify_claims(token: &str, keys: &KeyConfig<'_>) -> Result<Verified, Toke
             .map_err(|_| TokenError::BadClaimPath)?;
     let roles_path = ClaimPath::parse(non_empty(keys.claim_roles).unwrap_or(DEFAULT_CLAIM_ROLES))
         .map_err(|_| TokenError::BadClaimPath)?;
-    let raw = raw_header(token).ok_or(TokenError::Malformed)?;
+    let (raw, claims) = raw_parts(token)?;
     // RFC 7515 §4.1.11: a recipient that does not understand every listed extension must reject
     // the token. We understand none, so any `crit` (even empty, which the RFC forbids) is refused.
     if raw.get("crit").is_some() {
@@ -284,12 +290,14 @@ pub fn verify_claims(token: &str, keys: &KeyConfig<'_>) -> Result<Verified, Toke
         validation.required_spec_claims.insert("iss".into());
     }
 
+    // The claims are read from the strict parse above; jsonwebtoken checks the signature and the
+    // registered claims of the same bytes, which hold no repeated member, so both read alike.
     let mut last = TokenError::BadSignature;
-    let mut claims = None;
+    let mut verified = false;
     for key in &candidates {
-        match decode::<Value>(token, key, &validation) {
-            Ok(data) => {
-                claims = Some(data.claims);
+        match decode::<serde::de::IgnoredAny>(token, key, &validation) {
+            Ok(_) => {
+                verified = true;
                 break;
             }
             Err(e) => {
@@ -301,7 +309,10 @@ pub fn verify_claims(token: &str, keys: &KeyConfig<'_>) -> Result<Verified, Toke
             }
         }
     }
-    let claims = claims.ok_or(last)?;
+    if !verified {
+        return Err(last);
+    }
+    let claims = Value::Object(claims);
     let user_id = id_claim(claims.get("sub"), "sub")?;
     let tenant_id = id_claim(tenant_path.lookup(&claims), "tenant_id")?;
     let roles = roles_claim(roles_path.lookup(&claims))?;
@@ -340,19 +351,38 @@ fn decode_error(e: &jsonwebtoken::errors::Error) -> TokenError {
     }
 }
 
-/// The token's JOSE header as a JSON object (None if it is not base64url JSON).
-fn raw_header(token: &str) -> Option<serde_json::Map<String, Value>> {
+type JsonObject = serde_json::Map<String, Value>;
+
+/// One segment of a token: base64url JSON, parsed strictly into an object.
+fn segment(part: &str) -> Result<JsonObject, TokenError> {
     use base64::Engine;
-    let head = token.split('.').next().unwrap_or_default();
-    base64::engine::general_purpose::URL_SAFE_NO_PAD
-        .decode(head.trim_end_matches('='))
-        .ok()
-        .and_then(|raw| serde_json::from_slice::<serde_json::Map<String, Value>>(&raw).ok())
+    let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(part.trim_end_matches('='))
+        .map_err(|_| TokenError::Malformed)?;
+    json::parse_object(&raw).map_err(|e| match e {
+        JsonError::Duplicate => TokenError::DuplicateMember,
+        JsonError::Syntax | JsonError::TooDeep => TokenError::Malformed,
+    })
+}
+
+/// The token's JOSE header and claims as JSON objects, each parsed strictly: a token of three
+/// segments whose first two are base64url JSON objects repeating no member, or an error.
+fn raw_parts(token: &str) -> Result<(JsonObject, JsonObject), TokenError> {
+    let mut parts = token.split('.');
+    let (Some(head), Some(payload), Some(_), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(TokenError::Malformed);
+    };
+    Ok((segment(head)?, segment(payload)?))
 }
 
 /// Distinguish "well-formed header naming an algorithm we do not accept" (e.g. `none`) from garbage.
 fn header_error(token: &str) -> TokenError {
-    let alg = raw_header(token).and_then(|h| h.get("alg").map(Value::is_string));
+    let head = token.split('.').next().unwrap_or_default();
+    let alg = segment(head)
+        .ok()
+        .and_then(|h| h.get("alg").map(Value::is_string));
     if alg == Some(true) {
         TokenError::AlgorithmNotAccepted
     } else {
@@ -425,6 +455,19 @@ mod tests {
         .unwrap()
     }
 
+    /// An HS256 token from the header's and the claims' JSON text exactly as written (members
+    /// repeated or escaped as the test wants), correctly signed.
+    fn hs_text(header: &str, claims: &str) -> String {
+        let message = format!("{}.{}", B64.encode(header), B64.encode(claims));
+        let sig = jsonwebtoken::crypto::sign(
+            message.as_bytes(),
+            &EncodingKey::from_secret(SECRET.as_bytes()),
+            Algorithm::HS256,
+        )
+        .unwrap();
+        format!("{message}.{sig}")
+    }
+
     fn ed(claims: serde_json::Value) -> String {
         let der: Vec<u8> = (0..ED_PKCS8_DER_HEX.len())
             .step_by(2)
@@ -489,8 +532,28 @@ mod tests {
         assert_eq!(verify(&hs(early), &keys()), Err(TokenError::NotYetValid));
     }
 
+    const HS_HEADER: &str = r#"{"alg":"HS256","typ":"JWT"}"#;
+
     #[test]
     fn negative_cases() {
+        let exp = now() + 60;
+        // The hand-written tokens below verify when nothing is repeated: each refusal is for the
+        // repeat alone.
+        let plain = hs_text(
+            HS_HEADER,
+            &format!(
+                r#"{{"sub":"u1","tenant_id":"acme","tenant\u005fi":"x","exp":{exp},"app_metadata":{{"tenant_id":"acme"}}}}"#
+            ),
+        );
+        assert_eq!(
+            verify(&plain, &keys()).map(|w| w.tenant_id),
+            Ok("acme".into())
+        );
+        assert!(verify(
+            &hs_text(r#"{"alg":"HS256","kid":"a"}"#, &good().to_string()),
+            &keys()
+        )
+        .is_ok());
         let unsigned = format!(
             "{}.{}.",
             B64.encode(br#"{"alg":"none","typ":"JWT"}"#),
@@ -610,6 +673,117 @@ mod tests {
                 hs(json!({"sub":"u","tenant_id":"t","roles":["a b"],"exp": now()+60})),
                 keys(),
                 TokenError::BadClaim("roles"),
+            ),
+            (
+                "duplicate claim",
+                hs_text(
+                    HS_HEADER,
+                    &format!(
+                        r#"{{"sub":"u1","tenant_id":"acme","tenant_id":"globex","exp":{exp}}}"#
+                    ),
+                ),
+                keys(),
+                TokenError::DuplicateMember,
+            ),
+            (
+                "duplicate claim, escaped differently",
+                hs_text(
+                    HS_HEADER,
+                    &format!(
+                        r#"{{"sub":"u1","tenant_id":"acme","tenant\u005fid":"globex","exp":{exp}}}"#
+                    ),
+                ),
+                keys(),
+                TokenError::DuplicateMember,
+            ),
+            (
+                "duplicate sub",
+                hs_text(
+                    HS_HEADER,
+                    &format!(r#"{{"sub":"u1","tenant_id":"acme","exp":{exp},"sub":"root"}}"#),
+                ),
+                keys(),
+                TokenError::DuplicateMember,
+            ),
+            (
+                "duplicate exp",
+                hs_text(
+                    HS_HEADER,
+                    &format!(r#"{{"sub":"u1","tenant_id":"acme","exp":1,"exp":{exp}}}"#),
+                ),
+                keys(),
+                TokenError::DuplicateMember,
+            ),
+            (
+                "duplicate nested claim",
+                hs_text(
+                    HS_HEADER,
+                    &format!(
+                        r#"{{"sub":"u1","tenant_id":"acme","exp":{exp},"app_metadata":{{"tenant_id":"acme","tenant_id":"globex"}}}}"#
+                    ),
+                ),
+                keys(),
+                TokenError::DuplicateMember,
+            ),
+            (
+                "duplicate deep in an unused claim",
+                hs_text(
+                    HS_HEADER,
+                    &format!(
+                        r#"{{"sub":"u1","tenant_id":"acme","exp":{exp},"x":[{{"y":[{{"z":1,"z":2}}]}}]}}"#
+                    ),
+                ),
+                keys(),
+                TokenError::DuplicateMember,
+            ),
+            (
+                "duplicate header alg",
+                hs_text(
+                    r#"{"alg":"HS256","typ":"JWT","alg":"HS256"}"#,
+                    &good().to_string(),
+                ),
+                keys(),
+                TokenError::DuplicateMember,
+            ),
+            (
+                "duplicate header alg, none last",
+                hs_text(r#"{"alg":"HS256","alg":"none"}"#, &good().to_string()),
+                keys(),
+                TokenError::DuplicateMember,
+            ),
+            (
+                "duplicate header kid",
+                hs_text(
+                    r#"{"alg":"HS256","kid":"a","kid":"b"}"#,
+                    &good().to_string(),
+                ),
+                keys(),
+                TokenError::DuplicateMember,
+            ),
+            (
+                "claims nested too deeply",
+                hs_text(
+                    HS_HEADER,
+                    &format!(
+                        r#"{{"sub":"u1","tenant_id":"acme","exp":{exp},"x":{}1{}}}"#,
+                        "[".repeat(300),
+                        "]".repeat(300)
+                    ),
+                ),
+                keys(),
+                TokenError::Malformed,
+            ),
+            (
+                "claims not an object",
+                hs_text(HS_HEADER, "[1]"),
+                keys(),
+                TokenError::Malformed,
+            ),
+            (
+                "four segments",
+                format!("{}.x", hs(good())),
+                keys(),
+                TokenError::Malformed,
             ),
         ];
         for (label, token, keys, want) in cases {
@@ -738,11 +912,12 @@ mod tests {
         alg: Algorithm,
         key: &EncodingKey,
     ) -> String {
-        let message = format!(
-            "{}.{}",
-            B64.encode(header.to_string()),
-            B64.encode(claims.to_string())
-        );
+        raw_signed_text(&header.to_string(), &claims.to_string(), alg, key)
+    }
+
+    /// [`raw_signed`] from the JSON text exactly as written.
+    fn raw_signed_text(header: &str, claims: &str, alg: Algorithm, key: &EncodingKey) -> String {
+        let message = format!("{}.{}", B64.encode(header), B64.encode(claims));
         let sig = jsonwebtoken::crypto::sign(message.as_bytes(), key, alg).unwrap();
         format!("{message}.{sig}")
     }
@@ -890,6 +1065,43 @@ mod tests {
                 ),
                 k.clone(),
                 TokenError::CriticalHeader,
+            ),
+            // Read with the last value, this header names the key that signed the token.
+            (
+                "duplicate kid",
+                raw_signed_text(
+                    r#"{"alg":"RS256","kid":"rsa-b","kid":"rsa-a"}"#,
+                    &good().to_string(),
+                    Algorithm::RS256,
+                    &rsa,
+                ),
+                k.clone(),
+                TokenError::DuplicateMember,
+            ),
+            (
+                "duplicate alg",
+                raw_signed_text(
+                    r#"{"alg":"ES256","kid":"rsa-a","alg":"RS256"}"#,
+                    &good().to_string(),
+                    Algorithm::RS256,
+                    &rsa,
+                ),
+                k.clone(),
+                TokenError::DuplicateMember,
+            ),
+            (
+                "duplicate claim",
+                raw_signed_text(
+                    r#"{"alg":"RS256","kid":"rsa-a"}"#,
+                    &format!(
+                        r#"{{"sub":"u1","tenant_id":"acme","exp":{},"tenant_id":"globex"}}"#,
+                        now() + 60
+                    ),
+                    Algorithm::RS256,
+                    &rsa,
+                ),
+                k.clone(),
+                TokenError::DuplicateMember,
             ),
             (
                 "kid not a string",

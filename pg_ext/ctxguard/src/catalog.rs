@@ -8,7 +8,7 @@ use pgrx::prelude::*;
 use pgrx::JsonB;
 
 use crate::cache;
-use crate::pgutil::raise;
+use crate::pgutil::{jsonb_arg, raise, JsonbText};
 
 const INVALID: PgSqlErrorCode = PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE;
 pub const MAX_DESCRIPTION: usize = 4000;
@@ -101,9 +101,9 @@ fn refuse_wire_collision(name: &str) {
 fn _register_tool(
     name: Option<&str>,
     description: Option<&str>,
-    input_schema: Option<JsonB>,
+    input_schema: Option<JsonbText>,
     handler: Option<pg_sys::Oid>,
-    policy: Option<JsonB>,
+    policy: Option<JsonbText>,
     title: Option<&str>,
 ) {
     crate::handler::refuse_inside("register_tool");
@@ -114,8 +114,7 @@ fn _register_tool(
     let description = check_description(description);
     let title = check_title(title);
     refuse_wire_collision(name);
-    let schema = input_schema
-        .map(|j| j.0)
+    let schema = jsonb_arg(input_schema, "input_schema")
         .unwrap_or_else(|| raise(INVALID, "ctxguard: input_schema is required"));
     if let Err(e) = args::compile(&schema) {
         raise(INVALID, format!("ctxguard: {e}"));
@@ -127,7 +126,7 @@ fn _register_tool(
             "ctxguard: handler must be a function (jsonb) RETURNS jsonb",
         );
     }
-    let raw_policy = policy.map(|p| p.0).unwrap_or(serde_json::Value::Null);
+    let raw_policy = jsonb_arg(policy, "policy").unwrap_or(serde_json::Value::Null);
     let (p, run_as) = parse_with_run_as(&raw_policy, &schema, true);
     Spi::connect_mut(|c| {
         c.update(
@@ -249,7 +248,7 @@ fn upsert_policy(
 /// Replace the policy of an existing tool (e.g. a built-in document tool), validated like
 /// `register_tool`'s.
 #[pg_extern(volatile, parallel_unsafe)]
-fn set_tool_policy(name: Option<&str>, policy: Option<JsonB>) {
+fn set_tool_policy(name: Option<&str>, policy: Option<JsonbText>) {
     crate::handler::refuse_inside("set_tool_policy");
     let _pin = crate::owner::pin();
     let name = name
@@ -268,7 +267,7 @@ fn set_tool_policy(name: Option<&str>, policy: Option<JsonB>) {
     .ok()
     .and_then(|(s, k)| Some((s?, k?)))
     .unwrap_or_else(|| raise(INVALID, "ctxguard: no such tool"));
-    let raw_policy = policy.map(|p| p.0).unwrap_or(serde_json::Value::Null);
+    let raw_policy = jsonb_arg(policy, "policy").unwrap_or(serde_json::Value::Null);
     let (p, run_as) = parse_with_run_as(&raw_policy, &schema.0, kind == "sql");
     Spi::connect_mut(|c| upsert_policy(c, name, &p, raw_policy, run_as))
         .unwrap_or_else(|e| raise(INVALID, format!("ctxguard: could not set policy: {e}")));

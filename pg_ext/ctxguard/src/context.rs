@@ -18,7 +18,8 @@ use pgrx::JsonB;
 use serde_json::{json, Value};
 
 use crate::gucs;
-use crate::pgutil::{in_transaction_block, raise, saved_plan, set_local, TEXT};
+use crate::pgutil::{in_transaction_block, raise, saved_plan, set_local, JsonbText, TEXT};
+use ctxguard_core::json::{self, JsonError};
 
 pub static PRELOADED: AtomicBool = AtomicBool::new(false);
 
@@ -134,11 +135,12 @@ fn verify_token(token: Option<&str>) -> JsonB {
 #[pg_extern(volatile, parallel_unsafe, sql = false)]
 fn set_context(
     token: Option<&str>,
-    page: Option<JsonB>,
+    page: Option<JsonbText>,
     generation: default!(Option<pgrx::Uuid>, "NULL"),
     trace_id: default!(Option<&str>, "NULL"),
 ) -> JsonB {
-    let page = page.map(|JsonB(v)| v.to_string());
+    // The page's text, unparsed (pgrx's JsonB would panic on a page nested deeper than 128).
+    let page = page.map(|JsonbText(text)| text);
     set_context_text(token, page.as_deref(), generation, trace_id)
 }
 
@@ -192,14 +194,22 @@ fn set_context_text(
             None,
         );
     }
-    // serde_json's recursion limit turns an absurdly deep page into an error, never a crash.
-    let Ok(page_json) = serde_json::from_str::<Value>(page_text) else {
-        deny(
+    // Strict: a deep page is an error, never a crash, and a page repeating a member is refused
+    // (the SQL wrapper's jsonb has none; `_set_context` called with text may).
+    let page_json = match json::parse(page_text.as_bytes()) {
+        Ok(v) => v,
+        Err(JsonError::Duplicate) => deny(
+            invalid,
+            "invalid page context: an object repeats a member",
+            Some(&who),
+            None,
+        ),
+        Err(JsonError::Syntax | JsonError::TooDeep) => deny(
             invalid,
             "invalid page context: not valid JSON or nested too deeply",
             Some(&who),
             None,
-        )
+        ),
     };
     // One catalog read serves the page-type lookup and the entity check.
     let catalog = cache::catalog();

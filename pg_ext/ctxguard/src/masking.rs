@@ -117,9 +117,12 @@ pub fn too_large_message(e: TooLarge) -> String {
     )
 }
 
-/// CHECK constraint of `ctxguard.mask_rules`: does the rule compile?
+/// CHECK constraint of `ctxguard.mask_rules`: does the rule compile? A NULL name or pattern is
+/// 22004 (the columns are NOT NULL; a direct call with NULL is not a panic).
 #[pg_extern(immutable, parallel_safe)]
-fn _mask_rule_valid(name: &str, pattern: &str, validator: Option<&str>) -> bool {
+fn _mask_rule_valid(name: Option<&str>, pattern: Option<&str>, validator: Option<&str>) -> bool {
+    let name = crate::pgutil::required(name, "name");
+    let pattern = crate::pgutil::required(pattern, "pattern");
     Masker::new(&[RuleSpec {
         name: name.into(),
         pattern: pattern.into(),

@@ -20,7 +20,8 @@ use crate::cache;
 use crate::catalog::MAX_DESCRIPTION;
 use crate::context::Ctx;
 use crate::owner::as_owner;
-use crate::pgutil::raise;
+use crate::pgutil::{jsonb_arg, raise, required, JsonbText};
+use ctxguard_core::json::{self, JsonError};
 
 const INVALID: PgSqlErrorCode = PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE;
 
@@ -58,22 +59,29 @@ fn truncate(s: &str, max: usize) -> &str {
 /// added without a policy (their definition accepted as first seen), changed ones updated and
 /// disabled until the DBA accepts the new definition (`accept_mcp_tool`), vanished ones marked
 /// absent (their DBA policies are kept for their return). More tools than the server's
-/// `max_tools` is an error (54000) and changes nothing. Nothing is written when nothing changed,
-/// so the catalog caches stay warm. DBA / discovery role only (EXECUTE is not granted to PUBLIC).
+/// `max_tools` is an error (54000) and changes nothing. A tool whose definition is nested deeper
+/// than `ctxguard_core::json::MAX_DEPTH` is skipped with its reason, like a tool with an invalid
+/// schema: one such tool does not keep the server's others out of the catalog. NULL arguments are
+/// 22004. Nothing is written when nothing changed, so the catalog caches stay warm. DBA /
+/// discovery role only (EXECUTE is not granted to PUBLIC).
 #[pg_extern(volatile, parallel_unsafe)]
-fn sync_mcp_tools(server: Option<&str>, tools: Option<JsonB>) -> JsonB {
+fn sync_mcp_tools(server: Option<&str>, tools: Option<JsonbText>) -> JsonB {
     crate::handler::refuse_inside("sync_mcp_tools");
     let _pin = crate::owner::pin();
-    let server = server
-        .filter(|s| is_valid_server_name(s))
-        .unwrap_or_else(|| raise(INVALID, "ctxguard: invalid MCP server name"));
-    let Some(JsonB(Value::Array(list))) = tools else {
+    let server = required(server, "server");
+    if !is_valid_server_name(server) {
+        raise(INVALID, "ctxguard: invalid MCP server name");
+    }
+    let JsonbText(tools) = required(tools, "tools");
+    // `jsonb_out` writes an array as `[...]`, nothing before it.
+    if !tools.starts_with('[') {
         raise(INVALID, "ctxguard: tools must be a JSON array");
-    };
+    }
     as_owner(|| {
         let Some(max_tools) = server_max_tools(server) else {
             raise(INVALID, "ctxguard: no such MCP server");
         };
+        let list = tool_items(&tools);
         if list.len() > max_tools {
             raise(
                 PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
@@ -82,7 +90,19 @@ fn sync_mcp_tools(server: Option<&str>, tools: Option<JsonB>) -> JsonB {
         }
         let mut wanted: BTreeMap<String, Discovered> = BTreeMap::new();
         let mut skipped: Vec<Value> = Vec::new();
-        for t in &list {
+        for (listed_name, item) in &list {
+            let t = match item {
+                Ok(t) => t,
+                Err(e) => {
+                    let reason = match e {
+                        JsonError::TooDeep => "tool definition nested too deeply",
+                        JsonError::Syntax | JsonError::Duplicate => "invalid tool definition",
+                    };
+                    let upstream = listed_name.as_deref().unwrap_or_default();
+                    skipped.push(json!({"tool": truncate(upstream, 128), "reason": reason}));
+                    continue;
+                }
+            };
             let upstream = t.get("name").and_then(Value::as_str).unwrap_or_default();
             let Some(name) = catalog_name(server, upstream) else {
                 skipped.push(
@@ -219,15 +239,39 @@ fn sync_mcp_tools(server: Option<&str>, tools: Option<JsonB>) -> JsonB {
     })
 }
 
+/// The tools of a `tools/list` answer (the `jsonb_out` text of an array), one by one: each one's
+/// `name` as PostgreSQL reads it (whatever its depth) and its definition parsed on its own, so
+/// that one tool nested too deeply is that tool's refusal, not the whole list's.
+fn tool_items(tools: &str) -> Vec<(Option<String>, Result<Value, JsonError>)> {
+    Spi::connect(|c| {
+        c.select(
+            "SELECT e.value ->> 'name', e.value::pg_catalog.text
+               FROM pg_catalog.jsonb_array_elements($1::pg_catalog.jsonb) AS e",
+            None,
+            &[tools.into()],
+        )?
+        .map(|r| {
+            let name = r.get::<String>(1)?;
+            let text = r.get::<String>(2)?.unwrap_or_default();
+            Ok((name, json::parse(text.as_bytes())))
+        })
+        .collect::<Result<Vec<_>, pgrx::spi::Error>>()
+    })
+    .unwrap_or_else(|e| raise(INVALID, format!("ctxguard: could not read the tools: {e}")))
+}
+
 /// Attach (or with NULL, clear) a server-wide default policy: every tool of `server` without a
 /// policy of its own gets it, including tools discovered later. Validated like `set_tool_policy`.
+/// A NULL server is 22004; a policy nested deeper than `ctxguard_core::json::MAX_DEPTH`, 54000.
 #[pg_extern(volatile, parallel_unsafe)]
-fn set_server_policy(server: Option<&str>, policy: Option<JsonB>) {
+fn set_server_policy(server: Option<&str>, policy: Option<JsonbText>) {
     crate::handler::refuse_inside("set_server_policy");
     let _pin = crate::owner::pin();
-    let server = server
-        .filter(|s| is_valid_server_name(s) && server_exists(s))
-        .unwrap_or_else(|| raise(INVALID, "ctxguard: no such MCP server"));
+    let server = required(server, "server");
+    if !(is_valid_server_name(server) && server_exists(server)) {
+        raise(INVALID, "ctxguard: no such MCP server");
+    }
+    let policy = jsonb_arg(policy, "policy").map(JsonB);
     if let Some(JsonB(p)) = &policy {
         // Entity binding needs the parameter in the schema; the real check is per tool at load.
         let param = p.get("entity_param").and_then(Value::as_str);

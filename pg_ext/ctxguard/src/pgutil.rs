@@ -291,3 +291,98 @@ unsafe impl pgrx::callconv::BoxRet for JsonbBytes {
         }
     }
 }
+
+/// A `jsonb` argument as the text `jsonb_out` makes of it, not parsed yet. pgrx's `JsonB` parses
+/// that text with `serde_json` before the function runs and panics (SQLSTATE XX000) on a document
+/// nested deeper than 128; this reads the same text and leaves the parse to [`jsonb_arg`], whose
+/// refusals have SQLSTATEs. The SQL type is `jsonb`, as with `JsonB`.
+pub struct JsonbText(pub String);
+
+impl FromDatum for JsonbText {
+    unsafe fn from_polymorphic_datum(
+        datum: pg_sys::Datum,
+        is_null: bool,
+        _: pg_sys::Oid,
+    ) -> Option<JsonbText> {
+        if is_null {
+            return None;
+        }
+        // SAFETY: the datum is a `jsonb` (the SQL type says so); `jsonb_out` detoasts it and
+        // returns a palloc'd C string, copied and freed here.
+        unsafe {
+            let cstr = pgrx::direct_function_call::<&CStr>(pg_sys::jsonb_out, &[Some(datum)])?;
+            let text = cstr.to_str().map(str::to_owned);
+            pg_sys::pfree(cstr.as_ptr() as *mut std::ffi::c_void);
+            Some(JsonbText(text.unwrap_or_else(|_| {
+                raise(
+                    PgSqlErrorCode::ERRCODE_CHARACTER_NOT_IN_REPERTOIRE,
+                    "ctxguard: a jsonb argument is not valid UTF-8",
+                )
+            })))
+        }
+    }
+}
+
+// SAFETY: unboxed through `FromDatum`, as pgrx's own `JsonB` is (`argue_from_datum!`).
+unsafe impl<'fcx> pgrx::callconv::ArgAbi<'fcx> for JsonbText {
+    unsafe fn unbox_arg_unchecked(arg: pgrx::callconv::Arg<'_, 'fcx>) -> Self {
+        let index = arg.index();
+        unsafe { arg.unbox_arg_using_from_datum() }
+            .unwrap_or_else(|| panic!("argument {index} must not be null"))
+    }
+
+    unsafe fn unbox_nullable_arg(
+        arg: pgrx::callconv::Arg<'_, 'fcx>,
+    ) -> pgrx::nullable::Nullable<Self> {
+        unsafe { arg.unbox_arg_using_from_datum() }.into()
+    }
+}
+
+// SAFETY: the argument is a `jsonb`, read as `JsonB` reads one.
+unsafe impl pgrx::pgrx_sql_entity_graph::metadata::SqlTranslatable for JsonbText {
+    const TYPE_IDENT: &'static str = pgrx::pgrx_resolved_type!(JsonbText);
+    const TYPE_ORIGIN: pgrx::pgrx_sql_entity_graph::metadata::TypeOrigin =
+        pgrx::pgrx_sql_entity_graph::metadata::TypeOrigin::External;
+    const ARGUMENT_SQL: Result<
+        pgrx::pgrx_sql_entity_graph::metadata::SqlMappingRef,
+        pgrx::pgrx_sql_entity_graph::metadata::ArgumentError,
+    > = Ok(pgrx::pgrx_sql_entity_graph::metadata::SqlMappingRef::literal("jsonb"));
+    const RETURN_SQL: Result<
+        pgrx::pgrx_sql_entity_graph::metadata::ReturnsRef,
+        pgrx::pgrx_sql_entity_graph::metadata::ReturnsError,
+    > = Ok(pgrx::pgrx_sql_entity_graph::metadata::ReturnsRef::One(
+        pgrx::pgrx_sql_entity_graph::metadata::SqlMappingRef::literal("jsonb"),
+    ));
+}
+
+/// Parse a `jsonb` argument read as [`JsonbText`] (`None` stays `None`): nested deeper than
+/// [`ctxguard_core::json::MAX_DEPTH`] is SQLSTATE 54000 naming `what` and the limit, never the
+/// value. (`jsonb` text repeats no member and is valid JSON; anything else would be 22023.)
+pub fn jsonb_arg(arg: Option<JsonbText>, what: &str) -> Option<serde_json::Value> {
+    use ctxguard_core::json::{self, JsonError};
+    let JsonbText(text) = arg?;
+    match json::parse(text.as_bytes()) {
+        Ok(v) => Some(v),
+        Err(JsonError::TooDeep) => raise(
+            PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+            format!(
+                "ctxguard: {what} is nested more than {} levels deep",
+                json::MAX_DEPTH
+            ),
+        ),
+        Err(e) => raise(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("ctxguard: {what}: {e}"),
+        ),
+    }
+}
+
+/// A required argument, or SQLSTATE 22004 naming it.
+pub fn required<T>(arg: Option<T>, what: &str) -> T {
+    arg.unwrap_or_else(|| {
+        raise(
+            PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED,
+            format!("ctxguard: {what} must not be NULL"),
+        )
+    })
+}
