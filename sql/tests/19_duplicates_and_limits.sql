@@ -101,7 +101,7 @@ SELECT is(split_part(:'dba_out', E'\n', 1), 'ERROR:  54000: ctxguard: input_sche
 SELECT is(split_part(:'dba_out', E'\n', 1), 'ERROR:  22004: ctxguard: server must not be NULL', 'set_server_policy(NULL, ...) is 22004');
 \set dba_sql 'SELECT ctxguard.set_server_policy(''deep'', NULL)'
 \ir lib/dba.sql
-SELECT is(:'dba_out', '', 'set_server_policy(server, NULL) still clears the server''s policy (documented)');
+SELECT is(:'dba_out'::text, ''::text, 'set_server_policy(server, NULL) still clears the server''s policy (documented)');
 
 -- Clean up: nothing of this file's server is left for the files after it.
 \set dba_sql 'DELETE FROM ctxguard.tools WHERE server = ''deep''; DELETE FROM ctxguard.mcp_servers WHERE name = ''deep'''

@@ -323,7 +323,8 @@ pub const TENANT_NAME: usize = 32;
 
 impl Held {
     pub fn name(&self) -> String {
-        String::from_utf8_lossy(&self.name[..usize::from(self.name_len).min(TENANT_NAME)]).into_owned()
+        String::from_utf8_lossy(&self.name[..usize::from(self.name_len).min(TENANT_NAME)])
+            .into_owned()
     }
 
     fn is_empty(&self) -> bool {
@@ -345,9 +346,17 @@ impl Share {
     /// The caps for a table of `slots` slots and a share table of `owner_slots`: `tenant_pct`
     /// and `user_pct` percent of the table (at least one entry each), `tenant_pct` percent of
     /// the share table's slots for one tenant's users.
-    pub fn of(table: usize, slots: usize, owner_slots: usize, tenant_pct: u32, user_pct: u32) -> Share {
+    pub fn of(
+        table: usize,
+        slots: usize,
+        owner_slots: usize,
+        tenant_pct: u32,
+        user_pct: u32,
+    ) -> Share {
         let pct = |n: usize, p: u32| {
-            u32::try_from((n as u64 * u64::from(p.min(100))).div_ceil(100)).unwrap_or(u32::MAX).max(1)
+            u32::try_from((n as u64 * u64::from(p.min(100))).div_ceil(100))
+                .unwrap_or(u32::MAX)
+                .max(1)
         };
         Share {
             table,
@@ -473,7 +482,12 @@ fn release(owners: &mut Table<'_, Held>, owner: Owner, which: Option<usize>, now
 /// Free the expired entries of `table` (table `which` of the shares), giving their owners' shares
 /// back. O(slots): the caller runs it only when a share or the table is full, and not more than
 /// once a second per table.
-pub fn sweep_shared<V: Copy>(table: &mut Table<'_, V>, owners: &mut Table<'_, Held>, which: usize, now: i64) {
+pub fn sweep_shared<V: Copy>(
+    table: &mut Table<'_, V>,
+    owners: &mut Table<'_, Held>,
+    which: usize,
+    now: i64,
+) {
     table.sweep(now, |o| release(owners, o, Some(which), now));
 }
 
@@ -745,7 +759,11 @@ mod tests {
         // A quarter of 64 slots per tenant, an eighth per user.
         let share = Share::of(0, 64, 32, 25, 12);
         assert_eq!((share.tenant, share.user, share.tenant_users), (16, 8, 8));
-        let (a1, a2, b) = (Owner::of("acme", "u1"), Owner::of("acme", "u2"), Owner::of("globex", "u1"));
+        let (a1, a2, b) = (
+            Owner::of("acme", "u1"),
+            Owner::of("acme", "u2"),
+            Owner::of("globex", "u1"),
+        );
         let k = |s: &str, n: i32| Key::of(&[s.as_bytes(), &n.to_le_bytes()]);
         for n in 0..8 {
             insert_shared(&mut t, &mut o, share, a1, "acme", &k("a1", n), 100, 0, 0).unwrap();
@@ -788,14 +806,50 @@ mod tests {
         let share = Share::of(1, 16, 32, 100, 100);
         let (a, b) = (Owner::of("acme", "u"), Owner::of("globex", "u"));
         for n in 0..16u8 {
-            insert_shared(&mut t, &mut o, share, a, "acme", &Key::of(&[&[n]]), 10, 0, 0).unwrap();
+            insert_shared(
+                &mut t,
+                &mut o,
+                share,
+                a,
+                "acme",
+                &Key::of(&[&[n]]),
+                10,
+                0,
+                0,
+            )
+            .unwrap();
         }
         assert_eq!(
-            insert_shared(&mut t, &mut o, share, b, "globex", &Key::of(&[b"x"]), 50, 0, 5).err(),
+            insert_shared(
+                &mut t,
+                &mut o,
+                share,
+                b,
+                "globex",
+                &Key::of(&[b"x"]),
+                50,
+                0,
+                5
+            )
+            .err(),
             Some(Refused::Full)
         );
-        assert!(tenants_held(&o, 5).iter().all(|h| h.0 == "acme"), "a refused insert holds nothing");
-        insert_shared(&mut t, &mut o, share, b, "globex", &Key::of(&[b"x"]), 50, 0, 20).unwrap();
+        assert!(
+            tenants_held(&o, 5).iter().all(|h| h.0 == "acme"),
+            "a refused insert holds nothing"
+        );
+        insert_shared(
+            &mut t,
+            &mut o,
+            share,
+            b,
+            "globex",
+            &Key::of(&[b"x"]),
+            50,
+            0,
+            20,
+        )
+        .unwrap();
         let held = tenants_held(&o, 20);
         let acme = held.iter().find(|h| h.0 == "acme").unwrap();
         assert_eq!(acme.1[1], 15, "the evicted entry is acme's no more");

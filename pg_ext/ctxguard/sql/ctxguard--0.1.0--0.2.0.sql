@@ -171,7 +171,7 @@ BEGIN
             (SELECT coalesce(max(t.turn), 0) + 1 FROM ctxguard.conversation_turns t
               WHERE t.tenant_id = ctx->>'tenantId' AND t.user_id = ctx->>'userId'
                 AND t.conversation_id = save_turn.conversation_id))
-    ON CONFLICT (tenant_id, user_id, conversation_id) DO UPDATE SET turns = h.turns + 1
+    ON CONFLICT ON CONSTRAINT conversation_heads_pkey DO UPDATE SET turns = h.turns + 1
     RETURNING h.turns INTO n;
     INSERT INTO ctxguard.conversation_turns (tenant_id, user_id, conversation_id, turn, page, generation, message, answer, tool_calls)
     VALUES (ctx->>'tenantId', ctx->>'userId', save_turn.conversation_id, n,
@@ -263,7 +263,7 @@ AS $$
       CROSS JOIN LATERAL unnest(s.setconfig) cfg
      WHERE s.setdatabase IN (0, (SELECT d.oid FROM pg_database d WHERE d.datname = current_database()))
        AND NOT r.rolsuper
-       AND has_function_privilege(r.oid, 'ctxguard._set_context(text, text)', 'EXECUTE')
+       AND has_function_privilege(r.oid, 'ctxguard._set_context(text, text, uuid, text)', 'EXECUTE')
        AND split_part(cfg, '=', 1) NOT IN ('statement_timeout', 'lock_timeout', 'idle_in_transaction_session_timeout', 'idle_session_timeout')
      GROUP BY r.rolname
     UNION ALL

@@ -12,9 +12,9 @@ use serde_json::{json, Value};
 use crate::context::Ctx;
 use crate::gucs;
 use crate::ledger::{self, GenLimit, NoRoom, Over, Who};
-use ctxguard_core::Code;
 use crate::owner::as_owner;
 use crate::pgutil::{raise, select_fresh};
+use ctxguard_core::Code;
 
 /// Limits in force for the caller's tenant (settings, overridden by `ctxguard.tenant_limits`).
 #[derive(Debug, Clone, Copy)]
@@ -45,7 +45,6 @@ fn internal(e: impl std::fmt::Display) -> ! {
         format!("ctxguard: budget: {e}"),
     )
 }
-
 
 /// The envelope code and message of a charge the ledger could not take: `CAPACITY_EXCEEDED` for a
 /// full share or table (the message names the setting), else `AUDIT_UNAVAILABLE` (logged).

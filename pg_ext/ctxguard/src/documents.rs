@@ -368,8 +368,8 @@ pub fn run(
         "read_doc_section" => {
             let (start, end) = pages.expect("section range");
             let cap = (limits.section_tokens * 4) as usize;
-            let out =
-                section(ctx, &doc, start, end, room.min(cap), room < cap, job).map_err(too_large)?;
+            let out = section(ctx, &doc, start, end, room.min(cap), room < cap, job)
+                .map_err(too_large)?;
             (out, (start..=end).map(|p| p as i32).collect(), false)
         }
         "read_doc_pages" => {

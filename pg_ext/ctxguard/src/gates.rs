@@ -407,9 +407,11 @@ fn audited<R>(run: impl FnOnce() -> (Call, R)) -> (Call, R) {
 
 fn parse_args(args: Option<&str>) -> Result<(Value, usize), ArgError> {
     let text = args.unwrap_or("{}");
-    // serde_json's recursion limit turns absurdly deep documents into an error, never a crash.
-    let v = serde_json::from_str::<Value>(text)
-        .map_err(|_| ArgError("arguments are not valid JSON or too deep".into()))?;
+    // Strict: a repeated member is refused (which value would count is ambiguous), and absurdly
+    // deep documents are an error, never a crash.
+    let v = ctxguard_core::json::parse(text.as_bytes()).map_err(|_| {
+        ArgError("arguments are not valid JSON, repeat a member, or are nested too deeply".into())
+    })?;
     Ok((v, text.len()))
 }
 
@@ -934,7 +936,12 @@ fn complete_call_text(
 
 /// `complete_call` after its checks: claim the authorized call, mask and charge the result, audit
 /// it. The masked result of a call the upstream reported failed comes back beside the call.
-fn complete(ctx: Option<&Ctx>, id: uuid::Uuid, result: Option<&str>, is_error: bool) -> (Call, Option<Value>) {
+fn complete(
+    ctx: Option<&Ctx>,
+    id: uuid::Uuid,
+    result: Option<&str>,
+    is_error: bool,
+) -> (Call, Option<Value>) {
     let mut call = Call::new(id);
     let Some(c) = ctx else {
         call.outcome = Outcome::Denied(

@@ -67,7 +67,7 @@ unsafe extern "C-unwind" fn emit(edata: *mut pg_sys::ErrorData) {
     unsafe {
         let e = &mut *edata;
         if e.output_to_server {
-            if SAW_TOKEN.with(Cell::get) && e.elevel >= pg_sys::ERROR as i32 {
+            if SAW_TOKEN.with(Cell::get) && e.elevel >= pgrx::PgLogLevel::ERROR as i32 {
                 e.hide_ctx = true;
                 e.hide_stmt = true;
             }

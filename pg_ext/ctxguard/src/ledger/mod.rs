@@ -66,7 +66,11 @@ fn key(kind: &str, parts: &[&str]) -> Key {
 #[derive(Clone, Copy)]
 enum Undo {
     /// Bytes charged to a user's day and (if any) a generation.
-    Bytes { day: Key, gen: Option<Key>, bytes: i64 },
+    Bytes {
+        day: Key,
+        gen: Option<Key>,
+        bytes: i64,
+    },
     /// One call counted on a (generation, document).
     DocCall { key: Key },
 }
@@ -136,7 +140,12 @@ pub fn settle() {
     }
     LEFTOVER.with(|left| {
         let mut left = left.borrow_mut();
-        left.extend(changes.into_iter().filter(|c| c.undo.is_none()).map(|c| c.record));
+        left.extend(
+            changes
+                .into_iter()
+                .filter(|c| c.undo.is_none())
+                .map(|c| c.record),
+        );
         let over = left.len().saturating_sub(LEFTOVER_MAX);
         if over > 0 {
             left.drain(..over);
@@ -297,14 +306,34 @@ fn with_entry<V: Copy, R>(
     let (mut tb, mut owners, swept) = l.shared(t);
     let s = share(t, tb.capacity(), owners.capacity());
     // Another backend may have loaded it meanwhile: a live entry is kept as it is.
-    let mut tried = insert_shared(&mut tb, &mut owners, s, who.owner, who.tenant, key, expires, loaded, now_s)
-        .map(|_| ());
+    let mut tried = insert_shared(
+        &mut tb,
+        &mut owners,
+        s,
+        who.owner,
+        who.tenant,
+        key,
+        expires,
+        loaded,
+        now_s,
+    )
+    .map(|_| ());
     if tried.is_err() && *swept < now_s {
         // Expired entries still counted: give their shares back (at most once a second), retry.
         *swept = now_s;
         sweep_shared(&mut tb, &mut owners, t.index, now_s);
-        tried = insert_shared(&mut tb, &mut owners, s, who.owner, who.tenant, key, expires, loaded, now_s)
-            .map(|_| ());
+        tried = insert_shared(
+            &mut tb,
+            &mut owners,
+            s,
+            who.owner,
+            who.tenant,
+            key,
+            expires,
+            loaded,
+            now_s,
+        )
+        .map(|_| ());
     }
     match tried {
         Ok(()) => Ok(f(tb.get(key, now_s).expect("inserted"))),
@@ -364,17 +393,39 @@ pub fn charge_bytes(
     let day = today();
     let dk = key("day", &[tenant, user, &day.to_string()]);
     let day_expires = day_end(day + 10_957) + GRACE;
-    with_entry(&shmem::USER_DAYS, &who, &dk, day_expires, || load_day(day), |_| ())?;
+    with_entry(
+        &shmem::USER_DAYS,
+        &who,
+        &dk,
+        day_expires,
+        || load_day(day),
+        |_| (),
+    )?;
     let gk = generation.map(|g| key("gen", &[g.id]));
     if let (Some(g), Some(k)) = (generation, &gk) {
-        with_entry(&shmem::GENERATIONS, &who, k, g.expires + GRACE, || 0, |_| ())?;
+        with_entry(
+            &shmem::GENERATIONS,
+            &who,
+            k,
+            g.expires + GRACE,
+            || 0,
+            |_| (),
+        )?;
     }
     let t = now();
-    let lost = |tab: &str| Unavailable(format!("a ledger entry of {tab} was evicted during the call"));
+    let lost = |tab: &str| {
+        Unavailable(format!(
+            "a ledger entry of {tab} was evicted during the call"
+        ))
+    };
     let mut l = shmem::ledger();
     let day_used = *l.user_days().get(&dk, t).ok_or_else(|| lost("user days"))?;
     let gen_used = match &gk {
-        Some(k) => Some(*l.generations().get(k, t).ok_or_else(|| lost("generations"))?),
+        Some(k) => Some(
+            *l.generations()
+                .get(k, t)
+                .ok_or_else(|| lost("generations"))?,
+        ),
         None => None,
     };
     if let (Some(g), Some(used)) = (generation, gen_used) {
@@ -422,21 +473,14 @@ pub fn doc_call(
     load: impl FnOnce() -> i32,
 ) -> Result<Option<i32>, NoRoom> {
     let k = key("doc", &[gen.id, doc]);
-    let taken = with_entry(
-        &shmem::DOC_CALLS,
-        who,
-        &k,
-        gen.expires + GRACE,
-        load,
-        |v| {
-            if *v >= limit {
-                None
-            } else {
-                *v += 1;
-                Some(*v)
-            }
-        },
-    )?;
+    let taken = with_entry(&shmem::DOC_CALLS, who, &k, gen.expires + GRACE, load, |v| {
+        if *v >= limit {
+            None
+        } else {
+            *v += 1;
+            Some(*v)
+        }
+    })?;
     if let Some(n) = taken {
         note(
             json!({"doc": [gen.id, who.tenant, doc], "calls": n, "exp": gen.expires}),
@@ -471,7 +515,10 @@ pub fn coverage(
         |c| c.take(pages, allowed),
     )?;
     if taken.is_ok() && !pages.is_empty() {
-        note(json!({"cov": [tenant, user, doc, day], "pages": pages}), None);
+        note(
+            json!({"cov": [tenant, user, doc, day], "pages": pages}),
+            None,
+        );
     }
     Ok(taken)
 }
@@ -728,7 +775,10 @@ pub fn tables() -> Option<Value> {
         );
         for (tenant, entries, _) in &held {
             let used = f64::from(entries[i]) / f64::from(s.tenant.max(1));
-            fullest.push((used, json!({"tenant": tenant, "table": name, "entries": entries[i], "cap": s.tenant})));
+            fullest.push((
+                used,
+                json!({"tenant": tenant, "table": name, "entries": entries[i], "cap": s.tenant}),
+            ));
         }
     }
     out.insert(

@@ -71,7 +71,12 @@ impl Sizes {
 
     /// Slots of table `which` (0..4: generations, document calls, coverage, user days).
     pub fn of(&self, which: usize) -> usize {
-        [self.generations, self.doc_calls, self.coverage, self.user_days][which]
+        [
+            self.generations,
+            self.doc_calls,
+            self.coverage,
+            self.user_days,
+        ][which]
     }
 
     /// Byte offsets of the five tables after the header, and the segment's size.
