@@ -158,6 +158,47 @@ CONF
     as_pg "$PG_BIN/pg_ctl" -D "$run/pgdata" -l "$run/postgres.log" -w start >/dev/null
 }
 
+# A second preloaded cluster whose shared-memory ledger tables are tiny, set in its postgresql.conf
+# (tests/tests/capacity.rs: the sizes take effect, and one tenant filling its share leaves the
+# others theirs): 64 slots per table, a tenant's share 25 %, a user's 10 %. Port: the base + 7.
+# Database ctxguard_capacity with the demo's roles, pages and tools.
+CAP_RUN=$RUN-capacity
+CAP_PORT=$((PGPORT + 7))
+start_capacity_cluster() {
+  mkdir -p "$CAP_RUN"
+  [ "$(id -u)" = 0 ] && chown postgres:postgres "$CAP_RUN"
+  if [ ! -f "$CAP_RUN/pgdata/PG_VERSION" ]; then
+    as_pg "$PG_BIN/initdb" -D "$CAP_RUN/pgdata" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 >/dev/null
+    as_pg tee -a "$CAP_RUN/pgdata/postgresql.conf" >/dev/null <<CONF
+listen_addresses = ''
+port = $CAP_PORT
+unix_socket_directories = '$CAP_RUN'
+shared_preload_libraries = 'ctxguard'
+max_worker_processes = 16
+ctxguard.jwt_secret_file = '$RUN/jwt_secret'
+ctxguard.jwt_public_key_file = '$RUN/ed25519_public_x'
+ctxguard.jwt_audience = ''
+log_min_messages = warning
+ctxguard.ledger_generations = 64
+ctxguard.ledger_document_calls = 64
+ctxguard.ledger_coverage = 64
+ctxguard.ledger_user_days = 64
+ctxguard.ledger_owners = 64
+ctxguard.ledger_tenant_share = 25
+ctxguard.ledger_user_share = 10
+CONF
+  fi
+  conf_port "$CAP_RUN/pgdata" "$CAP_PORT"
+  # Restarted, so that a fresh install (and an empty ledger) is what the test sees.
+  as_pg "$PG_BIN/pg_ctl" -D "$CAP_RUN/pgdata" status >/dev/null 2>&1 &&
+    as_pg "$PG_BIN/pg_ctl" -D "$CAP_RUN/pgdata" -m fast -w stop >/dev/null
+  as_pg "$PG_BIN/pg_ctl" -D "$CAP_RUN/pgdata" -l "$CAP_RUN/postgres.log" -w start >/dev/null
+  local cap=(psql -X -q -v ON_ERROR_STOP=1 -h "$CAP_RUN" -p "$CAP_PORT" -U postgres)
+  "${cap[@]}" -d postgres -c "DROP DATABASE IF EXISTS ctxguard_capacity WITH (FORCE)" -c "CREATE DATABASE ctxguard_capacity"
+  "${cap[@]}" -d ctxguard_capacity -o /dev/null -f "$ROOT/sql/demo/schema.sql"
+}
+stop_capacity_cluster() { stop_cluster_at "$CAP_RUN/pgdata"; }
+
 # pgbouncer (Debian's package: 1.18 on Debian 12) in transaction mode between clients and this cluster,
 # as the gateway runs behind it in production (README "Behind pgbouncer"): every database of the
 # cluster, trust authentication for the roles in $PGB_DIR/userlist.txt, a server pool of

@@ -103,7 +103,9 @@ require_free_ports "$OIDC_PORT" $((OIDC_PORT + 1)) $((OIDC_PORT + 2)) $((OIDC_PO
 log "client integration tests (tests/, real connections as ctxguard_gateway and the demo's other roles)"
 # pgbouncer (transaction mode, a server pool of 2) for the tests of gateways behind a pooler.
 start_pgbouncer
-trap stop_pgbouncer EXIT
+# The capacity tests' cluster: tiny ledger tables set in its postgresql.conf (tests/tests/capacity.rs).
+start_capacity_cluster
+trap 'stop_pgbouncer; stop_capacity_cluster' EXIT
 # The gateway binary for the drill that kills one (tests/gateway_drills.rs).
 cargo build --locked -p ctxguard-gateway
 CTXGUARD_TEST_GATEWAY_BIN="$CARGO_TARGET_DIR/debug/ctxguard-gateway" \
@@ -112,6 +114,8 @@ CTXGUARD_TEST_POOLER_URL="host=127.0.0.1 port=$PGBOUNCER_PORT user=ctxguard_gate
 CTXGUARD_TEST_POOLER_ADMIN_URL="host=127.0.0.1 port=$PGBOUNCER_PORT user=postgres dbname=pgbouncer" \
 CTXGUARD_TEST_PGBOUNCER_INI="$PGB_DIR/pgbouncer.ini" \
 CTXGUARD_TEST_DATABASE_URL="host=$RUN port=$PGPORT user=ctxguard_gateway dbname=$DB" \
+CTXGUARD_TEST_CAPACITY_URL="host=$CAP_RUN port=$CAP_PORT user=ctxguard_gateway dbname=ctxguard_capacity" \
+CTXGUARD_TEST_CAPACITY_ADMIN_URL="host=$CAP_RUN port=$CAP_PORT user=postgres dbname=ctxguard_capacity" \
 CTXGUARD_TEST_DISCOVERY_URL="host=$RUN port=$PGPORT user=ctxguard_discovery dbname=$DB" \
 CTXGUARD_TEST_APP_URL="host=$RUN port=$PGPORT user=ctxguard_app dbname=$DB" \
 CTXGUARD_TEST_ADMIN_URL="host=$RUN port=$PGPORT user=postgres dbname=$DB" \
@@ -121,6 +125,7 @@ CTXGUARD_TEST_OIDC_NODE_MODULES="$OIDC_NODE_MODULES" CTXGUARD_TEST_OIDC_DIR="$OI
 CTXGUARD_TEST_OIDC_PORT="$OIDC_PORT" \
   cargo test --locked -p ctxguard-tests
 stop_pgbouncer
+stop_capacity_cluster
 
 bash tests/mcp/run.sh
 
