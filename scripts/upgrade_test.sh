@@ -87,6 +87,10 @@ INSERT INTO ctxguard.tools (name, description, input_schema, kind, server, upstr
 VALUES ('docs.search', 'Search.', '{"type": "object"}', 'external', 'docs', 'search');
 INSERT INTO ctxguard.approvals (call_id, tenant_id, user_id, tool, args, args_hash, expires_at)
 VALUES ('00000000-0000-4000-8000-000000000001', 'acme', 'alice', 'app.ping', '{}', 'x', now() + interval '1 hour');
+-- A conversation with two turns: its numbering goes on after the update (save_turn's row lock,
+-- issue 29, counts from the turns already there).
+INSERT INTO ctxguard.conversation_turns (tenant_id, user_id, conversation_id, turn, page, message, answer, tool_calls)
+VALUES ('acme', 'alice', 'conv-up', 1, '{}', 'q1', 'a1', '[]'), ('acme', 'alice', 'conv-up', 2, '{}', 'q2', 'a2', '[]');
 -- The mask rules as 0.1.0's library seeded them (Unicode word boundaries; this library seeds its own).
 UPDATE ctxguard.mask_rules SET pattern = replace(pattern, '(?-u:\b)', '\b');
 SQL
@@ -121,6 +125,15 @@ SQL
 )
   expected=$'tools=2\nlint=tool_without_run_as:app.ping\napprovals_pending=0\naccepted=true'
   [ "$checks" = "$expected" ] || fail "data after the update: got [$checks], want [$expected]"
+  # The conversation's next turn is its third.
+  turn=$(psql_su -d ctxguard_up_old -At -v tok="$(mint --sub alice --tenant acme)" <<'SQL'
+BEGIN;
+SELECT ctxguard.set_context(:'tok', '{"pageType": "home"}') \g /dev/null
+SELECT ctxguard.save_turn('conv-up', 'q3', 'a3');
+COMMIT;
+SQL
+)
+  [ "$turn" = 3 ] || fail "a conversation's turn after the update: got [$turn], want [3]"
   echo "ok: $from -> $CURRENT matches a fresh install; data kept and made safe"
 done
 psql_su -d postgres -c "DROP DATABASE IF EXISTS ctxguard_up_old WITH (FORCE)" -c "DROP DATABASE IF EXISTS ctxguard_up_new WITH (FORCE)" >/dev/null 2>&1
