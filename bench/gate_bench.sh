@@ -5,7 +5,7 @@
 #   bench/gate_bench.sh --write    # ... and rewrite the results block of BENCHMARKS.md
 #
 # Environment:
-#   BENCH_SECONDS   duration of each pgbench run (default 12; 10 runs, so ~2.5 min in all)
+#   BENCH_SECONDS   duration of each pgbench run (default 12; 14 runs, so ~3 min in all)
 #   BENCH_RUN       cluster directory (default /tmp/ctxguard-bench: a dedicated cluster, so that it
 #                   preloads the release build just installed; a shared dev cluster keeps whatever
 #                   ctxguard.so it preloaded at start until it is restarted)
@@ -124,7 +124,7 @@ stmt() {
 
 # Warm up shared buffers and the catalog caches after the (re)start: 2 s per script, discarded.
 log "warm-up"
-for script in baseline.sql baseline_audit.sql ctxguard.sql context_gate_a.sql; do
+for script in baseline.sql baseline_audit.sql ctxguard.sql context_gate_a.sql ctxguard_pipelined.sql ctxguard_pinned.sql; do
   pgbench -n -M prepared -c 1 -j 1 -T 2 -h "$RUN" -p "$PGPORT" -U ctxguard_gateway -D token="$TOKEN" \
     -f "$BENCH_DIR/$script" "$DB" >/dev/null 2>&1 || die "warm-up with $script failed"
 done
@@ -141,6 +141,9 @@ for c in 1 4; do
   run baseline_audit baseline_audit.sql "$c" "$j"
   run ctxguard ctxguard.sql "$c" "$j"
   run gate_a context_gate_a.sql "$c" "$j"
+  # The gateway's way: pipelined, with and without its pinned settings (issue 29).
+  run ctxguard_pipelined ctxguard_pipelined.sql "$c" "$j"
+  run ctxguard_pinned ctxguard_pinned.sql "$c" "$j"
   # The same ctxguard transaction with ctxguard.audit_wait = off (results before the audit is durable).
   nowait "SET ctxguard.audit_wait = off"
   run ctxguard_nowait ctxguard.sql "$c" "$j"
@@ -167,13 +170,15 @@ report() {
   for c in 1 4; do
     base_tps=$(field "$OUT/baseline-c$c.txt" | cut -d'|' -f1)
     audit_tps=$(field "$OUT/baseline_audit-c$c.txt" | cut -d'|' -f1)
-    for name in baseline baseline_audit ctxguard gate_a ctxguard_nowait; do
+    for name in baseline baseline_audit ctxguard gate_a ctxguard_nowait ctxguard_pipelined ctxguard_pinned; do
       case $name in
         baseline) label='baseline: `set_config` + `bench.invoice_get()` (no audit)' ;;
         baseline_audit) label='careful baseline: the same + its own audit `INSERT`' ;;
         ctxguard) label='ctxguard: `set_context` + `visible_tools` + `call_tool(invoice.get)`' ;;
         gate_a) label='context + Gate A only: `set_context` + `visible_tools`' ;;
         ctxguard_nowait) label='ctxguard, `ctxguard.audit_wait = off`' ;;
+        ctxguard_pipelined) label='ctxguard, pipelined as the gateway sends it, plain `BEGIN`' ;;
+        ctxguard_pinned) label='ctxguard, pipelined, with the gateway'"'"'s `BEGIN … READ WRITE` and 25 `SET LOCAL` pins' ;;
       esac
       IFS='|' read -r tps lat <<<"$(field "$OUT/$name-c$c.txt")"
       IFS='|' read -r p50 p95 p99 <<<"$(pct "$name" "$c")"
@@ -182,6 +187,11 @@ report() {
         "$(awk -v a="$tps" -v b="$audit_tps" 'BEGIN {printf "%.2f", a / b}')"
     done
   done
+  for c in 1 4; do
+    printf '\nPinned settings at %s client(s): pinned / unpinned pipelined tps = %s.' "$c" \
+      "$(awk -v a="$(field "$OUT/ctxguard_pinned-c$c.txt" | cut -d'|' -f1)" -v b="$(field "$OUT/ctxguard_pipelined-c$c.txt" | cut -d'|' -f1)" 'BEGIN {printf "%.2f", a / b}')"
+  done
+  printf '\n'
   printf '\nAudit writer after the runs: %s.\n' "$writer"
   local f=$OUT/gate_a-c1.txt g=$OUT/ctxguard-c1.txt
   local sc va cm
@@ -197,7 +207,7 @@ report() {
     "$(stmt "$OUT/baseline-c1.txt" 'set_config')" "$(stmt "$OUT/baseline-c1.txt" 'invoice_get')" \
     "$(stmt "$OUT/baseline-c1.txt" '^ *[0-9.]+ +[0-9]+ +COMMIT')"
   printf '\nRun: %s, commit %s, %s build, %s x %s s pgbench runs (`-n -M prepared -r`, 1 client `-j 1`, 4 clients `-j 2`), ' \
-    "$(date -u +%Y-%m-%dT%H:%MZ)" "$(bench_rev pg_ext)" "$PROFILE" 10 "$SECONDS_PER_RUN"
+    "$(date -u +%Y-%m-%dT%H:%MZ)" "$(bench_rev pg_ext)" "$PROFILE" 14 "$SECONDS_PER_RUN"
   printf '%s of %s catalogued tools visible on the page, %s audit rows written (all `allow`), load average before: %s.\n' \
     "$n_visible" "$n_catalog" "${bad#*|}" "$load_before"
   bench_machine "$(pgbench --version)"
