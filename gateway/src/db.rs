@@ -206,7 +206,7 @@ pub async fn probe_direct(url: &str) -> Result<bool, String> {
                 });
                 drop(client);
                 let _ = task.await;
-                let r = first_row(r?)?;
+                let r = probe_row(r?)?;
                 Ok(
                     r[0].as_deref().and_then(|p| p.parse::<u16>().ok()) == Some(local)
                         && r[1].as_deref().and_then(|p| p.parse::<u16>().ok()) == Some(port),
@@ -228,7 +228,7 @@ pub async fn probe_direct(url: &str) -> Result<bool, String> {
                 });
                 drop(client);
                 let _ = task.await;
-                let r = first_row(r?)?;
+                let r = probe_row(r?)?;
                 Ok(r[0].is_none()
                     && r[2].as_deref().and_then(|p| p.parse::<u16>().ok()) == Some(port))
             }
@@ -239,8 +239,10 @@ pub async fn probe_direct(url: &str) -> Result<bool, String> {
         .map_err(|_| "timed out".to_string())?
 }
 
-fn first_row(msgs: Vec<tokio_postgres::SimpleQueryMessage>) -> Result<Vec<Option<String>>, String> {
+/// The probe's row: the last row of the frame's answers (the frame's own pins may return rows).
+fn probe_row(msgs: Vec<tokio_postgres::SimpleQueryMessage>) -> Result<Vec<Option<String>>, String> {
     msgs.into_iter()
+        .rev()
         .find_map(|m| match m {
             tokio_postgres::SimpleQueryMessage::Row(r) => {
                 Some((0..r.len()).map(|i| r.get(i).map(str::to_string)).collect())

@@ -208,13 +208,17 @@ pub const PINS: &[(&str, Value, &str)] = &[
     ),
 ];
 
-/// PostgreSQL 17's `transaction_timeout` (a client's 1 would end the next caller's session): set to 0
-/// (the pinned statement and idle timeouts bound a gateway transaction) where the server knows it.
-/// A `SELECT` rather than `SET LOCAL`, which PostgreSQL 15 and 16 refuse for a setting they do not
-/// know. Sent right after the `statement_timeout` pin.
-pub const TRANSACTION_TIMEOUT_PIN: &str =
-    "SELECT pg_catalog.set_config('transaction_timeout', '0', true)
-  WHERE pg_catalog.current_setting('server_version_num')::pg_catalog.int4 OPERATOR(pg_catalog.>=) 170000";
+/// The pins of settings only some PostgreSQL majors know, where the server knows them (a `SELECT`
+/// rather than `SET LOCAL`, which a server refuses for a setting it does not know). Sent right
+/// after the `statement_timeout` pin:
+/// - `transaction_timeout` (17+) = 0: a client's 1 would end the next caller's session; the pinned
+///   statement and idle timeouts bound a gateway transaction;
+/// - `force_parallel_mode` (up to 15) and `debug_parallel_query` (16+) = off: they would start
+///   parallel workers for every statement, whatever `max_parallel_workers_per_gather` says.
+pub const TRANSACTION_TIMEOUT_PIN: &str = "SELECT pg_catalog.set_config(v.n, v.v, true)
+   FROM (VALUES ('transaction_timeout', '0'), ('force_parallel_mode', 'off'),
+                ('debug_parallel_query', 'off')) v(n, v)
+  WHERE pg_catalog.current_setting(v.n, true) IS NOT NULL";
 
 /// User-settable settings (`pg_settings.context = 'user'`) the gateway deliberately does not pin,
 /// by group, with why. (The test in `tests/tests/next_client.rs` fails on a setting in neither list.)
@@ -224,8 +228,8 @@ pub const UNPINNED: &[(&[&str], &str)] = &[
         "fixed by the BEGIN itself",
     ),
     (
-        &["transaction_timeout"],
-        "PostgreSQL 17+: set to 0 by TRANSACTION_TIMEOUT_PIN",
+        &["transaction_timeout", "force_parallel_mode", "debug_parallel_query"],
+        "pinned where the server knows them, by TRANSACTION_TIMEOUT_PIN (0, off, off)",
     ),
     (
         &["default_transaction_deferrable"],
@@ -279,10 +283,11 @@ pub const UNPINNED: &[(&[&str], &str)] = &[
             "vacuum_buffer_usage_limit", "wal_skip_threshold", "wal_sender_timeout",
             "check_function_bodies", "password_encryption", "createrole_self_grant",
             "local_preload_libraries", "exit_on_error", "debug_pretty_print",
+            "jit_expressions", "jit_tuple_deforming", "trace_notify", "trace_sort",
             "restrict_nonsystem_relation_kind", "vacuum_truncate", "vacuum_max_eager_freeze_failure_rate",
             "md5_password_warnings",
         ],
-        "used only by statements the gateway does not send (DDL, VACUUM, maintenance, replication, new sessions), or, for debug_pretty_print, only by the debug_print_* output that is pinned off",
+        "used only by statements the gateway does not send (DDL, VACUUM, maintenance, replication, new sessions), by what is pinned off (debug_pretty_print: debug_print_*; jit_*: jit), or developer traces without values (trace_sort, trace_notify at DEBUG1, which client_min_messages pinned to warning does not send)",
     ),
     (
         &[
