@@ -23,8 +23,10 @@ fn code(r: &Value) -> String {
 fn a_hundred_cancelled_document_calls_leave_the_backend_working_for_everyone() {
     let mut c = Client::connect(&env("CTXGUARD_TEST_DATABASE_URL"), NoTls).unwrap();
     let alice = token("cancelled", "acme", &["viewer"]);
-    let page = json!({"pageType": "document_viewer", "entity": {"type": "document", "id": "acme_guide"}});
-    let read = "SELECT ctxguard.call_tool('read_doc_pages', '{\"page_start\": 1, \"page_end\": 1}')";
+    let page =
+        json!({"pageType": "document_viewer", "entity": {"type": "document", "id": "acme_guide"}});
+    let read =
+        "SELECT ctxguard.call_tool('read_doc_pages', '{\"page_start\": 1, \"page_end\": 1}')";
     // The DBA holds the page text: every read waits on it.
     let mut admin = Client::connect(&env("CTXGUARD_TEST_ADMIN_URL"), NoTls).unwrap();
     let mut lock = admin.transaction().unwrap();
@@ -78,7 +80,10 @@ fn a_hundred_cancelled_document_calls_leave_the_backend_working_for_everyone() {
     )
     .unwrap();
     let r: Value = tx
-        .query_one("SELECT ctxguard.call_tool('list_available_tools', '{}')", &[])
+        .query_one(
+            "SELECT ctxguard.call_tool('list_available_tools', '{}')",
+            &[],
+        )
         .unwrap()
         .get(0);
     tx.commit().unwrap();

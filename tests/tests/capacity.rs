@@ -45,7 +45,10 @@ fn call(c: &mut Client, tenant: &str, user: &str, fresh: bool) -> Value {
         .unwrap();
     }
     let r: Value = tx
-        .query_one("SELECT ctxguard.call_tool('list_available_tools', '{}')", &[])
+        .query_one(
+            "SELECT ctxguard.call_tool('list_available_tools', '{}')",
+            &[],
+        )
         .unwrap()
         .get(0);
     tx.commit().unwrap();
@@ -79,7 +82,11 @@ fn the_ledger_sizes_in_postgresql_conf_take_effect() {
         "ledger_coverage",
         "ledger_user_days",
     ] {
-        assert_eq!(stats["tables"][table]["slots"], json!(64), "{table}: {stats}");
+        assert_eq!(
+            stats["tables"][table]["slots"],
+            json!(64),
+            "{table}: {stats}"
+        );
         assert_eq!(stats["tables"][table]["tenant_cap"], json!(16), "{table}");
         assert_eq!(stats["tables"][table]["user_cap"], json!(7), "{table}");
     }
@@ -96,7 +103,9 @@ fn a_tenant_flooding_generations_gets_its_own_refusal_and_others_keep_working() 
     let mut c = connect();
     let (flood, other) = (tenant("flood-gen"), tenant("other-gen"));
     // One user: their share (7 generations), then CAPACITY_EXCEEDED for them alone.
-    let first: Vec<String> = (0..9).map(|_| code(&call(&mut c, &flood, "u1", true))).collect();
+    let first: Vec<String> = (0..9)
+        .map(|_| code(&call(&mut c, &flood, "u1", true)))
+        .collect();
     assert_eq!(first[..7], vec!["ok"; 7], "{first:?}");
     assert_eq!(first[7..], vec!["CAPACITY_EXCEEDED"; 2], "{first:?}");
     // The tenant's other users, up to the tenant's share (16 in all), then the tenant is refused.
@@ -111,7 +120,10 @@ fn a_tenant_flooding_generations_gets_its_own_refusal_and_others_keep_working() 
     assert_eq!(code(&refused), "CAPACITY_EXCEEDED", "{refused}");
     let msg = refused["error"]["message"].as_str().unwrap();
     assert!(msg.contains("ctxguard.ledger_tenant_share"), "{msg}");
-    assert!(!msg.contains(&other) && !msg.contains("u5"), "names nobody: {msg}");
+    assert!(
+        !msg.contains(&other) && !msg.contains("u5"),
+        "names nobody: {msg}"
+    );
     // In the envelope and audited.
     let id = refused["call_id"].as_str().unwrap();
     assert_eq!(audited_code(id).as_deref(), Some("CAPACITY_EXCEEDED"));
@@ -129,9 +141,11 @@ fn a_tenant_flooding_generations_gets_its_own_refusal_and_others_keep_working() 
         .get(0);
     let nearest = stats["nearest_cap"].as_array().unwrap();
     assert!(
-        nearest.iter().any(|n| n["tenant"].as_str().is_some_and(|t| flood.starts_with(t))
-            && n["table"] == "ledger_generations"
-            && n["entries"] == json!(16)),
+        nearest.iter().any(
+            |n| n["tenant"].as_str().is_some_and(|t| flood.starts_with(t))
+                && n["table"] == "ledger_generations"
+                && n["entries"] == json!(16)
+        ),
         "{nearest:?}"
     );
 }

@@ -45,7 +45,11 @@ fn a_role_without_grants_cannot_stall_a_users_turn() {
     let row_lock = held
         .batch_execute("SAVEPOINT s; SELECT 1 FROM ctxguard.conversation_heads FOR KEY SHARE")
         .map_err(|e| e.code().map(|c| c.code().to_string()));
-    assert_eq!(row_lock, Err(Some("42501".into())), "no role can lock the turn counter");
+    assert_eq!(
+        row_lock,
+        Err(Some("42501".into())),
+        "no role can lock the turn counter"
+    );
     held.batch_execute("ROLLBACK TO SAVEPOINT s").unwrap();
     // The user's turns: answered at once, numbered 1 and 2.
     let mut c = Client::connect(&env("CTXGUARD_TEST_DATABASE_URL"), NoTls).unwrap();
@@ -65,7 +69,11 @@ fn a_role_without_grants_cannot_stall_a_users_turn() {
             .get(0);
         tx.commit().unwrap();
         assert_eq!(n, want);
-        assert!(t0.elapsed() < Duration::from_secs(5), "the turn waited {:?}", t0.elapsed());
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "the turn waited {:?}",
+            t0.elapsed()
+        );
     }
     held.rollback().unwrap();
 }

@@ -61,6 +61,10 @@ pub fn no_room(e: NoRoom) -> (Code, String) {
     }
 }
 
+/// A coverage charge: `Ok((pages read today, pages allowed))`, or `Err` of the same when it would
+/// exceed the share (nothing marked).
+pub type Coverage = Result<(i64, i64), (i64, i64)>;
+
 impl Budget {
     /// Read limits and, with a generation, what it has used (from the ledger).
     pub fn open(ctx: &Ctx) -> Result<Budget, NoRoom> {
@@ -205,7 +209,7 @@ impl Budget {
         doc_id: &str,
         page_count: i64,
         pages: &[i32],
-    ) -> Result<Result<(i64, i64), (i64, i64)>, NoRoom> {
+    ) -> Result<Coverage, NoRoom> {
         let allowed = ((page_count as f64 * self.limits.coverage).ceil() as i64)
             .max(self.limits.pages_per_call);
         let (t, u) = (ctx.tenant_id.as_str(), ctx.user_id.as_str());

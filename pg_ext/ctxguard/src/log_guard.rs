@@ -5,6 +5,7 @@
 //! - in a transaction where ctxguard saw a token, hides the error context and the statement from
 //!   the log altogether (they may hold a page context or other caller text), whatever the session
 //!   or its role's defaults set. The client still gets them.
+//!
 //! Installed only when preloaded (a library loaded later has no hook before its first call).
 
 use std::cell::Cell;

@@ -119,7 +119,7 @@ pub fn keep_if<R>(f: impl FnOnce() -> (R, bool), on_error: impl FnOnce()) -> R {
         pg_sys::BeginInternalSubTransaction(std::ptr::null());
         pg_sys::MemoryContextSwitchTo(old_cx);
         let result = PgTryBuilder::new(AssertUnwindSafe(|| Ok(f())))
-            .catch_others(Err)
+            .catch_others(|e| Err(Box::new(e)))
             .execute();
         let keep = matches!(result, Ok((_, true)));
         if keep {
