@@ -196,6 +196,9 @@ CONF
   local cap=(psql -X -q -v ON_ERROR_STOP=1 -h "$CAP_RUN" -p "$CAP_PORT" -U postgres)
   "${cap[@]}" -d postgres -c "DROP DATABASE IF EXISTS ctxguard_capacity WITH (FORCE)" -c "CREATE DATABASE ctxguard_capacity"
   "${cap[@]}" -d ctxguard_capacity -o /dev/null -f "$ROOT/sql/demo/schema.sql"
+  "${cap[@]}" -d ctxguard_capacity -o /dev/null -f "$ROOT/sql/demo/documents.sql" \
+    -v tok_ingest_acme="$(mint --sub ingest-bot --tenant acme --roles doc_ingest)" \
+    -v tok_ingest_globex="$(mint --sub ingest-bot --tenant globex --roles doc_ingest)"
 }
 stop_capacity_cluster() { stop_cluster_at "$CAP_RUN/pgdata"; }
 

@@ -165,3 +165,87 @@ fn a_tenant_flooding_user_days_gets_its_own_refusal_and_others_keep_working() {
         assert_eq!(code(&r), "ok", "{r}");
     }
 }
+
+/// `n` one-page documents of `tenant`, ready (ingested as the superuser with an ingest token).
+fn documents(tenant: &str, n: usize) {
+    let tok = token("ingest-bot", tenant, &["doc_ingest"]);
+    let mut a = admin();
+    let mut tx = a.transaction().unwrap();
+    tx.execute(
+        "SELECT ctxguard.set_context($1, $2)",
+        &[&tok, &json!({"pageType": "invoice_table"})],
+    )
+    .unwrap();
+    for d in 0..n {
+        let id = format!("doc{d}");
+        tx.execute("SELECT ctxguard.put_document($1, 'A document')", &[&id])
+            .unwrap();
+        tx.execute("SELECT ctxguard.put_page($1, 1, 'Page one.')", &[&id])
+            .unwrap();
+        tx.execute(
+            "SELECT ctxguard.put_document($1, 'A document', 'ready')",
+            &[&id],
+        )
+        .unwrap();
+    }
+    tx.commit().unwrap();
+}
+
+/// `user` of `tenant` reads page 1 of documents `docs` in one generation of their own: the codes.
+fn read_documents(
+    c: &mut Client,
+    tenant: &str,
+    user: &str,
+    docs: std::ops::Range<usize>,
+) -> Vec<String> {
+    let tok = token(user, tenant, &["ap_clerk"]);
+    let library = json!({"pageType": "document_library"});
+    let mut tx = c.transaction().unwrap();
+    tx.execute("SELECT ctxguard.set_context($1, $2)", &[&tok, &library])
+        .unwrap();
+    tx.execute(
+        "SELECT ctxguard.set_context($1, $2, ctxguard.begin_generation('capacity'))",
+        &[&tok, &library],
+    )
+    .unwrap();
+    let codes = docs
+        .map(|d| {
+            let args =
+                json!({"doc_id": format!("doc{d}"), "page_start": 1, "page_end": 1}).to_string();
+            let r: Value = tx
+                .query_one(
+                    "SELECT ctxguard.call_tool('read_doc_pages', $1::text::jsonb)",
+                    &[&args],
+                )
+                .unwrap()
+                .get(0);
+            code(&r)
+        })
+        .collect();
+    tx.commit().unwrap();
+    codes
+}
+
+#[test]
+fn a_tenant_flooding_document_counters_and_coverage_gets_its_own_refusal() {
+    let mut c = connect();
+    let (flood, other) = (tenant("flood-doc"), tenant("other-doc"));
+    documents(&flood, 20);
+    documents(&other, 8);
+    // Each read takes a (generation, document) counter and a (user, document, day) coverage entry:
+    // a user's share is 7 of each, the tenant's 16.
+    let u1 = read_documents(&mut c, &flood, "r1", 0..9);
+    assert_eq!(u1[..7], vec!["ok"; 7], "{u1:?}");
+    assert_eq!(u1[7..], vec!["CAPACITY_EXCEEDED"; 2], "{u1:?}");
+    let u2 = read_documents(&mut c, &flood, "r2", 0..7);
+    assert_eq!(u2, vec!["ok"; 7], "{u2:?}");
+    let u3 = read_documents(&mut c, &flood, "r3", 0..4);
+    assert_eq!(
+        u3,
+        vec!["ok", "ok", "CAPACITY_EXCEEDED", "CAPACITY_EXCEEDED"],
+        "{u3:?}"
+    );
+    // The other tenant reads all of its documents.
+    let o = read_documents(&mut c, &other, "r1", 0..7);
+    assert_eq!(o, vec!["ok"; 7], "{o:?}");
+}
