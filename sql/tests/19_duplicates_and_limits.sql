@@ -103,6 +103,16 @@ SELECT is(split_part(:'dba_out', E'\n', 1), 'ERROR:  22004: ctxguard: server mus
 \ir lib/dba.sql
 SELECT is(:'dba_out'::text, ''::text, 'set_server_policy(server, NULL) still clears the server''s policy (documented)');
 
+-- complete_call with is_error NULL: 22004 (was XX000: a NULL where the function took a bool).
+SELECT throws_ok($$SELECT ctxguard.complete_call('00000000-0000-4000-8000-000000000029', '{}', NULL)$$, '22004',
+                 'ctxguard: complete_call: is_error must not be NULL', 'complete_call(id, result, NULL) is 22004');
+-- Tool arguments sent as text repeating a member: refused, not read with the last value.
+BEGIN;
+SELECT ctxguard.set_context(:'tok_alice', '{"pageType": "invoice_detail", "entity": {"type": "invoice", "id": "acme_inv3"}}') \g /dev/null
+SELECT is(ctxguard._call_tool('invoice.get', '{"invoice_id": "acme_inv3", "invoice_id": "acme_inv3"}')->'error'->>'code',
+          'INVALID_ARGUMENT', 'call_tool arguments repeating a member are INVALID_ARGUMENT');
+COMMIT;
+
 -- Clean up: nothing of this file's server is left for the files after it.
 \set dba_sql 'DELETE FROM ctxguard.tools WHERE server = ''deep''; DELETE FROM ctxguard.mcp_servers WHERE name = ''deep'''
 \ir lib/dba.sql

@@ -8,6 +8,29 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::PgTryBuilder;
 
+/// `$t` is `jsonb` in SQL, as an argument and as a result.
+macro_rules! jsonb_in_sql {
+    ($t:ty) => {
+        // SAFETY: the datum is a `jsonb`, as the SQL type says (built by `jsonb_in`, or read as
+        // `JsonB` reads one).
+        unsafe impl pgrx::pgrx_sql_entity_graph::metadata::SqlTranslatable for $t {
+            const TYPE_IDENT: &'static str = pgrx::pgrx_resolved_type!($t);
+            const TYPE_ORIGIN: pgrx::pgrx_sql_entity_graph::metadata::TypeOrigin =
+                pgrx::pgrx_sql_entity_graph::metadata::TypeOrigin::External;
+            const ARGUMENT_SQL: Result<
+                pgrx::pgrx_sql_entity_graph::metadata::SqlMappingRef,
+                pgrx::pgrx_sql_entity_graph::metadata::ArgumentError,
+            > = Ok(pgrx::pgrx_sql_entity_graph::metadata::SqlMappingRef::literal("jsonb"));
+            const RETURN_SQL: Result<
+                pgrx::pgrx_sql_entity_graph::metadata::ReturnsRef,
+                pgrx::pgrx_sql_entity_graph::metadata::ReturnsError,
+            > = Ok(pgrx::pgrx_sql_entity_graph::metadata::ReturnsRef::One(
+                pgrx::pgrx_sql_entity_graph::metadata::SqlMappingRef::literal("jsonb"),
+            ));
+        }
+    };
+}
+
 /// Raise an ERROR with a specific SQLSTATE. Messages must never contain caller-supplied values.
 pub fn raise(code: PgSqlErrorCode, message: impl Into<String>) -> ! {
     pgrx::ereport!(ERROR, code, message.into());
@@ -262,22 +285,7 @@ impl IntoDatum for JsonbBytes {
     }
 }
 
-// SAFETY: the datum is a `jsonb` (the bytes of one `jsonb_in` made), as the SQL type says.
-unsafe impl pgrx::pgrx_sql_entity_graph::metadata::SqlTranslatable for JsonbBytes {
-    const TYPE_IDENT: &'static str = pgrx::pgrx_resolved_type!(JsonbBytes);
-    const TYPE_ORIGIN: pgrx::pgrx_sql_entity_graph::metadata::TypeOrigin =
-        pgrx::pgrx_sql_entity_graph::metadata::TypeOrigin::External;
-    const ARGUMENT_SQL: Result<
-        pgrx::pgrx_sql_entity_graph::metadata::SqlMappingRef,
-        pgrx::pgrx_sql_entity_graph::metadata::ArgumentError,
-    > = Ok(pgrx::pgrx_sql_entity_graph::metadata::SqlMappingRef::literal("jsonb"));
-    const RETURN_SQL: Result<
-        pgrx::pgrx_sql_entity_graph::metadata::ReturnsRef,
-        pgrx::pgrx_sql_entity_graph::metadata::ReturnsError,
-    > = Ok(pgrx::pgrx_sql_entity_graph::metadata::ReturnsRef::One(
-        pgrx::pgrx_sql_entity_graph::metadata::SqlMappingRef::literal("jsonb"),
-    ));
-}
+jsonb_in_sql!(JsonbBytes);
 
 // SAFETY: returns the datum made by `into_datum` (a palloc'd `jsonb`), as `JsonB` does.
 unsafe impl pgrx::callconv::BoxRet for JsonbBytes {
@@ -338,22 +346,7 @@ unsafe impl<'fcx> pgrx::callconv::ArgAbi<'fcx> for JsonbText {
     }
 }
 
-// SAFETY: the argument is a `jsonb`, read as `JsonB` reads one.
-unsafe impl pgrx::pgrx_sql_entity_graph::metadata::SqlTranslatable for JsonbText {
-    const TYPE_IDENT: &'static str = pgrx::pgrx_resolved_type!(JsonbText);
-    const TYPE_ORIGIN: pgrx::pgrx_sql_entity_graph::metadata::TypeOrigin =
-        pgrx::pgrx_sql_entity_graph::metadata::TypeOrigin::External;
-    const ARGUMENT_SQL: Result<
-        pgrx::pgrx_sql_entity_graph::metadata::SqlMappingRef,
-        pgrx::pgrx_sql_entity_graph::metadata::ArgumentError,
-    > = Ok(pgrx::pgrx_sql_entity_graph::metadata::SqlMappingRef::literal("jsonb"));
-    const RETURN_SQL: Result<
-        pgrx::pgrx_sql_entity_graph::metadata::ReturnsRef,
-        pgrx::pgrx_sql_entity_graph::metadata::ReturnsError,
-    > = Ok(pgrx::pgrx_sql_entity_graph::metadata::ReturnsRef::One(
-        pgrx::pgrx_sql_entity_graph::metadata::SqlMappingRef::literal("jsonb"),
-    ));
-}
+jsonb_in_sql!(JsonbText);
 
 /// Parse a `jsonb` argument read as [`JsonbText`] (`None` stays `None`): nested deeper than
 /// [`ctxguard_core::json::MAX_DEPTH`] is SQLSTATE 54000 naming `what` and the limit, never the

@@ -20,8 +20,8 @@ use std::cell::RefCell;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ctxguard_core::ledger::{
-    day_end, insert_shared, pg_date, sweep_shared, tenants_held, utc_day, Coverage, Key, Owner,
-    Refused, Share,
+    day_end, insert_shared, pg_date, sweep_shared, tenants_held, utc_day, Coverage, Held, Key,
+    Owner, Refused, Share, Table,
 };
 use pgrx::pg_sys;
 use serde_json::{json, Value};
@@ -306,34 +306,18 @@ fn with_entry<V: Copy, R>(
     let (mut tb, mut owners, swept) = l.shared(t);
     let s = share(t, tb.capacity(), owners.capacity());
     // Another backend may have loaded it meanwhile: a live entry is kept as it is.
-    let mut tried = insert_shared(
-        &mut tb,
-        &mut owners,
-        s,
-        who.owner,
-        who.tenant,
-        key,
-        expires,
-        loaded,
-        now_s,
-    )
-    .map(|_| ());
+    let insert = |tb: &mut Table<'_, V>, owners: &mut Table<'_, Held>| {
+        insert_shared(
+            tb, owners, s, who.owner, who.tenant, key, expires, loaded, now_s,
+        )
+        .map(|_| ())
+    };
+    let mut tried = insert(&mut tb, &mut owners);
     if tried.is_err() && *swept < now_s {
         // Expired entries still counted: give their shares back (at most once a second), retry.
         *swept = now_s;
         sweep_shared(&mut tb, &mut owners, t.index, now_s);
-        tried = insert_shared(
-            &mut tb,
-            &mut owners,
-            s,
-            who.owner,
-            who.tenant,
-            key,
-            expires,
-            loaded,
-            now_s,
-        )
-        .map(|_| ());
+        tried = insert(&mut tb, &mut owners);
     }
     match tried {
         Ok(()) => Ok(f(tb.get(key, now_s).expect("inserted"))),
