@@ -250,16 +250,32 @@ async fn each_demo_role_holds_exactly_what_its_job_needs() {
         .collect();
     assert_eq!(public, Vec::<String>::new(), "executable by PUBLIC");
 
-    // The gateway role borrows no one's privileges, and the run_as role owns nothing.
-    let n: i64 = db
-        .query_one(
-            "SELECT count(*) FROM pg_catalog.pg_auth_members WHERE member = 'ctxguard_gateway'::regrole",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(n, 0, "ctxguard_gateway is a member of a role");
+    // The gateway role borrows no one's privileges but its group's (one login role per gateway
+    // instance, members of ctxguard_gateways: docs/deploy.md), the group is a member of nothing
+    // (its privileges are checked with the role's above, which inherits them), and the run_as
+    // role owns nothing.
+    let groups = |role: &'static str| {
+        let db = &db;
+        async move {
+            db.query(
+                "SELECT g.rolname::text FROM pg_catalog.pg_auth_members m
+                   JOIN pg_catalog.pg_roles g ON g.oid = m.roleid
+                  WHERE m.member = $1::text::regrole ORDER BY 1",
+                &[&role],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get::<_, String>(0))
+            .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(groups("ctxguard_gateway").await, vec!["ctxguard_gateways"]);
+    assert_eq!(
+        groups("ctxguard_gateway_b").await,
+        vec!["ctxguard_gateways"]
+    );
+    assert_eq!(groups("ctxguard_gateways").await, Vec::<String>::new());
     let owned: i64 = db
         .query_one(
             "SELECT (SELECT count(*) FROM pg_catalog.pg_class WHERE relowner = 'ctxguard_tools'::regrole)
