@@ -178,7 +178,7 @@ report() {
         gate_a) label='context + Gate A only: `set_context` + `visible_tools`' ;;
         ctxguard_nowait) label='ctxguard, `ctxguard.audit_wait = off`' ;;
         ctxguard_pipelined) label='ctxguard, pipelined as the gateway sends it, plain `BEGIN`' ;;
-        ctxguard_pinned) label='ctxguard, pipelined, with the gateway'"'"'s `BEGIN … READ WRITE` and 25 `SET LOCAL` pins' ;;
+        ctxguard_pinned) label='ctxguard, pipelined, with the gateway'"'"'s `BEGIN … READ WRITE` and its pins' ;;
       esac
       IFS='|' read -r tps lat <<<"$(field "$OUT/$name-c$c.txt")"
       IFS='|' read -r p50 p95 p99 <<<"$(pct "$name" "$c")"

@@ -16,7 +16,7 @@
 //! A server connection is hostile ground (a pooler's previous client, role defaults): every SQL
 //! text is in [`crate::sql`], fully schema-qualified, and every statement runs inside a transaction
 //! that starts `BEGIN ISOLATION LEVEL READ COMMITTED READ WRITE` (or `READ ONLY`) with the
-//! settings of [`crate::sql::PINS`] pinned by `SET LOCAL` in the same message ([`crate::sql::begin`]):
+//! settings of [`crate::sql::PINS`] pinned for the transaction in the same message ([`crate::sql::begin`]):
 //! the statements without a context ([`Db::verify_token`], the MCP session records, discovery),
 //! the probe, and in prepared mode the Parse of a named statement too.
 //!

@@ -142,7 +142,7 @@ fn every_statement_the_gateway_sends_is_schema_qualified() {
 }
 
 #[test]
-fn every_transaction_frame_pins_with_set_local_only() {
+fn every_transaction_frame_pins_its_settings_and_nothing_else() {
     for (name, sql) in ctxguard_gateway::sql::all_statements() {
         if !name.starts_with("begin(") {
             continue;
@@ -150,18 +150,29 @@ fn every_transaction_frame_pins_with_set_local_only() {
         let parsed = pg_query::parse(&sql, 0).unwrap();
         let tree = serde_json::to_value(&parsed.protobuf).unwrap();
         let stmts = tree["stmts"].as_array().unwrap();
-        // BEGIN, the pins, and the transaction_timeout pin (a SELECT) after the first.
-        assert_eq!(stmts.len(), 2 + ctxguard_gateway::sql::PINS.len(), "{name}");
+        // BEGIN, SET LOCAL statement_timeout, and one SELECT of set_config(…, true) for the rest.
+        assert_eq!(stmts.len(), 3, "{name}");
         let begin = &stmts[0]["stmt"]["node"]["TransactionStmt"];
         assert!(begin.is_object(), "{name} starts with BEGIN: {}", stmts[0]);
-        assert!(stmts[2]["stmt"]["node"]["SelectStmt"].is_object(), "{name}");
-        for s in stmts[1..]
-            .iter()
-            .filter(|s| s["stmt"]["node"]["SelectStmt"].is_null())
-        {
-            let set = &s["stmt"]["node"]["VariableSetStmt"];
-            assert_eq!(set["is_local"], true, "{name}: every pin is SET LOCAL: {s}");
+        let set = &stmts[1]["stmt"]["node"]["VariableSetStmt"];
+        assert_eq!(set["is_local"], true, "{name}: {}", stmts[1]);
+        assert_eq!(
+            set["name"], "statement_timeout",
+            "{name}: the timeout first"
+        );
+        let select = stmts[2]["stmt"]["node"]["SelectStmt"].to_string();
+        assert!(select.contains("set_config"), "{name}: {select}");
+        // Every other pin is in the SELECT, set for the transaction only (is_local true).
+        for (pin, _, _) in ctxguard_gateway::sql::PINS.iter().skip(1) {
+            assert!(
+                sql.contains(&format!("('{pin}', ")),
+                "{name}: {pin} is pinned"
+            );
         }
+        assert!(
+            sql.contains("pg_catalog.set_config(v.n, v.v, true)"),
+            "{name}"
+        );
     }
 }
 
