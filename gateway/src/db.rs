@@ -123,6 +123,13 @@ fn begins(limits: &Limits) -> Arc<[[String; 2]; 2]> {
     ])
 }
 
+/// A pipelined transaction's first error, and whether it was the frame (`BEGIN` and the pins)
+/// cancelled by a `statement_timeout` the connection carried.
+struct Failed {
+    error: tokio_postgres::Error,
+    frame_cancelled: bool,
+}
+
 /// One request of a pipelined transaction ([`Db::transaction`]).
 type Step<'a> = std::pin::Pin<
     Box<dyn std::future::Future<Output = Result<Vec<Row>, tokio_postgres::Error>> + Send + 'a>,
@@ -476,7 +483,26 @@ impl Db {
         if !unnamed {
             prepared = self.prepare(&client, all).await?;
         }
-        let pg: &tokio_postgres::Client = &client;
+        // The frame's first statements run under whatever `statement_timeout` the connection
+        // carries until the pin lands (a previous client's 1 ms, say): a frame cancelled by it
+        // did nothing (its transaction's later statements fail or find no context), so it is sent
+        // once more.
+        match self.send(&client, begin, all, &prepared).await {
+            Err(e) if e.frame_cancelled => self.send(&client, begin, all, &prepared).await,
+            r => r,
+        }
+        .map_err(|e| map_pg(e.error))
+    }
+
+    /// One attempt of [`Db::pipeline`].
+    async fn send(
+        &self,
+        client: &deadpool_postgres::Client,
+        begin: &str,
+        all: &[(&'static str, &Params<'_>)],
+        prepared: &[tokio_postgres::Statement],
+    ) -> Result<Vec<Vec<Row>>, Failed> {
+        let pg: &tokio_postgres::Client = client;
         // Each request is queued when its future is first polled; join_all polls them in order
         // (and all of them before any answer can arrive), so they go out in this order.
         let mut steps: Vec<Step<'_>> = Vec::with_capacity(all.len() + 2);
@@ -495,12 +521,25 @@ impl Db {
         steps.push(Box::pin(async move {
             pg.batch_execute(sql::COMMIT).await.map(|()| Vec::new())
         }));
-        // Collecting into a Result stops at the first error, in the order sent.
-        let results: Vec<Vec<Row>> = futures::future::join_all(steps)
+        // The first error in the order sent is the answer.
+        let mut results = Vec::with_capacity(all.len() + 2);
+        for (i, r) in futures::future::join_all(steps)
             .await
             .into_iter()
-            .collect::<Result<_, _>>()
-            .map_err(map_pg)?;
+            .enumerate()
+        {
+            match r {
+                Ok(rows) => results.push(rows),
+                Err(error) => {
+                    let frame_cancelled = i == 0
+                        && error.code() == Some(&tokio_postgres::error::SqlState::QUERY_CANCELED);
+                    return Err(Failed {
+                        error,
+                        frame_cancelled,
+                    });
+                }
+            }
+        }
         // BEGIN, the statements, COMMIT.
         Ok(results.into_iter().skip(1).take(all.len()).collect())
     }
