@@ -73,6 +73,8 @@ enum Undo {
     },
     /// One call counted on a (generation, document).
     DocCall { key: Key },
+    /// Given back with another change of the same charge (a generation's bytes, with the day's).
+    WithOther,
 }
 
 /// A ledger change of the running call: what its audit record tells the writer, and how to give
@@ -135,6 +137,7 @@ pub fn settle() {
                         *v = (*v - 1).max(0);
                     }
                 }
+                Undo::WithOther => {}
             }
         }
     }
@@ -439,7 +442,10 @@ pub fn charge_bytes(
     });
     note(json!({"day": [tenant, user, day], "bytes": new_day}), undo);
     if let (Some(g), Some(b)) = (generation, new_gen) {
-        note(json!({"gen": g.id, "bytes": b, "exp": g.expires}), None);
+        note(
+            json!({"gen": g.id, "bytes": b, "exp": g.expires}),
+            Some(Undo::WithOther),
+        );
     }
     Ok(Ok(Charged {
         generation: new_gen,
