@@ -306,8 +306,8 @@ fn literal(v: &str) -> String {
 
 /// `BEGIN` and the pins, as one simple-query string (one round trip, pipelined with the rest):
 /// `SET LOCAL statement_timeout` first, so that what follows is bounded whatever a previous client
-/// left, then every other pin by `set_config(…, true)` (as `SET LOCAL`) in one `SELECT`: one
-/// statement instead of one per setting, about a fifth of their cost.
+/// left, then every other pin that differs by `set_config(…, true)` (as `SET LOCAL`) in one
+/// `SELECT`: one statement instead of one per setting, about a fifth of their cost.
 pub fn begin(access: Access, commit: Commit, limits: &Limits) -> String {
     let mut s = String::from(match access {
         Access::ReadWrite => "BEGIN ISOLATION LEVEL READ COMMITTED READ WRITE",
@@ -328,16 +328,19 @@ pub fn begin(access: Access, commit: Commit, limits: &Limits) -> String {
         if *name == "statement_timeout" {
             let _ = write!(s, "; SET LOCAL statement_timeout TO {v}");
         } else {
-            rows.push(format!("({}, {}, false)", literal(name), literal(&v)));
+            rows.push(format!("({}, {})", literal(name), literal(&v)));
         }
     }
     for (name, v) in OPTIONAL_PINS {
-        rows.push(format!("({}, {}, true)", literal(name), literal(v)));
+        rows.push(format!("({}, {})", literal(name), literal(v)));
     }
+    // Only what differs is set (`current_setting` is NULL for a setting the server does not know,
+    // which then is not set either): on a clean connection most pins already hold, and each one
+    // set costs a GUC save and restore.
     let _ = write!(
         s,
-        "; SELECT pg_catalog.set_config(v.n, v.v, true) FROM (VALUES {}) v(n, v, optional) \
-         WHERE NOT v.optional OR pg_catalog.current_setting(v.n, true) IS NOT NULL",
+        "; SELECT pg_catalog.set_config(v.n, v.v, true) FROM (VALUES {}) v(n, v) \
+         WHERE pg_catalog.current_setting(v.n, true) OPERATOR(pg_catalog.<>) v.v",
         rows.join(", ")
     );
     s
@@ -499,18 +502,24 @@ mod tests {
         };
         let s = begin(Access::ReadOnly, Commit::Lazy, &limits);
         assert!(
-            s.starts_with("BEGIN ISOLATION LEVEL READ COMMITTED READ ONLY; SET LOCAL statement_timeout TO 1234; SELECT pg_catalog.set_config(v.n, v.v, true) FROM (VALUES ('lock_timeout', '56', false), ('idle_in_transaction_session_timeout', '789', false), "),
+            s.starts_with("BEGIN ISOLATION LEVEL READ COMMITTED READ ONLY; SET LOCAL statement_timeout TO 1234; SELECT pg_catalog.set_config(v.n, v.v, true) FROM (VALUES ('lock_timeout', '56'), ('idle_in_transaction_session_timeout', '789'), "),
             "{s}"
         );
-        assert!(s.contains("('search_path', 'pg_catalog, pg_temp', false)"));
-        assert!(s.contains("('synchronous_commit', 'off', false)"));
-        assert!(s.contains("('log_parameter_max_length_on_error', '0', false)"));
-        assert!(s.contains("('default_transaction_isolation', 'read committed', false)"));
-        assert!(s.contains("('transaction_timeout', '0', true)"));
+        assert!(s.contains("('search_path', 'pg_catalog, pg_temp')"));
+        assert!(s.contains("('synchronous_commit', 'off')"));
+        assert!(s.contains("('log_parameter_max_length_on_error', '0')"));
+        assert!(s.contains("('default_transaction_isolation', 'read committed')"));
+        assert!(s.contains("('transaction_timeout', '0')"));
+        assert!(
+            s.ends_with("WHERE pg_catalog.current_setting(v.n, true) OPERATOR(pg_catalog.<>) v.v")
+        );
         let d = begin(Access::ReadWrite, Commit::Durable, &limits);
         assert!(d.starts_with("BEGIN ISOLATION LEVEL READ COMMITTED READ WRITE;"));
-        assert!(d.contains("('synchronous_commit', 'on', false)"));
-        assert_eq!(d.matches(", false)").count(), PINS.len() - 1);
+        assert!(d.contains("('synchronous_commit', 'on')"));
+        assert_eq!(
+            d.matches("'), ('").count(),
+            PINS.len() - 1 + OPTIONAL_PINS.len() - 1
+        );
         assert_eq!(literal("it's"), "'it''s'");
     }
 
