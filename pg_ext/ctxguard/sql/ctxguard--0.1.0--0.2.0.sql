@@ -255,7 +255,7 @@ AS $$
     -- Role-level defaults on a role that can set a context apply to every connection of every
     -- gateway using it, and the role can set them on itself (ALTER ROLE CURRENT_USER SET). Names
     -- only; the gateway pins what matters per transaction, but a default is a sign of tampering.
-    SELECT 'caller_role_setting', r.rolname::text,
+    SELECT 'caller_role_setting', r.rolname::pg_catalog.text,
            'role-level setting(s) ' || string_agg(split_part(cfg, '=', 1), ', ' ORDER BY cfg)
            || ' apply to every session of this role (ALTER ROLE ' || quote_ident(r.rolname) || ' RESET ...)'
       FROM pg_db_role_setting s
@@ -269,7 +269,7 @@ AS $$
     UNION ALL
     -- A login role that calls tools with no server-side bound on an idle transaction: one stuck
     -- client holds a pooled server connection (and its locks) forever.
-    SELECT 'caller_without_timeouts', r.rolname::text,
+    SELECT 'caller_without_timeouts', r.rolname::pg_catalog.text,
            'idle_in_transaction_session_timeout is 0 for this role (set it for the role, the database or the server)'
       FROM pg_roles r
      WHERE r.rolcanlogin AND NOT r.rolsuper
@@ -284,7 +284,7 @@ AS $$
     -- One login role used from several places (client addresses or application names): every
     -- session of a role may cancel or end every other (pg_cancel_backend, pg_terminate_backend),
     -- so gateways sharing a login role share one blast radius. Seen only while they are connected.
-    SELECT 'shared_gateway_login', a.usename::text,
+    SELECT 'shared_gateway_login', a.usename::pg_catalog.text,
            'sessions of this tool-calling login role come from ' || count(DISTINCT (coalesce(host(a.client_addr), 'local'), a.application_name))
            || ' client/application pairs: give each gateway instance its own login role (members of one NOLOGIN group role)'
       FROM pg_stat_activity a

@@ -245,7 +245,7 @@ fn sync_mcp_tools(server: Option<&str>, tools: Option<JsonbText>) -> JsonB {
 fn tool_items(tools: &str) -> Vec<(Option<String>, Result<Value, JsonError>)> {
     Spi::connect(|c| {
         c.select(
-            "SELECT e.value ->> 'name', e.value::pg_catalog.text
+            "SELECT e.value OPERATOR(pg_catalog.->>) 'name', e.value::pg_catalog.text
                FROM pg_catalog.jsonb_array_elements($1::pg_catalog.jsonb) AS e",
             None,
             &[tools.into()],

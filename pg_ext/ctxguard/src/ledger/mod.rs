@@ -73,15 +73,14 @@ enum Undo {
     },
     /// One call counted on a (generation, document).
     DocCall { key: Key },
-    /// Given back with another change of the same charge (a generation's bytes, with the day's).
-    WithOther,
 }
 
-/// A ledger change of the running call: what its audit record tells the writer, and how to give
-/// it back. Coverage has no undo: a page marked read may already have let another call of the
-/// same user read it uncounted, so it stands (charged last, see `documents.rs`).
+/// A ledger change of the running call: what its audit record tells the writer (one entry per
+/// ledger row it touches), and how to give it back. Coverage has no undo: a page marked read may
+/// already have let another call of the same user read it uncounted, so it stands (charged last,
+/// see `documents.rs`).
 struct Change {
-    record: Value,
+    records: Vec<Value>,
     undo: Option<Undo>,
 }
 
@@ -98,8 +97,8 @@ thread_local! {
     static LEFTOVER: RefCell<Vec<Value>> = const { RefCell::new(Vec::new()) };
 }
 
-fn note(record: Value, undo: Option<Undo>) {
-    CALL.with(|c| c.borrow_mut().push(Change { record, undo }));
+fn note(records: Vec<Value>, undo: Option<Undo>) {
+    CALL.with(|c| c.borrow_mut().push(Change { records, undo }));
 }
 
 /// A call begins: whatever an earlier call of this backend left unsettled is settled first, so
@@ -137,7 +136,6 @@ pub fn settle() {
                         *v = (*v - 1).max(0);
                     }
                 }
-                Undo::WithOther => {}
             }
         }
     }
@@ -147,7 +145,7 @@ pub fn settle() {
             changes
                 .into_iter()
                 .filter(|c| c.undo.is_none())
-                .map(|c| c.record),
+                .flat_map(|c| c.records),
         );
         let over = left.len().saturating_sub(LEFTOVER_MAX);
         if over > 0 {
@@ -239,18 +237,16 @@ impl From<Unavailable> for NoRoom {
     }
 }
 
-/// Whose entry a charge makes: the tenant (named in `ledger_stats`) and its owner hashes.
+/// Whose entry a charge makes: the tenant (named in `ledger_stats`) and the user. Their owner
+/// hashes are computed only when a new entry is made (a live entry's call never pays for them).
 pub struct Who<'a> {
     pub tenant: &'a str,
-    pub owner: Owner,
+    pub user: &'a str,
 }
 
 impl<'a> Who<'a> {
-    pub fn new(tenant: &'a str, user: &str) -> Who<'a> {
-        Who {
-            tenant,
-            owner: Owner::of(tenant, user),
-        }
+    pub fn new(tenant: &'a str, user: &'a str) -> Who<'a> {
+        Who { tenant, user }
     }
 }
 
@@ -305,13 +301,14 @@ fn with_entry<V: Copy, R>(
         }
     }
     let loaded = load();
+    let owner = Owner::of(who.tenant, who.user);
     let mut l = shmem::ledger();
     let (mut tb, mut owners, swept) = l.shared(t);
     let s = share(t, tb.capacity(), owners.capacity());
     // Another backend may have loaded it meanwhile: a live entry is kept as it is.
     let insert = |tb: &mut Table<'_, V>, owners: &mut Table<'_, Held>| {
         insert_shared(
-            tb, owners, s, who.owner, who.tenant, key, expires, loaded, now_s,
+            tb, owners, s, owner, who.tenant, key, expires, loaded, now_s,
         )
         .map(|_| ())
     };
@@ -440,13 +437,12 @@ pub fn charge_bytes(
         gen: gk,
         bytes,
     });
-    note(json!({"day": [tenant, user, day], "bytes": new_day}), undo);
+    // One change, one undo: the day's and the generation's bytes are given back together.
+    let mut records = vec![json!({"day": [tenant, user, day], "bytes": new_day})];
     if let (Some(g), Some(b)) = (generation, new_gen) {
-        note(
-            json!({"gen": g.id, "bytes": b, "exp": g.expires}),
-            Some(Undo::WithOther),
-        );
+        records.push(json!({"gen": g.id, "bytes": b, "exp": g.expires}));
     }
+    note(records, undo);
     Ok(Ok(Charged {
         generation: new_gen,
         user_day: new_day,
@@ -473,7 +469,7 @@ pub fn doc_call(
     })?;
     if let Some(n) = taken {
         note(
-            json!({"doc": [gen.id, who.tenant, doc], "calls": n, "exp": gen.expires}),
+            vec![json!({"doc": [gen.id, who.tenant, doc], "calls": n, "exp": gen.expires})],
             Some(Undo::DocCall { key: k }),
         );
     }
@@ -506,7 +502,7 @@ pub fn coverage(
     )?;
     if taken.is_ok() && !pages.is_empty() {
         note(
-            json!({"cov": [tenant, user, doc, day], "pages": pages}),
+            vec![json!({"cov": [tenant, user, doc, day], "pages": pages})],
             None,
         );
     }
@@ -598,21 +594,25 @@ pub fn submit(mut audit: Value) -> Result<(usize, u64), Unavailable> {
     audit["at_us"] = json!(at);
     // Only the running call's own changes ride on its record: a handful, bounded by what one
     // call can charge. On failure they stay with the call, which settles them (gives them back).
-    let changes: Vec<Value> = CALL.with(|c| c.borrow().iter().map(|c| c.record.clone()).collect());
+    let changes: Vec<Value> = CALL.with(|c| {
+        c.borrow()
+            .iter()
+            .flat_map(|c| c.records.iter().cloned())
+            .collect()
+    });
     let text = json!({"a": audit, "l": changes}).to_string();
-    let restore = |e: Unavailable| e;
     if text.len() > RECORD_BYTES {
-        return Err(restore(Unavailable(format!(
+        return Err(Unavailable(format!(
             "an audit record of {} bytes exceeds {RECORD_BYTES}",
             text.len()
-        ))));
+        )));
     }
     // ready() waits while the queue is full; another caller may take the room it saw first. Its
     // writer may also have retired since (idle, with nothing queued): a record is queued only
     // while the queue has a writer, which then cannot retire before writing it (`retire` checks
     // under the same lock); otherwise ready() starts one.
     for _ in 0..1000 {
-        let i = ready().map_err(restore)?;
+        let i = ready()?;
         let seq = {
             let mut qs = shmem::queues();
             let q = &mut qs[i];
@@ -640,7 +640,7 @@ pub fn submit(mut audit: Value) -> Result<(usize, u64), Unavailable> {
             return Ok((i, seq));
         }
     }
-    Err(restore(Unavailable("the audit queue is full".into())))
+    Err(Unavailable("the audit queue is full".into()))
 }
 
 /// Records queued by callers that do not wait (`ctxguard.audit_wait = off`) before one of them
