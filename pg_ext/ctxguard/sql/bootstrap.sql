@@ -101,18 +101,27 @@ CREATE INDEX audit_log_tenant_at_idx ON ctxguard.audit_log (tenant_id, at);
 CREATE INDEX audit_log_call_id_idx ON ctxguard.audit_log (call_id);
 COMMENT ON TABLE ctxguard.audit_log IS 'Every Gate B decision. Hashes and sizes only: never argument values or results.';
 
--- One counter bumped by any catalog change: each backend caches the catalog (page types, entity
--- mappings, tools, policies, mask rules, tenant limits) and reloads it when (version, xmin) of this row moves.
+-- One counter moved by any catalog change, once per transaction: each backend caches what it read
+-- of the catalog (page types, entity mappings, tools, policies, mask rules, tenant limits) and drops
+-- it when (version, xmin) of this row moves (in the transaction that moved it, at every command).
 CREATE TABLE ctxguard.catalog_version (
     singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
     version   bigint NOT NULL
 );
 INSERT INTO ctxguard.catalog_version VALUES (true, 1);
+CREATE FUNCTION ctxguard."_catalog_written_here"() RETURNS bool
+STRICT VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', '_catalog_written_here_wrapper';
 CREATE FUNCTION ctxguard._bump_catalog_version() RETURNS trigger
     LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    UPDATE ctxguard.catalog_version SET version = version + 1;
+    -- Once per transaction: a row version per statement made a transaction of 20,000 changes
+    -- leave 20,000 versions for every next statement to scan.
+    IF NOT ctxguard._catalog_written_here() THEN
+        UPDATE ctxguard.catalog_version SET version = version OPERATOR(pg_catalog.+) 1;
+    END IF;
     RETURN NULL;
 END
 $$;

@@ -785,3 +785,29 @@ CREATE FUNCTION ctxguard.register_tool(name text, description text, input_schema
 COMMENT ON FUNCTION ctxguard.register_tool(text, text, jsonb, regprocedure, jsonb, text) IS 'Register or update a tool with its (mandatory) policy and an optional title.';
 REVOKE EXECUTE ON FUNCTION ctxguard._register_tool(text, text, jsonb, oid, jsonb, text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION ctxguard.register_tool(text, text, jsonb, regprocedure, jsonb, text) FROM PUBLIC;
+
+-- Cost growth (issue 34): the catalog's version moves once per transaction (a version per
+-- statement left a transaction of 20,000 registrations 20,000 row versions to scan), and each
+-- backend reads the catalog lazily, within ctxguard.catalog_cache_size, reported by catalog_stats().
+CREATE FUNCTION ctxguard."_catalog_written_here"() RETURNS bool
+STRICT VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', '_catalog_written_here_wrapper';
+CREATE OR REPLACE FUNCTION ctxguard._bump_catalog_version() RETURNS trigger
+    LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    -- Once per transaction: a row version per statement made a transaction of 20,000 changes
+    -- leave 20,000 versions for every next statement to scan.
+    IF NOT ctxguard._catalog_written_here() THEN
+        UPDATE ctxguard.catalog_version SET version = version OPERATOR(pg_catalog.+) 1;
+    END IF;
+    RETURN NULL;
+END
+$$;
+CREATE FUNCTION ctxguard."catalog_stats"() RETURNS jsonb /* pgrx::datum::json::JsonB */
+STRICT VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'catalog_stats_wrapper';
+COMMENT ON FUNCTION ctxguard.catalog_stats() IS 'This backend''s catalog cache: what it keeps of the current catalog version against ctxguard.catalog_cache_size, what it has read, and the backend''s resident and peak memory.';
+REVOKE EXECUTE ON FUNCTION ctxguard.catalog_stats() FROM PUBLIC;

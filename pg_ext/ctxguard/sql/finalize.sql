@@ -236,6 +236,9 @@ REVOKE EXECUTE ON FUNCTION ctxguard.put_document(text, text, text, text[], text,
 REVOKE EXECUTE ON FUNCTION ctxguard.put_page(text, integer, text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION ctxguard.put_section(text, text, text, integer, integer) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION ctxguard.set_tool_policy(text, jsonb) FROM PUBLIC;
+-- A backend's catalog cache and memory (a DBA's view).
+COMMENT ON FUNCTION ctxguard.catalog_stats() IS 'This backend''s catalog cache: what it keeps of the current catalog version against ctxguard.catalog_cache_size, what it has read, and the backend''s resident and peak memory.';
+REVOKE EXECUTE ON FUNCTION ctxguard.catalog_stats() FROM PUBLIC;
 
 -- Conversations: each user sees only their own turns; writes go through save_turn (context-bound).
 ALTER TABLE ctxguard.conversation_turns ENABLE ROW LEVEL SECURITY;

@@ -1,9 +1,19 @@
-//! Per-backend cache of the catalog (page types, entity mappings, tools with policies).
+//! Per-backend cache of the catalog (page types, entity mappings, tools with policies, upstream
+//! servers' access, tenants' limits), read lazily and bounded.
 //!
-//! Gate A and Gate B read the catalog on every call; re-planning and re-reading a thousand rows each
-//! time dominated their cost. The cache is keyed by `(version, xmin)` of `ctxguard.catalog_version`,
-//! which statement triggers bump on any catalog change. Including xmin means a change made and rolled
-//! back by one transaction can never be confused with a later, different change of the same number.
+//! Gate A and Gate B read the catalog on every call; re-planning and re-reading rows each time
+//! dominated their cost, so each backend keeps what it read. It keeps only what calls needed, by
+//! name: a page type, the tools a page type can show (read through the GIN index on
+//! `tool_policies.page_types`), a tool (Gate B), an upstream server's grants for one tenant, a
+//! tenant's limits. A catalog of 100,000 tools is never copied into a backend, and a catalog
+//! change costs the next call what that call needs (its page's tools), not the whole catalog.
+//! What is kept is bounded by `ctxguard.catalog_cache_size` (dropped whole when full, as the
+//! version moving drops it) and reported by `ctxguard.catalog_stats()`.
+//!
+//! The cache is keyed by `(version, xmin)` of `ctxguard.catalog_version`, which statement
+//! triggers move on any catalog change, once per transaction. Including xmin means a change made
+//! and rolled back by one transaction can never be confused with a later, different change of the
+//! same number; in the transaction that moved it, the key also holds the command id.
 
 use std::cell::{Cell, OnceCell, RefCell};
 use std::collections::HashMap;
@@ -79,11 +89,46 @@ pub struct Catalog {
     /// Rows of `ctxguard.tenant_limits` read so far, by tenant (a trigger on that table moves the
     /// catalog's version too, so they are as current as the rest of the catalog).
     limits: RefCell<HashMap<String, TenantLimits>>,
-    pub tools: Vec<Rc<ToolEntry>>,
-    by_name: HashMap<String, usize>,
-    page_types: HashMap<String, Option<String>>,
-    entities: HashMap<String, Rc<EntityMapping>>,
-    servers: HashMap<String, ServerAccess>,
+    /// Page types looked up so far (`None`: no such page type).
+    page_types: RefCell<HashMap<String, Option<Option<String>>>>,
+    /// Every entity mapping (one per protected table: few), read on first use.
+    entities: OnceCell<HashMap<String, Rc<EntityMapping>>>,
+    /// Every upstream server (few), read on first use, without its grants.
+    servers: OnceCell<HashMap<String, Server>>,
+    /// A server's grants that can apply in one tenant (the tenant's and those of every tenant).
+    access: RefCell<HashMap<(String, String), Rc<ServerAccess>>>,
+    /// Tools read so far, by name (Gate B reads one; Gate A a page type's).
+    tools: RefCell<HashMap<String, Rc<ToolEntry>>>,
+    /// The tools that can be visible on a page type (their policy, or their server's default
+    /// policy, names it or `*`), by name.
+    pages: RefCell<HashMap<String, Rc<[Rc<ToolEntry>]>>>,
+    /// Estimated bytes held by `tools`, `pages`, `page_types` and `access`.
+    held: Cell<usize>,
+}
+
+/// An upstream MCP server as the catalog needs it.
+struct Server {
+    enabled: bool,
+    default_allow: bool,
+    /// The default policy (without `run_as`) for its tools without one, and the page types it names.
+    default_policy: Option<Value>,
+    default_pages: HashMap<String, Option<String>>,
+}
+
+impl Server {
+    /// Does the default policy name page type `page` (or `*`)?
+    fn covers(&self, page: &str) -> bool {
+        self.default_policy
+            .as_ref()
+            .and_then(|p| p.get("page_types"))
+            .is_some_and(|pt| match pt {
+                Value::String(s) => s == "*",
+                Value::Array(a) => a
+                    .iter()
+                    .any(|v| v.as_str().is_some_and(|s| s == "*" || s == page)),
+                _ => false,
+            })
+    }
 }
 
 /// A tenant's overrides in `ctxguard.tenant_limits` (NULL: the setting): `max_pages_per_call`,
@@ -94,7 +139,101 @@ pub type TenantLimits = ([Option<i32>; 6], Option<f64>);
 /// Most tenants whose limits a catalog keeps (beyond, it forgets them all and reads again).
 const LIMITS_KEPT: usize = 10_000;
 
+/// What this backend's catalog cache did (for `ctxguard.catalog_stats()`).
+#[derive(Clone, Copy, Default)]
+struct Counters {
+    /// Versions of the catalog this backend started (each one empty, filled as calls need it).
+    versions: u64,
+    /// Tools read from the tables (by name or with a page type's list).
+    tools_read: u64,
+    /// Page types' tool lists read.
+    pages_read: u64,
+    /// Times the kept tools and lists were dropped to stay within `ctxguard.catalog_cache_size`.
+    evictions: u64,
+    /// Page lists too large to keep at all (used for their call, then dropped).
+    not_kept: u64,
+}
+
+/// The columns every tool is read with (see [`tool_from_row`]), as the owner.
+const TOOL_COLUMNS: &str = "t.name, t.description, t.input_schema, t.handler::pg_catalog.oid, t.kind,
+    p.page_types, p.requires_entity, p.entity_type, p.entity_param, p.roles, p.required_states,
+    p.read_only, p.danger, p.requires_approval, p.enabled, p.tool IS NOT NULL,
+    t.server, t.upstream_name, NULL::pg_catalog.jsonb, p.run_as::pg_catalog.oid, NOT t.present,
+    (t.kind OPERATOR(pg_catalog.=) 'external' AND t.accepted_hash IS DISTINCT FROM t.definition_hash)";
+const TOOL_FROM: &str = "ctxguard.tools t
+    LEFT JOIN ctxguard.tool_policies p ON p.tool OPERATOR(pg_catalog.=) t.name";
+
+fn estimate(v: &Value) -> usize {
+    match v {
+        Value::String(s) => s.len() + 32,
+        Value::Array(a) => 32 + a.iter().map(estimate).sum::<usize>(),
+        Value::Object(o) => {
+            64 + o
+                .iter()
+                .map(|(k, v)| k.len() + 48 + estimate(v))
+                .sum::<usize>()
+        }
+        _ => 16,
+    }
+}
+
+impl ToolEntry {
+    /// Bytes this entry holds, roughly (its schema counted twice: parsed and compiled).
+    fn bytes(&self) -> usize {
+        256 + self.name.len()
+            + self.description.len()
+            + 2 * estimate(&self.input_schema)
+            + self.policy.as_ref().map_or(0, |p| {
+                p.page_types
+                    .iter()
+                    .chain(&p.roles)
+                    .chain(&p.required_states)
+                    .map(|s| s.len() + 24)
+                    .sum::<usize>()
+                    + 128
+            })
+    }
+}
+
 impl Catalog {
+    fn new(key: (i64, String)) -> Catalog {
+        STATS.with(|s| {
+            s.set(Counters {
+                versions: s.get().versions + 1,
+                ..s.get()
+            })
+        });
+        Catalog {
+            key,
+            limits: RefCell::default(),
+            page_types: RefCell::default(),
+            entities: OnceCell::new(),
+            servers: OnceCell::new(),
+            access: RefCell::default(),
+            tools: RefCell::default(),
+            pages: RefCell::default(),
+            held: Cell::new(0),
+        }
+    }
+
+    /// Make room for `bytes` more within `ctxguard.catalog_cache_size`; false if they alone exceed it.
+    fn room_for(&self, bytes: usize) -> bool {
+        let cap = cache_bytes();
+        if bytes > cap {
+            return false;
+        }
+        if self.held.get() + bytes > cap {
+            self.tools.borrow_mut().clear();
+            self.pages.borrow_mut().clear();
+            self.page_types.borrow_mut().clear();
+            self.access.borrow_mut().clear();
+            self.held.set(0);
+            count(|c| c.evictions += 1);
+        }
+        self.held.set(self.held.get() + bytes);
+        true
+    }
+
     /// `tenant`'s row of `ctxguard.tenant_limits`, read (as the owner) once per catalog version.
     pub fn tenant_limits(&self, tenant: &str) -> TenantLimits {
         if let Some(l) = self.limits.borrow().get(tenant) {
@@ -136,29 +275,192 @@ impl Catalog {
     }
 
     /// The catalog's cache key: `(version, xmin)` of `ctxguard.catalog_version` (also moved by
-    /// mask-rule changes).
+    /// mask-rule and tenant-limit changes), with the command id while this transaction is the
+    /// one that last moved it.
     pub fn key(&self) -> &(i64, String) {
         &self.key
     }
 
-    pub fn tool(&self, name: &str) -> Option<&Rc<ToolEntry>> {
-        self.by_name.get(name).map(|&i| &self.tools[i])
+    /// The tool called `name` (read by its primary key on first use).
+    pub fn tool(&self, name: &str) -> Option<Rc<ToolEntry>> {
+        if !ctxguard_core::names::is_valid_name(name) {
+            return None;
+        }
+        if let Some(t) = self.tools.borrow().get(name) {
+            return Some(t.clone());
+        }
+        let sql = format!(
+            "SELECT {TOOL_COLUMNS} FROM {TOOL_FROM} WHERE t.name OPERATOR(pg_catalog.=) $1"
+        );
+        let mut found = self.read_tools(&sql, &[name.into()]);
+        let tool = found.pop()?;
+        if self.room_for(tool.bytes()) {
+            self.tools
+                .borrow_mut()
+                .insert(tool.name.clone(), tool.clone());
+        }
+        Some(tool)
+    }
+
+    /// The tools that may be visible on page type `page`: those whose policy names it or `*`, and
+    /// those without a policy whose server's default policy does. Read through the index on
+    /// `tool_policies.page_types` on first use, in name order.
+    pub fn page_tools(&self, page: &str) -> Rc<[Rc<ToolEntry>]> {
+        if let Some(l) = self.pages.borrow().get(page) {
+            return l.clone();
+        }
+        let servers: Vec<String> = self
+            .servers()
+            .iter()
+            .filter(|(_, s)| s.covers(page))
+            .map(|(n, _)| n.clone())
+            .collect();
+        let sql = format!(
+            "SELECT {TOOL_COLUMNS} FROM {TOOL_FROM}
+              WHERE p.page_types OPERATOR(pg_catalog.&&) ARRAY[$1, '*']::pg_catalog.text[]
+             UNION ALL
+             SELECT {TOOL_COLUMNS} FROM {TOOL_FROM}
+              WHERE p.tool IS NULL AND t.server OPERATOR(pg_catalog.=) ANY ($2::pg_catalog.text[])"
+        );
+        let mut tools = self.read_tools(&sql, &[page.into(), servers.into()]);
+        tools.sort_by(|a, b| a.name.cmp(&b.name));
+        count(|c| c.pages_read += 1);
+        // Share entries already read by name; keep the list if it fits.
+        let list: Rc<[Rc<ToolEntry>]> = {
+            let known = self.tools.borrow();
+            tools
+                .into_iter()
+                .map(|t| known.get(&t.name).cloned().unwrap_or(t))
+                .collect()
+        };
+        let new: usize = {
+            let known = self.tools.borrow();
+            list.iter()
+                .filter(|t| !known.contains_key(&t.name))
+                .map(|t| t.bytes())
+                .sum()
+        };
+        if self.room_for(new + 64 + page.len() + 16 * list.len()) {
+            let mut known = self.tools.borrow_mut();
+            for t in list.iter() {
+                known.entry(t.name.clone()).or_insert_with(|| t.clone());
+            }
+            self.pages
+                .borrow_mut()
+                .insert(page.to_string(), list.clone());
+        } else {
+            count(|c| c.not_kept += 1);
+        }
+        list
+    }
+
+    /// Call `f` with every tool of the catalog in name order, read in batches and not kept (for
+    /// `explain_visible_tools`, a DBA's view of the whole catalog).
+    pub fn each_tool(&self, mut f: impl FnMut(&ToolEntry)) {
+        let sql = format!("SELECT {TOOL_COLUMNS} FROM {TOOL_FROM} ORDER BY t.name COLLATE \"C\"");
+        let servers = self.servers();
+        as_owner(|| {
+            Spi::connect(|c| {
+                let mut cursor = c.open_cursor(sql.as_str(), &[]);
+                loop {
+                    let rows = cursor.fetch(500)?;
+                    if rows.is_empty() {
+                        break;
+                    }
+                    for row in rows {
+                        pg_sys::check_for_interrupts!();
+                        f(&tool_from_row(&row, servers)?);
+                    }
+                }
+                Ok::<_, pgrx::spi::Error>(())
+            })
+        })
+        .unwrap_or_else(|e| internal(e));
+    }
+
+    fn read_tools(&self, sql: &str, args: &[pgrx::datum::DatumWithOid<'_>]) -> Vec<Rc<ToolEntry>> {
+        let servers = self.servers();
+        let tools = as_owner(|| {
+            Spi::connect(|c| {
+                crate::pgutil::select_saved(c, sql, None, args)?
+                    .map(|row| {
+                        pg_sys::check_for_interrupts!();
+                        tool_from_row(&row, servers).map(Rc::new)
+                    })
+                    .collect::<Result<Vec<_>, pgrx::spi::Error>>()
+            })
+        })
+        .unwrap_or_else(|e| internal(e));
+        count(|c| c.tools_read += tools.len() as u64);
+        tools
     }
 
     pub fn page_type(&self, name: &str) -> Option<PageTypeInfo> {
-        self.page_types.get(name).map(|e| PageTypeInfo {
-            entity_type: e.clone(),
+        if let Some(e) = self.page_types.borrow().get(name) {
+            return e.clone().map(|entity_type| PageTypeInfo { entity_type });
+        }
+        if !ctxguard_core::names::is_valid_name(name) {
+            return None;
+        }
+        let found = as_owner(|| {
+            Spi::connect(|c| {
+                let mut rows = crate::pgutil::select_saved(
+                    c,
+                    "SELECT entity_type FROM ctxguard.page_types WHERE name OPERATOR(pg_catalog.=) $1",
+                    Some(1),
+                    &[name.into()],
+                )?;
+                match rows.next() {
+                    Some(r) => Ok::<_, pgrx::spi::Error>(Some(r.get::<String>(1)?)),
+                    None => Ok(None),
+                }
+            })
         })
+        .unwrap_or_else(|e| internal(e));
+        if self.room_for(name.len() + 64) {
+            self.page_types
+                .borrow_mut()
+                .insert(name.to_string(), found.clone());
+        }
+        found.map(|entity_type| PageTypeInfo { entity_type })
     }
 
     pub fn entity(&self, kind: &str) -> Option<Rc<EntityMapping>> {
-        self.entities.get(kind).cloned()
+        self.entities
+            .get_or_init(|| as_owner(load_entities).unwrap_or_else(|e| internal(e)))
+            .get(kind)
+            .cloned()
+    }
+
+    fn servers(&self) -> &HashMap<String, Server> {
+        self.servers
+            .get_or_init(|| as_owner(load_servers).unwrap_or_else(|e| internal(e)))
+    }
+
+    /// `server`'s access settings with the grants that can apply in `tenant`.
+    fn access(&self, server: &str, tenant: &str) -> Option<Rc<ServerAccess>> {
+        let s = self.servers().get(server)?;
+        let key = (server.to_string(), tenant.to_string());
+        if let Some(a) = self.access.borrow().get(&key) {
+            return Some(a.clone());
+        }
+        let grants = as_owner(|| load_grants(server, tenant)).unwrap_or_else(|e| internal(e));
+        let bytes = 128 + server.len() + tenant.len() + grants.len() * 96;
+        let a = Rc::new(ServerAccess {
+            enabled: s.enabled,
+            default_allow: s.default_allow,
+            grants,
+        });
+        if self.room_for(bytes) {
+            self.access.borrow_mut().insert(key, a.clone());
+        }
+        Some(a)
     }
 
     /// May the caller of `ctx` use upstream MCP server `server`? (Unknown servers: no.)
     pub fn server_allows(&self, server: &str, ctx: &crate::context::Ctx) -> bool {
         let admin = crate::gucs::get(&crate::gucs::MCP_ADMIN_ROLE);
-        self.servers.get(server).is_some_and(|s| {
+        self.access(server, &ctx.tenant_id).is_some_and(|s| {
             s.allows(&Caller {
                 tenant_id: &ctx.tenant_id,
                 user_id: &ctx.user_id,
@@ -193,7 +495,7 @@ impl Catalog {
     /// Names of the enabled upstream servers the caller of `ctx` may use.
     pub fn allowed_servers(&self, ctx: &crate::context::Ctx) -> Vec<String> {
         let mut names: Vec<String> = self
-            .servers
+            .servers()
             .keys()
             .filter(|s| self.server_allows(s, ctx))
             .cloned()
@@ -209,6 +511,20 @@ thread_local! {
     /// catalog's version: later statements of that transaction, until it changes something
     /// itself, use the catalog it found.
     static CHECKED: Cell<Option<(u32, i64, pg_sys::CommandId)>> = const { Cell::new(None) };
+    static STATS: Cell<Counters> = Cell::new(Counters::default());
+}
+
+fn count(f: impl FnOnce(&mut Counters)) {
+    STATS.with(|s| {
+        let mut c = s.get();
+        f(&mut c);
+        s.set(c);
+    });
+}
+
+/// `ctxguard.catalog_cache_size` in bytes.
+fn cache_bytes() -> usize {
+    (crate::gucs::CATALOG_CACHE_SIZE.get().max(1) as usize) * 1024
 }
 
 fn internal(e: impl std::fmt::Display) -> ! {
@@ -220,7 +536,8 @@ fn internal(e: impl std::fmt::Display) -> ! {
 
 /// The catalog as of the transaction's first look at it, or its own last change (in READ
 /// COMMITTED too: a policy change committed meanwhile applies from the caller's next transaction,
-/// as it would in REPEATABLE READ, which any caller may choose).
+/// as it would in REPEATABLE READ, which any caller may choose). Its parts are read when a call
+/// first needs them, on that statement's snapshot.
 pub fn catalog() -> Rc<Catalog> {
     let now = unsafe {
         (
@@ -239,22 +556,22 @@ pub fn catalog() -> Rc<Catalog> {
     c
 }
 
-/// The catalog of version `key`: the cached one, or loaded (as the owner).
+/// The catalog of version `key`: the cached one, or a new, empty one.
 fn catalog_of(key: (i64, String)) -> Rc<Catalog> {
     if let Some(c) = CACHE.with(|c| c.borrow().as_ref().filter(|c| c.key == key).cloned()) {
         return c;
     }
-    let loaded = Rc::new(as_owner(|| load(key)).unwrap_or_else(|e| internal(e)));
+    // Drop the old catalog before the new one fills.
+    CACHE.with(|c| *c.borrow_mut() = None);
+    let fresh = Rc::new(Catalog::new(key));
     crate::handler::catalog_changed();
-    CACHE.with(|c| *c.borrow_mut() = Some(loaded.clone()));
-    loaded
+    CACHE.with(|c| *c.borrow_mut() = Some(fresh.clone()));
+    fresh
 }
 
-/// `(version, xmin)` of the `ctxguard.catalog_version` row that the active snapshot sees: what
-/// `SELECT version, xmin FROM ctxguard.catalog_version` returns on that snapshot, read straight from
-/// the heap (a one-page scan), with no statement to plan and run once per transaction. The schema
-/// and table are found by name in the system catalogs (never through `search_path`).
-fn version_key() -> (i64, String) {
+/// The visible `ctxguard.catalog_version` row's `(version, xmin)`, and whether this transaction
+/// wrote it.
+fn version_row() -> (i64, pg_sys::TransactionId, bool) {
     unsafe {
         let schema = pg_sys::get_namespace_oid(c"ctxguard".as_ptr(), false);
         let relid = pg_sys::get_relname_relid(c"catalog_version".as_ptr(), schema);
@@ -281,7 +598,7 @@ fn version_key() -> (i64, String) {
             std::ptr::null_mut(),
         );
         let tuple = pg_sys::systable_getnext(scan);
-        let key = if tuple.is_null() || attnum <= 0 {
+        let row = if tuple.is_null() || attnum <= 0 {
             None
         } else {
             let mut isnull = false;
@@ -289,15 +606,47 @@ fn version_key() -> (i64, String) {
             let version = if isnull { 0 } else { d.value() as i64 };
             // HeapTupleHeaderGetRawXmin (spelled out: pgrx 0.18 binds two of them for PostgreSQL 18).
             let xmin = (*(*tuple).t_data).t_choice.t_heap.t_xmin;
-            Some((version, xmin.into_inner().to_string()))
+            Some((
+                version,
+                xmin,
+                pg_sys::TransactionIdIsCurrentTransactionId(xmin),
+            ))
         };
         pg_sys::systable_endscan(scan);
         pg_sys::table_close(rel, lock);
         if fresh {
             pg_sys::PopActiveSnapshot();
         }
-        key.unwrap_or_else(|| internal("ctxguard.catalog_version has no row"))
+        row.unwrap_or_else(|| internal("ctxguard.catalog_version has no row"))
     }
+}
+
+/// The cache key of the catalog the active snapshot sees: `(version, xmin)` of the
+/// `ctxguard.catalog_version` row, read straight from the heap (a one-page scan), with no statement
+/// to plan and run once per transaction; the schema and table are found by name in the system
+/// catalogs (never through `search_path`). The row moves once per transaction that changes the
+/// catalog (see [`_catalog_written_here`]): while this transaction is that one, its later changes
+/// do not move it, so the key also holds the command id, and every command reads afresh.
+fn version_key() -> (i64, String) {
+    let (version, xmin, mine) = version_row();
+    let xmin = xmin.into_inner();
+    if mine {
+        let cid = unsafe { pg_sys::GetCurrentCommandId(false) };
+        (version, format!("{xmin}/{cid}"))
+    } else {
+        (version, xmin.to_string())
+    }
+}
+
+/// Did this transaction (or one of its live subtransactions) write the visible
+/// `ctxguard.catalog_version` row? Then `ctxguard._bump_catalog_version()` need not move it again:
+/// every backend but this one already sees a new key once the transaction commits, and this one
+/// keys its cache by command until then. (Moving it per statement made a transaction that
+/// registers 20,000 tools leave 20,000 versions of the row, each scanned by every next statement.)
+/// Declared in `bootstrap.sql`, before the first catalog change of the install.
+#[pg_extern(volatile, parallel_unsafe, sql = false)]
+fn _catalog_written_here() -> bool {
+    version_row().2
 }
 
 fn policy_from_row(row: &SpiHeapTupleData) -> Result<Option<Policy>, pgrx::spi::Error> {
@@ -322,67 +671,46 @@ fn policy_from_row(row: &SpiHeapTupleData) -> Result<Option<Policy>, pgrx::spi::
     }))
 }
 
-fn load(key: (i64, String)) -> Result<Catalog, pgrx::spi::Error> {
-    Spi::connect(|c| {
-        let mut page_types = HashMap::new();
-        for row in c.select(
-            "SELECT name, entity_type FROM ctxguard.page_types",
-            None,
-            &[],
-        )? {
-            page_types.insert(
-                row.get::<String>(1)?.unwrap_or_default(),
-                row.get::<String>(2)?,
-            );
-        }
-        let mut tools = Vec::new();
-        for row in c.select(
-            "SELECT t.name, t.description, t.input_schema, t.handler::pg_catalog.oid, t.kind,
-                    p.page_types, p.requires_entity, p.entity_type, p.entity_param, p.roles, p.required_states,
-                    p.read_only, p.danger, p.requires_approval, p.enabled, p.tool IS NOT NULL,
-                    t.server, t.upstream_name, s.default_policy, p.run_as::pg_catalog.oid, NOT t.present,
-                    t.kind = 'external' AND t.accepted_hash IS DISTINCT FROM t.definition_hash
-               FROM ctxguard.tools t LEFT JOIN ctxguard.tool_policies p ON p.tool = t.name
-                    LEFT JOIN ctxguard.mcp_servers s ON s.name = t.server
-              ORDER BY t.name COLLATE \"C\"",
-            None,
-            &[],
-        )? {
-            let input_schema = row.get::<JsonB>(3)?.map(|j| j.0).unwrap_or(Value::Null);
-            let mut policy = policy_from_row(&row)?;
-            if policy.is_none() {
-                // A server's default policy covers its tools without one, if it fits the tool's
-                // schema (an entity_param the tool lacks leaves it without a policy: invisible).
-                if let Some(JsonB(default)) = row.get::<JsonB>(19)? {
-                    let default = split_run_as(&default).map(|(p, _)| p).unwrap_or(Value::Null);
-                    policy = parse_policy(&default, &input_schema, |n| {
-                        page_types.get(n).map(|e: &Option<String>| PageTypeInfo {
-                            entity_type: e.clone(),
-                        })
+/// A tool from a row of [`TOOL_COLUMNS`]; a tool without a policy of its own takes its server's
+/// default policy if that fits the tool's schema (an entity_param the tool lacks leaves it without
+/// a policy: invisible).
+fn tool_from_row(
+    row: &SpiHeapTupleData,
+    servers: &HashMap<String, Server>,
+) -> Result<ToolEntry, pgrx::spi::Error> {
+    let input_schema = row.get::<JsonB>(3)?.map(|j| j.0).unwrap_or(Value::Null);
+    let server = row.get::<String>(17)?;
+    let mut policy = policy_from_row(row)?;
+    if policy.is_none() {
+        if let Some(s) = server.as_deref().and_then(|s| servers.get(s)) {
+            if let Some(default) = &s.default_policy {
+                policy = parse_policy(default, &input_schema, |n| {
+                    s.default_pages.get(n).map(|e| PageTypeInfo {
+                        entity_type: e.clone(),
                     })
-                    .ok();
-                }
+                })
+                .ok();
             }
-            tools.push(Rc::new(ToolEntry {
-                name: row.get::<String>(1)?.unwrap_or_default(),
-                description: row.get::<String>(2)?.unwrap_or_default(),
-                input_schema,
-                handler: row.get::<pg_sys::Oid>(4)?,
-                kind: row.get::<String>(5)?.unwrap_or_default(),
-                policy,
-                server: row.get::<String>(17)?,
-                upstream_name: row.get::<String>(18)?,
-                run_as: row.get::<pg_sys::Oid>(20)?,
-                absent: row.get::<bool>(21)?.unwrap_or(true),
-                changed: row.get::<bool>(22)?.unwrap_or(true),
-                compiled: OnceCell::new(),
-            }));
         }
-        let by_name = tools
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (t.name.clone(), i))
-            .collect();
+    }
+    Ok(ToolEntry {
+        name: row.get::<String>(1)?.unwrap_or_default(),
+        description: row.get::<String>(2)?.unwrap_or_default(),
+        input_schema,
+        handler: row.get::<pg_sys::Oid>(4)?,
+        kind: row.get::<String>(5)?.unwrap_or_default(),
+        policy,
+        server,
+        upstream_name: row.get::<String>(18)?,
+        run_as: row.get::<pg_sys::Oid>(20)?,
+        absent: row.get::<bool>(21)?.unwrap_or(true),
+        changed: row.get::<bool>(22)?.unwrap_or(true),
+        compiled: OnceCell::new(),
+    })
+}
+
+fn load_entities() -> Result<HashMap<String, Rc<EntityMapping>>, pgrx::spi::Error> {
+    Spi::connect(|c| {
         let mut entities = HashMap::new();
         for row in c.select(
             "SELECT e.name,
@@ -390,16 +718,17 @@ fn load(key: (i64, String)) -> Result<Catalog, pgrx::spi::Error> {
                     pg_catalog.quote_ident(e.id_column::pg_catalog.text),
                     pg_catalog.quote_ident(it.typnamespace::pg_catalog.regnamespace::pg_catalog.text) || '.'
                         || pg_catalog.quote_ident(it.typname::pg_catalog.text),
-                    CASE WHEN it.typnamespace = 'pg_catalog'::pg_catalog.regnamespace THEN it.typname::pg_catalog.text END,
+                    CASE WHEN it.typnamespace OPERATOR(pg_catalog.=) 'pg_catalog'::pg_catalog.regnamespace THEN it.typname::pg_catalog.text END,
                     pg_catalog.quote_ident(e.tenant_column::pg_catalog.text),
                     pg_catalog.quote_ident(tt.typnamespace::pg_catalog.regnamespace::pg_catalog.text) || '.'
                         || pg_catalog.quote_ident(tt.typname::pg_catalog.text)
                FROM ctxguard.entity_types e
-               JOIN pg_catalog.pg_class c ON c.oid = e.tbl::pg_catalog.oid
-               JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-               JOIN pg_catalog.pg_type it ON it.oid = e.id_type::pg_catalog.oid
-               JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attname = e.tenant_column AND NOT a.attisdropped
-               JOIN pg_catalog.pg_type tt ON tt.oid = a.atttypid",
+               JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) e.tbl::pg_catalog.oid
+               JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
+               JOIN pg_catalog.pg_type it ON it.oid OPERATOR(pg_catalog.=) e.id_type::pg_catalog.oid
+               JOIN pg_catalog.pg_attribute a ON a.attrelid OPERATOR(pg_catalog.=) c.oid
+                    AND a.attname OPERATOR(pg_catalog.=) e.tenant_column AND NOT a.attisdropped
+               JOIN pg_catalog.pg_type tt ON tt.oid OPERATOR(pg_catalog.=) a.atttypid",
             None,
             &[],
         )? {
@@ -412,62 +741,140 @@ fn load(key: (i64, String)) -> Result<Catalog, pgrx::spi::Error> {
                 name,
                 Rc::new(EntityMapping {
                     exists_sql: format!(
-                        "SELECT EXISTS (SELECT 1 FROM {table} WHERE {id_column} = $1::{id_type} AND {tenant_column} = $2::{tenant_type})"
+                        "SELECT EXISTS (SELECT 1 FROM {table} WHERE {id_column} OPERATOR(pg_catalog.=) $1::{id_type} AND {tenant_column} OPERATOR(pg_catalog.=) $2::{tenant_type})"
                     ),
                     id_type: id_type_name,
                 }),
             );
         }
-        let mut servers: HashMap<String, ServerAccess> = HashMap::new();
+        Ok(entities)
+    })
+}
+
+/// Every upstream server, with its default policy and the page types that policy names.
+fn load_servers() -> Result<HashMap<String, Server>, pgrx::spi::Error> {
+    Spi::connect(|c| {
+        let mut servers: HashMap<String, Server> = HashMap::new();
         for row in c.select(
-            "SELECT name, enabled, default_access = 'allow' FROM ctxguard.mcp_servers",
+            "SELECT name, enabled, default_access OPERATOR(pg_catalog.=) 'allow', default_policy
+               FROM ctxguard.mcp_servers",
             None,
             &[],
         )? {
+            let default_policy = row
+                .get::<JsonB>(4)?
+                .and_then(|JsonB(d)| split_run_as(&d).ok().map(|(p, _)| p));
             servers.insert(
                 row.get::<String>(1)?.unwrap_or_default(),
-                ServerAccess {
+                Server {
                     enabled: row.get::<bool>(2)?.unwrap_or(false),
                     default_allow: row.get::<bool>(3)?.unwrap_or(false),
-                    grants: Vec::new(),
+                    default_policy,
+                    default_pages: HashMap::new(),
                 },
             );
         }
-        // Grants name users of every tenant, so only the owner reads them; all of them are loaded
-        // whoever the caller is, as the cache is shared by every context of this backend.
-        let grants = {
-            c.select(
-                "SELECT server, tenant_id, pg_catalog.split_part(principal, ':', 1), pg_catalog.substr(principal, pg_catalog.strpos(principal, ':') + 1),
-                        access = 'allow'
-                   FROM ctxguard.mcp_server_grants",
+        let named: Vec<String> = servers
+            .values()
+            .filter_map(|s| s.default_policy.as_ref()?.get("page_types")?.as_array())
+            .flatten()
+            .filter_map(|v| v.as_str().map(str::to_string))
+            .collect();
+        if !named.is_empty() {
+            let mut pages = HashMap::new();
+            for row in c.select(
+                "SELECT name, entity_type FROM ctxguard.page_types
+                  WHERE name OPERATOR(pg_catalog.=) ANY ($1::pg_catalog.text[])",
                 None,
-                &[],
-            )
-        }?;
-        for row in grants {
+                &[named.into()],
+            )? {
+                pages.insert(
+                    row.get::<String>(1)?.unwrap_or_default(),
+                    row.get::<String>(2)?,
+                );
+            }
+            for s in servers.values_mut() {
+                s.default_pages = pages.clone();
+            }
+        }
+        Ok(servers)
+    })
+}
+
+/// `server`'s grants that can apply in `tenant`: that tenant's and those of every tenant. Grants
+/// name users of every tenant, so only the owner reads them.
+fn load_grants(server: &str, tenant: &str) -> Result<Vec<Grant>, pgrx::spi::Error> {
+    Spi::connect(|c| {
+        crate::pgutil::select_saved(
+            c,
+            "SELECT tenant_id, pg_catalog.split_part(principal, ':', 1),
+                    pg_catalog.substr(principal, pg_catalog.strpos(principal, ':') OPERATOR(pg_catalog.+) 1),
+                    access OPERATOR(pg_catalog.=) 'allow'
+               FROM ctxguard.mcp_server_grants
+              WHERE server OPERATOR(pg_catalog.=) $1
+                AND (tenant_id OPERATOR(pg_catalog.=) $2 OR tenant_id IS NULL)",
+            None,
+            &[server.into(), tenant.into()],
+        )?
+        .map(|row| {
             let principal = match (
-                row.get::<String>(3)?.as_deref(),
-                row.get::<String>(4)?.unwrap_or_default(),
+                row.get::<String>(2)?.as_deref(),
+                row.get::<String>(3)?.unwrap_or_default(),
             ) {
                 (Some("user"), id) => Principal::User(id),
                 (_, role) => Principal::Role(role),
             };
-            if let Some(s) = servers.get_mut(&row.get::<String>(1)?.unwrap_or_default()) {
-                s.grants.push(Grant {
-                    tenant_id: row.get::<String>(2)?,
-                    principal,
-                    allow: row.get::<bool>(5)?.unwrap_or(false),
-                });
-            }
-        }
-        Ok(Catalog {
-            key,
-            limits: RefCell::default(),
-            tools,
-            by_name,
-            page_types,
-            entities,
-            servers,
+            Ok(Grant {
+                tenant_id: row.get::<String>(1)?,
+                principal,
+                allow: row.get::<bool>(4)?.unwrap_or(false),
+            })
         })
+        .collect()
     })
+}
+
+/// This backend's memory in kB from `/proc/self/status`: resident (`VmRSS`), its peak (`VmHWM`),
+/// and of the resident, the private part (`RssAnon`; the rest is mostly shared buffers it touched).
+/// `None` where there is no such file.
+fn backend_memory_kb() -> [Option<i64>; 3] {
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        return [None; 3];
+    };
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+    };
+    [field("VmRSS:"), field("VmHWM:"), field("RssAnon:")]
+}
+
+/// This backend's catalog cache: what it holds of the current version, against
+/// `ctxguard.catalog_cache_size`, and what it has read since the backend started (a DBA's view;
+/// EXECUTE revoked from PUBLIC).
+#[pg_extern(volatile, parallel_unsafe)]
+fn catalog_stats() -> JsonB {
+    let _pin = crate::owner::pin();
+    let c = catalog();
+    let n = STATS.with(Cell::get);
+    let [rss, peak, private] = backend_memory_kb();
+    JsonB(serde_json::json!({
+        "version": c.key.0,
+        "tools_kept": c.tools.borrow().len(),
+        "page_lists_kept": c.pages.borrow().len(),
+        "page_types_kept": c.page_types.borrow().len(),
+        "server_access_kept": c.access.borrow().len(),
+        "tenant_limits_kept": c.limits.borrow().len(),
+        "bytes_kept": c.held.get(),
+        "bytes_limit": cache_bytes(),
+        "versions_started": n.versions,
+        "tools_read": n.tools_read,
+        "page_lists_read": n.pages_read,
+        "evictions": n.evictions,
+        "page_lists_not_kept": n.not_kept,
+        "backend_rss_kb": rss,
+        "backend_peak_kb": peak,
+        "backend_private_kb": private,
+    }))
 }

@@ -102,8 +102,8 @@ fn ranked_in(
     query: Option<&str>,
     top_k: Option<i32>,
 ) -> Vec<(Rc<ToolEntry>, Placement)> {
-    let tools: Vec<&Rc<ToolEntry>> = catalog
-        .tools
+    let page = catalog.page_tools(&ctx.page_type);
+    let tools: Vec<&Rc<ToolEntry>> = page
         .iter()
         .filter(|t| catalog.reason(t, Some(ctx)) == Reason::Visible)
         .collect();
@@ -319,24 +319,21 @@ fn explain_tools(
             .collect(),
         None => HashMap::new(),
     };
-    let rows: Vec<_> = catalog
-        .tools
-        .iter()
-        .map(|t| {
-            let reason = catalog.reason(t, ctx.as_ref());
-            let placement = placed.get(&t.name);
-            (
-                t.name.clone(),
-                reason == Reason::Visible,
-                reason.as_str().to_string(),
-                placement.map(|p| matches!(p, Placement::Offered(_))),
-                placement.and_then(|p| match p {
-                    Placement::LeftOut(why) => Some(why.as_str().to_string()),
-                    Placement::Offered(_) => None,
-                }),
-            )
-        })
-        .collect();
+    let mut rows = Vec::new();
+    catalog.each_tool(|t| {
+        let reason = catalog.reason(t, ctx.as_ref());
+        let placement = placed.get(&t.name);
+        rows.push((
+            t.name.clone(),
+            reason == Reason::Visible,
+            reason.as_str().to_string(),
+            placement.map(|p| matches!(p, Placement::Offered(_))),
+            placement.and_then(|p| match p {
+                Placement::LeftOut(why) => Some(why.as_str().to_string()),
+                Placement::Offered(_) => None,
+            }),
+        ));
+    });
     TableIterator::new(rows)
 }
 
@@ -460,7 +457,7 @@ fn gate_b(
     if handler.is_none() && tool.kind != "builtin" && upstream.is_none() {
         return deny(call, Code::ToolNotFound, "no such tool");
     }
-    let reason = catalog.reason(tool, Some(ctx));
+    let reason = catalog.reason(&tool, Some(ctx));
     if reason != Reason::Visible {
         return deny(
             call,

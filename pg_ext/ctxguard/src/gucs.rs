@@ -45,6 +45,8 @@ pub static GENERATION_TTL: GucSetting<i32> = GucSetting::<i32>::new(3600);
 pub static APPROVAL_TTL: GucSetting<i32> = GucSetting::<i32>::new(900);
 pub static EXTERNAL_CALL_TTL: GucSetting<i32> = GucSetting::<i32>::new(300);
 pub static MAX_OFFERED_TOOLS_PER_SERVER: GucSetting<i32> = GucSetting::<i32>::new(8);
+/// Most memory (kB) a backend keeps of the catalog (see `cache.rs`).
+pub static CATALOG_CACHE_SIZE: GucSetting<i32> = GucSetting::<i32>::new(8 * 1024);
 pub static MCP_ADMIN_ROLE: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c"admin"));
 
@@ -399,6 +401,16 @@ pub fn init() {
         64 * 1024 * 1024,
         GucContext::Suset,
         GucFlags::UNIT_BYTE,
+    );
+    GucRegistry::define_int_guc(
+        c"ctxguard.catalog_cache_size",
+        c"Most memory each backend keeps of the catalog (tools, page types' tool lists, grants).",
+        c"What calls read of the catalog is kept up to this size, then dropped and read again as needed; a page type's tool list larger than this is read for each call. See ctxguard.catalog_stats().",
+        &CATALOG_CACHE_SIZE,
+        256,
+        1024 * 1024,
+        GucContext::Suset,
+        GucFlags::UNIT_KB,
     );
     GucRegistry::define_int_guc(
         c"ctxguard.max_offered_tools_per_server",
