@@ -811,3 +811,11 @@ LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'catalog_stats_wrapper';
 COMMENT ON FUNCTION ctxguard.catalog_stats() IS 'This backend''s catalog cache: what it keeps of the current catalog version against ctxguard.catalog_cache_size, what it has read, and the backend''s resident and peak memory.';
 REVOKE EXECUTE ON FUNCTION ctxguard.catalog_stats() FROM PUBLIC;
+CREATE FUNCTION ctxguard."register_tools"(
+	"tools" jsonb /* core::option::Option<crate::pgutil::JsonbDatum> */
+) RETURNS INT /* i32 */
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'register_tools_wrapper';
+REVOKE EXECUTE ON FUNCTION ctxguard.register_tools(jsonb) FROM PUBLIC;
+COMMENT ON FUNCTION ctxguard.register_tools(jsonb) IS 'Register or update many SQL tools with their policies in one call, all or none (a JSON array of register_tool''s arguments; handlers as schema-qualified signatures). At most 64 MB and 100,000 tools.';

@@ -197,6 +197,8 @@ GRANT SELECT ON ctxguard.audit_log TO PUBLIC;
 REVOKE EXECUTE ON FUNCTION ctxguard.register_page_type(text, text, text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION ctxguard._register_tool(text, text, jsonb, oid, jsonb, text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION ctxguard.register_tool(text, text, jsonb, regprocedure, jsonb, text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION ctxguard.register_tools(jsonb) FROM PUBLIC;
+COMMENT ON FUNCTION ctxguard.register_tools(jsonb) IS 'Register or update many SQL tools with their policies in one call, all or none (a JSON array of register_tool''s arguments; handlers as schema-qualified signatures). At most 64 MB and 100,000 tools.';
 REVOKE EXECUTE ON FUNCTION ctxguard.protect_table(regclass, name, text, name) FROM PUBLIC;
 
 -- Documents: forced tenant RLS. Metadata and sections are readable (own tenant); page text is not

@@ -8,18 +8,33 @@ use pgrx::prelude::*;
 use pgrx::JsonB;
 
 use crate::cache;
-use crate::pgutil::{jsonb_arg, raise, JsonbText};
+use std::collections::{HashMap, HashSet};
+
+use crate::pgutil::{jsonb_arg, raise, JsonbDatum, JsonbText};
 
 const INVALID: PgSqlErrorCode = PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE;
 pub const MAX_DESCRIPTION: usize = 4000;
 
+/// A refusal of a catalog change: its SQLSTATE and message (never a caller's value).
+type Refusal = (PgSqlErrorCode, String);
+
+fn invalid<T>(message: impl Into<String>) -> Result<T, Refusal> {
+    Err((INVALID, message.into()))
+}
+
+/// Raise a refusal, its message prefixed with `at` (e.g. `tools[3]: `).
+fn refuse(at: &str, (code, message): Refusal) -> ! {
+    raise(code, format!("ctxguard: {at}{message}"))
+}
+
 fn check_description(d: Option<&str>) -> &str {
+    try_description(d).unwrap_or_else(|r| refuse("", r))
+}
+
+fn try_description(d: Option<&str>) -> Result<&str, Refusal> {
     match d {
-        Some(d) if !d.trim().is_empty() && d.len() <= MAX_DESCRIPTION => d,
-        _ => raise(
-            INVALID,
-            "ctxguard: description must be non-empty and at most 4000 bytes",
-        ),
+        Some(d) if !d.trim().is_empty() && d.len() <= MAX_DESCRIPTION => Ok(d),
+        _ => invalid("description must be non-empty and at most 4000 bytes"),
     }
 }
 
@@ -63,36 +78,110 @@ pub const MAX_TITLE_CHARS: usize = 128;
 
 /// A title is 1-128 characters, not blank, without control characters; `None` is no title (clients
 /// show a readable form of the name).
-fn check_title(title: Option<&str>) -> Option<&str> {
-    let title = title?;
+fn try_title(title: Option<&str>) -> Result<Option<&str>, Refusal> {
+    let Some(title) = title else {
+        return Ok(None);
+    };
     if title.trim().is_empty()
         || title.chars().count() > MAX_TITLE_CHARS
         || title.chars().any(char::is_control)
     {
-        raise(
-            INVALID,
-            "ctxguard: title must be 1-128 characters without control characters",
-        );
+        return invalid("title must be 1-128 characters without control characters");
     }
-    Some(title)
+    Ok(Some(title))
 }
 
 /// Refuse a tool name that MCP and model clients would see as another tool's: they see `.` as
 /// `__` (`invoice.get` is `invoice__get`), so `a.b__c` and `a.b.c` cannot both exist. SQLSTATE
-/// 42710 (duplicate_object); the unique index `tools_wire_name_key` is the backstop.
-fn refuse_wire_collision(name: &str) {
-    let clash = Spi::get_one_with_args::<bool>(
-        "SELECT EXISTS (SELECT 1 FROM ctxguard.tools t
-                         WHERE pg_catalog.replace(t.name, '.', '__') = pg_catalog.replace($1, '.', '__')
-                           AND t.name <> $1)",
-        &[name.into()],
-    );
-    if clash != Ok(Some(false)) {
-        raise(
-            PgSqlErrorCode::ERRCODE_DUPLICATE_OBJECT,
-            "ctxguard: tool name collides with another tool's as clients see it ('.' is sent as '__'): rename one",
-        );
+/// 42710 (duplicate_object); the unique index `tools_wire_name_key` is the backstop. Looked up
+/// through that index, for every name of `names` at once.
+fn wire_collisions(names: &[String]) -> Result<Option<String>, Refusal> {
+    let clash = Spi::connect(|c| {
+        let mut rows = c.select(
+            "SELECT n FROM pg_catalog.unnest($1::pg_catalog.text[]) AS n
+              WHERE EXISTS (SELECT 1 FROM ctxguard.tools t
+                             WHERE pg_catalog.replace(t.name, '.', '__') OPERATOR(pg_catalog.=) pg_catalog.replace(n, '.', '__')
+                               AND t.name OPERATOR(pg_catalog.<>) n)
+              LIMIT 1",
+            Some(1),
+            &[names.to_vec().into()],
+        )?;
+        Ok::<_, pgrx::spi::Error>(match rows.next() {
+            Some(r) => r.get::<String>(1)?,
+            None => None,
+        })
+    })
+    .map_err(|_| (INVALID, "could not check the tool names".to_string()))?;
+    match clash {
+        None => Ok(None),
+        Some(n) => Ok(Some(n)),
     }
+}
+
+const WIRE_CLASH: &str =
+    "tool name collides with another tool's as clients see it ('.' is sent as '__'): rename one";
+
+/// A SQL tool's definition, checked as `register_tool` checks it.
+struct Checked {
+    name: String,
+    description: String,
+    title: Option<String>,
+    schema: serde_json::Value,
+    handler: pg_sys::Oid,
+    policy: Policy,
+    raw_policy: serde_json::Value,
+    run_as: Option<pg_sys::Oid>,
+}
+
+/// What checking a list of definitions looks up once: handlers' signatures and run_as roles.
+#[derive(Default)]
+struct Seen {
+    handlers: HashMap<pg_sys::Oid, bool>,
+    roles: HashMap<String, Result<pg_sys::Oid, Refusal>>,
+}
+
+/// Check one SQL tool's definition (everything but name collisions, which are checked by list).
+fn check_tool(
+    name: Option<&str>,
+    description: Option<&str>,
+    schema: Option<serde_json::Value>,
+    handler: Option<pg_sys::Oid>,
+    raw_policy: serde_json::Value,
+    title: Option<&str>,
+    seen: &mut Seen,
+) -> Result<Checked, Refusal> {
+    let Some(name) = name.filter(|n| is_valid_name(n)) else {
+        return invalid("invalid tool name");
+    };
+    let description = try_description(description)?;
+    let title = try_title(title)?;
+    let Some(schema) = schema else {
+        return invalid("input_schema is required");
+    };
+    if let Err(e) = args::compile(&schema) {
+        return invalid(e.to_string());
+    }
+    let Some(handler) = handler else {
+        return invalid("handler is required");
+    };
+    let ok = *seen
+        .handlers
+        .entry(handler)
+        .or_insert_with(|| handler_signature_ok(handler));
+    if !ok {
+        return invalid("handler must be a function (jsonb) RETURNS jsonb");
+    }
+    let (policy, run_as) = try_parse_with_run_as(&raw_policy, &schema, true, seen)?;
+    Ok(Checked {
+        name: name.to_string(),
+        description: description.to_string(),
+        title: title.map(str::to_string),
+        schema,
+        handler,
+        policy,
+        raw_policy,
+        run_as,
+    })
 }
 
 /// Register (or update in place) a tool and its policy, atomically. Called by the SQL wrapper
@@ -108,46 +197,275 @@ fn _register_tool(
 ) {
     crate::handler::refuse_inside("register_tool");
     let _pin = crate::owner::pin();
-    let name = name
-        .filter(|n| is_valid_name(n))
-        .unwrap_or_else(|| raise(INVALID, "ctxguard: invalid tool name"));
-    let description = check_description(description);
-    let title = check_title(title);
-    refuse_wire_collision(name);
-    let schema = jsonb_arg(input_schema, "input_schema")
-        .unwrap_or_else(|| raise(INVALID, "ctxguard: input_schema is required"));
-    if let Err(e) = args::compile(&schema) {
-        raise(INVALID, format!("ctxguard: {e}"));
-    }
-    let handler = handler.unwrap_or_else(|| raise(INVALID, "ctxguard: handler is required"));
-    if !handler_signature_ok(handler) {
+    let schema = jsonb_arg(input_schema, "input_schema");
+    let raw_policy = jsonb_arg(policy, "policy").unwrap_or(serde_json::Value::Null);
+    let t = check_tool(
+        name,
+        description,
+        schema,
+        handler,
+        raw_policy,
+        title,
+        &mut Seen::default(),
+    )
+    .unwrap_or_else(|r| refuse("", r));
+    if wire_collisions(std::slice::from_ref(&t.name))
+        .unwrap_or_else(|r| refuse("", r))
+        .is_some()
+    {
         raise(
-            INVALID,
-            "ctxguard: handler must be a function (jsonb) RETURNS jsonb",
+            PgSqlErrorCode::ERRCODE_DUPLICATE_OBJECT,
+            format!("ctxguard: {WIRE_CLASH}"),
         );
     }
-    let raw_policy = jsonb_arg(policy, "policy").unwrap_or(serde_json::Value::Null);
-    let (p, run_as) = parse_with_run_as(&raw_policy, &schema, true);
+    write_tools(std::slice::from_ref(&t))
+        .unwrap_or_else(|e| raise(INVALID, format!("ctxguard: could not register tool: {e}")));
+}
+
+/// Most bytes of a `register_tools` list (its `jsonb` size, before it is read).
+pub const MAX_BULK_BYTES: usize = 64 * 1024 * 1024;
+/// Most tools in one `register_tools` list.
+pub const MAX_BULK_TOOLS: i64 = 100_000;
+/// Tools written per statement by `register_tools`.
+const BULK_BATCH: usize = 500;
+/// Most bytes of one definition in a `register_tools` list.
+const MAX_DEFINITION_BYTES: usize = 1024 * 1024;
+
+/// `ctxguard.register_tools(tools jsonb) RETURNS integer`: register (or update in place) many SQL
+/// tools and their policies in one call, all or none: a JSON array of objects with the keys of
+/// `register_tool` (`name`, `description`, `input_schema`, `handler` as a schema-qualified
+/// signature such as `"app.refund(jsonb)"`, `policy`, optional `title`). Each is checked as
+/// `register_tool` checks it; the list is read in parts and written 500 tools per statement, in
+/// memory that does not grow with the list. A refusal names the element (`tools[7]: ...`), never
+/// its values. At most 64 MB and 100,000 tools (54000 beyond).
+#[pg_extern(volatile, parallel_unsafe)]
+fn register_tools(tools: Option<JsonbDatum>) -> i32 {
+    crate::handler::refuse_inside("register_tools");
+    let _pin = crate::owner::pin();
+    let tools = crate::pgutil::required(tools, "tools");
+    let limit = PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED;
+    if tools.raw_size() > MAX_BULK_BYTES {
+        raise(
+            limit,
+            "ctxguard: tools is larger than 64 MB: register it in parts",
+        );
+    }
+    let count = Spi::connect(|c| {
+        c.select(
+            "SELECT CASE WHEN pg_catalog.jsonb_typeof($1) OPERATOR(pg_catalog.=) 'array'
+                         THEN pg_catalog.jsonb_array_length($1) END::pg_catalog.int8",
+            Some(1),
+            &[tools.arg()],
+        )?
+        .first()
+        .get_one::<i64>()
+    })
+    .unwrap_or_else(|_| raise(INVALID, "ctxguard: could not read tools"));
+    let Some(count) = count else {
+        raise(
+            INVALID,
+            "ctxguard: tools must be a JSON array of tool definitions",
+        );
+    };
+    if count > MAX_BULK_TOOLS {
+        raise(
+            limit,
+            "ctxguard: tools holds more than 100000 definitions: register them in parts",
+        );
+    }
+    let mut seen = Seen::default();
+    let mut wire: HashSet<String> = HashSet::new();
+    let mut batch: Vec<Checked> = Vec::with_capacity(BULK_BATCH);
+    let mut index = 0usize;
+    let mut done = 0i32;
+    let flush = |batch: &mut Vec<Checked>, first: usize| {
+        let names: Vec<String> = batch.iter().map(|t| t.name.clone()).collect();
+        match wire_collisions(&names) {
+            Ok(None) => {}
+            Ok(Some(n)) => {
+                let at = first + names.iter().position(|m| *m == n).unwrap_or(0);
+                raise(
+                    PgSqlErrorCode::ERRCODE_DUPLICATE_OBJECT,
+                    format!("ctxguard: tools[{at}]: {WIRE_CLASH}"),
+                );
+            }
+            Err(r) => refuse("", r),
+        }
+        write_tools(batch)
+            .unwrap_or_else(|e| raise(INVALID, format!("ctxguard: could not register tools: {e}")));
+        batch.clear();
+    };
+    let mut first = 0usize;
+    // Read in parts through a cursor: never the whole list as one text or one parsed value.
+    let elements: Result<(), pgrx::spi::Error> = Spi::connect(|c| {
+        let mut cursor = c.open_cursor(
+            "SELECT e::pg_catalog.text FROM pg_catalog.jsonb_array_elements($1) AS e",
+            &[tools.arg()],
+        );
+        loop {
+            let rows = cursor.fetch(BULK_BATCH as i64)?;
+            if rows.is_empty() {
+                break;
+            }
+            for row in rows {
+                pg_sys::check_for_interrupts!();
+                let text = row.get::<String>(1)?.unwrap_or_default();
+                let at = format!("tools[{index}]: ");
+                let t = definition(&text, &mut seen).unwrap_or_else(|r| refuse(&at, r));
+                if !wire.insert(t.name.replace('.', "__")) {
+                    raise(
+                        PgSqlErrorCode::ERRCODE_DUPLICATE_OBJECT,
+                        format!("ctxguard: {at}the name (or its form as clients see it) appears earlier in the list"),
+                    );
+                }
+                batch.push(t);
+                index += 1;
+            }
+            done += batch.len() as i32;
+            flush(&mut batch, first);
+            first = index;
+        }
+        Ok(())
+    });
+    elements.unwrap_or_else(|_| raise(INVALID, "ctxguard: could not read tools"));
+    done
+}
+
+/// One element of a `register_tools` list, checked.
+fn definition(text: &str, seen: &mut Seen) -> Result<Checked, Refusal> {
+    use ctxguard_core::json::{self, JsonError};
+    if text.len() > MAX_DEFINITION_BYTES {
+        return Err((
+            PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+            "a definition is larger than 1 MB".into(),
+        ));
+    }
+    let mut obj = match json::parse_object(text.as_bytes()) {
+        Ok(o) => o,
+        Err(JsonError::TooDeep) => {
+            return Err((
+                PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+                format!(
+                    "a definition is nested more than {} levels deep",
+                    json::MAX_DEPTH
+                ),
+            ))
+        }
+        Err(_) => return invalid("each element must be a JSON object (a tool definition)"),
+    };
+    const KEYS: [&str; 6] = [
+        "name",
+        "description",
+        "input_schema",
+        "handler",
+        "policy",
+        "title",
+    ];
+    if obj.keys().any(|k| !KEYS.contains(&k.as_str())) {
+        return invalid("a definition holds a key other than name, description, input_schema, handler, policy, title");
+    }
+    let text_of = |v: Option<serde_json::Value>, what: &str| match v {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::String(s)) => Ok(Some(s)),
+        Some(_) => invalid(format!("{what} must be a string")),
+    };
+    let name = text_of(obj.remove("name"), "name")?;
+    let description = text_of(obj.remove("description"), "description")?;
+    let title = text_of(obj.remove("title"), "title")?;
+    let handler = match text_of(obj.remove("handler"), "handler")? {
+        Some(h) => Some(resolve_handler(&h)?),
+        None => None,
+    };
+    let schema = obj.remove("input_schema").filter(|v| !v.is_null());
+    let raw_policy = obj.remove("policy").unwrap_or(serde_json::Value::Null);
+    check_tool(
+        name.as_deref(),
+        description.as_deref(),
+        schema,
+        handler,
+        raw_policy,
+        title.as_deref(),
+        seen,
+    )
+}
+
+/// A handler's signature (`schema.function(jsonb)`) resolved as the pinned settings read it:
+/// nothing on the caller's `search_path` can stand in for it (so it names its schema).
+fn resolve_handler(signature: &str) -> Result<pg_sys::Oid, Refusal> {
+    if signature.len() > 512 {
+        return invalid("handler does not name a function");
+    }
+    let oid = Spi::get_one_with_args::<pg_sys::Oid>(
+        "SELECT pg_catalog.to_regprocedure($1)::pg_catalog.oid",
+        &[signature.into()],
+    );
+    match oid {
+        Ok(Some(oid)) => Ok(oid),
+        _ => invalid("handler does not name a function (give its schema and argument types: \"app.refund(jsonb)\")"),
+    }
+}
+
+/// Write checked tools and their policies: two statements for the whole list.
+fn write_tools(tools: &[Checked]) -> Result<(), pgrx::spi::Error> {
+    let rows: Vec<serde_json::Value> = tools
+        .iter()
+        .map(|t| {
+            serde_json::json!({
+                "name": t.name, "description": t.description, "input_schema": t.schema,
+                "handler": t.handler.to_u32(), "title": t.title,
+            })
+        })
+        .collect();
+    let policies: Vec<serde_json::Value> = tools
+        .iter()
+        .map(|t| {
+            let p = &t.policy;
+            serde_json::json!({
+                "tool": t.name, "page_types": p.page_types, "requires_entity": p.requires_entity,
+                "entity_type": p.entity_type, "entity_param": p.entity_param, "roles": p.roles,
+                "required_states": p.required_states, "read_only": p.read_only,
+                "danger": p.danger.as_str(), "requires_approval": p.requires_approval,
+                "enabled": p.enabled, "policy": t.raw_policy, "run_as": t.run_as.map(|o| o.to_u32()),
+            })
+        })
+        .collect();
     Spi::connect_mut(|c| {
         c.update(
             "INSERT INTO ctxguard.tools (name, description, input_schema, handler, kind, title)
-             VALUES ($1, $2, $3, $4::pg_catalog.oid::pg_catalog.regprocedure, 'sql', $5)
+             SELECT r.name, r.description, r.input_schema, r.handler::pg_catalog.regprocedure, 'sql', r.title
+               FROM pg_catalog.jsonb_to_recordset($1::pg_catalog.jsonb) AS r(name pg_catalog.text,
+                    description pg_catalog.text, input_schema pg_catalog.jsonb, handler pg_catalog.oid,
+                    title pg_catalog.text)
              ON CONFLICT (name) DO UPDATE SET description = EXCLUDED.description,
                  input_schema = EXCLUDED.input_schema, handler = EXCLUDED.handler, kind = EXCLUDED.kind,
-                 title = EXCLUDED.title, version = ctxguard.tools.version + 1, updated_at = pg_catalog.now()",
+                 title = EXCLUDED.title, version = ctxguard.tools.version OPERATOR(pg_catalog.+) 1,
+                 updated_at = pg_catalog.now()",
             None,
-            &[
-                name.into(),
-                description.into(),
-                JsonB(schema.clone()).into(),
-                handler.into(),
-                title.into(),
-            ],
+            &[JsonB(serde_json::Value::Array(rows)).into()],
         )?;
-        upsert_policy(c, name, &p, raw_policy, run_as)?;
-        Ok::<_, pgrx::spi::Error>(())
+        c.update(
+            "INSERT INTO ctxguard.tool_policies (tool, page_types, requires_entity, entity_type, entity_param,
+                 roles, required_states, read_only, danger, requires_approval, enabled, policy, run_as)
+             SELECT r.tool, r.page_types, r.requires_entity, r.entity_type, r.entity_param, r.roles,
+                    r.required_states, r.read_only, r.danger, r.requires_approval, r.enabled, r.policy,
+                    r.run_as::pg_catalog.regrole
+               FROM pg_catalog.jsonb_to_recordset($1::pg_catalog.jsonb) AS r(tool pg_catalog.text,
+                    page_types pg_catalog.text[], requires_entity pg_catalog.bool, entity_type pg_catalog.text,
+                    entity_param pg_catalog.text, roles pg_catalog.text[], required_states pg_catalog.text[],
+                    read_only pg_catalog.bool, danger pg_catalog.text, requires_approval pg_catalog.bool,
+                    enabled pg_catalog.bool, policy pg_catalog.jsonb, run_as pg_catalog.oid)
+             ON CONFLICT (tool) DO UPDATE SET page_types = EXCLUDED.page_types,
+                 requires_entity = EXCLUDED.requires_entity, entity_type = EXCLUDED.entity_type,
+                 entity_param = EXCLUDED.entity_param, roles = EXCLUDED.roles,
+                 required_states = EXCLUDED.required_states, read_only = EXCLUDED.read_only,
+                 danger = EXCLUDED.danger, requires_approval = EXCLUDED.requires_approval,
+                 enabled = EXCLUDED.enabled, policy = EXCLUDED.policy, run_as = EXCLUDED.run_as,
+                 updated_at = pg_catalog.now()",
+            None,
+            &[JsonB(serde_json::Value::Array(policies)).into()],
+        )?;
+        Ok(())
     })
-    .unwrap_or_else(|e| raise(INVALID, format!("ctxguard: could not register tool: {e}")));
 }
 
 /// Parse a policy document and, for a SQL tool (`needs_run_as`), resolve the role its handler
@@ -157,36 +475,47 @@ fn parse_with_run_as(
     schema: &serde_json::Value,
     needs_run_as: bool,
 ) -> (Policy, Option<pg_sys::Oid>) {
-    let (rest, named) =
-        policy::split_run_as(raw).unwrap_or_else(|e| raise(INVALID, format!("ctxguard: {e}")));
+    try_parse_with_run_as(raw, schema, needs_run_as, &mut Seen::default())
+        .unwrap_or_else(|r| refuse("", r))
+}
+
+fn try_parse_with_run_as(
+    raw: &serde_json::Value,
+    schema: &serde_json::Value,
+    needs_run_as: bool,
+    seen: &mut Seen,
+) -> Result<(Policy, Option<pg_sys::Oid>), Refusal> {
+    let (rest, named) = policy::split_run_as(raw).or_else(|e| invalid(e.to_string()))?;
     let catalog = cache::catalog();
     let p = policy::parse_policy(&rest, schema, |n| catalog.page_type(n))
-        .unwrap_or_else(|e| raise(INVALID, format!("ctxguard: {e}")));
+        .or_else(|e| invalid(e.to_string()))?;
     if !needs_run_as {
         if named.is_some() {
-            raise(INVALID, "ctxguard: run_as applies to SQL tools only");
+            return invalid("run_as applies to SQL tools only");
         }
-        return (p, None);
+        return Ok((p, None));
     }
-    let role = named
-        .or_else(|| crate::gucs::get(&crate::gucs::DEFAULT_RUN_AS))
-        .unwrap_or_else(|| {
-            raise(
-                INVALID,
-                "ctxguard: a SQL tool needs a run_as role (policy \"run_as\" or ctxguard.default_run_as)",
-            )
-        });
-    (p, Some(check_run_as(&role)))
+    let Some(role) = named.or_else(|| crate::gucs::get(&crate::gucs::DEFAULT_RUN_AS)) else {
+        return invalid(
+            "a SQL tool needs a run_as role (policy \"run_as\" or ctxguard.default_run_as)",
+        );
+    };
+    let oid = seen
+        .roles
+        .entry(role.clone())
+        .or_insert_with(|| check_run_as(&role))
+        .clone()?;
+    Ok((p, Some(oid)))
 }
 
 /// The OID of `role` if it may run tool handlers: it exists and `ctxguard._run_as_unfit` (the one
 /// definition, shared with `lint()`) says it is fit. Otherwise 22023.
-fn check_run_as(role: &str) -> pg_sys::Oid {
+fn check_run_as(role: &str) -> Result<pg_sys::Oid, Refusal> {
     let found = crate::owner::as_owner(|| {
         Spi::connect(|c| {
             let mut rows = c.select(
                 "SELECT r.oid, ctxguard._run_as_unfit(r.oid)
-                   FROM pg_catalog.pg_roles r WHERE r.rolname = $1",
+                   FROM pg_catalog.pg_roles r WHERE r.rolname OPERATOR(pg_catalog.=) $1",
                 Some(1),
                 &[role.into()],
             )?;
@@ -196,14 +525,13 @@ fn check_run_as(role: &str) -> pg_sys::Oid {
             })
         })
     })
-    .unwrap_or_else(|e| raise(INVALID, format!("ctxguard: {e}")));
+    .or_else(|e| invalid(e.to_string()))?;
     match found {
-        Some((Some(oid), false)) => oid,
-        Some(_) => raise(
-            INVALID,
-            "ctxguard: run_as role must be NOSUPERUSER NOBYPASSRLS, not the extension owner, and own no protected table",
+        Some((Some(oid), false)) => Ok(oid),
+        Some(_) => invalid(
+            "run_as role must be NOSUPERUSER NOBYPASSRLS, not the extension owner, and own no protected table",
         ),
-        None => raise(INVALID, "ctxguard: run_as role does not exist"),
+        None => invalid("run_as role does not exist"),
     }
 }
 

@@ -348,6 +348,50 @@ unsafe impl<'fcx> pgrx::callconv::ArgAbi<'fcx> for JsonbText {
 
 jsonb_in_sql!(JsonbText);
 
+/// A `jsonb` argument left as the caller's datum (valid for the call), for a function that reads
+/// it with SQL in parts (a bulk list, element by element) rather than as one text or one parse.
+pub struct JsonbDatum(pub pg_sys::Datum);
+
+impl JsonbDatum {
+    /// Its size in bytes before any parse or detoast (what `pg_column_size` would say uncompressed).
+    pub fn raw_size(&self) -> usize {
+        // SAFETY: a `jsonb` datum of the running call (the SQL type says so).
+        unsafe { pg_sys::toast_raw_datum_size(self.0) }
+    }
+
+    /// As an SPI argument of type `jsonb`.
+    pub fn arg(&self) -> pgrx::datum::DatumWithOid<'_> {
+        // SAFETY: a `jsonb` datum, valid for as long as the call that received it.
+        unsafe { pgrx::datum::DatumWithOid::new(self.0, pg_sys::JSONBOID) }
+    }
+}
+
+impl FromDatum for JsonbDatum {
+    unsafe fn from_polymorphic_datum(
+        datum: pg_sys::Datum,
+        is_null: bool,
+        _: pg_sys::Oid,
+    ) -> Option<JsonbDatum> {
+        (!is_null).then_some(JsonbDatum(datum))
+    }
+}
+
+// SAFETY: unboxed through `FromDatum`, as pgrx's own `JsonB` is (`argue_from_datum!`).
+unsafe impl<'fcx> pgrx::callconv::ArgAbi<'fcx> for JsonbDatum {
+    unsafe fn unbox_arg_unchecked(arg: pgrx::callconv::Arg<'_, 'fcx>) -> Self {
+        let index = arg.index();
+        unsafe { arg.unbox_arg_using_from_datum() }
+            .unwrap_or_else(|| panic!("argument {index} must not be null"))
+    }
+
+    unsafe fn unbox_nullable_arg(
+        arg: pgrx::callconv::Arg<'_, 'fcx>,
+    ) -> pgrx::nullable::Nullable<Self> {
+        unsafe { arg.unbox_arg_using_from_datum() }.into()
+    }
+}
+jsonb_in_sql!(JsonbDatum);
+
 /// Parse a `jsonb` argument read as [`JsonbText`] (`None` stays `None`): nested deeper than
 /// [`ctxguard_core::json::MAX_DEPTH`] is SQLSTATE 54000 naming `what` and the limit, never the
 /// value. (`jsonb` text repeats no member and is valid JSON; anything else would be 22023.)
