@@ -315,14 +315,42 @@ impl Catalog {
             .filter(|(_, s)| s.covers(page))
             .map(|(n, _)| n.clone())
             .collect();
+        // Names first, through the index on page_types (and on tools.server), then the rows by
+        // primary key: a saved plan joining the two tables chose a hash join over the whole
+        // catalog (20 ms at 20,000 tools; this is O(the page's tools)).
+        let names = as_owner(|| {
+            Spi::connect(|c| {
+                let mut names = crate::pgutil::select_saved(
+                    c,
+                    "SELECT q.tool FROM ctxguard.tool_policies q
+                      WHERE q.page_types OPERATOR(pg_catalog.&&) ARRAY[$1, '*']::pg_catalog.text[]",
+                    None,
+                    &[page.into()],
+                )?
+                .map(|r| r.get::<String>(1).map(Option::unwrap_or_default))
+                .collect::<Result<Vec<String>, _>>()?;
+                if !servers.is_empty() {
+                    for r in crate::pgutil::select_saved(
+                        c,
+                        "SELECT t.name FROM ctxguard.tools t
+                          WHERE t.server OPERATOR(pg_catalog.=) ANY ($1::pg_catalog.text[])
+                            AND NOT EXISTS (SELECT 1 FROM ctxguard.tool_policies q
+                                             WHERE q.tool OPERATOR(pg_catalog.=) t.name)",
+                        None,
+                        &[servers.into()],
+                    )? {
+                        names.push(r.get::<String>(1)?.unwrap_or_default());
+                    }
+                }
+                Ok::<_, pgrx::spi::Error>(names)
+            })
+        })
+        .unwrap_or_else(|e| internal(e));
         let sql = format!(
             "SELECT {TOOL_COLUMNS} FROM {TOOL_FROM}
-              WHERE p.page_types OPERATOR(pg_catalog.&&) ARRAY[$1, '*']::pg_catalog.text[]
-             UNION ALL
-             SELECT {TOOL_COLUMNS} FROM {TOOL_FROM}
-              WHERE p.tool IS NULL AND t.server OPERATOR(pg_catalog.=) ANY ($2::pg_catalog.text[])"
+              WHERE t.name OPERATOR(pg_catalog.=) ANY ($1::pg_catalog.text[])"
         );
-        let mut tools = self.read_tools(&sql, &[page.into(), servers.into()]);
+        let mut tools = self.read_tools(&sql, &[names.into()]);
         tools.sort_by(|a, b| a.name.cmp(&b.name));
         count(|c| c.pages_read += 1);
         // Share entries already read by name; keep the list if it fits.
