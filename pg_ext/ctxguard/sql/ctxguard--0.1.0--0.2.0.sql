@@ -793,18 +793,68 @@ CREATE FUNCTION ctxguard."_catalog_written_here"() RETURNS bool
 STRICT VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', '_catalog_written_here_wrapper';
+-- What each version changed, so that a backend whose cache is a few versions old reads again only
+-- the tools that changed: a row per changed tool name, or one with tool NULL when anything else
+-- changed (page types, entities, servers, grants, limits, mask rules, a TRUNCATE): then it reads
+-- everything again. Kept for the last 1,000 versions.
+CREATE TABLE ctxguard.catalog_changes (
+    version bigint NOT NULL,
+    tool    text
+);
+CREATE INDEX catalog_changes_version_idx ON ctxguard.catalog_changes (version);
+COMMENT ON TABLE ctxguard.catalog_changes IS 'What each catalog version changed (tool names; NULL: anything else), for the backends'' catalog caches. Written by triggers, last 1,000 versions.';
 CREATE OR REPLACE FUNCTION ctxguard._bump_catalog_version() RETURNS trigger
-    LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     -- Once per transaction: a row version per statement made a transaction of 20,000 changes
     -- leave 20,000 versions for every next statement to scan.
     IF NOT ctxguard._catalog_written_here() THEN
         UPDATE ctxguard.catalog_version SET version = version OPERATOR(pg_catalog.+) 1;
+        DELETE FROM ctxguard.catalog_changes
+         WHERE version OPERATOR(pg_catalog.<) (SELECT c.version OPERATOR(pg_catalog.-) 1000 FROM ctxguard.catalog_version c);
+    END IF;
+    -- Tools and policies log the names they change (ctxguard._log_tool_changes); anything else
+    -- makes the backends read the whole catalog again.
+    IF TG_OP OPERATOR(pg_catalog.=) 'TRUNCATE'
+       OR TG_TABLE_NAME OPERATOR(pg_catalog.<>) ALL (ARRAY['tools', 'tool_policies']::pg_catalog.name[]) THEN
+        INSERT INTO ctxguard.catalog_changes (version, tool) SELECT c.version, NULL FROM ctxguard.catalog_version c;
     END IF;
     RETURN NULL;
 END
 $$;
+-- The tool names a statement on tools or tool_policies changed (TG_ARGV[0]: the name column), with
+-- the version this transaction moved the catalog to. Runs after _bump_catalog_version (trigger
+-- names: *_changed before *_logged_*).
+CREATE FUNCTION ctxguard._log_tool_changes() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF TG_OP OPERATOR(pg_catalog.<>) 'DELETE' THEN
+        INSERT INTO ctxguard.catalog_changes (version, tool)
+        SELECT DISTINCT c.version, pg_catalog.to_jsonb(n) OPERATOR(pg_catalog.->>) TG_ARGV[0]
+          FROM changed_new n, ctxguard.catalog_version c;
+    END IF;
+    IF TG_OP OPERATOR(pg_catalog.<>) 'INSERT' THEN
+        INSERT INTO ctxguard.catalog_changes (version, tool)
+        SELECT DISTINCT c.version, pg_catalog.to_jsonb(o) OPERATOR(pg_catalog.->>) TG_ARGV[0]
+          FROM changed_old o, ctxguard.catalog_version c;
+    END IF;
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER tools_logged_insert AFTER INSERT ON ctxguard.tools REFERENCING NEW TABLE AS changed_new
+    FOR EACH STATEMENT EXECUTE FUNCTION ctxguard._log_tool_changes('name');
+CREATE TRIGGER tools_logged_update AFTER UPDATE ON ctxguard.tools REFERENCING OLD TABLE AS changed_old NEW TABLE AS changed_new
+    FOR EACH STATEMENT EXECUTE FUNCTION ctxguard._log_tool_changes('name');
+CREATE TRIGGER tools_logged_delete AFTER DELETE ON ctxguard.tools REFERENCING OLD TABLE AS changed_old
+    FOR EACH STATEMENT EXECUTE FUNCTION ctxguard._log_tool_changes('name');
+CREATE TRIGGER tool_policies_logged_insert AFTER INSERT ON ctxguard.tool_policies REFERENCING NEW TABLE AS changed_new
+    FOR EACH STATEMENT EXECUTE FUNCTION ctxguard._log_tool_changes('tool');
+CREATE TRIGGER tool_policies_logged_update AFTER UPDATE ON ctxguard.tool_policies REFERENCING OLD TABLE AS changed_old NEW TABLE AS changed_new
+    FOR EACH STATEMENT EXECUTE FUNCTION ctxguard._log_tool_changes('tool');
+CREATE TRIGGER tool_policies_logged_delete AFTER DELETE ON ctxguard.tool_policies REFERENCING OLD TABLE AS changed_old
+    FOR EACH STATEMENT EXECUTE FUNCTION ctxguard._log_tool_changes('tool');
 CREATE FUNCTION ctxguard."catalog_stats"() RETURNS jsonb /* pgrx::datum::json::JsonB */
 STRICT VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */

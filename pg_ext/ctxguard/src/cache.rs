@@ -16,7 +16,7 @@
 //! same number; in the transaction that moved it, the key also holds the command id.
 
 use std::cell::{Cell, OnceCell, RefCell};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 
 use ctxguard_core::args::{self, ArgError, Schema};
@@ -50,6 +50,9 @@ pub struct ToolEntry {
     /// An upstream tool whose definition changed since the DBA accepted it.
     pub changed: bool,
     compiled: OnceCell<Result<Rc<Schema>, ArgError>>,
+    /// The schema Gate A shows, as a `jsonb` datum's bytes: as catalogued, and with the bound
+    /// entity parameter stripped (made on first use, then kept with the entry).
+    shown: [OnceCell<crate::pgutil::JsonbBytes>; 2],
 }
 
 impl ToolEntry {
@@ -86,15 +89,18 @@ impl EntityMapping {
 
 pub struct Catalog {
     key: (i64, String),
+    /// The key of the version this catalog's other parts (all but tools) were first read for:
+    /// a version that changed only tools keeps them, and the masker compiled for them.
+    base: (i64, String),
     /// Rows of `ctxguard.tenant_limits` read so far, by tenant (a trigger on that table moves the
     /// catalog's version too, so they are as current as the rest of the catalog).
     limits: RefCell<HashMap<String, TenantLimits>>,
     /// Page types looked up so far (`None`: no such page type).
     page_types: RefCell<HashMap<String, Option<Option<String>>>>,
     /// Every entity mapping (one per protected table: few), read on first use.
-    entities: OnceCell<HashMap<String, Rc<EntityMapping>>>,
+    entities: OnceCell<Rc<HashMap<String, Rc<EntityMapping>>>>,
     /// Every upstream server (few), read on first use, without its grants.
-    servers: OnceCell<HashMap<String, Server>>,
+    servers: OnceCell<Rc<HashMap<String, Server>>>,
     /// A server's grants that can apply in one tenant (the tenant's and those of every tenant).
     access: RefCell<HashMap<(String, String), Rc<ServerAccess>>>,
     /// Tools read so far, by name (Gate B reads one; Gate A a page type's).
@@ -152,6 +158,8 @@ struct Counters {
     evictions: u64,
     /// Page lists too large to keep at all (used for their call, then dropped).
     not_kept: u64,
+    /// Versions that changed only tools, taken over from the previous one by reading just those.
+    refreshed: u64,
 }
 
 /// The columns every tool is read with (see [`tool_from_row`]), as the owner.
@@ -178,6 +186,27 @@ fn estimate(v: &Value) -> usize {
 }
 
 impl ToolEntry {
+    /// The schema Gate A shows: without `strip` (the entity parameter bound to the page's entity)
+    /// if given, as a `jsonb` datum's bytes, kept with the entry.
+    pub fn shown_schema(&self, strip: Option<&str>) -> crate::pgutil::JsonbBytes {
+        self.shown[usize::from(strip.is_some())]
+            .get_or_init(|| match strip {
+                Some(param) => crate::pgutil::JsonbBytes::new(
+                    &ctxguard_core::binding::strip_param(&self.input_schema, param),
+                ),
+                None => crate::pgutil::JsonbBytes::new(&self.input_schema),
+            })
+            .clone()
+    }
+
+    /// Is this tool in page type `page`'s list (its policy, its own or its server's default,
+    /// names the page or `*`)? The same tools `Catalog::page_tools` reads.
+    fn listed_on(&self, page: &str) -> bool {
+        self.policy
+            .as_ref()
+            .is_some_and(|p| p.page_types.iter().any(|pt| pt == "*" || pt == page))
+    }
+
     /// Bytes this entry holds, roughly (its schema counted twice: parsed and compiled).
     fn bytes(&self) -> usize {
         256 + self.name.len()
@@ -204,6 +233,7 @@ impl Catalog {
             })
         });
         Catalog {
+            base: key.clone(),
             key,
             limits: RefCell::default(),
             page_types: RefCell::default(),
@@ -279,6 +309,79 @@ impl Catalog {
     /// one that last moved it.
     pub fn key(&self) -> &(i64, String) {
         &self.key
+    }
+
+    /// The key of the version whose parts other than tools this catalog holds (mask rules among
+    /// them): what the masker is compiled for.
+    pub fn mask_key(&self) -> &(i64, String) {
+        &self.base
+    }
+
+    /// The catalog of version `key`, taken over from `old` when every version between changed
+    /// only the tools `changed`: what `old` kept of other tools, page types, entities, servers,
+    /// grants and limits stays; the changed tools are read again and put in the page lists they
+    /// now belong to. The first call after a change costs that change, not its page's tools.
+    fn refreshed(old: &Catalog, key: (i64, String), changed: &HashSet<String>) -> Catalog {
+        let new = Catalog::new(key);
+        count(|c| c.refreshed += 1);
+        let mut names: Vec<String> = changed.iter().cloned().collect();
+        names.sort();
+        if let Some(e) = old.entities.get() {
+            let _ = new.entities.set(e.clone());
+        }
+        if let Some(sv) = old.servers.get() {
+            let _ = new.servers.set(sv.clone());
+        }
+        let fresh: Vec<Rc<ToolEntry>> = if names.is_empty() {
+            Vec::new()
+        } else {
+            let sql = format!(
+                "SELECT {TOOL_COLUMNS} FROM {TOOL_FROM}
+                  WHERE t.name OPERATOR(pg_catalog.=) ANY ($1::pg_catalog.text[])"
+            );
+            new.read_tools(&sql, &[names.into()])
+        };
+        *new.limits.borrow_mut() = old.limits.borrow().clone();
+        *new.page_types.borrow_mut() = old.page_types.borrow().clone();
+        *new.access.borrow_mut() = old.access.borrow().clone();
+        let mut tools: HashMap<String, Rc<ToolEntry>> = old
+            .tools
+            .borrow()
+            .iter()
+            .filter(|(n, _)| !changed.contains(*n))
+            .map(|(n, t)| (n.clone(), t.clone()))
+            .collect();
+        let mut added = 0usize;
+        for t in &fresh {
+            added += t.bytes();
+            tools.insert(t.name.clone(), t.clone());
+        }
+        let pages: HashMap<String, Rc<[Rc<ToolEntry>]>> = old
+            .pages
+            .borrow()
+            .iter()
+            .map(|(page, list)| {
+                let mut l: Vec<Rc<ToolEntry>> = list
+                    .iter()
+                    .filter(|t| !changed.contains(&t.name))
+                    .cloned()
+                    .collect();
+                l.extend(fresh.iter().filter(|t| t.listed_on(page)).cloned());
+                l.sort_by(|a, b| a.name.cmp(&b.name));
+                (page.clone(), l.into())
+            })
+            .collect();
+        *new.tools.borrow_mut() = tools;
+        *new.pages.borrow_mut() = pages;
+        new.held.set(old.held.get() + added);
+        if new.held.get() > cache_bytes() {
+            new.held.set(cache_bytes());
+            new.room_for(1);
+        }
+        Catalog {
+            base: old.base.clone(),
+            ..new
+        }
     }
 
     /// The tool called `name` (read by its primary key on first use).
@@ -455,14 +558,14 @@ impl Catalog {
 
     pub fn entity(&self, kind: &str) -> Option<Rc<EntityMapping>> {
         self.entities
-            .get_or_init(|| as_owner(load_entities).unwrap_or_else(|e| internal(e)))
+            .get_or_init(|| Rc::new(as_owner(load_entities).unwrap_or_else(|e| internal(e))))
             .get(kind)
             .cloned()
     }
 
     fn servers(&self) -> &HashMap<String, Server> {
         self.servers
-            .get_or_init(|| as_owner(load_servers).unwrap_or_else(|e| internal(e)))
+            .get_or_init(|| Rc::new(as_owner(load_servers).unwrap_or_else(|e| internal(e))))
     }
 
     /// `server`'s access settings with the grants that can apply in `tenant`.
@@ -584,17 +687,71 @@ pub fn catalog() -> Rc<Catalog> {
     c
 }
 
-/// The catalog of version `key`: the cached one, or a new, empty one.
+/// The catalog of version `key`: the cached one; or taken over from it when the versions between
+/// changed only tools (see `ctxguard.catalog_changes`); or a new, empty one.
 fn catalog_of(key: (i64, String)) -> Rc<Catalog> {
-    if let Some(c) = CACHE.with(|c| c.borrow().as_ref().filter(|c| c.key == key).cloned()) {
-        return c;
+    let old = CACHE.with(|c| c.borrow().clone());
+    if let Some(c) = old.as_ref().filter(|c| c.key == key) {
+        return c.clone();
     }
     // Drop the old catalog before the new one fills.
     CACHE.with(|c| *c.borrow_mut() = None);
-    let fresh = Rc::new(Catalog::new(key));
+    let fresh = match old
+        .as_ref()
+        .and_then(|o| tools_changed(&o.key, &key).map(|n| (o, n)))
+    {
+        Some((o, changed)) => Rc::new(Catalog::refreshed(o, key, &changed)),
+        None => Rc::new(Catalog::new(key)),
+    };
+    drop(old);
     crate::handler::catalog_changed();
     CACHE.with(|c| *c.borrow_mut() = Some(fresh.clone()));
     fresh
+}
+
+/// Most changed tool names a backend takes over a version with (beyond, it reads afresh).
+const REFRESH_MAX: i64 = 5_000;
+
+/// The tools that changed from version `old` to `new`, if that is all that changed and
+/// `ctxguard.catalog_changes` holds every version between (committed ones only: a key of this
+/// transaction's own, uncommitted change is never taken over, nor taken over from).
+fn tools_changed(old: &(i64, String), new: &(i64, String)) -> Option<HashSet<String>> {
+    if old.1.contains('/') || new.1.contains('/') || new.0 <= old.0 || new.0 - old.0 > 1_000 {
+        return None;
+    }
+    // A database still on 0.1.0's SQL (until ALTER EXTENSION ctxguard UPDATE) has no such table.
+    let logged = unsafe {
+        let schema = pg_sys::get_namespace_oid(c"ctxguard".as_ptr(), false);
+        pg_sys::get_relname_relid(c"catalog_changes".as_ptr(), schema) != pg_sys::InvalidOid
+    };
+    if !logged {
+        return None;
+    }
+    let rows = as_owner(|| {
+        Spi::connect(|c| {
+            crate::pgutil::select_saved(
+                c,
+                "SELECT version, tool FROM ctxguard.catalog_changes
+                  WHERE version OPERATOR(pg_catalog.>) $1 AND version OPERATOR(pg_catalog.<=) $2
+                  LIMIT $3",
+                None,
+                &[old.0.into(), new.0.into(), (REFRESH_MAX + 1).into()],
+            )?
+            .map(|r| Ok((r.get::<i64>(1)?.unwrap_or(0), r.get::<String>(2)?)))
+            .collect::<Result<Vec<_>, pgrx::spi::Error>>()
+        })
+    })
+    .ok()?;
+    if rows.len() as i64 > REFRESH_MAX {
+        return None;
+    }
+    let mut versions = HashSet::new();
+    let mut names = HashSet::new();
+    for (v, tool) in rows {
+        versions.insert(v);
+        names.insert(tool?);
+    }
+    (versions.len() as i64 == new.0 - old.0).then_some(names)
 }
 
 /// The visible `ctxguard.catalog_version` row's `(version, xmin)`, and whether this transaction
@@ -734,6 +891,7 @@ fn tool_from_row(
         absent: row.get::<bool>(21)?.unwrap_or(true),
         changed: row.get::<bool>(22)?.unwrap_or(true),
         compiled: OnceCell::new(),
+        shown: [OnceCell::new(), OnceCell::new()],
     })
 }
 
@@ -901,6 +1059,7 @@ fn catalog_stats() -> JsonB {
         "page_lists_read": n.pages_read,
         "evictions": n.evictions,
         "page_lists_not_kept": n.not_kept,
+        "versions_refreshed": n.refreshed,
         "backend_rss_kb": rss,
         "backend_peak_kb": peak,
         "backend_private_kb": private,

@@ -224,18 +224,15 @@ fn visible_in(
         .filter(|(_, p)| matches!(p, Placement::Offered(_)))
         .map(|(t, _)| {
             let p = t.policy.as_ref().expect("visible tools have a policy");
-            let input_schema = match &p.entity_param {
-                Some(param)
-                    if ctx.entity.as_ref().map(|e| e.kind.as_str()) == p.entity_type.as_deref() =>
-                {
-                    binding::strip_param(&t.input_schema, param)
-                }
-                _ => t.input_schema.clone(),
-            };
+            // The entity parameter is bound to the page's entity: stripped (the entity_param of a
+            // policy is the tool's own, so each entry keeps its one stripped form).
+            let strip = p.entity_param.as_deref().filter(|_| {
+                ctx.entity.as_ref().map(|e| e.kind.as_str()) == p.entity_type.as_deref()
+            });
             Visible {
                 name: t.name.clone(),
                 description: t.description.clone(),
-                input_schema: crate::pgutil::JsonbBytes::new(&input_schema),
+                input_schema: t.shown_schema(strip),
                 read_only: p.read_only,
                 danger: p.danger.as_str(),
                 requires_approval: p.requires_approval,
@@ -539,7 +536,7 @@ fn gate_b(
     let mut doc_calls = None;
     let mut coverage = None;
     // Document tools mask page text before they cut or mark it; the result is masked again whole.
-    let mut job = masking::Job::new(catalog.key());
+    let mut job = masking::Job::new(catalog.mask_key());
     let produced = match tool.kind.as_str() {
         "builtin" => {
             let Value::Object(args) = &bound else {
@@ -1014,7 +1011,7 @@ fn complete(
         },
     };
     let catalog = cache::catalog();
-    let job = masking::Job::new(catalog.key());
+    let job = masking::Job::new(catalog.mask_key());
     match Budget::open(c) {
         Ok(budget) => finish(&mut call, c, value, budget, None, None, job),
         Err(e) => {

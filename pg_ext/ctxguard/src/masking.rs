@@ -156,7 +156,7 @@ fn _default_mask_rules() -> TableIterator<
 fn mask_text(text: &str) -> pgrx::JsonB {
     let _pin = crate::owner::pin();
     let catalog = crate::cache::catalog();
-    let mut job = Job::new(catalog.key());
+    let mut job = Job::new(catalog.mask_key());
     let masked = job.text(text).unwrap_or_else(|_| {
         raise(
             PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,

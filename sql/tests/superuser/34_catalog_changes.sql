@@ -60,6 +60,52 @@ SELECT throws_ok($$SELECT * FROM pg_temp.gw('{"pageType": "cat34_page"}', 'SELEC
                  'after the page type changed in another session, a context without the entity is refused');
 SELECT dblink_exec('gw', 'ROLLBACK') \g /dev/null
 
+-- 5b. A backend takes a version that changed only tools over from the one before, reading just
+-- those tools (ctxguard.catalog_changes); any other change makes it read afresh. Observed through
+-- catalog_stats() in a second backend (a superuser's, as catalog_stats is a DBA's function).
+SELECT dblink_connect('su', format('host=%s port=%s dbname=%s user=%s',
+    split_part(current_setting('unix_socket_directories'), ',', 1), current_setting('port'), current_database(), current_user)) \g /dev/null
+CREATE FUNCTION pg_temp.su(page text) RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    s jsonb;
+    names text[];
+BEGIN
+    PERFORM dblink_exec('su', 'BEGIN');
+    PERFORM * FROM dblink('su', format('SELECT ctxguard.set_context(%L, %L)::text', current_setting('t.token'), page)) AS r(x text);
+    SELECT array_agg(x ORDER BY x) INTO names FROM dblink('su', 'SELECT name FROM ctxguard.visible_tools()') AS r(x text);
+    SELECT x::jsonb INTO s FROM dblink('su', 'SELECT ctxguard.catalog_stats()::text') AS r(x text);
+    PERFORM dblink_exec('su', 'COMMIT');
+    RETURN s || jsonb_build_object('names', to_jsonb(names));
+END $$;
+SELECT pg_temp.su(:'vendor_page') AS before \gset
+SELECT ctxguard.register_tool('cat34.fresh', 'A tool added while a backend keeps the vendor table''s list.',
+    '{"type": "object"}', 'demo.vendor_list(jsonb)', '{"page_types": ["vendor_table"], "run_as": "ctxguard_tools"}') \g /dev/null
+SELECT pg_temp.su(:'vendor_page') AS after \gset
+SELECT ok((:'after'::jsonb->'names') ? 'cat34.fresh', 'the added tool is listed by the backend that kept the list');
+SELECT is((:'after'::jsonb->>'versions_refreshed')::int, (:'before'::jsonb->>'versions_refreshed')::int + 1, 'it took the new version over from the one before');
+SELECT is((:'after'::jsonb->>'tools_read')::int, (:'before'::jsonb->>'tools_read')::int + 1, 'reading the one changed tool, not the page''s list');
+SELECT is((:'after'::jsonb->'names') - 'cat34.fresh', :'before'::jsonb->'names', 'and the rest of the list is the same');
+SELECT ctxguard.set_tool_policy('cat34.fresh', '{"page_types": ["invoice_table"], "run_as": "ctxguard_tools"}') \g /dev/null
+SELECT pg_temp.su(:'vendor_page') AS moved \gset
+SELECT is(:'moved'::jsonb->'names', :'before'::jsonb->'names', 'moved to another page: gone from the kept list');
+SELECT is((:'moved'::jsonb->>'versions_refreshed')::int, (:'after'::jsonb->>'versions_refreshed')::int + 1, 'again by taking the version over');
+-- Anything but tools (here a page type) makes the backend read afresh.
+SELECT ctxguard.register_page_type('cat34_other', NULL, 'Another page type.') \g /dev/null
+SELECT pg_temp.su(:'vendor_page') AS afresh \gset
+SELECT is((:'afresh'::jsonb->>'versions_refreshed')::int, (:'moved'::jsonb->>'versions_refreshed')::int, 'a page type change is not taken over');
+SELECT is(:'afresh'::jsonb->'names', :'before'::jsonb->'names', 'and the list read afresh is the same');
+-- A version moved without a record of what changed (by hand) is not taken over either.
+UPDATE ctxguard.catalog_version SET version = version + 1;
+SELECT pg_temp.su(:'vendor_page') AS by_hand \gset
+SELECT is((:'by_hand'::jsonb->>'versions_refreshed')::int, (:'afresh'::jsonb->>'versions_refreshed')::int, 'a version with no record of its change is read afresh');
+SELECT ok(EXISTS (SELECT FROM ctxguard.catalog_changes c WHERE c.version = (SELECT version FROM ctxguard.catalog_version) - 1 AND c.tool IS NULL),
+          'the page type''s change was recorded as a change of everything');
+SELECT ok(NOT EXISTS (SELECT FROM ctxguard.catalog_changes c WHERE c.version = (SELECT version FROM ctxguard.catalog_version) - 2 AND c.tool IS NULL),
+          'the policy change as the one tool it changed');
+DELETE FROM ctxguard.tools WHERE name = 'cat34.fresh';
+DELETE FROM ctxguard.page_types WHERE name = 'cat34_other';
+SELECT dblink_disconnect('su') \g /dev/null
+
 -- 6. register_tools: many tools in one call, all or none.
 SELECT is(ctxguard.register_tools(jsonb_build_array(
     jsonb_build_object('name', 'cat34.bulk_a', 'description', 'Bulk tool A.', 'input_schema', '{"type": "object"}'::jsonb,
