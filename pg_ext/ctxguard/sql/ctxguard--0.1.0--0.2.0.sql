@@ -785,3 +785,30 @@ CREATE FUNCTION ctxguard.register_tool(name text, description text, input_schema
 COMMENT ON FUNCTION ctxguard.register_tool(text, text, jsonb, regprocedure, jsonb, text) IS 'Register or update a tool with its (mandatory) policy and an optional title.';
 REVOKE EXECUTE ON FUNCTION ctxguard._register_tool(text, text, jsonb, oid, jsonb, text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION ctxguard.register_tool(text, text, jsonb, regprocedure, jsonb, text) FROM PUBLIC;
+
+-- doc_local_search's candidates (issue 34; sql/documents.sql): per word of a ready document, the
+-- pages where it occurs most often. Filled here for the documents that are ready already.
+CREATE TABLE ctxguard.document_terms (
+    tenant_id text NOT NULL,
+    doc_id    text NOT NULL,
+    lexeme    text NOT NULL,
+    hits      integer NOT NULL,
+    page_no   integer NOT NULL,
+    PRIMARY KEY (tenant_id, doc_id, lexeme, page_no),
+    FOREIGN KEY (tenant_id, doc_id) REFERENCES ctxguard.documents (tenant_id, id) ON DELETE CASCADE
+);
+CREATE INDEX document_terms_rank_idx ON ctxguard.document_terms (tenant_id, doc_id, lexeme, hits DESC, page_no);
+COMMENT ON TABLE ctxguard.document_terms IS 'Search candidates: per word of a document, the pages where it occurs most often. Only the document tools read it.';
+ALTER TABLE ctxguard.document_terms ENABLE ROW LEVEL SECURITY;
+ALTER TABLE ctxguard.document_terms FORCE ROW LEVEL SECURITY;
+CREATE POLICY document_terms_tenant ON ctxguard.document_terms USING (tenant_id = (SELECT ctxguard.tenant_id()));
+INSERT INTO ctxguard.document_terms (tenant_id, doc_id, lexeme, hits, page_no)
+SELECT tenant_id, doc_id, lexeme, hits, page_no
+  FROM (SELECT p.tenant_id, p.doc_id, u.lexeme, coalesce(pg_catalog.cardinality(u.positions), 1) AS hits, p.page_no,
+               pg_catalog.row_number() OVER (PARTITION BY p.tenant_id, p.doc_id, u.lexeme
+                                             ORDER BY coalesce(pg_catalog.cardinality(u.positions), 1) DESC, p.page_no) AS r
+          FROM ctxguard.document_pages p
+          JOIN ctxguard.documents d ON d.tenant_id = p.tenant_id AND d.id = p.doc_id AND d.status = 'ready'
+          CROSS JOIN LATERAL pg_catalog.unnest(p.tsv) AS u
+         WHERE p.tsv IS NOT NULL) t
+ WHERE r <= 100;

@@ -210,6 +210,9 @@ CREATE POLICY document_sections_tenant ON ctxguard.document_sections USING (tena
 ALTER TABLE ctxguard.document_pages ENABLE ROW LEVEL SECURITY;
 ALTER TABLE ctxguard.document_pages FORCE ROW LEVEL SECURITY;
 CREATE POLICY document_pages_tenant ON ctxguard.document_pages USING (tenant_id = (SELECT ctxguard.tenant_id()));
+ALTER TABLE ctxguard.document_terms ENABLE ROW LEVEL SECURITY;
+ALTER TABLE ctxguard.document_terms FORCE ROW LEVEL SECURITY;
+CREATE POLICY document_terms_tenant ON ctxguard.document_terms USING (tenant_id = (SELECT ctxguard.tenant_id()));
 ALTER TABLE ctxguard.document_calls ENABLE ROW LEVEL SECURITY;
 ALTER TABLE ctxguard.document_calls FORCE ROW LEVEL SECURITY;
 CREATE POLICY document_calls_owner ON ctxguard.document_calls USING (true) WITH CHECK (true);  -- no grants: owner only
