@@ -558,9 +558,14 @@ fn search_pages(
              SELECT p.page_no FROM ctxguard.document_pages p, {q}
               WHERE p.tenant_id = $1 AND p.doc_id = $2
                 AND (pg_catalog.querytree(q) = 'T'
-                     OR NOT EXISTS (SELECT FROM ctxguard.document_terms t WHERE t.tenant_id = $1 AND t.doc_id = $2)))
+                     OR (SELECT t.lexeme FROM ctxguard.document_terms t WHERE t.tenant_id = $1 AND t.doc_id = $2
+                          ORDER BY t.lexeme LIMIT 1) IS NULL))
          SELECT p.page_no, pg_catalog.ts_rank_cd(p.tsv, q) AS score, p.clean
-           FROM c JOIN ctxguard.document_pages p ON p.tenant_id = $1 AND p.doc_id = $2 AND p.page_no = c.page_no, {q}
+           FROM c CROSS JOIN LATERAL (
+                    -- One primary-key lookup per candidate (OFFSET 0: not flattened into a join
+                    -- that would read every matching page first).
+                    SELECT p.page_no, p.tsv, p.clean FROM ctxguard.document_pages p
+                     WHERE p.tenant_id = $1 AND p.doc_id = $2 AND p.page_no = c.page_no OFFSET 0) p, {q}
           WHERE p.tsv @@ q
           ORDER BY score DESC, p.page_no LIMIT $4",
         q = tsquery(any, "$5", "$3")
