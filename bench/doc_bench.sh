@@ -3,8 +3,13 @@
 #
 #   bench/doc_bench.sh            # build+install (release), set up, verify, measure, print tables
 #   bench/doc_bench.sh --write    # ... and rewrite the doc_bench results block of BENCHMARKS.md
+#   BENCH_DOC_PAGES=50000 bench/doc_bench.sh --write   # the same guide with 50,000 pages
+#                                 # (block doc_bench_50000; the search is meant to be as fast)
 #
 # Environment:
+#   BENCH_DOC_PAGES number of pages of the guide (default 500: the demo's; any other count
+#                   regenerates it with that many pages, same text per page, before the runs;
+#                   50,000 pages take about a minute more; reads stay within pages 1-500)
 #   BENCH_SECONDS   duration of each pgbench run (default 8; 8 runs, so ~1.5 min in all)
 #   BENCH_RUN       cluster directory (default /tmp/ctxguard-bench, shared with gate_bench.sh)
 #   BENCH_PGPORT    cluster port (default 54339)
@@ -23,7 +28,11 @@
 # Only talks to the local cluster. Idempotent: the database ctxguard_docbench is recreated each run.
 set -euo pipefail
 
+DOC_PAGES=${BENCH_DOC_PAGES:-500}
+[[ $DOC_PAGES =~ ^[0-9]+$ ]] && [ "$DOC_PAGES" -ge 500 ] && [ "$DOC_PAGES" -le 100000 ] ||
+  { echo "BENCH_DOC_PAGES must be 500-100000" >&2; exit 2; }
 BENCH_NAME=doc_bench
+[ "$DOC_PAGES" = 500 ] || BENCH_NAME=doc_bench_$DOC_PAGES
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 DB=ctxguard_docbench
@@ -41,9 +50,30 @@ OUT=$(bench_out)
 # 1. Build, install, cluster, database.
 # ------------------------------------------------------------------------------------------------
 bench_cluster
-log "creating $DB (demo schema + demo documents: the 500-page acme_guide)"
+log "creating $DB (demo schema + demo documents: the 500-page acme_guide, then $DOC_PAGES pages)"
 create_demo_db "$DB"
 psql_su -d "$DB" -o /dev/null -f "$BENCH_DIR/doc_setup.sql"
+if [ "$DOC_PAGES" != 500 ]; then
+  # The same guide with DOC_PAGES pages (demo.manual_page's text, ten pages per chapter), ingested
+  # as the demo ingests it: pages, chapters, then ready (boilerplate detection and the index).
+  log "regenerating acme_guide with $DOC_PAGES pages"
+  psql_su -d "$DB" -o /dev/null -v pages="$DOC_PAGES" \
+    -v tok="$(mint --sub ingest-bot --tenant acme --roles doc_ingest --aud "${CTXGUARD_AUD:-}")" <<'SQL'
+SET client_min_messages = warning;
+BEGIN;
+SELECT ctxguard.set_context(:'tok', '{"pageType": "invoice_table"}');
+SELECT ctxguard.put_document('acme_guide', 'Orion Platform Administrator Guide 4.2', tags => ARRAY['admin', 'orion'],
+                             product_version => '4.2', language => 'english');
+SELECT count(ctxguard.put_page('acme_guide', n, demo.manual_page(n, :pages))) FROM generate_series(1, :pages) n;
+SELECT count(ctxguard.put_section('acme_guide', 'ch' || c, 'Chapter ' || c, (c - 1) * 10 + 1, least(c * 10, :pages)))
+  FROM generate_series(1, (:pages + 9) / 10) c;
+SELECT ctxguard.put_document('acme_guide', 'Orion Platform Administrator Guide 4.2', 'ready', ARRAY['admin', 'orion'], '4.2', NULL, NULL, 'english');
+COMMIT;
+ANALYZE ctxguard.document_pages;
+SQL
+  [ "$(psql_su -d "$DB" -Atc "SELECT page_count || status FROM ctxguard.documents WHERE id = 'acme_guide'")" = "${DOC_PAGES}ready" ] ||
+    die "acme_guide was not regenerated with $DOC_PAGES pages"
+fi
 
 # One user, token and generation per pgbench client (client_id 0..CLIENTS-1), and one for checks.
 # mint_generation USER: prints "token|generation" (minted as the gateway, as a gateway would).
@@ -253,6 +283,8 @@ report() {
       "$(stmt "$f" '^ *[0-9.]+ +[0-9]+ +BEGIN')" "$(stmt "$f" 'set_context')" "$(stmt "$f" 'call_tool')" \
       "$(stmt "$f" '^ *[0-9.]+ +[0-9]+ +COMMIT')"
   done
+  printf '\nDocument: `acme_guide` with %s pages (%s of them match "replication lag").\n' "$DOC_PAGES" \
+    "$(psql_su -d "$DB" -Atc "SELECT count(*) FROM ctxguard.document_pages WHERE doc_id = 'acme_guide' AND tsv @@ websearch_to_tsquery('english', 'replication lag')")"
   printf '\nRun: %s, commit %s, %s build, 8 x %s s pgbench runs (`-n -M prepared -r --log`, 1 client `-j 1`, %s clients `-j 2`) after %s first-read calls and a 2 x 2 s warm-up, ' \
     "$(date -u +%Y-%m-%dT%H:%MZ)" "$(bench_rev pg_ext)" "$PROFILE" "$SECONDS_PER_RUN" "$CLIENTS" $((CLIENTS * 100))
   printf '%s audit rows written by the runs (all `allow`), load average before: %s.\n' "${bad#*|}" "$load_before"

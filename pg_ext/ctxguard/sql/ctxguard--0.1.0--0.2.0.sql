@@ -236,10 +236,12 @@ AS $$
       FROM pg_roles r
       JOIN pg_class t ON t.relkind IN ('r', 'p', 'v', 'm')
                      AND (t.relrowsecurity OR t.oid = 'ctxguard.document_pages'::regclass
+                          OR t.oid = pg_catalog.to_regclass('ctxguard.document_terms')
                           OR t.oid IN (SELECT e.tbl FROM ctxguard.entity_types e))
      WHERE r.rolcanlogin AND NOT r.rolsuper AND r.oid <> t.relowner
        AND has_function_privilege(r.oid, 'ctxguard._call_tool(text, text)', 'EXECUTE')
-       AND (t.relnamespace <> 'ctxguard'::regnamespace OR t.oid = 'ctxguard.document_pages'::regclass)
+       AND (t.relnamespace <> 'ctxguard'::regnamespace OR t.oid = 'ctxguard.document_pages'::regclass
+            OR t.oid = pg_catalog.to_regclass('ctxguard.document_terms'))
        AND (has_table_privilege(r.oid, t.oid, 'SELECT') OR has_table_privilege(r.oid, t.oid, 'INSERT')
             OR has_table_privilege(r.oid, t.oid, 'UPDATE') OR has_table_privilege(r.oid, t.oid, 'DELETE'))
     UNION ALL
@@ -862,10 +864,36 @@ AS 'MODULE_PATHNAME', 'catalog_stats_wrapper';
 COMMENT ON FUNCTION ctxguard.catalog_stats() IS 'This backend''s catalog cache: what it keeps of the current catalog version against ctxguard.catalog_cache_size, what it has read, and the backend''s resident and peak memory.';
 REVOKE EXECUTE ON FUNCTION ctxguard.catalog_stats() FROM PUBLIC;
 CREATE FUNCTION ctxguard."register_tools"(
-	"tools" jsonb /* core::option::Option<crate::pgutil::JsonbDatum> */
+	"tools" jsonb /* core::option::Option<crate::pgutil::JsonbArg> */
 ) RETURNS INT /* i32 */
 VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'register_tools_wrapper';
 REVOKE EXECUTE ON FUNCTION ctxguard.register_tools(jsonb) FROM PUBLIC;
 COMMENT ON FUNCTION ctxguard.register_tools(jsonb) IS 'Register or update many SQL tools with their policies in one call, all or none (a JSON array of register_tool''s arguments; handlers as schema-qualified signatures). At most 64 MB and 100,000 tools.';
+-- doc_local_search's candidates (issue 34; sql/documents.sql): per word of a ready document, the
+-- pages where it occurs most often. Filled here for the documents that are ready already.
+CREATE TABLE ctxguard.document_terms (
+    tenant_id text NOT NULL,
+    doc_id    text NOT NULL,
+    lexeme    text NOT NULL,
+    hits      integer NOT NULL,
+    page_no   integer NOT NULL,
+    PRIMARY KEY (tenant_id, doc_id, lexeme, page_no),
+    FOREIGN KEY (tenant_id, doc_id) REFERENCES ctxguard.documents (tenant_id, id) ON DELETE CASCADE
+);
+CREATE INDEX document_terms_rank_idx ON ctxguard.document_terms (tenant_id, doc_id, lexeme, hits DESC, page_no);
+COMMENT ON TABLE ctxguard.document_terms IS 'Search candidates: per word of a document, the pages where it occurs most often. Only the document tools read it.';
+ALTER TABLE ctxguard.document_terms ENABLE ROW LEVEL SECURITY;
+ALTER TABLE ctxguard.document_terms FORCE ROW LEVEL SECURITY;
+CREATE POLICY document_terms_tenant ON ctxguard.document_terms USING (tenant_id = (SELECT ctxguard.tenant_id()));
+INSERT INTO ctxguard.document_terms (tenant_id, doc_id, lexeme, hits, page_no)
+SELECT tenant_id, doc_id, lexeme, hits, page_no
+  FROM (SELECT p.tenant_id, p.doc_id, u.lexeme, coalesce(pg_catalog.cardinality(u.positions), 1) AS hits, p.page_no,
+               pg_catalog.row_number() OVER (PARTITION BY p.tenant_id, p.doc_id, u.lexeme
+                                             ORDER BY coalesce(pg_catalog.cardinality(u.positions), 1) DESC, p.page_no) AS r
+          FROM ctxguard.document_pages p
+          JOIN ctxguard.documents d ON d.tenant_id = p.tenant_id AND d.id = p.doc_id AND d.status = 'ready'
+          CROSS JOIN LATERAL pg_catalog.unnest(p.tsv) AS u
+         WHERE p.tsv IS NOT NULL) t
+ WHERE r <= 100;

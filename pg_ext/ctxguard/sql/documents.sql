@@ -33,6 +33,22 @@ CREATE TABLE ctxguard.document_pages (
 CREATE INDEX document_pages_tsv_idx ON ctxguard.document_pages USING gin (tsv);
 COMMENT ON TABLE ctxguard.document_pages IS 'Page text. Readable only through the document tools (budgets, masking, audit).';
 
+-- doc_local_search's candidates (issue 34): for each word (lexeme) of a ready document, the pages
+-- where it occurs most often (at most 100; ties: the lower page number), with its number of
+-- positions on the page. A search ranks only the pages on the lists of its words, so its cost does
+-- not grow with the document. Written by put_document(..., 'ready') from the pages' tsvectors.
+CREATE TABLE ctxguard.document_terms (
+    tenant_id text NOT NULL,
+    doc_id    text NOT NULL,
+    lexeme    text NOT NULL,
+    hits      integer NOT NULL,
+    page_no   integer NOT NULL,
+    PRIMARY KEY (tenant_id, doc_id, lexeme, page_no),
+    FOREIGN KEY (tenant_id, doc_id) REFERENCES ctxguard.documents (tenant_id, id) ON DELETE CASCADE
+);
+CREATE INDEX document_terms_rank_idx ON ctxguard.document_terms (tenant_id, doc_id, lexeme, hits DESC, page_no);
+COMMENT ON TABLE ctxguard.document_terms IS 'Search candidates: per word of a document, the pages where it occurs most often. Only the document tools read it.';
+
 CREATE TABLE ctxguard.document_sections (
     tenant_id  text NOT NULL,
     doc_id     text NOT NULL,

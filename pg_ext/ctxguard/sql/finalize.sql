@@ -116,10 +116,12 @@ AS $$
       FROM pg_roles r
       JOIN pg_class t ON t.relkind IN ('r', 'p', 'v', 'm')
                      AND (t.relrowsecurity OR t.oid = 'ctxguard.document_pages'::regclass
+                          OR t.oid = pg_catalog.to_regclass('ctxguard.document_terms')
                           OR t.oid IN (SELECT e.tbl FROM ctxguard.entity_types e))
      WHERE r.rolcanlogin AND NOT r.rolsuper AND r.oid <> t.relowner
        AND has_function_privilege(r.oid, 'ctxguard._call_tool(text, text)', 'EXECUTE')
-       AND (t.relnamespace <> 'ctxguard'::regnamespace OR t.oid = 'ctxguard.document_pages'::regclass)
+       AND (t.relnamespace <> 'ctxguard'::regnamespace OR t.oid = 'ctxguard.document_pages'::regclass
+            OR t.oid = pg_catalog.to_regclass('ctxguard.document_terms'))
        AND (has_table_privilege(r.oid, t.oid, 'SELECT') OR has_table_privilege(r.oid, t.oid, 'INSERT')
             OR has_table_privilege(r.oid, t.oid, 'UPDATE') OR has_table_privilege(r.oid, t.oid, 'DELETE'))
     UNION ALL
@@ -212,6 +214,9 @@ CREATE POLICY document_sections_tenant ON ctxguard.document_sections USING (tena
 ALTER TABLE ctxguard.document_pages ENABLE ROW LEVEL SECURITY;
 ALTER TABLE ctxguard.document_pages FORCE ROW LEVEL SECURITY;
 CREATE POLICY document_pages_tenant ON ctxguard.document_pages USING (tenant_id = (SELECT ctxguard.tenant_id()));
+ALTER TABLE ctxguard.document_terms ENABLE ROW LEVEL SECURITY;
+ALTER TABLE ctxguard.document_terms FORCE ROW LEVEL SECURITY;
+CREATE POLICY document_terms_tenant ON ctxguard.document_terms USING (tenant_id = (SELECT ctxguard.tenant_id()));
 ALTER TABLE ctxguard.document_calls ENABLE ROW LEVEL SECURITY;
 ALTER TABLE ctxguard.document_calls FORCE ROW LEVEL SECURITY;
 CREATE POLICY document_calls_owner ON ctxguard.document_calls USING (true) WITH CHECK (true);  -- no grants: owner only

@@ -10,7 +10,7 @@ use pgrx::JsonB;
 use crate::cache;
 use std::collections::{HashMap, HashSet};
 
-use crate::pgutil::{jsonb_arg, raise, JsonbDatum, JsonbText};
+use crate::pgutil::{jsonb_arg, raise, JsonbArg, JsonbText};
 
 const INVALID: PgSqlErrorCode = PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE;
 pub const MAX_DESCRIPTION: usize = 4000;
@@ -239,7 +239,7 @@ const MAX_DEFINITION_BYTES: usize = 1024 * 1024;
 /// memory that does not grow with the list. A refusal names the element (`tools[7]: ...`), never
 /// its values. At most 64 MB and 100,000 tools (54000 beyond).
 #[pg_extern(volatile, parallel_unsafe)]
-fn register_tools(tools: Option<JsonbDatum>) -> i32 {
+fn register_tools(tools: Option<JsonbArg>) -> i32 {
     crate::handler::refuse_inside("register_tools");
     let _pin = crate::owner::pin();
     let tools = crate::pgutil::required(tools, "tools");

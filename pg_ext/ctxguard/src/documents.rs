@@ -35,6 +35,9 @@ const MAX_PAGES: i32 = 100_000;
 const ENVELOPE_BYTES: i64 = 512;
 /// Below this many bytes left, a document call could return nothing useful: refuse it instead.
 const MIN_USEFUL_BYTES: i64 = ENVELOPE_BYTES + 256;
+/// Search candidates kept per word of a document (`ctxguard.document_terms`): the pages where it
+/// occurs most often. The upgrade script fills the table with the same number.
+const TERM_PAGES: i64 = 100;
 
 /// A refusal: code, message, optional details (e.g. the documents available on this page).
 pub type Refusal = (Code, String, Option<Value>);
@@ -531,6 +534,14 @@ fn tsquery(any: bool, cfg: &str, query: &str) -> String {
 
 /// The best `limit` pages for the query: page number, score and clean text. Read as the owner
 /// with an explicit tenant predicate, like [`page_texts`].
+///
+/// Ranked (`ts_rank_cd`) are the matching pages among the candidates: for each word of the query,
+/// the [`TERM_PAGES`] pages where it occurs most often (`ctxguard.document_terms`), so the cost
+/// does not grow with the document. Where every word of the query occurs on at most that many
+/// pages this is every matching page (the same results as ranking them all); beyond, the best
+/// among the pages richest in the query's words. A query with no word that must occur (only
+/// negations), and a document without candidates (its pages written other than by
+/// `put_document(..., 'ready')`), rank every page, as before.
 fn search_pages(
     ctx: &Ctx,
     doc: &Doc,
@@ -539,11 +550,25 @@ fn search_pages(
     any: bool,
 ) -> Vec<(i32, f32, String)> {
     let sql = format!(
-        "SELECT p.page_no, pg_catalog.ts_rank_cd(p.tsv, q) AS score, p.clean
-           FROM ctxguard.document_pages p, {}
-          WHERE p.tenant_id = $1 AND p.doc_id = $2 AND p.tsv @@ q
+        "WITH c AS MATERIALIZED (
+             SELECT t.page_no FROM ctxguard.document_terms t
+              WHERE t.tenant_id = $1 AND t.doc_id = $2
+                AND t.lexeme = ANY (pg_catalog.tsvector_to_array(pg_catalog.to_tsvector($5::pg_catalog.regconfig, $3)))
+             UNION
+             SELECT p.page_no FROM ctxguard.document_pages p, {q}
+              WHERE p.tenant_id = $1 AND p.doc_id = $2
+                AND (pg_catalog.querytree(q) = 'T'
+                     OR (SELECT t.lexeme FROM ctxguard.document_terms t WHERE t.tenant_id = $1 AND t.doc_id = $2
+                          ORDER BY t.lexeme LIMIT 1) IS NULL))
+         SELECT p.page_no, pg_catalog.ts_rank_cd(p.tsv, q) AS score, p.clean
+           FROM c CROSS JOIN LATERAL (
+                    -- One primary-key lookup per candidate (OFFSET 0: not flattened into a join
+                    -- that would read every matching page first).
+                    SELECT p.page_no, p.tsv, p.clean FROM ctxguard.document_pages p
+                     WHERE p.tenant_id = $1 AND p.doc_id = $2 AND p.page_no = c.page_no OFFSET 0) p, {q}
+          WHERE p.tsv @@ q
           ORDER BY score DESC, p.page_no LIMIT $4",
-        tsquery(any, "$5", "$3")
+        q = tsquery(any, "$5", "$3")
     );
     as_owner(|| {
         Spi::connect(|c| {
@@ -828,6 +853,24 @@ fn finalize(ctx: &Ctx, doc_id: &str) -> Value {
                   WHERE p.tenant_id = $1 AND p.doc_id = $2 AND p.page_no = u.n AND d.tenant_id = $1 AND d.id = $2",
                 None,
                 &[ctx.tenant_id.as_str().into(), doc_id.into(), numbers.into(), cleaned.into()],
+            )?;
+            // Search candidates (see search_pages): per word, the pages where it occurs most.
+            c.update(
+                "DELETE FROM ctxguard.document_terms WHERE tenant_id = $1 AND doc_id = $2",
+                None,
+                &[ctx.tenant_id.as_str().into(), doc_id.into()],
+            )?;
+            c.update(
+                "INSERT INTO ctxguard.document_terms (tenant_id, doc_id, lexeme, hits, page_no)
+                 SELECT $1, $2, lexeme, hits, page_no
+                   FROM (SELECT u.lexeme, coalesce(pg_catalog.cardinality(u.positions), 1) AS hits, p.page_no,
+                                pg_catalog.row_number() OVER (PARTITION BY u.lexeme
+                                    ORDER BY coalesce(pg_catalog.cardinality(u.positions), 1) DESC, p.page_no) AS r
+                           FROM ctxguard.document_pages p CROSS JOIN LATERAL pg_catalog.unnest(p.tsv) AS u
+                          WHERE p.tenant_id = $1 AND p.doc_id = $2) t
+                  WHERE r <= $3",
+                None,
+                &[ctx.tenant_id.as_str().into(), doc_id.into(), TERM_PAGES.into()],
             )?;
             c.update(
                 "UPDATE ctxguard.documents SET page_count = $3, boilerplate = $4, updated_at = pg_catalog.now()

@@ -300,6 +300,93 @@ unsafe impl pgrx::callconv::BoxRet for JsonbBytes {
     }
 }
 
+/// The longest string a `jsonb` value can hold (`JENTRY_OFFLENMASK`, as `jsonb_in` checks).
+const JSONB_MAX_STRING: usize = 0x0FFF_FFFF;
+
+/// A `jsonb` datum built in PostgreSQL's binary form directly (`pushJsonbValue`), without the
+/// text round trip of `JsonB` (serialise with `serde_json`, parse again with `jsonb_in`), which
+/// costs more than masking a long text.
+pub struct JsonbDatum(pg_sys::Datum);
+
+impl JsonbDatum {
+    /// `{"masked": {name: count, ...}, "text": text}` (`mask_text`'s result). A text longer than a
+    /// `jsonb` string may be is SQLSTATE 54000 (the message names the limit only).
+    pub fn text_and_counts<'a>(
+        text: &str,
+        counts: impl IntoIterator<Item = (&'a str, u32)>,
+    ) -> JsonbDatum {
+        if text.len() > JSONB_MAX_STRING {
+            raise(
+                PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+                format!("ctxguard: the masked text is longer than a jsonb string may be ({JSONB_MAX_STRING} bytes)"),
+            );
+        }
+        fn string(s: &str) -> pg_sys::JsonbValue {
+            pg_sys::JsonbValue {
+                type_: pg_sys::jbvType::jbvString,
+                val: pg_sys::JsonbValue__bindgen_ty_1 {
+                    string: pg_sys::JsonbValue__bindgen_ty_1__bindgen_ty_1 {
+                        // Rule names are short; the text's length is checked above.
+                        len: s.len() as std::ffi::c_int,
+                        val: s.as_ptr() as *mut std::ffi::c_char,
+                    },
+                },
+            }
+        }
+        use pg_sys::JsonbIteratorToken::{WJB_BEGIN_OBJECT, WJB_END_OBJECT, WJB_KEY, WJB_VALUE};
+        // SAFETY: every JsonbValue pushed points at bytes (`text`, the names, palloc'd numerics)
+        // that live until JsonbValueToJsonb has copied them into the palloc'd result; the parse
+        // state is PostgreSQL's own, begun and ended here (an ERROR unwinds through pgrx's guard).
+        unsafe {
+            let mut state: *mut pg_sys::JsonbParseState = std::ptr::null_mut();
+            pg_sys::pushJsonbValue(&mut state, WJB_BEGIN_OBJECT, std::ptr::null_mut());
+            let mut key = string("masked");
+            pg_sys::pushJsonbValue(&mut state, WJB_KEY, &mut key);
+            pg_sys::pushJsonbValue(&mut state, WJB_BEGIN_OBJECT, std::ptr::null_mut());
+            for (name, n) in counts {
+                let mut k = string(name);
+                pg_sys::pushJsonbValue(&mut state, WJB_KEY, &mut k);
+                let mut v = pg_sys::JsonbValue {
+                    type_: pg_sys::jbvType::jbvNumeric,
+                    val: pg_sys::JsonbValue__bindgen_ty_1 {
+                        numeric: pg_sys::int64_to_numeric(i64::from(n)),
+                    },
+                };
+                pg_sys::pushJsonbValue(&mut state, WJB_VALUE, &mut v);
+            }
+            pg_sys::pushJsonbValue(&mut state, WJB_END_OBJECT, std::ptr::null_mut());
+            let mut key = string("text");
+            pg_sys::pushJsonbValue(&mut state, WJB_KEY, &mut key);
+            let mut v = string(text);
+            pg_sys::pushJsonbValue(&mut state, WJB_VALUE, &mut v);
+            let root = pg_sys::pushJsonbValue(&mut state, WJB_END_OBJECT, std::ptr::null_mut());
+            JsonbDatum(pg_sys::Datum::from(pg_sys::JsonbValueToJsonb(root)))
+        }
+    }
+}
+
+impl IntoDatum for JsonbDatum {
+    fn into_datum(self) -> Option<pg_sys::Datum> {
+        Some(self.0)
+    }
+
+    fn type_oid() -> pg_sys::Oid {
+        pg_sys::JSONBOID
+    }
+}
+
+jsonb_in_sql!(JsonbDatum);
+
+// SAFETY: returns the palloc'd `jsonb` datum `JsonbValueToJsonb` made, as `JsonB` returns its own.
+unsafe impl pgrx::callconv::BoxRet for JsonbDatum {
+    unsafe fn box_into<'fcx>(
+        self,
+        fcinfo: &mut pgrx::callconv::FcInfo<'fcx>,
+    ) -> pgrx::datum::Datum<'fcx> {
+        unsafe { fcinfo.return_raw_datum(self.0) }
+    }
+}
+
 /// A `jsonb` argument as the text `jsonb_out` makes of it, not parsed yet. pgrx's `JsonB` parses
 /// that text with `serde_json` before the function runs and panics (SQLSTATE XX000) on a document
 /// nested deeper than 128; this reads the same text and leaves the parse to [`jsonb_arg`], whose
@@ -350,9 +437,9 @@ jsonb_in_sql!(JsonbText);
 
 /// A `jsonb` argument left as the caller's datum (valid for the call), for a function that reads
 /// it with SQL in parts (a bulk list, element by element) rather than as one text or one parse.
-pub struct JsonbDatum(pub pg_sys::Datum);
+pub struct JsonbArg(pub pg_sys::Datum);
 
-impl JsonbDatum {
+impl JsonbArg {
     /// Its size in bytes before any parse or detoast (what `pg_column_size` would say uncompressed).
     pub fn raw_size(&self) -> usize {
         // SAFETY: a `jsonb` datum of the running call (the SQL type says so).
@@ -366,18 +453,18 @@ impl JsonbDatum {
     }
 }
 
-impl FromDatum for JsonbDatum {
+impl FromDatum for JsonbArg {
     unsafe fn from_polymorphic_datum(
         datum: pg_sys::Datum,
         is_null: bool,
         _: pg_sys::Oid,
-    ) -> Option<JsonbDatum> {
-        (!is_null).then_some(JsonbDatum(datum))
+    ) -> Option<JsonbArg> {
+        (!is_null).then_some(JsonbArg(datum))
     }
 }
 
 // SAFETY: unboxed through `FromDatum`, as pgrx's own `JsonB` is (`argue_from_datum!`).
-unsafe impl<'fcx> pgrx::callconv::ArgAbi<'fcx> for JsonbDatum {
+unsafe impl<'fcx> pgrx::callconv::ArgAbi<'fcx> for JsonbArg {
     unsafe fn unbox_arg_unchecked(arg: pgrx::callconv::Arg<'_, 'fcx>) -> Self {
         let index = arg.index();
         unsafe { arg.unbox_arg_using_from_datum() }
@@ -390,7 +477,7 @@ unsafe impl<'fcx> pgrx::callconv::ArgAbi<'fcx> for JsonbDatum {
         unsafe { arg.unbox_arg_using_from_datum() }.into()
     }
 }
-jsonb_in_sql!(JsonbDatum);
+jsonb_in_sql!(JsonbArg);
 
 /// Parse a `jsonb` argument read as [`JsonbText`] (`None` stays `None`): nested deeper than
 /// [`ctxguard_core::json::MAX_DEPTH`] is SQLSTATE 54000 naming `what` and the limit, never the
