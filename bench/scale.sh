@@ -31,6 +31,7 @@
 #   BENCH_SCALE_CHUNK        tools per registering statement (default 1000)
 #   BENCH_SCALE_REPEAT       fresh-backend and after-change calls per page and size (default 5)
 #   BENCH_SCALE_POOL         pgbouncer's server pool (default 8)
+#   BENCH_SCALE_READERS      document readers (users) the document runs pick from (default 64)
 #   BENCH_SECONDS            duration of each pgbench run (default 8)
 #   BENCH_RUN, BENCH_PGPORT  cluster directory and port (as the other bench scripts)
 #   BENCH_PGBOUNCER_PORT     pgbouncer's port (default BENCH_PGPORT + 1)
@@ -61,6 +62,7 @@ PARTS=${BENCH_SCALE_PARTS:-catalog documents tenants clients}
 CHUNK=${BENCH_SCALE_CHUNK:-1000}
 REPEAT=${BENCH_SCALE_REPEAT:-5}
 POOL=${BENCH_SCALE_POOL:-8}
+READERS=${BENCH_SCALE_READERS:-64}
 SECONDS_PER_RUN=${BENCH_SECONDS:-8}
 VENV=${BENCH_SCALE_VENV:-$PG_CACHE/scale-venv}
 for part in $PARTS; do
@@ -149,6 +151,20 @@ v = json.loads(sys.argv[1])
 for k in sys.argv[2:]:
     v = v[k]
 print(v)' "$@"; }
+# mint_each TENANT ROLES PREFIX COUNT: "i<TAB>token" for users PREFIX0..PREFIX<COUNT-1>, minted in
+# one process with scripts/mint_token.py's mint() (as `mint_token.py mint` does, one per user).
+mint_each() {
+  /usr/bin/python3 - "$ROOT/scripts" "$RUN" "$@" <<'PY'
+import argparse, sys
+sys.path.insert(0, sys.argv[1])
+import mint_token
+run, tenant, roles, prefix, count = sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], int(sys.argv[6])
+for i in range(count):
+    ns = argparse.Namespace(dir=run, sub=f"{prefix}{i}", tenant=tenant, roles=roles, alg="HS256", ttl=7200,
+                            nbf_in=0, aud=None, bad_signature=False, crit=False, dup_tenant=None)
+    print(f"{i}\t{mint_token.mint(ns)}")
+PY
+}
 refused_before=$(refused_count)
 
 # timed_call_sql PAGE_VAR LABEL: psql lines that time BEGIN; set_context; visible_tools; COMMIT
@@ -324,9 +340,14 @@ documents_curve() {
   scale_db
   # bench/doc_setup.sql: acme's raised document limits, docbench.clients and docbench.timed_call.
   psql_su -d "$DB" -o /dev/null -f "$BENCH_DIR/doc_setup.sql"
-  local ingest reader
+  local ingest u
   ingest=$(mint --sub scale-ingest --tenant acme --roles doc_ingest --ttl 7200)
-  reader=$(mint --sub scale-reader --tenant acme --roles support --ttl 7200)
+  # READERS users; each transaction picks one at random. A user's daily coverage of a document
+  # counts each read of a page past the 1024th again (ctxguard_core::ledger::Coverage, never
+  # under-counted), so one user reading random 5-page ranges of a 5,000-page document is refused
+  # (RATE_LIMIT_EXCEEDED) after about 1,000 calls of the day even at max_document_coverage 1.0;
+  # spread over READERS users, a run stays far from that and every call does the full work.
+  mint_each acme support scale-reader "$READERS" >"$OUT/readers.tsv"
   printf 'pages\tingest_s\ttable_mb\tread_calls\tread_p50\tread_p95\tread_mean\tsearch_calls\tsearch_p50\tsearch_p95\tsearch_mean\tread_tps\tsearch_tps\n' >"$OUT/documents.tsv"
   local n
   for n in $(steps "$MAX_PAGES" 500 5000 50000); do
@@ -347,16 +368,24 @@ SELECT round(extract(epoch FROM clock_timestamp() - :'t0'::timestamptz)::numeric
 SQL
 )
     psql_su -d "$DB" -c "ANALYZE ctxguard.document_pages, ctxguard.document_sections, ctxguard.documents" >/dev/null
-    # The reader's generation for this document (as the gateway would mint it).
-    local gen
-    gen=$(psql_gw -At -v token="$reader" -v page="$page" -v conv="scale-$doc" <<'SQL'
-BEGIN;
-SELECT ctxguard.set_context(:'token', :'page') \g /dev/null
-SELECT ctxguard.begin_generation(:'conv');
-COMMIT;
+    # Each reader's generation for this document, minted by the gateway role as a gateway would
+    # (one session for all readers; it prints the superuser's UPDATE for each).
+    local gen reader
+    psql_su -d "$DB" -o /dev/null <<SQL
+TRUNCATE docbench.clients;
+CREATE TEMP TABLE readers (client_id integer, token text);
+\\copy readers FROM '$OUT/readers.tsv'
+INSERT INTO docbench.clients SELECT client_id, token, '00000000-0000-0000-0000-000000000000' FROM readers;
 SQL
-)
-    psql_su -d "$DB" -c "DELETE FROM docbench.clients" -c "INSERT INTO docbench.clients VALUES (0, '$reader', '$gen')" >/dev/null
+    for ((u = 0; u < READERS; u++)); do
+      printf 'BEGIN;\nSELECT ctxguard.set_context(c.token, :%s) FROM docbench.clients c WHERE c.client_id = %s \\g /dev/null\n' "'page'" "$u"
+      printf 'SELECT format(%s, ctxguard.begin_generation(%s), %s);\nCOMMIT;\n' \
+        "'UPDATE docbench.clients SET generation = %L WHERE client_id = %s;'" "'scale-$doc-$u'" "$u"
+    done | psql_gw -At -v page="$page" | psql_su -d "$DB" -o /dev/null
+    [ "$(psql_su -d "$DB" -Atc "SELECT count(DISTINCT generation) FILTER (WHERE generation <> '00000000-0000-0000-0000-000000000000')
+                               FROM docbench.clients")" = "$READERS" ] ||
+      die "not every reader of $doc has a generation"
+    IFS='|' read -r reader gen <<<"$(psql_su -d "$DB" -At -F '|' -c "SELECT token, generation FROM docbench.clients WHERE client_id = 0")"
     # Correctness: 5 pages of the document, the last ones too; each query finds 1-5 results.
     local check
     check=$(psql_gw -At -F '|' -v token="$reader" -v gen="$gen" -v page="$page" -v n="$n" <<SQL
@@ -376,15 +405,17 @@ SQL
     # pgbench scripts for this document: 5 pages from a random start; one of the 4 queries.
     cat >"$OUT/doc-pages-$n.sql" <<SQL
 \\set p random(1, $((n - 4)))
+\\set u random(0, $((READERS - 1)))
 BEGIN;
-SELECT ctxguard.set_context(c.token, '$page', c.generation) FROM docbench.clients c WHERE c.client_id = :client_id;
+SELECT ctxguard.set_context(c.token, '$page', c.generation) FROM docbench.clients c WHERE c.client_id = :u;
 SELECT docbench.timed_call(:run, 'read_doc_pages', jsonb_build_object('page_start', :p::int, 'page_end', :p::int + 4));
 COMMIT;
 SQL
     cat >"$OUT/doc-search-$n.sql" <<SQL
 \\set q random(1, 4)
+\\set u random(0, $((READERS - 1)))
 BEGIN;
-SELECT ctxguard.set_context(c.token, '$page', c.generation) FROM docbench.clients c WHERE c.client_id = :client_id;
+SELECT ctxguard.set_context(c.token, '$page', c.generation) FROM docbench.clients c WHERE c.client_id = :u;
 SELECT docbench.timed_call(:run, 'doc_local_search', jsonb_build_object('query', ($DOC_QUERIES)[:q::int]));
 COMMIT;
 SQL

@@ -54,6 +54,16 @@ def log_x(ax, xs, label):
     ax.set_xlabel(label)
 
 
+def log_y(ax):
+    ax.set_yscale("log")
+    plain = FuncFormatter(lambda v, _pos: f"{v:g}")
+    ax.yaxis.set_major_formatter(plain)
+    lo, hi = ax.get_ylim()
+    # Minor ticks 2 and 5 of each decade labelled, on a range of up to three decades.
+    some = FuncFormatter(lambda v, _pos: f"{v:g}" if f"{v:g}"[0] in "25" else "")
+    ax.yaxis.set_minor_formatter(some if hi / lo < 1000 else FuncFormatter(lambda *_: ""))
+
+
 def save(fig, svg_dir, name, title):
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()
@@ -115,7 +125,7 @@ def documents(data, svg_dir):
     for a, key, title in ((ax[0], "read", "read_doc_pages, 5 pages"), (ax[1], "search", "doc_local_search, 4 queries")):
         a.plot(xs, col(data, f"{key}_p50"), "o-", label="p50")
         a.plot(xs, col(data, f"{key}_p95"), "s--", label="p95")
-        a.set_yscale("log")
+        log_y(a)
         a.set_ylabel("ms per call, in the database (1 client)")
         a.set_title(title)
         log_x(a, xs, "pages in the document")
@@ -138,7 +148,7 @@ def tenants(data, svg_dir):
     a = ax[1]
     a.plot(xs, col(data, "user_days_live"), "o-", label="user-day entries live")
     a.plot(xs, col(data, "user_days_slots"), color="grey", linewidth=1, label="slots")
-    a.set_yscale("log")
+    log_y(a)
     a.set_ylabel("entries")
     a.set_title(f"Ledger (shared memory {data[-1]['ledger_mb']} MB, fixed)")
     a.legend()
