@@ -22,7 +22,7 @@
 #              careful baseline (bench/baseline_audit.sql), adjacent runs, as a ratio.
 #
 # Environment:
-#   BENCH_SCALE_QUICK=1      caps at 10k tools, 5k pages, 1k tenants, 16 clients (about 5 minutes)
+#   BENCH_SCALE_QUICK=1      caps at 10k tools, 5k pages, 1k tenants, 16 clients (about 4 minutes; the full run about 10)
 #   BENCH_SCALE_MAX_TOOLS    largest catalog (default 100000; 10000 with QUICK)
 #   BENCH_SCALE_MAX_PAGES    largest document (default 50000; 5000 with QUICK)
 #   BENCH_SCALE_MAX_TENANTS  most tenants (default 10000; 1000 with QUICK)
