@@ -116,13 +116,13 @@ AS 'MODULE_PATHNAME', '_catalog_written_here_wrapper';
 -- What each version changed, so that a backend whose cache is a few versions old reads again only
 -- the tools that changed: a row per changed tool name, or one with tool NULL when anything else
 -- changed (page types, entities, servers, grants, limits, mask rules, a TRUNCATE): then it reads
--- everything again. Kept for the last 1,000 versions.
+-- everything again. Kept for the last 100 versions (a backend further behind reads afresh).
 CREATE TABLE ctxguard.catalog_changes (
     version bigint NOT NULL,
     tool    text
 );
 CREATE INDEX catalog_changes_version_idx ON ctxguard.catalog_changes (version);
-COMMENT ON TABLE ctxguard.catalog_changes IS 'What each catalog version changed (tool names; NULL: anything else), for the backends'' catalog caches. Written by triggers, last 1,000 versions.';
+COMMENT ON TABLE ctxguard.catalog_changes IS 'What each catalog version changed (tool names; NULL: anything else), for the backends'' catalog caches. Written by triggers, last 100 versions.';
 CREATE FUNCTION ctxguard._bump_catalog_version() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$
@@ -132,7 +132,7 @@ BEGIN
     IF NOT ctxguard._catalog_written_here() THEN
         UPDATE ctxguard.catalog_version SET version = version OPERATOR(pg_catalog.+) 1;
         DELETE FROM ctxguard.catalog_changes
-         WHERE version OPERATOR(pg_catalog.<) (SELECT c.version OPERATOR(pg_catalog.-) 1000 FROM ctxguard.catalog_version c);
+         WHERE version OPERATOR(pg_catalog.<) (SELECT c.version OPERATOR(pg_catalog.-) 100 FROM ctxguard.catalog_version c);
     END IF;
     -- Tools and policies log the names they change (ctxguard._log_tool_changes); anything else
     -- makes the backends read the whole catalog again.

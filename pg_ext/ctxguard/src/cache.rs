@@ -716,7 +716,7 @@ const REFRESH_MAX: i64 = 5_000;
 /// `ctxguard.catalog_changes` holds every version between (committed ones only: a key of this
 /// transaction's own, uncommitted change is never taken over, nor taken over from).
 fn tools_changed(old: &(i64, String), new: &(i64, String)) -> Option<HashSet<String>> {
-    if old.1.contains('/') || new.1.contains('/') || new.0 <= old.0 || new.0 - old.0 > 1_000 {
+    if old.1.contains('/') || new.1.contains('/') || new.0 <= old.0 || new.0 - old.0 > 100 {
         return None;
     }
     // A database still on 0.1.0's SQL (until ALTER EXTENSION ctxguard UPDATE) has no such table.
