@@ -1,6 +1,8 @@
 //! DBA-facing catalog functions: page types and tools with their policies.
 //! EXECUTE on these is revoked from PUBLIC (see `sql/finalize.sql`).
 
+use std::collections::{HashMap, HashSet};
+
 use ctxguard_core::args;
 use ctxguard_core::names::is_valid_name;
 use ctxguard_core::policy::{self, Policy};
@@ -8,8 +10,6 @@ use pgrx::prelude::*;
 use pgrx::JsonB;
 
 use crate::cache;
-use std::collections::{HashMap, HashSet};
-
 use crate::pgutil::{jsonb_arg, raise, JsonbArg, JsonbText};
 
 const INVALID: PgSqlErrorCode = PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE;
@@ -112,10 +112,7 @@ fn wire_collisions(names: &[String]) -> Result<Option<String>, Refusal> {
         })
     })
     .map_err(|_| (INVALID, "could not check the tool names".to_string()))?;
-    match clash {
-        None => Ok(None),
-        Some(n) => Ok(Some(n)),
-    }
+    Ok(clash)
 }
 
 const WIRE_CLASH: &str =
