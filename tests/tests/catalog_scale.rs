@@ -127,6 +127,19 @@ fn a_list_of_twenty_thousand_tools_registers_in_one_call_in_bounded_memory() {
     tx.rollback().unwrap();
 }
 
+/// `sync_mcp_tools` of server `scalesrv` listing `n` tools, in the transaction.
+fn sync(tx: &mut Transaction<'_>, n: i32) -> Value {
+    tx.query_one(
+        "SELECT ctxguard.sync_mcp_tools('scalesrv', (SELECT jsonb_agg(jsonb_build_object(
+                 'name', 'tool_' || i, 'description', 'Upstream tool ' || i || '.',
+                 'inputSchema', '{\"type\": \"object\", \"properties\": {\"q\": {\"type\": \"string\"}}}'::jsonb))
+               FROM generate_series(1, $1) i))",
+        &[&n],
+    )
+    .unwrap()
+    .get(0)
+}
+
 #[test]
 fn a_sync_at_max_tools_stays_in_bounded_memory() {
     const MAX: i32 = 10_000;
@@ -138,16 +151,7 @@ fn a_sync_at_max_tools_stays_in_bounded_memory() {
         &[&MAX],
     )
     .unwrap();
-    let listed: Value = tx
-        .query_one(
-            "SELECT ctxguard.sync_mcp_tools('scalesrv', (SELECT jsonb_agg(jsonb_build_object(
-                 'name', 'tool_' || i, 'description', 'Upstream tool ' || i || '.',
-                 'inputSchema', '{\"type\": \"object\", \"properties\": {\"q\": {\"type\": \"string\"}}}'::jsonb))
-               FROM generate_series(1, $1) i))",
-            &[&MAX],
-        )
-        .unwrap()
-        .get(0);
+    let listed = sync(&mut tx, MAX);
     assert_eq!(listed["added"], json!(MAX), "{listed}");
     let peak = peak_kb(&mut tx);
     eprintln!("sync_mcp_tools of {MAX} tools: backend peak {peak} kB");
@@ -156,16 +160,7 @@ fn a_sync_at_max_tools_stays_in_bounded_memory() {
         "the backend's peak memory {peak} kB passed the bound {PEAK_BOUND_KB} kB"
     );
     // A second sync of the same list changes nothing.
-    let again: Value = tx
-        .query_one(
-            "SELECT ctxguard.sync_mcp_tools('scalesrv', (SELECT jsonb_agg(jsonb_build_object(
-                 'name', 'tool_' || i, 'description', 'Upstream tool ' || i || '.',
-                 'inputSchema', '{\"type\": \"object\", \"properties\": {\"q\": {\"type\": \"string\"}}}'::jsonb))
-               FROM generate_series(1, $1) i))",
-            &[&MAX],
-        )
-        .unwrap()
-        .get(0);
+    let again = sync(&mut tx, MAX);
     assert_eq!(again["added"], json!(0), "{again}");
     assert_eq!(again["updated"], json!(0), "{again}");
     tx.rollback().unwrap();

@@ -235,13 +235,14 @@ AS $$
            'can call ctxguard.call_tool and also holds privileges on ' || t.oid::regclass::text || ' (the role that runs model calls needs EXECUTE on ctxguard only)'
       FROM pg_roles r
       JOIN pg_class t ON t.relkind IN ('r', 'p', 'v', 'm')
-                     AND (t.relrowsecurity OR t.oid = 'ctxguard.document_pages'::regclass
-                          OR t.oid = pg_catalog.to_regclass('ctxguard.document_terms')
+                     AND (t.relrowsecurity OR t.oid OPERATOR(pg_catalog.=) 'ctxguard.document_pages'::pg_catalog.regclass
+                          OR t.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('ctxguard.document_terms')
                           OR t.oid IN (SELECT e.tbl FROM ctxguard.entity_types e))
      WHERE r.rolcanlogin AND NOT r.rolsuper AND r.oid <> t.relowner
        AND has_function_privilege(r.oid, 'ctxguard._call_tool(text, text)', 'EXECUTE')
-       AND (t.relnamespace <> 'ctxguard'::regnamespace OR t.oid = 'ctxguard.document_pages'::regclass
-            OR t.oid = pg_catalog.to_regclass('ctxguard.document_terms'))
+       AND (t.relnamespace OPERATOR(pg_catalog.<>) 'ctxguard'::pg_catalog.regnamespace
+            OR t.oid OPERATOR(pg_catalog.=) 'ctxguard.document_pages'::pg_catalog.regclass
+            OR t.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('ctxguard.document_terms'))
        AND (has_table_privilege(r.oid, t.oid, 'SELECT') OR has_table_privilege(r.oid, t.oid, 'INSERT')
             OR has_table_privilege(r.oid, t.oid, 'UPDATE') OR has_table_privilege(r.oid, t.oid, 'DELETE'))
     UNION ALL

@@ -415,16 +415,7 @@ fn write_tools(tools: &[Checked]) -> Result<(), pgrx::spi::Error> {
         .collect();
     let policies: Vec<serde_json::Value> = tools
         .iter()
-        .map(|t| {
-            let p = &t.policy;
-            serde_json::json!({
-                "tool": t.name, "page_types": p.page_types, "requires_entity": p.requires_entity,
-                "entity_type": p.entity_type, "entity_param": p.entity_param, "roles": p.roles,
-                "required_states": p.required_states, "read_only": p.read_only,
-                "danger": p.danger.as_str(), "requires_approval": p.requires_approval,
-                "enabled": p.enabled, "policy": t.raw_policy, "run_as": t.run_as.map(|o| o.to_u32()),
-            })
-        })
+        .map(|t| policy_row(&t.name, &t.policy, &t.raw_policy, t.run_as))
         .collect();
     Spi::connect_mut(|c| {
         c.update(
@@ -440,28 +431,7 @@ fn write_tools(tools: &[Checked]) -> Result<(), pgrx::spi::Error> {
             None,
             &[JsonB(serde_json::Value::Array(rows)).into()],
         )?;
-        c.update(
-            "INSERT INTO ctxguard.tool_policies (tool, page_types, requires_entity, entity_type, entity_param,
-                 roles, required_states, read_only, danger, requires_approval, enabled, policy, run_as)
-             SELECT r.tool, r.page_types, r.requires_entity, r.entity_type, r.entity_param, r.roles,
-                    r.required_states, r.read_only, r.danger, r.requires_approval, r.enabled, r.policy,
-                    r.run_as::pg_catalog.regrole
-               FROM pg_catalog.jsonb_to_recordset($1::pg_catalog.jsonb) AS r(tool pg_catalog.text,
-                    page_types pg_catalog.text[], requires_entity pg_catalog.bool, entity_type pg_catalog.text,
-                    entity_param pg_catalog.text, roles pg_catalog.text[], required_states pg_catalog.text[],
-                    read_only pg_catalog.bool, danger pg_catalog.text, requires_approval pg_catalog.bool,
-                    enabled pg_catalog.bool, policy pg_catalog.jsonb, run_as pg_catalog.oid)
-             ON CONFLICT (tool) DO UPDATE SET page_types = EXCLUDED.page_types,
-                 requires_entity = EXCLUDED.requires_entity, entity_type = EXCLUDED.entity_type,
-                 entity_param = EXCLUDED.entity_param, roles = EXCLUDED.roles,
-                 required_states = EXCLUDED.required_states, read_only = EXCLUDED.read_only,
-                 danger = EXCLUDED.danger, requires_approval = EXCLUDED.requires_approval,
-                 enabled = EXCLUDED.enabled, policy = EXCLUDED.policy, run_as = EXCLUDED.run_as,
-                 updated_at = pg_catalog.now()",
-            None,
-            &[JsonB(serde_json::Value::Array(policies)).into()],
-        )?;
-        Ok(())
+        write_policies(c, policies)
     })
 }
 
@@ -532,17 +502,38 @@ fn check_run_as(role: &str) -> Result<pg_sys::Oid, Refusal> {
     }
 }
 
-fn upsert_policy(
-    c: &mut pgrx::spi::SpiClient<'_>,
+/// A policy as a row of `ctxguard.tool_policies` for [`write_policies`].
+fn policy_row(
     name: &str,
     p: &Policy,
-    raw: serde_json::Value,
+    raw: &serde_json::Value,
     run_as: Option<pg_sys::Oid>,
+) -> serde_json::Value {
+    serde_json::json!({
+        "tool": name, "page_types": p.page_types, "requires_entity": p.requires_entity,
+        "entity_type": p.entity_type, "entity_param": p.entity_param, "roles": p.roles,
+        "required_states": p.required_states, "read_only": p.read_only,
+        "danger": p.danger.as_str(), "requires_approval": p.requires_approval,
+        "enabled": p.enabled, "policy": raw, "run_as": run_as.map(|o| o.to_u32()),
+    })
+}
+
+/// Insert or replace policies ([`policy_row`]s): one statement for the whole list.
+fn write_policies(
+    c: &mut pgrx::spi::SpiClient<'_>,
+    rows: Vec<serde_json::Value>,
 ) -> Result<(), pgrx::spi::Error> {
     c.update(
             "INSERT INTO ctxguard.tool_policies (tool, page_types, requires_entity, entity_type, entity_param,
                  roles, required_states, read_only, danger, requires_approval, enabled, policy, run_as)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13::pg_catalog.oid::pg_catalog.regrole)
+             SELECT r.tool, r.page_types, r.requires_entity, r.entity_type, r.entity_param, r.roles,
+                    r.required_states, r.read_only, r.danger, r.requires_approval, r.enabled, r.policy,
+                    r.run_as::pg_catalog.regrole
+               FROM pg_catalog.jsonb_to_recordset($1::pg_catalog.jsonb) AS r(tool pg_catalog.text,
+                    page_types pg_catalog.text[], requires_entity pg_catalog.bool, entity_type pg_catalog.text,
+                    entity_param pg_catalog.text, roles pg_catalog.text[], required_states pg_catalog.text[],
+                    read_only pg_catalog.bool, danger pg_catalog.text, requires_approval pg_catalog.bool,
+                    enabled pg_catalog.bool, policy pg_catalog.jsonb, run_as pg_catalog.oid)
              ON CONFLICT (tool) DO UPDATE SET page_types = EXCLUDED.page_types,
                  requires_entity = EXCLUDED.requires_entity, entity_type = EXCLUDED.entity_type,
                  entity_param = EXCLUDED.entity_param, roles = EXCLUDED.roles,
@@ -551,22 +542,8 @@ fn upsert_policy(
                  enabled = EXCLUDED.enabled, policy = EXCLUDED.policy, run_as = EXCLUDED.run_as,
                  updated_at = pg_catalog.now()",
             None,
-            &[
-                name.into(),
-                p.page_types.clone().into(),
-                p.requires_entity.into(),
-                p.entity_type.clone().into(),
-                p.entity_param.clone().into(),
-                p.roles.clone().into(),
-                p.required_states.clone().into(),
-                p.read_only.into(),
-                p.danger.as_str().into(),
-                p.requires_approval.into(),
-                p.enabled.into(),
-                JsonB(raw).into(),
-                run_as.into(),
-            ],
-        )?;
+        &[JsonB(serde_json::Value::Array(rows)).into()],
+    )?;
     Ok(())
 }
 
@@ -594,6 +571,6 @@ fn set_tool_policy(name: Option<&str>, policy: Option<JsonbText>) {
     .unwrap_or_else(|| raise(INVALID, "ctxguard: no such tool"));
     let raw_policy = jsonb_arg(policy, "policy").unwrap_or(serde_json::Value::Null);
     let (p, run_as) = parse_with_run_as(&raw_policy, &schema.0, kind == "sql");
-    Spi::connect_mut(|c| upsert_policy(c, name, &p, raw_policy, run_as))
+    Spi::connect_mut(|c| write_policies(c, vec![policy_row(name, &p, &raw_policy, run_as)]))
         .unwrap_or_else(|e| raise(INVALID, format!("ctxguard: could not set policy: {e}")));
 }

@@ -31,6 +31,27 @@ macro_rules! jsonb_in_sql {
     };
 }
 
+/// `ArgAbi` for an argument type read through its `FromDatum`, as pgrx's own `JsonB` is
+/// (`argue_from_datum!`).
+macro_rules! arg_from_datum {
+    ($t:ty) => {
+        // SAFETY: unboxed through `FromDatum`, as pgrx's own `JsonB` is.
+        unsafe impl<'fcx> pgrx::callconv::ArgAbi<'fcx> for $t {
+            unsafe fn unbox_arg_unchecked(arg: pgrx::callconv::Arg<'_, 'fcx>) -> Self {
+                let index = arg.index();
+                unsafe { arg.unbox_arg_using_from_datum() }
+                    .unwrap_or_else(|| panic!("argument {index} must not be null"))
+            }
+
+            unsafe fn unbox_nullable_arg(
+                arg: pgrx::callconv::Arg<'_, 'fcx>,
+            ) -> pgrx::nullable::Nullable<Self> {
+                unsafe { arg.unbox_arg_using_from_datum() }.into()
+            }
+        }
+    };
+}
+
 /// Raise an ERROR with a specific SQLSTATE. Messages must never contain caller-supplied values.
 pub fn raise(code: PgSqlErrorCode, message: impl Into<String>) -> ! {
     pgrx::ereport!(ERROR, code, message.into());
@@ -418,20 +439,7 @@ impl FromDatum for JsonbText {
     }
 }
 
-// SAFETY: unboxed through `FromDatum`, as pgrx's own `JsonB` is (`argue_from_datum!`).
-unsafe impl<'fcx> pgrx::callconv::ArgAbi<'fcx> for JsonbText {
-    unsafe fn unbox_arg_unchecked(arg: pgrx::callconv::Arg<'_, 'fcx>) -> Self {
-        let index = arg.index();
-        unsafe { arg.unbox_arg_using_from_datum() }
-            .unwrap_or_else(|| panic!("argument {index} must not be null"))
-    }
-
-    unsafe fn unbox_nullable_arg(
-        arg: pgrx::callconv::Arg<'_, 'fcx>,
-    ) -> pgrx::nullable::Nullable<Self> {
-        unsafe { arg.unbox_arg_using_from_datum() }.into()
-    }
-}
+arg_from_datum!(JsonbText);
 
 jsonb_in_sql!(JsonbText);
 
@@ -463,20 +471,7 @@ impl FromDatum for JsonbArg {
     }
 }
 
-// SAFETY: unboxed through `FromDatum`, as pgrx's own `JsonB` is (`argue_from_datum!`).
-unsafe impl<'fcx> pgrx::callconv::ArgAbi<'fcx> for JsonbArg {
-    unsafe fn unbox_arg_unchecked(arg: pgrx::callconv::Arg<'_, 'fcx>) -> Self {
-        let index = arg.index();
-        unsafe { arg.unbox_arg_using_from_datum() }
-            .unwrap_or_else(|| panic!("argument {index} must not be null"))
-    }
-
-    unsafe fn unbox_nullable_arg(
-        arg: pgrx::callconv::Arg<'_, 'fcx>,
-    ) -> pgrx::nullable::Nullable<Self> {
-        unsafe { arg.unbox_arg_using_from_datum() }.into()
-    }
-}
+arg_from_datum!(JsonbArg);
 jsonb_in_sql!(JsonbArg);
 
 /// Parse a `jsonb` argument read as [`JsonbText`] (`None` stays `None`): nested deeper than
