@@ -334,3 +334,69 @@ SELECT ctxguard.register_page_type('ttl_lab', NULL, 'A page for the lifetime tes
 SELECT ctxguard.register_tool('test.needs_approval', 'Keeps a note, once approved.',
     '{"type": "object", "properties": {"note": {"type": "string", "maxLength": 200}}, "required": ["note"]}', 't.note(jsonb)',
     '{"page_types": ["ttl_lab"], "read_only": false, "requires_approval": true}');
+
+-- Issue 30 (30_conditions.sql): policies that look at the call, on a page of their own.
+-- Predicates are SECURITY INVOKER functions owned by a plain role (registration refuses a
+-- superuser's or the extension owner's), run as the tool's run_as role.
+SELECT ctxguard.register_page_type('refund_lab', 'invoice', 'An invoice''s refunds (the policy-condition tests).');
+CREATE TABLE t.user_limits (tenant_id text NOT NULL, user_id text NOT NULL, max_refund numeric NOT NULL);
+INSERT INTO t.user_limits VALUES ('acme', 'alice', 1000), ('globex', 'carol', 100000);
+GRANT SELECT ON t.user_limits TO ctxguard_tools;
+SELECT ctxguard.protect_table('t.user_limits', 'tenant_id');
+CREATE FUNCTION t.refund(args jsonb) RETURNS jsonb LANGUAGE sql VOLATILE AS $$
+    INSERT INTO t.touches VALUES (ctxguard.tenant_id(), args->>'invoice_id')
+    RETURNING jsonb_build_object('refunded', args->'amount', 'invoice_id', invoice_id)
+$$;
+-- Up to 5,000 runs (above: refused); above 500 it needs an approval.
+CREATE FUNCTION t.refund_allowed(args jsonb) RETURNS boolean LANGUAGE sql STABLE AS $$ SELECT (args->>'amount')::numeric <= 5000 $$;
+CREATE FUNCTION t.refund_needs_approval(args jsonb) RETURNS boolean LANGUAGE sql STABLE AS $$ SELECT (args->>'amount')::numeric > 500 $$;
+-- A condition on data: the bound invoice is open (read under the caller's tenant) and the amount
+-- is within the user's own limit.
+CREATE FUNCTION t.within_limit(args jsonb) RETURNS boolean LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT 1 FROM demo.invoices i WHERE i.id = args->>'invoice_id' AND i.status = 'open')
+       AND (args->>'amount')::numeric <= (SELECT l.max_refund FROM t.user_limits l WHERE l.user_id = ctxguard.user_id())
+$$;
+CREATE FUNCTION t.cond_boom(args jsonb) RETURNS boolean LANGUAGE plpgsql STABLE AS $$ BEGIN RAISE EXCEPTION 'secret %', args; END $$;
+CREATE FUNCTION t.cond_null(args jsonb) RETURNS boolean LANGUAGE sql STABLE AS $$ SELECT NULL::boolean $$;
+-- True only if it can see another tenant's invoice (RLS must hide them).
+CREATE FUNCTION t.cond_sees_globex(args jsonb) RETURNS boolean LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT 1 FROM demo.invoices WHERE tenant_id = 'globex')
+$$;
+-- Tries to write from a condition (conditions run read-only).
+CREATE FUNCTION t.cond_writes(args jsonb) RETURNS boolean LANGUAGE plpgsql STABLE AS $$
+BEGIN INSERT INTO t.touches VALUES (ctxguard.tenant_id(), 'from-a-condition'); RETURN true; END $$;
+ALTER FUNCTION t.refund_allowed(jsonb) OWNER TO ctxguard_test_owner;
+ALTER FUNCTION t.refund_needs_approval(jsonb) OWNER TO ctxguard_test_owner;
+ALTER FUNCTION t.within_limit(jsonb) OWNER TO ctxguard_test_owner;
+ALTER FUNCTION t.cond_boom(jsonb) OWNER TO ctxguard_test_owner;
+ALTER FUNCTION t.cond_null(jsonb) OWNER TO ctxguard_test_owner;
+ALTER FUNCTION t.cond_sees_globex(jsonb) OWNER TO ctxguard_test_owner;
+ALTER FUNCTION t.cond_writes(jsonb) OWNER TO ctxguard_test_owner;
+GRANT USAGE ON SCHEMA t TO ctxguard_test_owner;
+REVOKE EXECUTE ON FUNCTION t.refund(jsonb), t.refund_allowed(jsonb), t.refund_needs_approval(jsonb), t.within_limit(jsonb),
+    t.cond_boom(jsonb), t.cond_null(jsonb), t.cond_sees_globex(jsonb), t.cond_writes(jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION t.refund(jsonb), t.refund_allowed(jsonb), t.refund_needs_approval(jsonb), t.within_limit(jsonb),
+    t.cond_boom(jsonb), t.cond_null(jsonb), t.cond_sees_globex(jsonb), t.cond_writes(jsonb) TO ctxguard_tools;
+SELECT ctxguard.register_tool('refund.issue', 'Refund part of the invoice on this page.',
+    '{"type": "object", "properties": {"invoice_id": {"type": "string"}, "amount": {"type": "number", "minimum": 0}}, "required": ["amount"]}',
+    't.refund(jsonb)',
+    '{"page_types": ["refund_lab"], "entity_type": "invoice", "entity_param": "invoice_id", "read_only": false,
+      "when": "t.refund_allowed", "approval_when": "t.refund_needs_approval"}');
+SELECT ctxguard.register_tool('refund.within_limit', 'Refund within the user''s own limit, on an open invoice.',
+    '{"type": "object", "properties": {"invoice_id": {"type": "string"}, "amount": {"type": "number", "minimum": 0}}, "required": ["amount"]}',
+    't.refund(jsonb)',
+    '{"page_types": ["refund_lab"], "entity_type": "invoice", "entity_param": "invoice_id", "read_only": false, "when": "t.within_limit(jsonb)"}');
+SELECT ctxguard.register_tool('refund.cond_boom', 'A condition that raises.', '{"type": "object", "properties": {"amount": {"type": "number"}}}',
+    't.refund(jsonb)', '{"page_types": ["refund_lab"], "read_only": false, "when": "t.cond_boom"}');
+SELECT ctxguard.register_tool('refund.cond_null', 'A condition that returns NULL.', '{"type": "object", "properties": {"amount": {"type": "number"}}}',
+    't.refund(jsonb)', '{"page_types": ["refund_lab"], "read_only": false, "when": "t.cond_null"}');
+SELECT ctxguard.register_tool('refund.cond_globex', 'A condition that looks for another tenant.', '{"type": "object", "properties": {"amount": {"type": "number"}}}',
+    't.refund(jsonb)', '{"page_types": ["refund_lab"], "read_only": false, "when": "t.cond_sees_globex"}');
+SELECT ctxguard.register_tool('refund.cond_writes', 'A condition that tries to write.', '{"type": "object", "properties": {"amount": {"type": "number"}}}',
+    't.refund(jsonb)', '{"page_types": ["refund_lab"], "read_only": false, "when": "t.cond_writes"}');
+-- Shadow mode: a role nobody here holds and the refund limit, logged only.
+SELECT ctxguard.register_tool('refund.shadow', 'A refund whose new, stricter policy is in shadow mode.',
+    '{"type": "object", "properties": {"invoice_id": {"type": "string"}, "amount": {"type": "number", "minimum": 0}}, "required": ["amount"]}',
+    't.refund(jsonb)',
+    '{"page_types": ["refund_lab"], "entity_type": "invoice", "entity_param": "invoice_id", "read_only": false,
+      "roles": ["refund_manager"], "when": "t.refund_allowed", "mode": "log_only"}');

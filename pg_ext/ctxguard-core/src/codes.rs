@@ -38,10 +38,13 @@ pub enum Code {
     /// refused, nothing was read or run. The message names the table's setting. Other tenants
     /// are not affected; retry once entries expire.
     CapacityExceeded,
+    /// A condition of the tool's policy (`when`, or an `approval_when` that could not be
+    /// evaluated) refused the call; the message names the condition, never argument values.
+    PolicyDenied,
 }
 
 impl Code {
-    pub const ALL: [Code; 14] = [
+    pub const ALL: [Code; 15] = [
         Code::ContextMissing,
         Code::ToolNotFound,
         Code::ToolNotVisible,
@@ -56,6 +59,7 @@ impl Code {
         Code::ResultTooLarge,
         Code::AuditUnavailable,
         Code::CapacityExceeded,
+        Code::PolicyDenied,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -74,6 +78,7 @@ impl Code {
             Code::ResultTooLarge => "RESULT_TOO_LARGE",
             Code::AuditUnavailable => "AUDIT_UNAVAILABLE",
             Code::CapacityExceeded => "CAPACITY_EXCEEDED",
+            Code::PolicyDenied => "POLICY_DENIED",
         }
     }
 }

@@ -46,9 +46,16 @@ pub struct Policy {
     pub danger: Danger,
     pub requires_approval: bool,
     pub enabled: bool,
+    /// A predicate `schema.name(jsonb)` that must return true for the call to run (issue 30).
+    pub when: Option<String>,
+    /// A predicate `schema.name(jsonb)`: when it returns true the call needs an approval.
+    pub approval_when: Option<String>,
+    /// `"mode": "log_only"`: page, role and state conditions and `when` are evaluated, and a
+    /// would-be denial is audited as `would_deny`, but the call runs (shadow mode).
+    pub log_only: bool,
 }
 
-pub const POLICY_KEYS: [&str; 10] = [
+pub const POLICY_KEYS: [&str; 13] = [
     "page_types",
     "requires_entity",
     "entity_type",
@@ -59,6 +66,9 @@ pub const POLICY_KEYS: [&str; 10] = [
     "danger",
     "requires_approval",
     "enabled",
+    "when",
+    "approval_when",
+    "mode",
 ];
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -103,6 +113,33 @@ fn opt_name(obj: &Map<String, Value>, key: &str) -> Result<Option<String>, Polic
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) if is_valid_name(s) => Ok(Some(s.clone())),
         Some(_) => err(format!("{key} must be a name")),
+    }
+}
+
+/// A predicate's name as a policy gives it: `schema.name` or `schema.name(jsonb)`, both
+/// lower-case unquoted identifiers; normalised to the signature `schema.name(jsonb)`.
+fn predicate(obj: &Map<String, Value>, key: &str) -> Result<Option<String>, PolicyError> {
+    let ident = |s: &str| {
+        !s.is_empty()
+            && s.len() <= 63
+            && s.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
+            && s.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+    };
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => {
+            let name = s.strip_suffix("(jsonb)").unwrap_or(s);
+            match name.split_once('.') {
+                Some((schema, func)) if ident(schema) && ident(func) => {
+                    Ok(Some(format!("{schema}.{func}(jsonb)")))
+                }
+                _ => err(format!(
+                    "{key} must name a function as schema.name (a function (args jsonb) RETURNS boolean)"
+                )),
+            }
+        }
+        Some(_) => err(format!("{key} must be a function name (schema.name)")),
     }
 }
 
@@ -185,7 +222,16 @@ pub fn parse_policy(
         Some(_) => return err("danger must be one of safe, moderate, destructive"),
     };
     let read_only = bool_key(obj, "read_only", true)?;
+    let log_only = match obj.get("mode") {
+        None | Some(Value::Null) => false,
+        Some(Value::String(m)) if m == "enforce" => false,
+        Some(Value::String(m)) if m == "log_only" => true,
+        Some(_) => return err("mode must be enforce or log_only"),
+    };
     let policy = Policy {
+        when: predicate(obj, "when")?,
+        approval_when: predicate(obj, "approval_when")?,
+        log_only,
         requires_entity,
         roles: labels(obj, "roles")?,
         required_states: labels(obj, "required_states")?,
@@ -214,6 +260,11 @@ fn check_contradictions(
     }
     if p.read_only && p.danger == Danger::Destructive {
         return err("a destructive tool cannot be read_only");
+    }
+    if p.requires_approval && p.approval_when.is_some() {
+        return err(
+            "requires_approval asks every time and approval_when asks when it holds: use one",
+        );
     }
     if p.requires_entity {
         let want = p.entity_type.as_deref();
@@ -296,6 +347,43 @@ impl Reason {
             Reason::ToolAbsent => "tool_absent",
             Reason::DefinitionChanged => "definition_changed",
         }
+    }
+}
+
+impl Reason {
+    /// May shadow mode (`"mode": "log_only"`) let a call through despite this reason? Only the
+    /// page, role and state conditions: never a missing or disabled policy, and never the
+    /// entity conditions (binding the page's entity is never shadowed).
+    pub fn shadowable(self) -> bool {
+        matches!(
+            self,
+            Reason::WrongPage | Reason::MissingRole | Reason::MissingState
+        )
+    }
+}
+
+/// [`evaluate`], with shadow mode: for a `log_only` policy whose page, role or state conditions
+/// fail, `(Visible, Some(the first failing one))` when every other condition holds. For any
+/// other policy `(evaluate(..), None)`.
+pub fn evaluate_shadowed(
+    policy: Option<&Policy>,
+    ctx: Option<&ContextView<'_>>,
+) -> (Reason, Option<Reason>) {
+    let strict = evaluate(policy, ctx);
+    match policy {
+        Some(p) if p.log_only && strict.shadowable() => {
+            let lenient = Policy {
+                page_types: vec!["*".into()],
+                roles: Vec::new(),
+                required_states: Vec::new(),
+                ..p.clone()
+            };
+            match evaluate(Some(&lenient), ctx) {
+                Reason::Visible => (Reason::Visible, Some(strict)),
+                other => (other, None),
+            }
+        }
+        _ => (strict, None),
     }
 }
 
@@ -457,5 +545,88 @@ mod tests {
         ] {
             assert!(split_run_as(&bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn predicates_and_mode() {
+        let p = parse_policy(
+            &json!({"page_types": ["invoice_detail"], "entity_type": "invoice",
+                    "when": "app.refund_ok", "approval_when": "app.big_refund(jsonb)", "mode": "log_only"}),
+            &schema(),
+            lookup,
+        )
+        .unwrap();
+        assert_eq!(p.when.as_deref(), Some("app.refund_ok(jsonb)"));
+        assert_eq!(p.approval_when.as_deref(), Some("app.big_refund(jsonb)"));
+        assert!(p.log_only);
+        assert!(!get_policy().log_only && get_policy().when.is_none());
+        for bad in [
+            json!({"page_types": "*", "when": "refund_ok"}),
+            json!({"page_types": "*", "when": "App.refund_ok"}),
+            json!({"page_types": "*", "when": "app.refund_ok(text)"}),
+            json!({"page_types": "*", "when": "app.refund_ok; DROP TABLE x"}),
+            json!({"page_types": "*", "when": "a.b.c"}),
+            json!({"page_types": "*", "when": 7}),
+            json!({"page_types": "*", "mode": "audit"}),
+            json!({"page_types": "*", "requires_approval": true, "approval_when": "app.big"}),
+        ] {
+            assert!(parse_policy(&bad, &schema(), lookup).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn shadow_mode_lets_only_page_role_and_state_through() {
+        let ctx = |page, entity, roles: &'static [String]| ContextView {
+            page_type: page,
+            entity_type: entity,
+            roles,
+            states: &[],
+        };
+        let shadow = parse_policy(
+            &json!({"page_types": ["invoice_detail"], "entity_type": "invoice", "roles": ["manager"],
+                    "mode": "log_only"}),
+            &schema(),
+            lookup,
+        )
+        .unwrap();
+        let enforce = Policy {
+            log_only: false,
+            ..shadow.clone()
+        };
+        let none: &'static [String] = &[];
+        let detail = ctx("invoice_detail", Some("invoice"), none);
+        assert_eq!(
+            evaluate_shadowed(Some(&shadow), Some(&detail)),
+            (Reason::Visible, Some(Reason::MissingRole))
+        );
+        assert_eq!(
+            evaluate_shadowed(Some(&enforce), Some(&detail)),
+            (Reason::MissingRole, None)
+        );
+        // Another page with the same entity type: the page condition is shadowed.
+        let other = ctx("other_invoice_page", Some("invoice"), none);
+        assert_eq!(
+            evaluate_shadowed(Some(&shadow), Some(&other)),
+            (Reason::Visible, Some(Reason::WrongPage))
+        );
+        // The entity conditions never are.
+        let table = ctx("invoice_table", None, none);
+        assert_eq!(
+            evaluate_shadowed(Some(&shadow), Some(&table)),
+            (Reason::EntityRequired, None)
+        );
+        let vendor = ctx("vendor_detail", Some("vendor"), none);
+        assert_eq!(
+            evaluate_shadowed(Some(&shadow), Some(&vendor)),
+            (Reason::WrongEntityType, None)
+        );
+        let disabled = Policy {
+            enabled: false,
+            ..shadow.clone()
+        };
+        assert_eq!(
+            evaluate_shadowed(Some(&disabled), Some(&detail)),
+            (Reason::Disabled, None)
+        );
     }
 }

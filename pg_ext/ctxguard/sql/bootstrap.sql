@@ -46,6 +46,9 @@ CREATE TABLE ctxguard.tool_policies (
     policy            jsonb NOT NULL,
     updated_at        timestamptz NOT NULL DEFAULT now(),
     run_as            regrole,
+    when_fn           regprocedure,
+    approval_when_fn  regprocedure,
+    mode              text NOT NULL DEFAULT 'enforce' CHECK (mode IN ('enforce', 'log_only')),
     CHECK (entity_param IS NULL OR entity_type IS NOT NULL),
     CHECK (NOT requires_entity OR entity_type IS NOT NULL),
     CHECK (NOT (read_only AND danger = 'destructive'))
@@ -53,6 +56,9 @@ CREATE TABLE ctxguard.tool_policies (
 CREATE INDEX tool_policies_page_types_idx ON ctxguard.tool_policies USING gin (page_types);
 COMMENT ON TABLE ctxguard.tool_policies IS 'Policy of each tool (written by ctxguard.register_tool, validated there).';
 COMMENT ON COLUMN ctxguard.tool_policies.run_as IS 'Role a SQL tool''s handler runs as (policy run_as, or ctxguard.default_run_as at registration).';
+COMMENT ON COLUMN ctxguard.tool_policies.when_fn IS 'Policy "when": a STABLE function (args jsonb) RETURNS boolean that must return true for a call to run (run as run_as, read-only).';
+COMMENT ON COLUMN ctxguard.tool_policies.approval_when_fn IS 'Policy "approval_when": a STABLE function (args jsonb) RETURNS boolean; true: the call needs an approval.';
+COMMENT ON COLUMN ctxguard.tool_policies.mode IS 'enforce, or log_only (shadow mode): a would-be denial by the page, role or state conditions or by "when" is audited as would_deny and the call runs.';
 
 CREATE TABLE ctxguard.generations (
     id              uuid PRIMARY KEY,
@@ -90,7 +96,7 @@ CREATE TABLE ctxguard.audit_log (
     entity_type  text,
     entity_id    text,
     tool         text,
-    decision     text NOT NULL CHECK (decision IN ('allow', 'deny', 'pending', 'error', 'authorized')),
+    decision     text NOT NULL CHECK (decision IN ('allow', 'deny', 'pending', 'error', 'authorized', 'would_deny', 'dry_run')),
     code         text,
     args_hash    text,
     result_bytes integer,

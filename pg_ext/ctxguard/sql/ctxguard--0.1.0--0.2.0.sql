@@ -898,3 +898,28 @@ SELECT tenant_id, doc_id, lexeme, hits, page_no
           CROSS JOIN LATERAL pg_catalog.unnest(p.tsv) AS u
          WHERE p.tsv IS NOT NULL) t
  WHERE r <= 100;
+
+-- Policies that look at the call (issue 30): conditions ("when", "approval_when": predicates run as
+-- the tool's run_as role), shadow mode ("mode": "log_only", audited as would_deny) and dry runs
+-- (explain_call, audited as dry_run).
+ALTER TABLE ctxguard.tool_policies
+    ADD COLUMN when_fn regprocedure,
+    ADD COLUMN approval_when_fn regprocedure,
+    ADD COLUMN mode text NOT NULL DEFAULT 'enforce' CHECK (mode IN ('enforce', 'log_only'));
+COMMENT ON COLUMN ctxguard.tool_policies.when_fn IS 'Policy "when": a STABLE function (args jsonb) RETURNS boolean that must return true for a call to run (run as run_as, read-only).';
+COMMENT ON COLUMN ctxguard.tool_policies.approval_when_fn IS 'Policy "approval_when": a STABLE function (args jsonb) RETURNS boolean; true: the call needs an approval.';
+COMMENT ON COLUMN ctxguard.tool_policies.mode IS 'enforce, or log_only (shadow mode): a would-be denial by the page, role or state conditions or by "when" is audited as would_deny and the call runs.';
+ALTER TABLE ctxguard.audit_log DROP CONSTRAINT audit_log_decision_check;
+ALTER TABLE ctxguard.audit_log ADD CONSTRAINT audit_log_decision_check
+    CHECK (decision IN ('allow', 'deny', 'pending', 'error', 'authorized', 'would_deny', 'dry_run'));
+CREATE FUNCTION ctxguard."_explain_call"(
+	"name" TEXT, /* Option < & str > */
+	"args" TEXT /* Option < & str > */
+) RETURNS jsonb /* JsonB */
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', '_explain_call_wrapper';
+CREATE FUNCTION ctxguard.explain_call(tool text, args jsonb DEFAULT '{}'::jsonb) RETURNS jsonb
+    LANGUAGE sql VOLATILE PARALLEL UNSAFE
+    RETURN ctxguard._explain_call(tool, args::text);
+COMMENT ON FUNCTION ctxguard.explain_call(text, jsonb) IS 'Dry run of Gate B under the current context: the decision, its code and rule; runs and charges nothing; audited as dry_run.';

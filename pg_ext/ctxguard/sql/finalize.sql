@@ -17,6 +17,11 @@ CREATE FUNCTION ctxguard.complete_call(call_id uuid, result jsonb, is_error bool
 COMMENT ON FUNCTION ctxguard.complete_call(uuid, jsonb, boolean) IS 'Mask, budget and audit the result of an upstream call authorized by call_tool (once).';
 COMMENT ON FUNCTION ctxguard.call_tool(text, jsonb) IS 'Gate B: re-check policy, bind the entity, validate, run the handler, audit.';
 
+CREATE FUNCTION ctxguard.explain_call(tool text, args jsonb DEFAULT '{}'::jsonb) RETURNS jsonb
+    LANGUAGE sql VOLATILE PARALLEL UNSAFE
+    RETURN ctxguard._explain_call(tool, args::text);
+COMMENT ON FUNCTION ctxguard.explain_call(text, jsonb) IS 'Dry run of Gate B under the current context: the decision, its code and rule; runs and charges nothing; audited as dry_run.';
+
 CREATE FUNCTION ctxguard.register_tool(name text, description text, input_schema jsonb, handler regprocedure, policy jsonb, title text DEFAULT NULL)
     RETURNS void LANGUAGE sql VOLATILE
     RETURN ctxguard._register_tool(name, description, input_schema, handler::oid, policy, title);

@@ -22,7 +22,7 @@ use std::rc::Rc;
 use ctxguard_core::args::{self, ArgError, Schema};
 use ctxguard_core::mcp::{Caller, Grant, Principal, ServerAccess};
 use ctxguard_core::page::PageTypeInfo;
-use ctxguard_core::policy::{evaluate, parse_policy, split_run_as, Danger, Policy, Reason};
+use ctxguard_core::policy::{evaluate_shadowed, parse_policy, split_run_as, Danger, Policy, Reason};
 use pgrx::prelude::*;
 use pgrx::spi::SpiHeapTupleData;
 use pgrx::JsonB;
@@ -49,6 +49,9 @@ pub struct ToolEntry {
     pub absent: bool,
     /// An upstream tool whose definition changed since the DBA accepted it.
     pub changed: bool,
+    /// The policy's `when` and `approval_when` predicates (`tool_policies.when_fn`, ...).
+    pub when_fn: Option<pg_sys::Oid>,
+    pub approval_when_fn: Option<pg_sys::Oid>,
     compiled: OnceCell<Result<Rc<Schema>, ArgError>>,
     /// The schema Gate A shows, as a `jsonb` datum's bytes: as catalogued, and with the bound
     /// entity parameter stripped (made on first use, then kept with the entry).
@@ -167,7 +170,9 @@ const TOOL_COLUMNS: &str = "t.name, t.description, t.input_schema, t.handler::pg
     p.page_types, p.requires_entity, p.entity_type, p.entity_param, p.roles, p.required_states,
     p.read_only, p.danger, p.requires_approval, p.enabled, p.tool IS NOT NULL,
     t.server, t.upstream_name, NULL::pg_catalog.jsonb, p.run_as::pg_catalog.oid, NOT t.present,
-    (t.kind OPERATOR(pg_catalog.=) 'external' AND t.accepted_hash IS DISTINCT FROM t.definition_hash)";
+    (t.kind OPERATOR(pg_catalog.=) 'external' AND t.accepted_hash IS DISTINCT FROM t.definition_hash),
+    p.when_fn::pg_catalog.oid, p.approval_when_fn::pg_catalog.oid,
+    p.when_fn::pg_catalog.text, p.approval_when_fn::pg_catalog.text, p.mode";
 const TOOL_FROM: &str = "ctxguard.tools t
     LEFT JOIN ctxguard.tool_policies p ON p.tool OPERATOR(pg_catalog.=) t.name";
 
@@ -610,14 +615,24 @@ impl Catalog {
 
     /// Why `tool` is or is not usable in `ctx` (Gate A and Gate B share this).
     pub fn reason(&self, tool: &ToolEntry, ctx: Option<&crate::context::Ctx>) -> Reason {
+        self.reason_shadowed(tool, ctx).0
+    }
+
+    /// [`Catalog::reason`], and for a tool in shadow mode (`"mode": "log_only"`) let through
+    /// despite its page, role or state conditions, the reason it would have been refused.
+    pub fn reason_shadowed(
+        &self,
+        tool: &ToolEntry,
+        ctx: Option<&crate::context::Ctx>,
+    ) -> (Reason, Option<Reason>) {
         if tool.absent {
-            return Reason::ToolAbsent;
+            return (Reason::ToolAbsent, None);
         }
         let view = ctx.map(crate::context::Ctx::view);
-        match evaluate(tool.policy.as_ref(), view.as_ref()) {
-            Reason::Visible if tool.changed => Reason::DefinitionChanged,
-            Reason::Visible if !ctx.is_some_and(|c| self.tool_server_allows(tool, c)) => {
-                Reason::ServerNotAllowed
+        match evaluate_shadowed(tool.policy.as_ref(), view.as_ref()) {
+            (Reason::Visible, _) if tool.changed => (Reason::DefinitionChanged, None),
+            (Reason::Visible, _) if !ctx.is_some_and(|c| self.tool_server_allows(tool, c)) => {
+                (Reason::ServerNotAllowed, None)
             }
             r => r,
         }
@@ -853,6 +868,10 @@ fn policy_from_row(row: &SpiHeapTupleData) -> Result<Option<Policy>, pgrx::spi::
             .unwrap_or(Danger::Destructive),
         requires_approval: row.get::<bool>(14)?.unwrap_or(true),
         enabled: row.get::<bool>(15)?.unwrap_or(false),
+        when: row.get::<String>(25)?,
+        approval_when: row.get::<String>(26)?,
+        // Only an explicit log_only shadows anything.
+        log_only: row.get::<String>(27)?.as_deref() == Some("log_only"),
     }))
 }
 
@@ -890,6 +909,8 @@ fn tool_from_row(
         run_as: row.get::<pg_sys::Oid>(20)?,
         absent: row.get::<bool>(21)?.unwrap_or(true),
         changed: row.get::<bool>(22)?.unwrap_or(true),
+        when_fn: row.get::<pg_sys::Oid>(23)?,
+        approval_when_fn: row.get::<pg_sys::Oid>(24)?,
         compiled: OnceCell::new(),
         shown: [OnceCell::new(), OnceCell::new()],
     })

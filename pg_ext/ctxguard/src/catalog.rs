@@ -128,6 +128,14 @@ struct Checked {
     policy: Policy,
     raw_policy: serde_json::Value,
     run_as: Option<pg_sys::Oid>,
+    predicates: Predicates,
+}
+
+/// The functions a policy's `when` and `approval_when` name, resolved and checked.
+#[derive(Default, Clone, Copy)]
+struct Predicates {
+    when: Option<pg_sys::Oid>,
+    approval_when: Option<pg_sys::Oid>,
 }
 
 /// What checking a list of definitions looks up once: handlers' signatures and run_as roles.
@@ -135,6 +143,7 @@ struct Checked {
 struct Seen {
     handlers: HashMap<pg_sys::Oid, bool>,
     roles: HashMap<String, Result<pg_sys::Oid, Refusal>>,
+    predicates: HashMap<String, Result<pg_sys::Oid, Refusal>>,
 }
 
 /// Check one SQL tool's definition (everything but name collisions, which are checked by list).
@@ -168,8 +177,9 @@ fn check_tool(
     if !ok {
         return invalid("handler must be a function (jsonb) RETURNS jsonb");
     }
-    let (policy, run_as) = try_parse_with_run_as(&raw_policy, &schema, true, seen)?;
+    let (policy, run_as, predicates) = try_parse_with_run_as(&raw_policy, &schema, true, seen)?;
     Ok(Checked {
+        predicates,
         name: name.to_string(),
         description: description.to_string(),
         title: title.map(str::to_string),
@@ -415,7 +425,7 @@ fn write_tools(tools: &[Checked]) -> Result<(), pgrx::spi::Error> {
         .collect();
     let policies: Vec<serde_json::Value> = tools
         .iter()
-        .map(|t| policy_row(&t.name, &t.policy, &t.raw_policy, t.run_as))
+        .map(|t| policy_row(&t.name, &t.policy, &t.raw_policy, t.run_as, t.predicates))
         .collect();
     Spi::connect_mut(|c| {
         c.update(
@@ -441,7 +451,7 @@ fn parse_with_run_as(
     raw: &serde_json::Value,
     schema: &serde_json::Value,
     needs_run_as: bool,
-) -> (Policy, Option<pg_sys::Oid>) {
+) -> (Policy, Option<pg_sys::Oid>, Predicates) {
     try_parse_with_run_as(raw, schema, needs_run_as, &mut Seen::default())
         .unwrap_or_else(|r| refuse("", r))
 }
@@ -451,7 +461,7 @@ fn try_parse_with_run_as(
     schema: &serde_json::Value,
     needs_run_as: bool,
     seen: &mut Seen,
-) -> Result<(Policy, Option<pg_sys::Oid>), Refusal> {
+) -> Result<(Policy, Option<pg_sys::Oid>, Predicates), Refusal> {
     let (rest, named) = policy::split_run_as(raw).or_else(|e| invalid(e.to_string()))?;
     let catalog = cache::catalog();
     let p = policy::parse_policy(&rest, schema, |n| catalog.page_type(n))
@@ -460,7 +470,24 @@ fn try_parse_with_run_as(
         if named.is_some() {
             return invalid("run_as applies to SQL tools only");
         }
-        return Ok((p, None));
+        if p.when.is_some() || p.approval_when.is_some() {
+            return invalid("when and approval_when apply to SQL tools only");
+        }
+        return Ok((p, None, Predicates::default()));
+    }
+    let mut predicates = Predicates::default();
+    for (key, name, slot) in [
+        ("when", &p.when, &mut predicates.when),
+        ("approval_when", &p.approval_when, &mut predicates.approval_when),
+    ] {
+        if let Some(name) = name {
+            let checked = seen
+                .predicates
+                .entry(name.clone())
+                .or_insert_with(|| check_predicate(name))
+                .clone();
+            *slot = Some(checked.or_else(|(_, m)| invalid(format!("{key}: {m}")))?);
+        }
     }
     let Some(role) = named.or_else(|| crate::gucs::get(&crate::gucs::DEFAULT_RUN_AS)) else {
         return invalid(
@@ -472,7 +499,53 @@ fn try_parse_with_run_as(
         .entry(role.clone())
         .or_insert_with(|| check_run_as(&role))
         .clone()?;
-    Ok((p, Some(oid)))
+    Ok((p, Some(oid), predicates))
+}
+
+/// The OID of the predicate `signature` (`schema.name(jsonb)`, as `parse_policy` normalised it) if
+/// it may be a policy condition: a function (jsonb) RETURNS boolean, STABLE or IMMUTABLE (it runs
+/// read-only on the call's snapshot), owned by neither a superuser nor the extension owner.
+fn check_predicate(signature: &str) -> Result<pg_sys::Oid, Refusal> {
+    let found = crate::owner::as_owner(|| {
+        Spi::connect(|c| {
+            let mut rows = c.select(
+                "SELECT p.oid,
+                        p.prorettype OPERATOR(pg_catalog.=) 'pg_catalog.bool'::pg_catalog.regtype
+                            AND NOT p.proretset AND p.prokind OPERATOR(pg_catalog.=) 'f',
+                        p.provolatile OPERATOR(pg_catalog.<>) 'v',
+                        NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles r
+                                     WHERE r.oid OPERATOR(pg_catalog.=) p.proowner AND r.rolsuper)
+                            AND p.proowner OPERATOR(pg_catalog.<>) ALL (SELECT e.extowner FROM pg_catalog.pg_extension e
+                                                                         WHERE e.extname OPERATOR(pg_catalog.=) 'ctxguard')
+                   FROM pg_catalog.pg_proc p
+                  WHERE p.oid OPERATOR(pg_catalog.=) pg_catalog.to_regprocedure($1)",
+                Some(1),
+                &[signature.into()],
+            )?;
+            Ok::<_, pgrx::spi::Error>(match rows.next() {
+                Some(r) => Some((
+                    r.get::<pg_sys::Oid>(1)?,
+                    r.get::<bool>(2)?.unwrap_or(false),
+                    r.get::<bool>(3)?.unwrap_or(false),
+                    r.get::<bool>(4)?.unwrap_or(false),
+                )),
+                None => None,
+            })
+        })
+    })
+    .or_else(|e| invalid(e.to_string()))?;
+    match found {
+        None => invalid(format!("no function {signature}")),
+        Some((_, false, _, _)) => invalid("must be a function (args jsonb) RETURNS boolean"),
+        Some((_, _, false, _)) => invalid(
+            "must be STABLE or IMMUTABLE (it runs read-only, on the call's snapshot)",
+        ),
+        Some((_, _, _, false)) => {
+            invalid("must not be owned by a superuser or the extension owner")
+        }
+        Some((Some(oid), true, true, true)) => Ok(oid),
+        Some((None, ..)) => invalid(format!("no function {signature}")),
+    }
 }
 
 /// The OID of `role` if it may run tool handlers: it exists and `ctxguard._run_as_unfit` (the one
@@ -508,8 +581,12 @@ fn policy_row(
     p: &Policy,
     raw: &serde_json::Value,
     run_as: Option<pg_sys::Oid>,
+    predicates: Predicates,
 ) -> serde_json::Value {
     serde_json::json!({
+        "when_fn": predicates.when.map(|o| o.to_u32()),
+        "approval_when_fn": predicates.approval_when.map(|o| o.to_u32()),
+        "mode": if p.log_only { "log_only" } else { "enforce" },
         "tool": name, "page_types": p.page_types, "requires_entity": p.requires_entity,
         "entity_type": p.entity_type, "entity_param": p.entity_param, "roles": p.roles,
         "required_states": p.required_states, "read_only": p.read_only,
@@ -525,21 +602,25 @@ fn write_policies(
 ) -> Result<(), pgrx::spi::Error> {
     c.update(
             "INSERT INTO ctxguard.tool_policies (tool, page_types, requires_entity, entity_type, entity_param,
-                 roles, required_states, read_only, danger, requires_approval, enabled, policy, run_as)
+                 roles, required_states, read_only, danger, requires_approval, enabled, policy, run_as,
+                 when_fn, approval_when_fn, mode)
              SELECT r.tool, r.page_types, r.requires_entity, r.entity_type, r.entity_param, r.roles,
                     r.required_states, r.read_only, r.danger, r.requires_approval, r.enabled, r.policy,
-                    r.run_as::pg_catalog.regrole
+                    r.run_as::pg_catalog.regrole, r.when_fn::pg_catalog.regprocedure,
+                    r.approval_when_fn::pg_catalog.regprocedure, r.mode
                FROM pg_catalog.jsonb_to_recordset($1::pg_catalog.jsonb) AS r(tool pg_catalog.text,
                     page_types pg_catalog.text[], requires_entity pg_catalog.bool, entity_type pg_catalog.text,
                     entity_param pg_catalog.text, roles pg_catalog.text[], required_states pg_catalog.text[],
                     read_only pg_catalog.bool, danger pg_catalog.text, requires_approval pg_catalog.bool,
-                    enabled pg_catalog.bool, policy pg_catalog.jsonb, run_as pg_catalog.oid)
+                    enabled pg_catalog.bool, policy pg_catalog.jsonb, run_as pg_catalog.oid,
+                    when_fn pg_catalog.oid, approval_when_fn pg_catalog.oid, mode pg_catalog.text)
              ON CONFLICT (tool) DO UPDATE SET page_types = EXCLUDED.page_types,
                  requires_entity = EXCLUDED.requires_entity, entity_type = EXCLUDED.entity_type,
                  entity_param = EXCLUDED.entity_param, roles = EXCLUDED.roles,
                  required_states = EXCLUDED.required_states, read_only = EXCLUDED.read_only,
                  danger = EXCLUDED.danger, requires_approval = EXCLUDED.requires_approval,
                  enabled = EXCLUDED.enabled, policy = EXCLUDED.policy, run_as = EXCLUDED.run_as,
+                 when_fn = EXCLUDED.when_fn, approval_when_fn = EXCLUDED.approval_when_fn, mode = EXCLUDED.mode,
                  updated_at = pg_catalog.now()",
             None,
         &[JsonB(serde_json::Value::Array(rows)).into()],
@@ -570,7 +651,12 @@ fn set_tool_policy(name: Option<&str>, policy: Option<JsonbText>) {
     .and_then(|(s, k)| Some((s?, k?)))
     .unwrap_or_else(|| raise(INVALID, "ctxguard: no such tool"));
     let raw_policy = jsonb_arg(policy, "policy").unwrap_or(serde_json::Value::Null);
-    let (p, run_as) = parse_with_run_as(&raw_policy, &schema.0, kind == "sql");
-    Spi::connect_mut(|c| write_policies(c, vec![policy_row(name, &p, &raw_policy, run_as)]))
+    let (p, run_as, predicates) = parse_with_run_as(&raw_policy, &schema.0, kind == "sql");
+    Spi::connect_mut(|c| {
+        write_policies(
+            c,
+            vec![policy_row(name, &p, &raw_policy, run_as, predicates)],
+        )
+    })
         .unwrap_or_else(|e| raise(INVALID, format!("ctxguard: could not set policy: {e}")));
 }

@@ -347,6 +347,23 @@ enum Outcome {
         upstream_name: String,
         args: Value,
     },
+    /// `explain_call`: what Gate B would decide (nothing run, nothing charged).
+    Explained {
+        decision: &'static str,
+        code: Option<Code>,
+        message: Option<String>,
+    },
+}
+
+/// How Gate B is asked.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Run {
+    /// `call_tool`.
+    Call,
+    /// `approve_call` replaying a pending approval.
+    Approved,
+    /// `explain_call`: decide, but run nothing, record no approval, charge nothing.
+    DryRun,
 }
 
 struct Call {
@@ -361,6 +378,10 @@ struct Call {
     budget: Option<Value>,
     /// The audit record could not be queued or made durable: the call's effects are rolled back.
     unaudited: bool,
+    /// The rule that decided a refusal (`explain_call` names it).
+    rule: &'static str,
+    /// Shadow mode: the call ran, but the policy (in `log_only` mode) would have refused it so.
+    would_deny: Option<(Code, String)>,
 }
 
 impl Call {
@@ -376,6 +397,8 @@ impl Call {
             masked: None,
             budget: None,
             unaudited: false,
+            rule: "none",
+            would_deny: None,
         }
     }
 }
@@ -409,16 +432,75 @@ fn parse_args(args: Option<&str>) -> Result<(Value, usize), ArgError> {
     Ok((v, text.len()))
 }
 
-/// Gate B proper. `approved` is true only when replaying a pending approval.
+/// The rule a refusal with `code` comes from (what `explain_call` reports).
+fn rule_of(code: Code) -> &'static str {
+    match code {
+        Code::ContextMissing => "context",
+        Code::ToolNotFound => "catalog",
+        Code::ToolNotVisible => "policy",
+        Code::InvalidArgument => "input_schema",
+        Code::EntityMismatch => "entity_binding",
+        Code::RateLimitExceeded | Code::CapacityExceeded => "budget",
+        Code::ApprovalRequired => "requires_approval",
+        _ => "gate_b",
+    }
+}
+
+/// Evaluate a policy predicate for a call; failures are logged with their SQLSTATE, never
+/// their message (it may quote data). `None`: it could not be evaluated (fail closed).
+fn condition(
+    f: Option<pg_sys::Oid>,
+    tool: &cache::ToolEntry,
+    args: &Value,
+    key: &str,
+    call_id: uuid::Uuid,
+) -> Option<bool> {
+    let Some(f) = f else {
+        pgrx::log!(
+            "ctxguard: policy condition {key} has no function tool={} call_id={call_id}",
+            tool.name
+        );
+        return None;
+    };
+    match handler::predicate(f, tool.run_as, args) {
+        Ok(b) => Some(b),
+        Err(handler::Failure::Raised(sqlstate)) => {
+            pgrx::log!(
+                "ctxguard: policy condition {key} failed tool={} call_id={call_id} sqlstate={sqlstate}",
+                tool.name
+            );
+            None
+        }
+        Err(handler::Failure::ReturnedNull) => {
+            pgrx::log!(
+                "ctxguard: policy condition {key} returned NULL tool={} call_id={call_id}",
+                tool.name
+            );
+            None
+        }
+        Err(handler::Failure::NoRunAs) => {
+            pgrx::log!(
+                "ctxguard: policy condition {key}: the tool has no usable run_as role tool={} call_id={call_id}",
+                tool.name
+            );
+            None
+        }
+    }
+}
+
+/// Gate B proper.
 fn gate_b(
     ctx: Option<&Ctx>,
     name: &str,
     args_text: Option<&str>,
-    approved: bool,
+    run: Run,
     call_id: uuid::Uuid,
 ) -> Call {
     let mut call = Call::new(call_id);
     let deny = |mut call: Call, code: Code, msg: &str| {
+        if call.rule == "none" {
+            call.rule = rule_of(code);
+        }
         call.outcome = Outcome::Denied(code, msg.to_string(), None);
         call
     };
@@ -454,7 +536,7 @@ fn gate_b(
     if handler.is_none() && tool.kind != "builtin" && upstream.is_none() {
         return deny(call, Code::ToolNotFound, "no such tool");
     }
-    let reason = catalog.reason(&tool, Some(ctx));
+    let (reason, shadowed) = catalog.reason_shadowed(&tool, Some(ctx));
     if reason != Reason::Visible {
         return deny(
             call,
@@ -462,6 +544,13 @@ fn gate_b(
             &format!("tool is not available here ({})", reason.as_str()),
         );
     }
+    // Shadow mode: the first refusal a log_only policy would have made, audited as would_deny.
+    let mut would_deny = shadowed.map(|r| {
+        (
+            Code::ToolNotVisible,
+            format!("tool is not available here ({})", r.as_str()),
+        )
+    });
     let limits = Limits {
         max_bytes: gucs::MAX_ARG_BYTES.get().max(0) as usize,
         ..Limits::default()
@@ -494,7 +583,49 @@ fn gate_b(
     if let Err(e) = schema.validate(&bound) {
         return deny(call, Code::InvalidArgument, &e.0);
     }
-    if policy.requires_approval && !approved {
+    // Conditions on the call: run on the bound arguments (so they see the page's entity).
+    if policy.when.is_some() {
+        let refusal = match condition(tool.when_fn, &tool, &bound, "when", call_id) {
+            Some(true) => None,
+            Some(false) => Some("the policy's condition (when) does not hold for this call"),
+            None => Some("the policy's condition (when) could not be evaluated"),
+        };
+        if let Some(message) = refusal {
+            if policy.log_only {
+                would_deny.get_or_insert((Code::PolicyDenied, message.to_string()));
+            } else {
+                call.rule = "when";
+                return deny(call, Code::PolicyDenied, message);
+            }
+        }
+    }
+    // Approvals are never shadowed; a condition that cannot be evaluated refuses.
+    let needs_approval = run != Run::Approved
+        && (policy.requires_approval
+            || (policy.approval_when.is_some() && {
+                match condition(tool.approval_when_fn, &tool, &bound, "approval_when", call_id) {
+                    Some(b) => b,
+                    None => {
+                        call.rule = "approval_when";
+                        return deny(
+                            call,
+                            Code::PolicyDenied,
+                            "the policy's condition (approval_when) could not be evaluated",
+                        );
+                    }
+                }
+            }));
+    call.would_deny = would_deny;
+    if needs_approval && run == Run::DryRun {
+        call.rule = if policy.requires_approval {
+            "requires_approval"
+        } else {
+            "approval_when"
+        };
+        call.outcome = Outcome::Pending;
+        return call;
+    }
+    if needs_approval {
         // The approval is for exactly this bound call on this page's entity.
         record_pending_approval(
             ctx,
@@ -516,11 +647,22 @@ fn gate_b(
     };
     if budget.remaining() == 0 {
         call.budget = Some(budget.state(None));
+        call.rule = "budget";
         call.outcome = Outcome::Denied(
             Code::RateLimitExceeded,
             "bytes_per_generation: the generation's byte budget is spent".into(),
             None,
         );
+        return call;
+    }
+    if run == Run::DryRun {
+        // Everything Gate B checks before it runs or authorizes anything has passed.
+        call.budget = Some(budget.state(None));
+        call.outcome = Outcome::Explained {
+            decision: "allow",
+            code: None,
+            message: None,
+        };
         return call;
     }
     if let Some((server, upstream_name)) = upstream {
@@ -731,12 +873,17 @@ fn audit(ctx: Option<&Ctx>, call: &mut Call) {
     if call.result_bytes.is_none() {
         ledger::settle();
     }
-    let (decision, code) = match &call.outcome {
-        Outcome::Ok(_) => ("allow", None),
-        Outcome::Denied(c, _, _) => ("deny", Some(c.as_str())),
-        Outcome::Pending => ("pending", Some(Code::ApprovalRequired.as_str())),
-        Outcome::Failed(_) => ("error", Some(Code::ToolError.as_str())),
-        Outcome::Authorized { .. } => ("authorized", None),
+    let (decision, code) = match (&call.outcome, &call.would_deny) {
+        // Shadow mode: it ran (or was authorized), and the code says what would have refused it.
+        (Outcome::Ok(_) | Outcome::Authorized { .. }, Some((c, _))) => {
+            ("would_deny", Some(c.as_str()))
+        }
+        (Outcome::Ok(_), None) => ("allow", None),
+        (Outcome::Denied(c, _, _), _) => ("deny", Some(c.as_str())),
+        (Outcome::Pending, _) => ("pending", Some(Code::ApprovalRequired.as_str())),
+        (Outcome::Failed(_), _) => ("error", Some(Code::ToolError.as_str())),
+        (Outcome::Authorized { .. }, None) => ("authorized", None),
+        (Outcome::Explained { code, .. }, _) => ("dry_run", code.map(Code::as_str)),
     };
     let entity = ctx.and_then(|c| c.entity.as_ref());
     let masked = call
@@ -794,6 +941,21 @@ fn envelope(call: Call) -> JsonB {
         } => {
             json!({"status": "authorized", "call_id": id, "server": server, "tool": upstream_name, "args": args})
         }
+        Outcome::Explained {
+            decision,
+            code,
+            message,
+        } => {
+            let mut out = json!({"status": "ok", "dry_run": true, "call_id": id, "decision": decision,
+                "code": code.map(Code::as_str), "message": message, "rule": call.rule});
+            if let Some((code, message)) = &call.would_deny {
+                out["would_deny"] = json!({"code": code.as_str(), "message": message});
+            }
+            if let Some(budget) = call.budget {
+                out["budget"] = budget;
+            }
+            out
+        }
     })
 }
 
@@ -810,7 +972,45 @@ fn _call_tool(name: Option<&str>, args: Option<&str>) -> JsonB {
         return refused;
     }
     let (call, ()) = audited(|| {
-        let mut call = gate_b(ctx.as_ref(), name.unwrap_or_default(), args, false, call_id);
+        let mut call = gate_b(ctx.as_ref(), name.unwrap_or_default(), args, Run::Call, call_id);
+        audit(ctx.as_ref(), &mut call);
+        (call, ())
+    });
+    envelope(call)
+}
+
+/// Dry run: what Gate B would decide for this call under the current context (binding applied,
+/// predicates evaluated, budgets read), and the rule that decided; nothing is run, authorized,
+/// recorded for approval or charged. Audited as `dry_run` with the code it would have returned.
+/// Called by the SQL wrapper `ctxguard.explain_call(tool text, args jsonb)`.
+#[pg_extern(volatile, parallel_unsafe)]
+fn _explain_call(name: Option<&str>, args: Option<&str>) -> JsonB {
+    let _pin = crate::owner::pin();
+    handler::refuse_inside("explain_call");
+    let ctx = Ctx::current();
+    let call_id = uuid::Uuid::new_v4();
+    if let Some(refused) = audit_ready(call_id) {
+        return refused;
+    }
+    let (call, ()) = audited(|| {
+        let mut call = gate_b(ctx.as_ref(), name.unwrap_or_default(), args, Run::DryRun, call_id);
+        call.outcome = match std::mem::replace(&mut call.outcome, Outcome::Pending) {
+            Outcome::Denied(code, message, _) => Outcome::Explained {
+                decision: "deny",
+                code: Some(code),
+                message: Some(message),
+            },
+            Outcome::Pending => Outcome::Explained {
+                decision: "approval_required",
+                code: Some(Code::ApprovalRequired),
+                message: Some("the call would need a user's approval".into()),
+            },
+            explained @ Outcome::Explained { .. } => explained,
+            // Gate B runs nothing in a dry run; anything else is a bug: refuse, closed.
+            _ => Outcome::Denied(Code::ToolError, "dry run failed".into(), None),
+        };
+        // Nothing leaves but the decision: a dry run consumes nothing.
+        ledger::settle();
         audit(ctx.as_ref(), &mut call);
         (call, ())
     });
@@ -890,7 +1090,7 @@ fn approve(ctx: Option<&Ctx>, id: uuid::Uuid) -> Call {
             "no pending approval with this id for this user on this page",
         );
     };
-    let mut call = gate_b(ctx, &tool, Some(&args), true, id);
+    let mut call = gate_b(ctx, &tool, Some(&args), Run::Approved, id);
     audit(ctx, &mut call);
     call
 }

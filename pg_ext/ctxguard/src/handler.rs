@@ -384,3 +384,39 @@ pub fn run(
         Err(caught) => Err(Failure::Raised(caught.sqlstate)),
     }
 }
+
+/// Evaluate a policy predicate (`when`, `approval_when`): `predicate(args)` as `run_as`, in a
+/// read-only subtransaction with the pinned settings, at a tracked depth (it cannot change the
+/// context, call tools or approve), on the bound arguments. NULL or an error is `Err` (the caller
+/// fails closed).
+pub fn predicate(
+    predicate: pg_sys::Oid,
+    run_as: Option<pg_sys::Oid>,
+    args: &Value,
+) -> Result<bool, Failure> {
+    let Some(role) = run_as.filter(|r| role_exists(*r) && !owner::role_is_privileged(*r)) else {
+        return Err(Failure::NoRunAs);
+    };
+    let _depth = Depth::enter();
+    let result = in_subtransaction(true, || {
+        owner::as_role(role, || {
+            if !compat::may_execute_function(role, predicate) {
+                raise(
+                    PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
+                    "permission denied for a policy condition",
+                );
+            }
+            let datum = JsonB(args.clone()).into_datum().expect("jsonb datum");
+            // FunctionCall1Coll raises if the function returns NULL: an error, so closed.
+            unsafe {
+                let out = pg_sys::FunctionCall1Coll(finfo(predicate), pg_sys::InvalidOid, datum);
+                bool::from_datum(out, false)
+            }
+        })
+    });
+    match result {
+        Ok(Some(b)) => Ok(b),
+        Ok(None) => Err(Failure::ReturnedNull),
+        Err(caught) => Err(Failure::Raised(caught.sqlstate)),
+    }
+}

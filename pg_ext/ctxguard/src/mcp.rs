@@ -292,8 +292,14 @@ fn set_server_policy(server: Option<&str>, policy: Option<JsonbText>) {
             None => json!({"type": "object"}),
         };
         let catalog = cache::catalog();
-        if let Err(e) = policy::parse_policy(p, &schema, |n| catalog.page_type(n)) {
-            raise(INVALID, format!("ctxguard: {e}"));
+        match policy::parse_policy(p, &schema, |n| catalog.page_type(n)) {
+            Err(e) => raise(INVALID, format!("ctxguard: {e}")),
+            // Predicates run as a tool's run_as role, which upstream tools do not have.
+            Ok(parsed) if parsed.when.is_some() || parsed.approval_when.is_some() => raise(
+                INVALID,
+                "ctxguard: invalid tool policy: when and approval_when apply to SQL tools only",
+            ),
+            Ok(_) => {}
         }
     }
     Spi::run_with_args(
