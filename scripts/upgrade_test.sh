@@ -121,9 +121,11 @@ SELECT 'tools=' || count(*) FROM ctxguard.tools WHERE name IN ('app.ping', 'docs
 SELECT 'lint=' || string_agg(kind || ':' || object, ',' ORDER BY kind) FROM ctxguard.lint() WHERE kind = 'tool_without_run_as';
 SELECT 'approvals_pending=' || count(*) FROM ctxguard.approvals WHERE status = 'pending' AND expires_at > now();
 SELECT 'accepted=' || bool_and(definition_hash IS NOT NULL AND definition_hash = accepted_hash) FROM ctxguard.tools WHERE kind = 'external';
+-- Issue 30: policies kept as they were: enforced, without conditions.
+SELECT 'policies=' || string_agg(DISTINCT mode || ':' || coalesce(when_fn::text, '-') || ':' || coalesce(approval_when_fn::text, '-'), ',') FROM ctxguard.tool_policies;
 SQL
 )
-  expected=$'tools=2\nlint=tool_without_run_as:app.ping\napprovals_pending=0\naccepted=true'
+  expected=$'tools=2\nlint=tool_without_run_as:app.ping\napprovals_pending=0\naccepted=true\npolicies=enforce:-:-'
   [ "$checks" = "$expected" ] || fail "data after the update: got [$checks], want [$expected]"
   # The conversation's next turn is its third.
   turn=$(psql_su -d ctxguard_up_old -At -v tok="$(mint --sub alice --tenant acme)" <<'SQL'

@@ -738,6 +738,21 @@ impl Db {
     }
 
     /// Run a pending approval exactly once (the database consumes it atomically).
+    /// What Gate B would decide for `tool(args)` on the scope's page (`ctxguard.explain_call`).
+    pub async fn explain_call(
+        &self,
+        scope: &Scope,
+        tool: &str,
+        args: &Value,
+    ) -> Result<Value, ApiError> {
+        self.one(
+            scope,
+            sql::EXPLAIN_CALL,
+            &[(&tool, Type::TEXT), (args, Type::JSONB)],
+        )
+        .await
+    }
+
     pub async fn approve(&self, scope: &Scope, call_id: Uuid) -> Result<Value, ApiError> {
         self.one(scope, sql::APPROVE_CALL, &[(&call_id, Type::UUID)])
             .await

@@ -391,6 +391,36 @@ async fn tools_endpoint(
     ))
 }
 
+/// `POST /v1/tools/explain` body: the page, the tool (catalog or wire name) and its arguments.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct ExplainRequest {
+    page_context: Value,
+    tool: String,
+    #[serde(default)]
+    arguments: Option<Value>,
+}
+
+/// `POST /v1/tools/explain`: Gate B's dry run (`ctxguard.explain_call`): the decision, its code and
+/// rule, without running, approving or charging anything.
+async fn explain_endpoint(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    ApiJson(req): ApiJson<ExplainRequest>,
+) -> Result<Json<Value>, ApiError> {
+    if req.tool.len() > 200 {
+        return Err(ApiError::Unprocessable(
+            "tool is longer than 200 bytes".into(),
+        ));
+    }
+    let args = req.arguments.unwrap_or_else(|| serde_json::json!({}));
+    let scope = PageRequest {
+        page_context: req.page_context,
+    }
+    .scope(&headers)?;
+    Ok(Json(state.db.explain_call(&scope, &req.tool, &args).await?))
+}
+
 async fn approve_endpoint(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
@@ -564,6 +594,7 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/metrics", get(metrics_endpoint))
         .route("/v1/chat", post(chat_endpoint))
         .route("/v1/tools", post(tools_endpoint))
+        .route("/v1/tools/explain", post(explain_endpoint))
         .route("/v1/approvals/{call_id}", post(approve_endpoint))
         .route("/internal/mcp/execute", post(execute_endpoint))
         .route("/v1/context", axum::routing::put(mcp::put_context))

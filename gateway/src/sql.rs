@@ -398,6 +398,11 @@ pub const DEMO_PAGE: &str =
 
 pub const APPROVE_CALL: &str = "SELECT ctxguard.approve_call($1)";
 
+/// Gate B's dry run (`POST /v1/tools/explain`), by catalog or wire name as `CALL_TOOL_WIRE`.
+pub const EXPLAIN_CALL: &str = "SELECT ctxguard.explain_call(coalesce(
+     (SELECT t.name FROM ctxguard.tools t
+       WHERE pg_catalog.replace(t.name, '.', '__') OPERATOR(pg_catalog.=) $1), $1), $2)";
+
 pub const MINT_GENERATION: &str = "SELECT ctxguard.begin_generation($1),
         (SELECT e.generation_ttl FROM ctxguard.effective_ttls() e)";
 
@@ -456,6 +461,7 @@ pub fn all_statements() -> Vec<(String, String)> {
         ("CALL_TOOL_WIRE", CALL_TOOL_WIRE),
         ("DEMO_PAGE", DEMO_PAGE),
         ("APPROVE_CALL", APPROVE_CALL),
+        ("EXPLAIN_CALL", EXPLAIN_CALL),
         ("MINT_GENERATION", MINT_GENERATION),
         ("SAVE_TURN", SAVE_TURN),
         ("VERIFY_TOKEN", VERIFY_TOKEN),

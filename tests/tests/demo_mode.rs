@@ -472,3 +472,66 @@ async fn v1_tools_explains_gate_a_per_page_and_user() {
     let (status, _) = post_json(gw, "/v1/tools", Some(&alice), "t7", &json!({})).await;
     assert!(status == 400 || status == 422, "{status}");
 }
+
+/// `POST /v1/tools/explain`: Gate B's dry run through the gateway (issue 30): the decision, code
+/// and rule for the caller's page, by catalog or wire name, running nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn v1_tools_explain_is_a_dry_run_of_gate_b() {
+    let gw = gateway(&[]).await;
+    let alice = token("alice", "acme", &["ap_clerk"]);
+    let bob = token("bob", "acme", &["viewer"]);
+    let explain = |who: Option<String>, tool: &'static str, trace: &'static str| async move {
+        post_json(
+            gw,
+            "/v1/tools/explain",
+            who.as_deref(),
+            trace,
+            &json!({"pageContext": invoice_page("acme_inv3"), "tool": tool, "arguments": {}}),
+        )
+        .await
+    };
+    let (status, body) = explain(Some(alice.clone()), "invoice.mark_paid", "x1").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["dry_run"], true);
+    assert_eq!(body["decision"], "approval_required", "{body}");
+    assert_eq!(body["rule"], "requires_approval");
+    // Nothing was recorded: the dry run's call id approves nothing.
+    let (status, approved) = post_json(
+        gw,
+        &format!("/v1/approvals/{}", body["call_id"].as_str().unwrap()),
+        Some(&alice),
+        "x2",
+        &json!({"pageContext": invoice_page("acme_inv3")}),
+    )
+    .await;
+    assert_eq!(status, 200, "{approved}");
+    assert_eq!(approved["error"]["code"], "APPROVAL_INVALID", "{approved}");
+
+    let (_, body) = explain(Some(alice.clone()), "invoice__get", "x3").await;
+    assert_eq!(
+        (body["decision"].as_str(), body["code"].as_str()),
+        (Some("allow"), None),
+        "the wire name is explained as the tool: {body}"
+    );
+    let (_, body) = explain(Some(bob), "invoice.mark_paid", "x4").await;
+    assert_eq!(
+        (
+            body["decision"].as_str(),
+            body["code"].as_str(),
+            body["rule"].as_str()
+        ),
+        (Some("deny"), Some("TOOL_NOT_VISIBLE"), Some("policy")),
+        "{body}"
+    );
+    let (status, _) = explain(None, "invoice.get", "x5").await;
+    assert_eq!(status, 401);
+    let (status, _) = post_json(
+        gw,
+        "/v1/tools/explain",
+        Some(&alice),
+        "x6",
+        &json!({"pageContext": invoice_page("acme_inv3"), "tool": "invoice.get", "run": true}),
+    )
+    .await;
+    assert_eq!(status, 400, "unknown fields are refused");
+}

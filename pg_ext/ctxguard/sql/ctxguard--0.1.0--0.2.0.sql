@@ -246,6 +246,32 @@ AS $$
        AND (has_table_privilege(r.oid, t.oid, 'SELECT') OR has_table_privilege(r.oid, t.oid, 'INSERT')
             OR has_table_privilege(r.oid, t.oid, 'UPDATE') OR has_table_privilege(r.oid, t.oid, 'DELETE'))
     UNION ALL
+    -- Policy conditions (issue 30): they run read-only as the tool's run_as role, so a VOLATILE one
+    -- misleads, a SECURITY DEFINER one without a pinned search_path resolves names through the
+    -- caller's, and one owned by a role that bypasses RLS sees every tenant if it is a definer.
+    SELECT 'policy_condition_not_stable', f.oid::regprocedure::pg_catalog.text,
+           'condition of ' || string_agg(p.tool, ', ' ORDER BY p.tool) || ' is VOLATILE (conditions run read-only: make it STABLE)'
+      FROM ctxguard.tool_policies p JOIN pg_proc f ON f.oid IN (p.when_fn, p.approval_when_fn)
+     WHERE f.provolatile = 'v'
+     GROUP BY f.oid
+    UNION ALL
+    SELECT 'policy_condition_definer_unpinned', f.oid::regprocedure::pg_catalog.text,
+           'condition of ' || string_agg(p.tool, ', ' ORDER BY p.tool) || ' is SECURITY DEFINER without SET search_path'
+      FROM ctxguard.tool_policies p JOIN pg_proc f ON f.oid IN (p.when_fn, p.approval_when_fn)
+     WHERE f.prosecdef AND NOT EXISTS (SELECT 1 FROM unnest(f.proconfig) c WHERE c LIKE 'search_path=%')
+     GROUP BY f.oid
+    UNION ALL
+    SELECT 'policy_condition_privileged_owner', f.oid::regprocedure::pg_catalog.text,
+           'condition of ' || string_agg(p.tool, ', ' ORDER BY p.tool) || ' is owned by a superuser, a BYPASSRLS role or the extension owner'
+      FROM ctxguard.tool_policies p JOIN pg_proc f ON f.oid IN (p.when_fn, p.approval_when_fn)
+      JOIN pg_roles o ON o.oid = f.proowner
+     WHERE o.rolsuper OR o.rolbypassrls OR o.oid IN (SELECT e.extowner FROM pg_extension e WHERE e.extname = 'ctxguard')
+     GROUP BY f.oid
+    UNION ALL
+    SELECT 'tool_in_shadow_mode', p.tool, 'policy mode is log_only: its page, role, state and when refusals are audited as would_deny and the call runs'
+      FROM ctxguard.tool_policies p
+     WHERE p.mode = 'log_only'
+    UNION ALL
     SELECT 'upstream_tool_changed', t.name, 'upstream definition changed since it was accepted: disabled until ctxguard.accept_mcp_tool'
       FROM ctxguard.tools t
      WHERE t.kind = 'external' AND t.present AND t.accepted_hash IS DISTINCT FROM t.definition_hash

@@ -22,7 +22,9 @@ use std::rc::Rc;
 use ctxguard_core::args::{self, ArgError, Schema};
 use ctxguard_core::mcp::{Caller, Grant, Principal, ServerAccess};
 use ctxguard_core::page::PageTypeInfo;
-use ctxguard_core::policy::{evaluate_shadowed, parse_policy, split_run_as, Danger, Policy, Reason};
+use ctxguard_core::policy::{
+    evaluate_shadowed, parse_policy, split_run_as, Danger, Policy, Reason,
+};
 use pgrx::prelude::*;
 use pgrx::spi::SpiHeapTupleData;
 use pgrx::JsonB;
@@ -614,8 +616,14 @@ impl Catalog {
     }
 
     /// Why `tool` is or is not usable in `ctx` (Gate A and Gate B share this).
+    /// Gate A's answer (and `explain_tools'`): a tool in shadow mode is listed despite its role
+    /// and state conditions, but only on its own pages (a page's list is its tools); Gate B, asked
+    /// by name, lets it through on another page with its entity too ([`Catalog::reason_shadowed`]).
     pub fn reason(&self, tool: &ToolEntry, ctx: Option<&crate::context::Ctx>) -> Reason {
-        self.reason_shadowed(tool, ctx).0
+        match self.reason_shadowed(tool, ctx) {
+            (Reason::Visible, Some(Reason::WrongPage)) => Reason::WrongPage,
+            (r, _) => r,
+        }
     }
 
     /// [`Catalog::reason`], and for a tool in shadow mode (`"mode": "log_only"`) let through

@@ -478,7 +478,11 @@ fn try_parse_with_run_as(
     let mut predicates = Predicates::default();
     for (key, name, slot) in [
         ("when", &p.when, &mut predicates.when),
-        ("approval_when", &p.approval_when, &mut predicates.approval_when),
+        (
+            "approval_when",
+            &p.approval_when,
+            &mut predicates.approval_when,
+        ),
     ] {
         if let Some(name) = name {
             let checked = seen
@@ -537,9 +541,9 @@ fn check_predicate(signature: &str) -> Result<pg_sys::Oid, Refusal> {
     match found {
         None => invalid(format!("no function {signature}")),
         Some((_, false, _, _)) => invalid("must be a function (args jsonb) RETURNS boolean"),
-        Some((_, _, false, _)) => invalid(
-            "must be STABLE or IMMUTABLE (it runs read-only, on the call's snapshot)",
-        ),
+        Some((_, _, false, _)) => {
+            invalid("must be STABLE or IMMUTABLE (it runs read-only, on the call's snapshot)")
+        }
         Some((_, _, _, false)) => {
             invalid("must not be owned by a superuser or the extension owner")
         }
@@ -658,5 +662,5 @@ fn set_tool_policy(name: Option<&str>, policy: Option<JsonbText>) {
             vec![policy_row(name, &p, &raw_policy, run_as, predicates)],
         )
     })
-        .unwrap_or_else(|e| raise(INVALID, format!("ctxguard: could not set policy: {e}")));
+    .unwrap_or_else(|e| raise(INVALID, format!("ctxguard: could not set policy: {e}")));
 }

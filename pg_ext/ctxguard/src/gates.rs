@@ -363,7 +363,7 @@ enum Run {
     /// `approve_call` replaying a pending approval.
     Approved,
     /// `explain_call`: decide, but run nothing, record no approval, charge nothing.
-    DryRun,
+    Dry,
 }
 
 struct Call {
@@ -603,7 +603,13 @@ fn gate_b(
     let needs_approval = run != Run::Approved
         && (policy.requires_approval
             || (policy.approval_when.is_some() && {
-                match condition(tool.approval_when_fn, &tool, &bound, "approval_when", call_id) {
+                match condition(
+                    tool.approval_when_fn,
+                    &tool,
+                    &bound,
+                    "approval_when",
+                    call_id,
+                ) {
                     Some(b) => b,
                     None => {
                         call.rule = "approval_when";
@@ -616,7 +622,7 @@ fn gate_b(
                 }
             }));
     call.would_deny = would_deny;
-    if needs_approval && run == Run::DryRun {
+    if needs_approval && run == Run::Dry {
         call.rule = if policy.requires_approval {
             "requires_approval"
         } else {
@@ -655,7 +661,7 @@ fn gate_b(
         );
         return call;
     }
-    if run == Run::DryRun {
+    if run == Run::Dry {
         // Everything Gate B checks before it runs or authorizes anything has passed.
         call.budget = Some(budget.state(None));
         call.outcome = Outcome::Explained {
@@ -972,7 +978,13 @@ fn _call_tool(name: Option<&str>, args: Option<&str>) -> JsonB {
         return refused;
     }
     let (call, ()) = audited(|| {
-        let mut call = gate_b(ctx.as_ref(), name.unwrap_or_default(), args, Run::Call, call_id);
+        let mut call = gate_b(
+            ctx.as_ref(),
+            name.unwrap_or_default(),
+            args,
+            Run::Call,
+            call_id,
+        );
         audit(ctx.as_ref(), &mut call);
         (call, ())
     });
@@ -993,7 +1005,13 @@ fn _explain_call(name: Option<&str>, args: Option<&str>) -> JsonB {
         return refused;
     }
     let (call, ()) = audited(|| {
-        let mut call = gate_b(ctx.as_ref(), name.unwrap_or_default(), args, Run::DryRun, call_id);
+        let mut call = gate_b(
+            ctx.as_ref(),
+            name.unwrap_or_default(),
+            args,
+            Run::Dry,
+            call_id,
+        );
         call.outcome = match std::mem::replace(&mut call.outcome, Outcome::Pending) {
             Outcome::Denied(code, message, _) => Outcome::Explained {
                 decision: "deny",
