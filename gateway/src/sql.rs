@@ -398,6 +398,13 @@ pub const DEMO_PAGE: &str =
 
 pub const APPROVE_CALL: &str = "SELECT ctxguard.approve_call($1)";
 
+pub const REJECT_CALL: &str = "SELECT ctxguard.reject_call($1, $2)";
+
+/// What the context's user may approve or reject (four eyes), as one JSON array.
+pub const PENDING_APPROVALS: &str = "SELECT pg_catalog.jsonb_build_object('approvals',
+        COALESCE(pg_catalog.jsonb_agg(pg_catalog.to_jsonb(p.*)), '[]'::pg_catalog.jsonb))
+   FROM ctxguard.pending_approvals() p";
+
 /// Gate B's dry run (`POST /v1/tools/explain`), by catalog or wire name as `CALL_TOOL_WIRE`.
 pub const EXPLAIN_CALL: &str = "SELECT ctxguard.explain_call(coalesce(
      (SELECT t.name FROM ctxguard.tools t
@@ -461,6 +468,8 @@ pub fn all_statements() -> Vec<(String, String)> {
         ("CALL_TOOL_WIRE", CALL_TOOL_WIRE),
         ("DEMO_PAGE", DEMO_PAGE),
         ("APPROVE_CALL", APPROVE_CALL),
+        ("REJECT_CALL", REJECT_CALL),
+        ("PENDING_APPROVALS", PENDING_APPROVALS),
         ("EXPLAIN_CALL", EXPLAIN_CALL),
         ("MINT_GENERATION", MINT_GENERATION),
         ("SAVE_TURN", SAVE_TURN),
