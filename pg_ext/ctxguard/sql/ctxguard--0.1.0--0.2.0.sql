@@ -898,6 +898,10 @@ LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'register_tools_wrapper';
 REVOKE EXECUTE ON FUNCTION ctxguard.register_tools(jsonb) FROM PUBLIC;
 COMMENT ON FUNCTION ctxguard.register_tools(jsonb) IS 'Register or update many SQL tools with their policies in one call, all or none (a JSON array of register_tool''s arguments; handlers as schema-qualified signatures). At most 64 MB and 100,000 tools.';
+-- doc_local_search reads the candidates' tsvectors in the row (sql/documents.sql). Rows written
+-- from now on (put_page, put_document(..., 'ready')) are stored so; existing pages keep their
+-- out-of-line tsvector (same results, slower search) until their document is made ready again.
+ALTER TABLE ctxguard.document_pages ALTER COLUMN tsv SET STORAGE MAIN;
 -- doc_local_search's candidates (issue 34; sql/documents.sql): per word of a ready document, the
 -- pages where it occurs most often. Filled here for the documents that are ready already.
 CREATE TABLE ctxguard.document_terms (
