@@ -244,9 +244,11 @@ pub fn snippet_window<F: FnMut()>(
     let from = if from == 0 {
         0
     } else {
+        // After the whitespace character, whatever its width (U+00A0, U+3000 are wider than a byte).
         text[from..anchor]
-            .find(char::is_whitespace)
-            .map_or(from, |w| from + w + 1)
+            .char_indices()
+            .find(|(_, c)| c.is_whitespace())
+            .map_or(from, |(w, c)| from + w + c.len_utf8())
     };
     let to = if to == text.len() {
         to
@@ -405,6 +407,17 @@ mod tests {
         let wide = format!("{}ключ здесь {}", "ё ".repeat(400), "ж ".repeat(400));
         let w = snippet_window(&wide, &keys(&["ключ"]), || ());
         assert!(wide[w.clone()].contains("ключ здесь"));
+        // Whitespace wider than a byte at either cut: still on character boundaries.
+        for space in ["\u{a0}", "\u{3000}", "\u{2003}"] {
+            let text = format!(
+                "{}needle {}",
+                format!("wörd{space}").repeat(200),
+                format!("wörd{space}").repeat(200)
+            );
+            let w = snippet_window(&text, &keys(&["needl"]), || ());
+            assert!(text.is_char_boundary(w.start) && text.is_char_boundary(w.end));
+            assert!(text[w].contains("needle"));
+        }
         // Upper case in the text, lower-case stems.
         let w = snippet_window(&text, &keys(&["ldap"]), || ());
         assert!(text[w].contains("LDAP"));
