@@ -415,7 +415,8 @@ CREATE FUNCTION ctxguard."explain_tools"(
 	"visible" bool,  /* bool */
 	"reason" TEXT,  /* String */
 	"offered" bool,  /* Option < bool > */
-	"left_out" TEXT  /* Option < String > */
+	"left_out" TEXT,  /* Option < String > */
+	"conditions" TEXT  /* Option < String > */
 )
 STABLE PARALLEL UNSAFE
 LANGUAGE c /* Rust */

@@ -288,7 +288,8 @@ fn visible_tools(
 /// Diagnostics: every catalogued tool with whether it is visible here and why (stable codes),
 /// and, for a visible one, whether it is in the model's list for `query` and `top_k` (as
 /// `visible_tools(query, top_k)` ranks it) and why not (`top_k`, `page_tools_first`,
-/// `server_cap`).
+/// `server_cap`); and what Gate B will still check on a call (`conditions`, see [`conditions`]).
+
 #[pg_extern(stable, parallel_unsafe)]
 #[expect(
     clippy::type_complexity,
@@ -305,6 +306,7 @@ fn explain_tools(
         name!(reason, String),
         name!(offered, Option<bool>),
         name!(left_out, Option<String>),
+        name!(conditions, Option<String>),
     ),
 > {
     let _pin = crate::owner::pin();
@@ -330,9 +332,38 @@ fn explain_tools(
                 Placement::LeftOut(why) => Some(why.as_str().to_string()),
                 Placement::Offered(_) => None,
             }),
+            conditions(t, catalog.reason_shadowed(t, ctx.as_ref()).1),
         ));
     });
     TableIterator::new(rows)
+}
+
+/// What Gate B checks on a call to a tool beyond what Gate A shows, named (never evaluated
+/// here): `when fn`, `approval_when fn`, `requires_approval`, `approver_roles r1,r2`, and
+/// `log_only` with what it lets through on this page (`log_only would_deny:missing_role`).
+/// `None` when there is nothing.
+fn conditions(t: &ToolEntry, shadowed: Option<Reason>) -> Option<String> {
+    let p = t.policy.as_ref()?;
+    let mut out = Vec::new();
+    if let Some(w) = &p.when {
+        out.push(format!("when {w}"));
+    }
+    if let Some(w) = &p.approval_when {
+        out.push(format!("approval_when {w}"));
+    }
+    if p.requires_approval {
+        out.push("requires_approval".to_string());
+    }
+    if !p.approver_roles.is_empty() {
+        out.push(format!("approver_roles {}", p.approver_roles.join(",")));
+    }
+    if p.log_only {
+        out.push(match shadowed {
+            Some(r) => format!("log_only would_deny:{}", r.as_str()),
+            None => "log_only".to_string(),
+        });
+    }
+    (!out.is_empty()).then(|| out.join("; "))
 }
 
 /// The result of one pass through Gate B.
