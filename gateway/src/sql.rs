@@ -377,7 +377,7 @@ pub const EXPLAIN_PAGE: &str = "SELECT pg_catalog.jsonb_build_object(
                 FROM ctxguard.page_types pt WHERE pt.name OPERATOR(pg_catalog.=) ctxguard.page_type()),
      'tools', (SELECT coalesce(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(
                           'name', e.name, 'visible', e.visible, 'reason', e.reason,
-                          'offered', e.offered, 'leftOut', e.left_out,
+                          'offered', e.offered, 'leftOut', e.left_out, 'conditions', e.conditions,
                           'description', t.description, 'readOnly', v.read_only,
                           'danger', v.danger, 'requiresApproval', v.requires_approval)
                           ORDER BY NOT e.visible, e.offered IS NOT TRUE, e.name), '[]')

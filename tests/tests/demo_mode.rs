@@ -420,6 +420,10 @@ async fn v1_tools_explains_gate_a_per_page_and_user() {
         .find(|t| t["name"] == "invoice.mark_paid")
         .unwrap();
     assert_eq!(mark_paid["requiresApproval"], true);
+    assert_eq!(
+        mark_paid["conditions"], "requires_approval",
+        "what Gate B still checks is named"
+    );
     assert_eq!(mark_paid["readOnly"], false);
     let (_, body) = post_json(
         gw,
