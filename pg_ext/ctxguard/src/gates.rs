@@ -7,7 +7,7 @@ use ctxguard_core::args::{self, ArgError, Limits};
 use ctxguard_core::binding;
 use ctxguard_core::mask::MaskCounts;
 use ctxguard_core::names::{is_valid_id, is_valid_name};
-use ctxguard_core::policy::Reason;
+use ctxguard_core::policy::{Policy, Reason};
 use ctxguard_core::ranking::{self, Candidate, Placement, Tier};
 use ctxguard_core::Code;
 use pgrx::prelude::*;
@@ -24,6 +24,7 @@ use crate::ledger;
 use crate::masking;
 use crate::owner::as_owner;
 use crate::pgutil::{self, raise, select_saved};
+use crate::quota;
 
 /// Words of a free-text query as an OR tsquery (`w1 | w2`); only `[a-z0-9]` so no tsquery syntax.
 fn or_query(text: &str) -> Option<String> {
@@ -382,6 +383,8 @@ struct Call {
     rule: &'static str,
     /// Shadow mode: the call ran, but the policy (in `log_only` mode) would have refused it so.
     would_deny: Option<(Code, String)>,
+    /// The state of the tool's quota windows (`rate_limit`), as the call found or left them.
+    quotas: Option<Value>,
 }
 
 impl Call {
@@ -399,6 +402,7 @@ impl Call {
             unaudited: false,
             rule: "none",
             would_deny: None,
+            quotas: None,
         }
     }
 }
@@ -599,6 +603,18 @@ fn gate_b(
             }
         }
     }
+    call.would_deny = would_deny;
+    // Quotas: after the conditions, before the approval step. A call that may still become
+    // pending is only checked here; it is counted when it runs (approve_call), or below.
+    let may_pend = run == Run::Call && (policy.requires_approval || policy.approval_when.is_some());
+    let how = if run == Run::Dry || may_pend {
+        ledger::QuotaUse::Peek
+    } else {
+        ledger::QuotaUse::Take
+    };
+    if meet_quotas(&mut call, ctx, &tool.name, policy, how) {
+        return call;
+    }
     // Approvals are never shadowed; a condition that cannot be evaluated refuses.
     let needs_approval = run != Run::Approved
         && (policy.requires_approval
@@ -621,7 +637,6 @@ fn gate_b(
                     }
                 }
             }));
-    call.would_deny = would_deny;
     if needs_approval && run == Run::Dry {
         call.rule = if policy.requires_approval {
             "requires_approval"
@@ -641,6 +656,9 @@ fn gate_b(
             call_id,
         );
         call.outcome = Outcome::Pending;
+        return call;
+    }
+    if may_pend && meet_quotas(&mut call, ctx, &tool.name, policy, ledger::QuotaUse::Take) {
         return call;
     }
     // Budgets: what the generation has used, from the shared-memory ledger (no row lock).
@@ -728,6 +746,49 @@ fn gate_b(
     };
     finish(&mut call, ctx, value, budget, doc_calls, coverage, job);
     call
+}
+
+/// The call's quotas (`rate_limit`): counted (`Take`; in shadow mode whether or not they have
+/// room), or only read (`Peek`). True when the call is refused: `RATE_LIMIT_EXCEEDED` naming the
+/// limit with `retry_after_ms` in the details, or the ledger had no room. In shadow mode an
+/// exceeded quota is audited as `would_deny` and the call goes on.
+fn meet_quotas(
+    call: &mut Call,
+    ctx: &Ctx,
+    tool: &str,
+    policy: &Policy,
+    how: ledger::QuotaUse,
+) -> bool {
+    if policy.rate_limits.is_empty() {
+        return false;
+    }
+    let how = match how {
+        ledger::QuotaUse::Take if policy.log_only => ledger::QuotaUse::Force,
+        other => other,
+    };
+    match quota::count(ctx, tool, &policy.rate_limits, how) {
+        Err((code, message)) => {
+            call.rule = rule_of(code);
+            call.outcome = Outcome::Denied(code, message, None);
+            true
+        }
+        Ok(counted) => {
+            call.quotas = Some(counted.states);
+            match counted.over {
+                None => false,
+                Some((message, _)) if policy.log_only => {
+                    call.would_deny
+                        .get_or_insert((Code::RateLimitExceeded, message));
+                    false
+                }
+                Some((message, details)) => {
+                    call.rule = "rate_limit";
+                    call.outcome = Outcome::Denied(Code::RateLimitExceeded, message, Some(details));
+                    true
+                }
+            }
+        }
+    }
 }
 
 /// Mask secrets and PII in a result (every string, key and matching number), then charge its
@@ -875,9 +936,10 @@ fn audit_ready(call_id: uuid::Uuid) -> Option<JsonB> {
 /// leaves without its audit record.
 fn audit(ctx: Option<&Ctx>, call: &mut Call) {
     // A call that returns nothing consumed nothing: its charges are given back before its record
-    // is written (charges the record carries are those of results that left).
+    // is written (charges the record carries are those of results that left). Its quota counts
+    // ride on the record: a call that passed its quota step counts once it is audited.
     if call.result_bytes.is_none() {
-        ledger::settle();
+        ledger::settle_unreturned();
     }
     let (decision, code) = match (&call.outcome, &call.would_deny) {
         // Shadow mode: it ran (or was authorized), and the code says what would have refused it.
@@ -959,6 +1021,9 @@ fn envelope(call: Call) -> JsonB {
             }
             if let Some(budget) = call.budget {
                 out["budget"] = budget;
+            }
+            if let Some(quotas) = call.quotas {
+                out["quotas"] = quotas;
             }
             out
         }
