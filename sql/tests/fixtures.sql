@@ -425,5 +425,5 @@ SELECT ctxguard.register_tools(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_objec
     ('quota.approval', 't.quota_ping(jsonb)', '{"rate_limit": {"per": "user", "calls": 1, "window": "1h"}, "requires_approval": true}'),
     ('quota.race', 't.quota_ping(jsonb)', '{"rate_limit": {"per": "tenant", "calls": 5, "window": "1h"}}'),
     ('quota.minute', 't.quota_ping(jsonb)', '{"rate_limit": {"per": "user", "calls": 2, "window": "1m"}}'),
-    ('quota.slow', 't.quota_slow(jsonb)', '{"rate_limit": {"per": "user", "calls": 2, "window": "1h"}}')
+    ('quota.slow', 't.quota_slow(jsonb)', '{"rate_limit": {"per": "user", "calls": 3, "window": "1h"}}')
   ) AS q(name, handler, policy);

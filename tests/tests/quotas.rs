@@ -128,23 +128,36 @@ fn racing_sessions_get_exactly_the_quota() {
         .unwrap()
         .get(0);
     assert_eq!(persisted, QUOTA as i32, "the writer persisted the count");
+    let stats: Value = a
+        .query_one("SELECT ctxguard.ledger_stats()", &[])
+        .unwrap()
+        .get(0);
+    let quotas = &stats["tables"]["ledger_quotas"];
+    assert!(
+        quotas["live"].as_i64().unwrap() >= 1,
+        "ledger_stats: {stats}"
+    );
+    assert!(
+        quotas["tenant_cap"].as_i64().unwrap() >= 1,
+        "ledger_stats: {stats}"
+    );
 }
 
 /// The advisory lock `t.quota_slow` (sql/tests/fixtures.sql) waits for.
 const QUOTA_SLOW_LOCK: i64 = 15_150_030;
 
-/// A call cancelled in its handler leaves no audit record: its count is given back, once. With a
-/// quota of 2: one call, one cancelled, then one more runs and the next is refused (a refund taken
-/// twice would let a third through, none would refuse the second).
+/// A call cancelled in its handler (`pg_cancel_backend`) fails as `TOOL_ERROR` (SQLSTATE 57014)
+/// and is audited: it counts, once. With a quota of 3: one call, one cancelled, one more runs and
+/// the next is refused (a double charge would refuse the third call, a refund let a fourth through).
 #[test]
-fn a_cancelled_call_is_given_back_once() {
+fn a_cancelled_call_counts_once() {
     let user = unique("quota-cancel");
     let tok = token(&user, "acme", &[]);
     let mut c = connect();
     assert_eq!(
         code(&call(&mut c, &tok, "quota.slow", true)),
         "ok",
-        "call 1 of 2"
+        "call 1 of 3"
     );
     let mut lock = admin();
     lock.execute("SELECT pg_advisory_lock($1)", &[&QUOTA_SLOW_LOCK])
@@ -156,18 +169,7 @@ fn a_cancelled_call_is_given_back_once() {
         .get(0);
     let t = {
         let tok = tok.clone();
-        thread::spawn(move || {
-            let mut tx = victim.transaction().unwrap();
-            tx.execute("SELECT ctxguard.set_context($1, $2)", &[&tok, &lab()])
-                .unwrap();
-            let r = tx.query_one("SELECT ctxguard.call_tool('quota.slow')", &[]);
-            let cancelled = r
-                .err()
-                .and_then(|e| e.code().cloned())
-                .is_some_and(|c| c == postgres::error::SqlState::QUERY_CANCELED);
-            drop(tx);
-            cancelled
-        })
+        thread::spawn(move || call(&mut victim, &tok, "quota.slow", true))
     };
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -189,26 +191,36 @@ fn a_cancelled_call_is_given_back_once() {
     }
     lock.execute("SELECT pg_cancel_backend($1)", &[&pid])
         .unwrap();
-    assert!(t.join().unwrap(), "the slow call was cancelled");
+    let cancelled = t.join().unwrap();
+    assert_eq!(code(&cancelled), "TOOL_ERROR", "{cancelled}");
+    assert!(
+        cancelled["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("57014")),
+        "{cancelled}"
+    );
     lock.execute("SELECT pg_advisory_unlock($1)", &[&QUOTA_SLOW_LOCK])
         .unwrap();
     assert_eq!(
         code(&call(&mut c, &tok, "quota.slow", false)),
         "ok",
-        "call 2 of 2 (rolled back)"
+        "call 3 of 3 (rolled back)"
     );
-    let third = call(&mut c, &tok, "quota.slow", true);
-    assert_eq!(code(&third), "RATE_LIMIT_EXCEEDED", "call 3: {third}");
-    let rows: i64 = lock
-        .query_one(
-            "SELECT count(*) FROM ctxguard.audit_log WHERE user_id = $1 AND tool = 'quota.slow'",
+    let fourth = call(&mut c, &tok, "quota.slow", true);
+    assert_eq!(code(&fourth), "RATE_LIMIT_EXCEEDED", "call 4: {fourth}");
+    let rows: Vec<String> = lock
+        .query(
+            "SELECT decision FROM ctxguard.audit_log WHERE user_id = $1 AND tool = 'quota.slow' ORDER BY id",
             &[&user],
         )
         .unwrap()
-        .get(0);
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
     assert_eq!(
-        rows, 3,
-        "the cancelled call left no record; the three others did"
+        rows,
+        ["allow", "error", "allow", "deny"],
+        "one record per call"
     );
 }
 
