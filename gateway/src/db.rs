@@ -753,6 +753,26 @@ impl Db {
         .await
     }
 
+    /// Reject (an approver) or withdraw (the requester) a pending call.
+    pub async fn reject(
+        &self,
+        scope: &Scope,
+        call_id: Uuid,
+        reason: Option<&str>,
+    ) -> Result<Value, ApiError> {
+        self.one(
+            scope,
+            sql::REJECT_CALL,
+            &[(&call_id, Type::UUID), (&reason, Type::TEXT)],
+        )
+        .await
+    }
+
+    /// The pending calls the scope's user may decide (`ctxguard.pending_approvals()`).
+    pub async fn pending_approvals(&self, scope: &Scope) -> Result<Value, ApiError> {
+        self.one(scope, sql::PENDING_APPROVALS, &[]).await
+    }
+
     pub async fn approve(&self, scope: &Scope, call_id: Uuid) -> Result<Value, ApiError> {
         self.one(scope, sql::APPROVE_CALL, &[(&call_id, Type::UUID)])
             .await

@@ -421,6 +421,46 @@ async fn explain_endpoint(
     Ok(Json(state.db.explain_call(&scope, &req.tool, &args).await?))
 }
 
+/// `POST /v1/approvals`: the pending calls the caller may approve or reject (four eyes), with
+/// their bound arguments masked.
+async fn approvals_endpoint(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    ApiJson(req): ApiJson<PageRequest>,
+) -> Result<Json<Value>, ApiError> {
+    let scope = req.scope(&headers)?;
+    Ok(Json(state.db.pending_approvals(&scope).await?))
+}
+
+/// `POST /v1/approvals/{call_id}/reject` body: the page, and an optional reason (at most 500 bytes).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RejectRequest {
+    page_context: Value,
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+async fn reject_endpoint(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Path(call_id): Path<String>,
+    ApiJson(req): ApiJson<RejectRequest>,
+) -> Result<Json<Value>, ApiError> {
+    let call_id = uuid::Uuid::parse_str(&call_id)
+        .map_err(|_| ApiError::BadRequest("call_id must be a UUID".into()))?;
+    let scope = PageRequest {
+        page_context: req.page_context,
+    }
+    .scope(&headers)?;
+    Ok(Json(
+        state
+            .db
+            .reject(&scope, call_id, req.reason.as_deref())
+            .await?,
+    ))
+}
+
 async fn approve_endpoint(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
@@ -507,6 +547,10 @@ async fn execute_endpoint(
         out["result"] = envelope["result"].clone();
     } else {
         out["error"] = envelope["error"].clone();
+    }
+    // A call waiting for an approval is approved (or granted, rejected) by its id.
+    if envelope.pointer("/error/code") == Some(&json!("APPROVAL_REQUIRED")) {
+        out["call_id"] = envelope["call_id"].clone();
     }
     Ok(Json(out))
 }
@@ -595,7 +639,9 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/v1/chat", post(chat_endpoint))
         .route("/v1/tools", post(tools_endpoint))
         .route("/v1/tools/explain", post(explain_endpoint))
+        .route("/v1/approvals", post(approvals_endpoint))
         .route("/v1/approvals/{call_id}", post(approve_endpoint))
+        .route("/v1/approvals/{call_id}/reject", post(reject_endpoint))
         .route("/internal/mcp/execute", post(execute_endpoint))
         .route("/v1/context", axum::routing::put(mcp::put_context))
         .merge(metadata_routes(&state))

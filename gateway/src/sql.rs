@@ -377,7 +377,7 @@ pub const EXPLAIN_PAGE: &str = "SELECT pg_catalog.jsonb_build_object(
                 FROM ctxguard.page_types pt WHERE pt.name OPERATOR(pg_catalog.=) ctxguard.page_type()),
      'tools', (SELECT coalesce(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(
                           'name', e.name, 'visible', e.visible, 'reason', e.reason,
-                          'offered', e.offered, 'leftOut', e.left_out,
+                          'offered', e.offered, 'leftOut', e.left_out, 'conditions', e.conditions,
                           'description', t.description, 'readOnly', v.read_only,
                           'danger', v.danger, 'requiresApproval', v.requires_approval)
                           ORDER BY NOT e.visible, e.offered IS NOT TRUE, e.name), '[]')
@@ -397,6 +397,13 @@ pub const DEMO_PAGE: &str =
     "SELECT pg_catalog.jsonb_build_object('context', ctxguard.context(), 'data', demo.page_data())";
 
 pub const APPROVE_CALL: &str = "SELECT ctxguard.approve_call($1)";
+
+pub const REJECT_CALL: &str = "SELECT ctxguard.reject_call($1, $2)";
+
+/// What the context's user may approve or reject (four eyes), as one JSON array.
+pub const PENDING_APPROVALS: &str = "SELECT pg_catalog.jsonb_build_object('approvals',
+        COALESCE(pg_catalog.jsonb_agg(pg_catalog.to_jsonb(p.*)), '[]'::pg_catalog.jsonb))
+   FROM ctxguard.pending_approvals() p";
 
 /// Gate B's dry run (`POST /v1/tools/explain`), by catalog or wire name as `CALL_TOOL_WIRE`.
 pub const EXPLAIN_CALL: &str = "SELECT ctxguard.explain_call(coalesce(
@@ -461,6 +468,8 @@ pub fn all_statements() -> Vec<(String, String)> {
         ("CALL_TOOL_WIRE", CALL_TOOL_WIRE),
         ("DEMO_PAGE", DEMO_PAGE),
         ("APPROVE_CALL", APPROVE_CALL),
+        ("REJECT_CALL", REJECT_CALL),
+        ("PENDING_APPROVALS", PENDING_APPROVALS),
         ("EXPLAIN_CALL", EXPLAIN_CALL),
         ("MINT_GENERATION", MINT_GENERATION),
         ("SAVE_TURN", SAVE_TURN),

@@ -131,4 +131,14 @@ SELECT is(pg_temp.code(ctxguard.call_tool('refund.shadow', '{"amount": 5, "invoi
           'shadow: a page without the entity is refused (binding is never shadowed)');
 COMMIT;
 
+-- explain_tools names what Gate B will still check (never evaluating it).
+BEGIN;
+SELECT ctxguard.set_context(:'tok_alice', :'lab') \g /dev/null
+SELECT results_eq($$SELECT name, visible, conditions FROM ctxguard.explain_tools() WHERE name IN ('refund.issue', 'refund.shadow', 'refund.four_eyes') ORDER BY name$$,
+                  $$VALUES ('refund.four_eyes', true, 'requires_approval; approver_roles admin,ap_clerk'),
+                           ('refund.issue', true, 'when t.refund_allowed(jsonb); approval_when t.refund_needs_approval(jsonb)'),
+                           ('refund.shadow', true, 'when t.refund_allowed(jsonb); log_only would_deny:missing_role')$$,
+                  'explain_tools: a conditional tool is visible, its conditions named');
+COMMIT;
+
 SELECT * FROM finish();

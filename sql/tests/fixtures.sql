@@ -400,6 +400,17 @@ SELECT ctxguard.register_tool('refund.shadow', 'A refund whose new, stricter pol
     't.refund(jsonb)',
     '{"page_types": ["refund_lab"], "entity_type": "invoice", "entity_param": "invoice_id", "read_only": false,
       "roles": ["refund_manager"], "when": "t.refund_allowed", "mode": "log_only"}');
+-- Four eyes (30_four_eyes.sql): someone else approves. Approvers hold admin or ap_clerk, in the tenant.
+SELECT ctxguard.register_tool('refund.four_eyes', 'A refund another user must approve.',
+    '{"type": "object", "properties": {"invoice_id": {"type": "string"}, "amount": {"type": "number", "minimum": 0}, "note": {"type": "string"}}, "required": ["amount"]}',
+    't.refund(jsonb)',
+    '{"page_types": ["refund_lab"], "entity_type": "invoice", "entity_param": "invoice_id", "read_only": false,
+      "requires_approval": true, "approver_roles": ["admin", "ap_clerk"]}');
+SELECT ctxguard.register_tool('refund.big_four_eyes', 'A refund another user must approve above 500.',
+    '{"type": "object", "properties": {"invoice_id": {"type": "string"}, "amount": {"type": "number", "minimum": 0}}, "required": ["amount"]}',
+    't.refund(jsonb)',
+    '{"page_types": ["refund_lab"], "entity_type": "invoice", "entity_param": "invoice_id", "read_only": false,
+      "approval_when": "t.refund_needs_approval", "approver_roles": ["admin"]}');
 
 -- Issue 30 (30_quotas.sql, tests/tests/quotas.rs): call quotas in time windows (policy rate_limit),
 -- on a page of their own, so that the other tests' Gate A sets do not change.

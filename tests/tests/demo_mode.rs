@@ -420,6 +420,10 @@ async fn v1_tools_explains_gate_a_per_page_and_user() {
         .find(|t| t["name"] == "invoice.mark_paid")
         .unwrap();
     assert_eq!(mark_paid["requiresApproval"], true);
+    assert_eq!(
+        mark_paid["conditions"], "requires_approval",
+        "what Gate B still checks is named"
+    );
     assert_eq!(mark_paid["readOnly"], false);
     let (_, body) = post_json(
         gw,
@@ -534,4 +538,119 @@ async fn v1_tools_explain_is_a_dry_run_of_gate_b() {
     )
     .await;
     assert_eq!(status, 400, "unknown fields are refused");
+}
+
+/// Four eyes through the gateway (issue 30): the requester's call waits; an approver of the tenant
+/// lists it (`POST /v1/approvals`), grants it (`POST /v1/approvals/{id}`) or rejects it
+/// (`POST /v1/approvals/{id}/reject`); the requester runs a granted call once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_eyes_approvals_through_the_gateway() {
+    let gw = gateway(&[]).await;
+    let alice = token("alice", "acme", &["ap_clerk"]);
+    let root = token("root", "acme", &["admin"]);
+    let bob = token("bob", "acme", &["viewer"]);
+    let lab = json!({"pageType": "refund_lab", "entity": {"type": "invoice", "id": "acme_inv6"}});
+    let table = json!({"pageType": "invoice_table"});
+    let request = |trace: &'static str| {
+        let (alice, lab) = (alice.clone(), lab.clone());
+        async move {
+            let (status, body) = post_json(
+                gw,
+                "/internal/mcp/execute",
+                Some(&alice),
+                trace,
+                &json!({"tool_name": "refund.four_eyes", "arguments": {"amount": 7}, "pageContext": lab}),
+            )
+            .await;
+            assert_eq!(status, 200, "{body}");
+            assert_eq!(body["error"]["code"], "APPROVAL_REQUIRED", "{body}");
+            body["call_id"].as_str().unwrap().to_string()
+        }
+    };
+    let listed = |who: String, trace: &'static str| {
+        let table = table.clone();
+        async move {
+            let (status, body) = post_json(
+                gw,
+                "/v1/approvals",
+                Some(&who),
+                trace,
+                &json!({"pageContext": table}),
+            )
+            .await;
+            assert_eq!(status, 200, "{body}");
+            body["approvals"].as_array().unwrap().clone()
+        }
+    };
+
+    let id = request("fe-1").await;
+    let for_root = listed(root.clone(), "fe-2").await;
+    let mine = for_root
+        .iter()
+        .find(|a| a["call_id"] == id.as_str())
+        .expect("the approver sees the call");
+    assert_eq!(
+        (mine["requested_by"].as_str(), mine["tool"].as_str()),
+        (Some("alice"), Some("refund.four_eyes"))
+    );
+    assert!(
+        listed(bob.clone(), "fe-3")
+            .await
+            .iter()
+            .all(|a| a["call_id"] != id.as_str()),
+        "a viewer sees nothing"
+    );
+    assert!(
+        listed(alice.clone(), "fe-4")
+            .await
+            .iter()
+            .all(|a| a["call_id"] != id.as_str()),
+        "nor the requester"
+    );
+
+    let approve = |who: String, page: Value, id: String, trace: &'static str| async move {
+        post_json(
+            gw,
+            &format!("/v1/approvals/{id}"),
+            Some(&who),
+            trace,
+            &json!({"pageContext": page}),
+        )
+        .await
+        .1
+    };
+    let body = approve(alice.clone(), lab.clone(), id.clone(), "fe-5").await;
+    assert_eq!(
+        body["error"]["code"], "APPROVAL_INVALID",
+        "the requester cannot approve: {body}"
+    );
+    let body = approve(root.clone(), table.clone(), id.clone(), "fe-6").await;
+    assert_eq!(body["status"], "granted", "{body}");
+    let body = approve(alice.clone(), lab.clone(), id.clone(), "fe-7").await;
+    assert_eq!(
+        body["result"]["refunded"], 7,
+        "the requester runs it: {body}"
+    );
+    let body = approve(alice.clone(), lab.clone(), id.clone(), "fe-8").await;
+    assert_eq!(body["error"]["code"], "APPROVAL_INVALID", "once: {body}");
+
+    let id = request("fe-9").await;
+    let (status, body) = post_json(
+        gw,
+        &format!("/v1/approvals/{id}/reject"),
+        Some(&root),
+        "fe-10",
+        &json!({"pageContext": table, "reason": "not this month"}),
+    )
+    .await;
+    assert_eq!(
+        (status, body["status"].as_str()),
+        (200, Some("rejected")),
+        "{body}"
+    );
+    let body = approve(alice.clone(), lab.clone(), id.clone(), "fe-11").await;
+    assert_eq!(
+        body["error"]["code"], "APPROVAL_INVALID",
+        "a rejected call does not run: {body}"
+    );
 }

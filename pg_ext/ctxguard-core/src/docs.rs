@@ -143,6 +143,135 @@ pub fn unmark_placeholders(snippet: &str) -> String {
         .into_owned()
 }
 
+/// Bytes of a search snippet's window before the first query word of its densest cluster.
+pub const WINDOW_BEFORE: usize = 160;
+/// Bytes of the cluster (from its first query word) and after it.
+pub const WINDOW_SPAN: usize = 240;
+pub const WINDOW_AFTER: usize = 160;
+/// Text scanned between two interrupt checks.
+const WINDOW_CHECK_BYTES: usize = 64 * 1024;
+/// At most this many query words are looked for.
+const WINDOW_MAX_KEYS: usize = 64;
+
+/// The prefix a word of the text must start with to count as the query word `lexeme` (a stem
+/// such as `directori` for "directory"): long stems lose their last character, which a stemmer
+/// often changed (`y` to `i`).
+fn window_key(lexeme: &str) -> String {
+    let lower = lexeme.to_lowercase();
+    let chars = lower.chars().count();
+    if chars >= 5 {
+        lower.chars().take(chars - 1).collect()
+    } else {
+        lower
+    }
+}
+
+/// Does `text` begin with `key`, ignoring case?
+fn starts_with_key(text: &str, key: &str) -> bool {
+    let mut have = text.chars().flat_map(char::to_lowercase);
+    key.chars().all(|k| have.next() == Some(k))
+}
+
+/// The part of a search page (`text`, already masked) that `ts_headline` is given: where the
+/// query's words (`lexemes`, the query's stems) are densest, about [`WINDOW_BEFORE`] +
+/// [`WINDOW_SPAN`] + [`WINDOW_AFTER`] bytes, cut at whitespace. The headline parses and stems
+/// every word it is given, so this bounds its cost by the window, not the page. A word counts
+/// when it starts with its stem (a heuristic: a window whose headline marks nothing is done
+/// again on the whole page). The whole text when no word is found or the window would hold most
+/// of it. `interrupt` runs every 64 KiB of text scanned.
+pub fn snippet_window<F: FnMut()>(
+    text: &str,
+    lexemes: &[String],
+    mut interrupt: F,
+) -> std::ops::Range<usize> {
+    let whole = 0..text.len();
+    let keys: Vec<String> = lexemes
+        .iter()
+        .map(|l| window_key(l))
+        .filter(|k| !k.is_empty())
+        .take(WINDOW_MAX_KEYS)
+        .collect();
+    if keys.is_empty() || text.len() <= WINDOW_BEFORE + WINDOW_SPAN + WINDOW_AFTER {
+        return whole;
+    }
+    // Query words in the text: (byte offset of the word, index of its key).
+    let mut hits: Vec<(usize, usize)> = Vec::new();
+    let mut in_word = false;
+    let mut since_check = 0usize;
+    for (i, c) in text.char_indices() {
+        since_check += c.len_utf8();
+        if since_check >= WINDOW_CHECK_BYTES {
+            since_check = 0;
+            interrupt();
+        }
+        let word = c.is_alphanumeric();
+        if word && !in_word {
+            let rest = &text[i..];
+            if let Some(k) = keys.iter().position(|k| starts_with_key(rest, k)) {
+                hits.push((i, k));
+            }
+        }
+        in_word = word;
+    }
+    if hits.is_empty() {
+        return whole;
+    }
+    // The cluster: the hit whose next WINDOW_SPAN bytes hold the most different query words
+    // (then the most words, then the first such place).
+    let mut counts = vec![0usize; keys.len()];
+    let (mut distinct, mut end) = (0usize, 0usize);
+    let mut best = (0usize, 0usize, 0usize); // (distinct, hits, start index)
+    for start in 0..hits.len() {
+        while end < hits.len() && hits[end].0 < hits[start].0 + WINDOW_SPAN {
+            counts[hits[end].1] += 1;
+            if counts[hits[end].1] == 1 {
+                distinct += 1;
+            }
+            end += 1;
+        }
+        if (distinct, end - start) > (best.0, best.1) {
+            best = (distinct, end - start, start);
+        }
+        counts[hits[start].1] -= 1;
+        if counts[hits[start].1] == 0 {
+            distinct -= 1;
+        }
+    }
+    let anchor = hits[best.2].0;
+    let from = floor_char(text, anchor.saturating_sub(WINDOW_BEFORE));
+    let to = floor_char(text, (anchor + WINDOW_SPAN + WINDOW_AFTER).min(text.len()));
+    // Whole words only: start after a whitespace, end before one (when there is one in reach).
+    let from = if from == 0 {
+        0
+    } else {
+        // After the whitespace character, whatever its width (U+00A0, U+3000 are wider than a byte).
+        text[from..anchor]
+            .char_indices()
+            .find(|(_, c)| c.is_whitespace())
+            .map_or(from, |(w, c)| from + w + c.len_utf8())
+    };
+    let to = if to == text.len() {
+        to
+    } else {
+        text[anchor..to]
+            .rfind(char::is_whitespace)
+            .map_or(to, |w| anchor + w)
+    };
+    if to - from >= text.len() * 4 / 5 {
+        whole
+    } else {
+        from..to
+    }
+}
+
+/// The largest character boundary of `text` at or below `i`.
+fn floor_char(text: &str, mut i: usize) -> usize {
+    while !text.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
+
 /// Why a page range was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RangeError {
@@ -248,5 +377,64 @@ mod tests {
             "«card» [REDACTED:card_number"
         );
         assert_eq!(unmark_placeholders("[SECRET:«x»]"), "[SECRET:«x»]");
+    }
+
+    #[test]
+    fn snippet_windows() {
+        let keys = |l: &[&str]| l.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let filler = "lorem ipsum dolor sit amet ".repeat(40);
+        // Short texts and texts without a query word are given whole.
+        assert_eq!(snippet_window("short text", &keys(&["text"]), || ()), 0..10);
+        let none = format!("{filler}{filler}");
+        assert_eq!(
+            snippet_window(&none, &keys(&["replic"]), || ()),
+            0..none.len()
+        );
+        assert_eq!(snippet_window(&none, &[], || ()), 0..none.len());
+        // The densest place wins over the first word; stems match their words ("directori").
+        let text = format!("{filler}Replication once. {filler}The LDAP directory integration and its directory. {filler}");
+        let w = snippet_window(
+            &text,
+            &keys(&["ldap", "directori", "integr", "replic"]),
+            || (),
+        );
+        let window = &text[w.clone()];
+        assert!(window.contains("LDAP directory integration"), "{window}");
+        assert!(!window.contains("Replication"));
+        assert!(window.len() <= WINDOW_BEFORE + WINDOW_SPAN + WINDOW_AFTER);
+        // Cut at whitespace, on character boundaries, with multi-byte text around.
+        assert!(w.start == 0 || text[..w.start].ends_with(char::is_whitespace));
+        let wide = format!("{}ключ здесь {}", "ё ".repeat(400), "ж ".repeat(400));
+        let w = snippet_window(&wide, &keys(&["ключ"]), || ());
+        assert!(wide[w.clone()].contains("ключ здесь"));
+        // Whitespace wider than a byte at either cut: still on character boundaries.
+        for space in ["\u{a0}", "\u{3000}", "\u{2003}"] {
+            let text = format!(
+                "{}needle {}",
+                format!("wörd{space}").repeat(200),
+                format!("wörd{space}").repeat(200)
+            );
+            let w = snippet_window(&text, &keys(&["needl"]), || ());
+            assert!(text.is_char_boundary(w.start) && text.is_char_boundary(w.end));
+            assert!(text[w].contains("needle"));
+        }
+        // Upper case in the text, lower-case stems.
+        let w = snippet_window(&text, &keys(&["ldap"]), || ());
+        assert!(text[w].contains("LDAP"));
+        // A window that would hold most of the text is the whole text.
+        let small = format!("LDAP{}", " b".repeat(240));
+        assert_eq!(
+            snippet_window(&small, &keys(&["ldap"]), || ()),
+            0..small.len()
+        );
+    }
+
+    #[test]
+    fn snippet_window_checks_for_interrupts() {
+        let text = format!("{}needle", "x ".repeat(200_000));
+        let mut checks = 0;
+        let w = snippet_window(&text, &["needl".to_string()], || checks += 1);
+        assert!(checks >= 5, "{checks}");
+        assert!(text[w].contains("needle"));
     }
 }

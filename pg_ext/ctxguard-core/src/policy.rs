@@ -53,11 +53,15 @@ pub struct Policy {
     /// `"mode": "log_only"`: page, role and state conditions and `when` are evaluated, and a
     /// would-be denial is audited as `would_deny`, but the call runs (shadow mode).
     pub log_only: bool,
+    /// Four eyes: only a user of the same tenant holding one of these roles, never the
+    /// requester, may approve (or reject) a call that needs an approval. Empty: the requester
+    /// approves their own call.
+    pub approver_roles: Vec<String>,
     /// Quotas in time windows (`rate_limit`): every one must have room for a call to run.
     pub rate_limits: Vec<RateLimit>,
 }
 
-pub const POLICY_KEYS: [&str; 14] = [
+pub const POLICY_KEYS: [&str; 15] = [
     "page_types",
     "requires_entity",
     "entity_type",
@@ -71,6 +75,7 @@ pub const POLICY_KEYS: [&str; 14] = [
     "when",
     "approval_when",
     "mode",
+    "approver_roles",
     "rate_limit",
 ];
 
@@ -372,6 +377,7 @@ pub fn parse_policy(
         when: predicate(obj, "when")?,
         approval_when: predicate(obj, "approval_when")?,
         log_only,
+        approver_roles: labels(obj, "approver_roles")?,
         rate_limits: parse_rate_limits(obj.get("rate_limit"))?,
         requires_entity,
         roles: labels(obj, "roles")?,
@@ -401,6 +407,9 @@ fn check_contradictions(
     }
     if p.read_only && p.danger == Danger::Destructive {
         return err("a destructive tool cannot be read_only");
+    }
+    if !p.approver_roles.is_empty() && !p.requires_approval && p.approval_when.is_none() {
+        return err("approver_roles needs requires_approval or approval_when");
     }
     if p.requires_approval && p.approval_when.is_some() {
         return err(
@@ -701,6 +710,14 @@ mod tests {
         assert_eq!(p.approval_when.as_deref(), Some("app.big_refund(jsonb)"));
         assert!(p.log_only);
         assert!(!get_policy().log_only && get_policy().when.is_none());
+        assert!(get_policy().approver_roles.is_empty());
+        let four_eyes = parse_policy(
+            &json!({"page_types": "*", "requires_approval": true, "approver_roles": ["manager", "cfo", "manager"]}),
+            &schema(),
+            lookup,
+        )
+        .unwrap();
+        assert_eq!(four_eyes.approver_roles, vec!["manager", "cfo"]);
         for bad in [
             json!({"page_types": "*", "when": "refund_ok"}),
             json!({"page_types": "*", "when": "App.refund_ok"}),
@@ -710,6 +727,8 @@ mod tests {
             json!({"page_types": "*", "when": 7}),
             json!({"page_types": "*", "mode": "audit"}),
             json!({"page_types": "*", "requires_approval": true, "approval_when": "app.big"}),
+            json!({"page_types": "*", "approver_roles": ["manager"]}),
+            json!({"page_types": "*", "requires_approval": true, "approver_roles": "manager"}),
         ] {
             assert!(parse_policy(&bad, &schema(), lookup).is_err(), "{bad}");
         }

@@ -49,6 +49,7 @@ CREATE TABLE ctxguard.tool_policies (
     when_fn           regprocedure,
     approval_when_fn  regprocedure,
     mode              text NOT NULL DEFAULT 'enforce' CHECK (mode IN ('enforce', 'log_only')),
+    approver_roles    text[] NOT NULL DEFAULT '{}',
     rate_limits       jsonb,
     CHECK (entity_param IS NULL OR entity_type IS NOT NULL),
     CHECK (NOT requires_entity OR entity_type IS NOT NULL),
@@ -78,14 +79,20 @@ CREATE TABLE ctxguard.approvals (
     tool       text NOT NULL,
     args       jsonb NOT NULL,
     args_hash  text NOT NULL,
-    status     text NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'approved')),
+    status     text NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'approved', 'granted', 'rejected')),
     created_at timestamptz NOT NULL DEFAULT now(),
     expires_at timestamptz NOT NULL,
     used_at    timestamptz,
     page_type  text,
     entity_type text,
-    entity_id  text
+    entity_id  text,
+    approver_roles text[],
+    decided_by text,
+    decided_at timestamptz,
+    reason     text CHECK (octet_length(reason) <= 500)
 );
+COMMENT ON COLUMN ctxguard.approvals.approver_roles IS 'Four eyes (policy approver_roles, copied when the call was requested): who may grant or reject it; NULL: the requester approves.';
+COMMENT ON COLUMN ctxguard.approvals.status IS 'pending; granted (by an approver, not yet run); approved (run, exactly once); rejected.';
 COMMENT ON TABLE ctxguard.approvals IS 'Pending requires_approval calls with their bound arguments and page entity; consumed exactly once by ctxguard.approve_call from a context on the same entity.';
 
 CREATE TABLE ctxguard.audit_log (
@@ -98,7 +105,7 @@ CREATE TABLE ctxguard.audit_log (
     entity_type  text,
     entity_id    text,
     tool         text,
-    decision     text NOT NULL CHECK (decision IN ('allow', 'deny', 'pending', 'error', 'authorized', 'would_deny', 'dry_run')),
+    decision     text NOT NULL CHECK (decision IN ('allow', 'deny', 'pending', 'error', 'authorized', 'would_deny', 'dry_run', 'granted', 'rejected')),
     code         text,
     args_hash    text,
     result_bytes integer,

@@ -415,7 +415,8 @@ CREATE FUNCTION ctxguard."explain_tools"(
 	"visible" bool,  /* bool */
 	"reason" TEXT,  /* String */
 	"offered" bool,  /* Option < bool > */
-	"left_out" TEXT  /* Option < String > */
+	"left_out" TEXT,  /* Option < String > */
+	"conditions" TEXT  /* Option < String > */
 )
 STABLE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
@@ -898,6 +899,10 @@ LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'register_tools_wrapper';
 REVOKE EXECUTE ON FUNCTION ctxguard.register_tools(jsonb) FROM PUBLIC;
 COMMENT ON FUNCTION ctxguard.register_tools(jsonb) IS 'Register or update many SQL tools with their policies in one call, all or none (a JSON array of register_tool''s arguments; handlers as schema-qualified signatures). At most 64 MB and 100,000 tools.';
+-- doc_local_search reads the candidates' tsvectors in the row (sql/documents.sql). Rows written
+-- from now on (put_page, put_document(..., 'ready')) are stored so; existing pages keep their
+-- out-of-line tsvector (same results, slower search) until their document is made ready again.
+ALTER TABLE ctxguard.document_pages ALTER COLUMN tsv SET STORAGE MAIN;
 -- doc_local_search's candidates (issue 34; sql/documents.sql): per word of a ready document, the
 -- pages where it occurs most often. Filled here for the documents that are ready already.
 CREATE TABLE ctxguard.document_terms (
@@ -931,13 +936,25 @@ SELECT tenant_id, doc_id, lexeme, hits, page_no
 ALTER TABLE ctxguard.tool_policies
     ADD COLUMN when_fn regprocedure,
     ADD COLUMN approval_when_fn regprocedure,
-    ADD COLUMN mode text NOT NULL DEFAULT 'enforce' CHECK (mode IN ('enforce', 'log_only'));
+    ADD COLUMN mode text NOT NULL DEFAULT 'enforce' CHECK (mode IN ('enforce', 'log_only')),
+    ADD COLUMN approver_roles text[] NOT NULL DEFAULT '{}';
 COMMENT ON COLUMN ctxguard.tool_policies.when_fn IS 'Policy "when": a STABLE function (args jsonb) RETURNS boolean that must return true for a call to run (run as run_as, read-only).';
 COMMENT ON COLUMN ctxguard.tool_policies.approval_when_fn IS 'Policy "approval_when": a STABLE function (args jsonb) RETURNS boolean; true: the call needs an approval.';
 COMMENT ON COLUMN ctxguard.tool_policies.mode IS 'enforce, or log_only (shadow mode): a would-be denial by the page, role or state conditions or by "when" is audited as would_deny and the call runs.';
 ALTER TABLE ctxguard.audit_log DROP CONSTRAINT audit_log_decision_check;
 ALTER TABLE ctxguard.audit_log ADD CONSTRAINT audit_log_decision_check
-    CHECK (decision IN ('allow', 'deny', 'pending', 'error', 'authorized', 'would_deny', 'dry_run'));
+    CHECK (decision IN ('allow', 'deny', 'pending', 'error', 'authorized', 'would_deny', 'dry_run', 'granted', 'rejected'));
+-- Approvals by someone else (four eyes): who may decide, who did, and why a call was rejected.
+ALTER TABLE ctxguard.approvals
+    ADD COLUMN approver_roles text[],
+    ADD COLUMN decided_by text,
+    ADD COLUMN decided_at timestamptz,
+    ADD COLUMN reason text CHECK (octet_length(reason) <= 500);
+ALTER TABLE ctxguard.approvals DROP CONSTRAINT approvals_status_check;
+ALTER TABLE ctxguard.approvals ADD CONSTRAINT approvals_status_check
+    CHECK (status IN ('pending', 'approved', 'granted', 'rejected'));
+COMMENT ON COLUMN ctxguard.approvals.approver_roles IS 'Four eyes (policy approver_roles, copied when the call was requested): who may grant or reject it; NULL: the requester approves.';
+COMMENT ON COLUMN ctxguard.approvals.status IS 'pending; granted (by an approver, not yet run); approved (run, exactly once); rejected.';
 CREATE FUNCTION ctxguard."_explain_call"(
 	"name" TEXT, /* Option < & str > */
 	"args" TEXT /* Option < & str > */
@@ -949,6 +966,28 @@ CREATE FUNCTION ctxguard.explain_call(tool text, args jsonb DEFAULT '{}'::jsonb)
     LANGUAGE sql VOLATILE PARALLEL UNSAFE
     RETURN ctxguard._explain_call(tool, args::text);
 COMMENT ON FUNCTION ctxguard.explain_call(text, jsonb) IS 'Dry run of Gate B under the current context: the decision, its code and rule; runs and charges nothing; audited as dry_run.';
+-- Four eyes: reject or withdraw a pending call; what the context's user may decide.
+CREATE FUNCTION ctxguard."reject_call"(
+	"call_id" uuid, /* Option < pgrx :: Uuid > */
+	"reason" TEXT DEFAULT NULL /* Option < & str > */
+) RETURNS jsonb /* JsonB */
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'reject_call_wrapper';
+CREATE FUNCTION ctxguard."pending_approvals"() RETURNS TABLE (
+	"call_id" uuid,  /* pgrx :: Uuid */
+	"tool" TEXT,  /* String */
+	"requested_by" TEXT,  /* String */
+	"page_type" TEXT,  /* Option < String > */
+	"entity_type" TEXT,  /* Option < String > */
+	"entity_id" TEXT,  /* Option < String > */
+	"args" jsonb,  /* JsonB */
+	"requested_at" timestamp with time zone,  /* pgrx :: datum :: TimestampWithTimeZone */
+	"expires_at" timestamp with time zone  /* pgrx :: datum :: TimestampWithTimeZone */
+)
+STRICT STABLE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'pending_approvals_wrapper';
 
 -- Quotas in time windows (issue 30): policy "rate_limit", counted in the shared-memory ledger.
 ALTER TABLE ctxguard.tool_policies ADD COLUMN rate_limits jsonb;

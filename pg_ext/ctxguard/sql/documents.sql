@@ -31,6 +31,9 @@ CREATE TABLE ctxguard.document_pages (
     FOREIGN KEY (tenant_id, doc_id) REFERENCES ctxguard.documents (tenant_id, id) ON DELETE CASCADE
 );
 CREATE INDEX document_pages_tsv_idx ON ctxguard.document_pages USING gin (tsv);
+-- doc_local_search reads the tsvector of up to a few hundred candidate pages per call: kept in the
+-- row (a page's text goes out of line first), not de-TOASTed from a side table on every read.
+ALTER TABLE ctxguard.document_pages ALTER COLUMN tsv SET STORAGE MAIN;
 COMMENT ON TABLE ctxguard.document_pages IS 'Page text. Readable only through the document tools (budgets, masking, audit).';
 
 -- doc_local_search's candidates (issue 34): for each word (lexeme) of a ready document, the pages

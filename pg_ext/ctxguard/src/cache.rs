@@ -174,7 +174,7 @@ const TOOL_COLUMNS: &str = "t.name, t.description, t.input_schema, t.handler::pg
     t.server, t.upstream_name, NULL::pg_catalog.jsonb, p.run_as::pg_catalog.oid, NOT t.present,
     (t.kind OPERATOR(pg_catalog.=) 'external' AND t.accepted_hash IS DISTINCT FROM t.definition_hash),
     p.when_fn::pg_catalog.oid, p.approval_when_fn::pg_catalog.oid,
-    p.when_fn::pg_catalog.text, p.approval_when_fn::pg_catalog.text, p.mode, p.rate_limits";
+    p.when_fn::pg_catalog.text, p.approval_when_fn::pg_catalog.text, p.mode, p.approver_roles, p.rate_limits";
 const TOOL_FROM: &str = "ctxguard.tools t
     LEFT JOIN ctxguard.tool_policies p ON p.tool OPERATOR(pg_catalog.=) t.name";
 
@@ -862,7 +862,7 @@ fn policy_from_row(row: &SpiHeapTupleData) -> Result<Option<Policy>, pgrx::spi::
         return Ok(None);
     }
     // Quotas that no longer parse (edited by hand) disable the tool: closed.
-    let rate_limits = parse_rate_limits(row.get::<JsonB>(28)?.map(|j| j.0).as_ref());
+    let rate_limits = parse_rate_limits(row.get::<JsonB>(29)?.map(|j| j.0).as_ref());
     // Missing values fall back to the most restrictive choice.
     Ok(Some(Policy {
         page_types: row.get::<Vec<String>>(6)?.unwrap_or_default(),
@@ -883,6 +883,7 @@ fn policy_from_row(row: &SpiHeapTupleData) -> Result<Option<Policy>, pgrx::spi::
         approval_when: row.get::<String>(26)?,
         // Only an explicit log_only shadows anything.
         log_only: row.get::<String>(27)?.as_deref() == Some("log_only"),
+        approver_roles: row.get::<Vec<String>>(28)?.unwrap_or_default(),
     }))
 }
 

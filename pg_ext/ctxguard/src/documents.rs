@@ -542,13 +542,15 @@ fn tsquery(any: bool, cfg: &str, query: &str) -> String {
 /// among the pages richest in the query's words. A query with no word that must occur (only
 /// negations), and a document without candidates (its pages written other than by
 /// `put_document(..., 'ready')`), rank every page, as before.
+///
+/// Also returned: the query's stems (for [`docs::snippet_window`]).
 fn search_pages(
     ctx: &Ctx,
     doc: &Doc,
     query: &str,
     limit: i64,
     any: bool,
-) -> Vec<(i32, f32, String)> {
+) -> (Vec<(i32, f32, String)>, Vec<String>) {
     let sql = format!(
         "WITH c AS MATERIALIZED (
              SELECT t.page_no FROM ctxguard.document_terms t
@@ -560,7 +562,8 @@ fn search_pages(
                 AND (pg_catalog.querytree(q) = 'T'
                      OR (SELECT t.lexeme FROM ctxguard.document_terms t WHERE t.tenant_id = $1 AND t.doc_id = $2
                           ORDER BY t.lexeme LIMIT 1) IS NULL))
-         SELECT p.page_no, pg_catalog.ts_rank_cd(p.tsv, q) AS score, p.clean
+         SELECT p.page_no, pg_catalog.ts_rank_cd(p.tsv, q) AS score, p.clean,
+                (SELECT pg_catalog.tsvector_to_array(pg_catalog.to_tsvector($5::pg_catalog.regconfig, $3))) AS stems
            FROM c CROSS JOIN LATERAL (
                     -- One primary-key lookup per candidate (OFFSET 0: not flattened into a join
                     -- that would read every matching page first).
@@ -570,7 +573,7 @@ fn search_pages(
           ORDER BY score DESC, p.page_no LIMIT $4",
         q = tsquery(any, "$5", "$3")
     );
-    as_owner(|| {
+    let rows = as_owner(|| {
         Spi::connect(|c| {
             select_saved(
                 c,
@@ -586,15 +589,20 @@ fn search_pages(
             )?
             .map(|r| {
                 Ok((
-                    r.get::<i32>(1)?.unwrap_or(0),
-                    r.get::<f32>(2)?.unwrap_or(0.0),
-                    r.get::<String>(3)?.unwrap_or_default(),
+                    (
+                        r.get::<i32>(1)?.unwrap_or(0),
+                        r.get::<f32>(2)?.unwrap_or(0.0),
+                        r.get::<String>(3)?.unwrap_or_default(),
+                    ),
+                    r.get::<Vec<String>>(4)?.unwrap_or_default(),
                 ))
             })
             .collect::<Result<Vec<_>, pgrx::spi::Error>>()
         })
     })
-    .unwrap_or_else(|e| internal(e))
+    .unwrap_or_else(|e| internal(e));
+    let stems = rows.first().map(|(_, s)| s.clone()).unwrap_or_default();
+    (rows.into_iter().map(|(hit, _)| hit).collect(), stems)
 }
 
 /// `ts_headline` snippets of `texts` (already masked) for the query, in order.
@@ -644,22 +652,47 @@ fn search(
 ) -> Result<Out, TooLarge> {
     let mut matched = "all_words";
     let mut any = false;
-    let mut hits = search_pages(ctx, doc, query, limit, any);
+    let (mut hits, mut stems) = search_pages(ctx, doc, query, limit, any);
     if hits.is_empty() {
         matched = "any_word";
         any = true;
-        hits = search_pages(ctx, doc, query, limit, any);
+        (hits, stems) = search_pages(ctx, doc, query, limit, any);
     }
-    // The pages are masked first: the markers and fragment cuts come after.
+    // The pages are masked first: the window, the markers and the fragment cuts come after.
     let mut texts = Vec::with_capacity(hits.len());
     for (_, _, text) in &hits {
         texts.push(job.text(text)?.into_owned());
     }
-    let snippets = if texts.is_empty() {
+    // ts_headline reads the part of each page where the query's words are densest.
+    let windows: Vec<std::ops::Range<usize>> = texts
+        .iter()
+        .map(|t| {
+            docs::snippet_window(t, &stems, || {
+                pgrx::check_for_interrupts!();
+            })
+        })
+        .collect();
+    let mut snippets = if texts.is_empty() {
         Vec::new()
     } else {
-        headlines(doc, query, any, texts)
+        let cut = texts
+            .iter()
+            .zip(&windows)
+            .map(|(t, w)| t[w.clone()].to_string())
+            .collect();
+        headlines(doc, query, any, cut)
     };
+    // A window whose headline marks nothing (its words were not the query's after all): the
+    // headline of the whole page instead.
+    let again: Vec<usize> = (0..snippets.len())
+        .filter(|&i| windows[i].len() < texts[i].len() && !snippets[i].contains(docs::MARK_START))
+        .collect();
+    if !again.is_empty() {
+        let whole = again.iter().map(|&i| texts[i].clone()).collect();
+        for (i, snippet) in again.into_iter().zip(headlines(doc, query, any, whole)) {
+            snippets[i] = snippet;
+        }
+    }
     let mut room = Room::new(room, 64);
     let mut results = Vec::new();
     for ((page, score, _), snippet) in hits.into_iter().zip(snippets) {

@@ -14,6 +14,7 @@ use pgrx::prelude::*;
 use pgrx::JsonB;
 use serde_json::{json, Value};
 
+use crate::approvals;
 use crate::budget::{self, Budget};
 use crate::cache::{self, ToolEntry};
 use crate::context::Ctx;
@@ -288,7 +289,8 @@ fn visible_tools(
 /// Diagnostics: every catalogued tool with whether it is visible here and why (stable codes),
 /// and, for a visible one, whether it is in the model's list for `query` and `top_k` (as
 /// `visible_tools(query, top_k)` ranks it) and why not (`top_k`, `page_tools_first`,
-/// `server_cap`).
+/// `server_cap`); and what Gate B will still check on a call (`conditions`, see [`conditions`]).
+
 #[pg_extern(stable, parallel_unsafe)]
 #[expect(
     clippy::type_complexity,
@@ -305,6 +307,7 @@ fn explain_tools(
         name!(reason, String),
         name!(offered, Option<bool>),
         name!(left_out, Option<String>),
+        name!(conditions, Option<String>),
     ),
 > {
     let _pin = crate::owner::pin();
@@ -330,13 +333,42 @@ fn explain_tools(
                 Placement::LeftOut(why) => Some(why.as_str().to_string()),
                 Placement::Offered(_) => None,
             }),
+            conditions(t, catalog.reason_shadowed(t, ctx.as_ref()).1),
         ));
     });
     TableIterator::new(rows)
 }
 
+/// What Gate B checks on a call to a tool beyond what Gate A shows, named (never evaluated
+/// here): `when fn`, `approval_when fn`, `requires_approval`, `approver_roles r1,r2`, and
+/// `log_only` with what it lets through on this page (`log_only would_deny:missing_role`).
+/// `None` when there is nothing.
+fn conditions(t: &ToolEntry, shadowed: Option<Reason>) -> Option<String> {
+    let p = t.policy.as_ref()?;
+    let mut out = Vec::new();
+    if let Some(w) = &p.when {
+        out.push(format!("when {w}"));
+    }
+    if let Some(w) = &p.approval_when {
+        out.push(format!("approval_when {w}"));
+    }
+    if p.requires_approval {
+        out.push("requires_approval".to_string());
+    }
+    if !p.approver_roles.is_empty() {
+        out.push(format!("approver_roles {}", p.approver_roles.join(",")));
+    }
+    if p.log_only {
+        out.push(match shadowed {
+            Some(r) => format!("log_only would_deny:{}", r.as_str()),
+            None => "log_only".to_string(),
+        });
+    }
+    (!out.is_empty()).then(|| out.join("; "))
+}
+
 /// The result of one pass through Gate B.
-enum Outcome {
+pub(crate) enum Outcome {
     Ok(Value),
     /// Refused: code, message, optional details (e.g. the documents available on this page).
     Denied(Code, String, Option<Value>),
@@ -348,6 +380,11 @@ enum Outcome {
         upstream_name: String,
         args: Value,
     },
+    /// Four eyes: an approver granted (`granted`) or rejected (`rejected`) another user's call.
+    Decided {
+        status: &'static str,
+        requested_by: String,
+    },
     /// `explain_call`: what Gate B would decide (nothing run, nothing charged).
     Explained {
         decision: &'static str,
@@ -358,7 +395,7 @@ enum Outcome {
 
 /// How Gate B is asked.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Run {
+pub(crate) enum Run {
     /// `call_tool`.
     Call,
     /// `approve_call` replaying a pending approval.
@@ -367,28 +404,28 @@ enum Run {
     Dry,
 }
 
-struct Call {
-    call_id: uuid::Uuid,
-    tool: Option<String>,
-    args_hash: Option<String>,
-    outcome: Outcome,
-    result_bytes: Option<i32>,
-    doc_id: Option<String>,
-    tokens: Option<u32>,
-    masked: Option<MaskCounts>,
-    budget: Option<Value>,
+pub(crate) struct Call {
+    pub(crate) call_id: uuid::Uuid,
+    pub(crate) tool: Option<String>,
+    pub(crate) args_hash: Option<String>,
+    pub(crate) outcome: Outcome,
+    pub(crate) result_bytes: Option<i32>,
+    pub(crate) doc_id: Option<String>,
+    pub(crate) tokens: Option<u32>,
+    pub(crate) masked: Option<MaskCounts>,
+    pub(crate) budget: Option<Value>,
     /// The audit record could not be queued or made durable: the call's effects are rolled back.
-    unaudited: bool,
+    pub(crate) unaudited: bool,
     /// The rule that decided a refusal (`explain_call` names it).
-    rule: &'static str,
+    pub(crate) rule: &'static str,
     /// Shadow mode: the call ran, but the policy (in `log_only` mode) would have refused it so.
-    would_deny: Option<(Code, String)>,
+    pub(crate) would_deny: Option<(Code, String)>,
     /// The state of the tool's quota windows (`rate_limit`), as the call found or left them.
-    quotas: Option<Value>,
+    pub(crate) quotas: Option<Value>,
 }
 
 impl Call {
-    fn new(call_id: uuid::Uuid) -> Call {
+    pub(crate) fn new(call_id: uuid::Uuid) -> Call {
         Call {
             call_id,
             tool: None,
@@ -411,7 +448,7 @@ impl Call {
 /// was queued (and, with `ctxguard.audit_wait`, made durable): no effect of a handler, an
 /// approval or a completion commits without its record. Ledger charges of a call that leaves no
 /// record are given back (`ledger::settle`), also when `run` raises (a cancel, a timeout).
-fn audited<R>(run: impl FnOnce() -> (Call, R)) -> (Call, R) {
+pub(crate) fn audited<R>(run: impl FnOnce() -> (Call, R)) -> (Call, R) {
     ledger::begin_call();
     let out = pgutil::keep_if(
         || {
@@ -493,7 +530,7 @@ fn condition(
 }
 
 /// Gate B proper.
-fn gate_b(
+pub(crate) fn gate_b(
     ctx: Option<&Ctx>,
     name: &str,
     args_text: Option<&str>,
@@ -648,11 +685,12 @@ fn gate_b(
     }
     if needs_approval {
         // The approval is for exactly this bound call on this page's entity.
-        record_pending_approval(
+        approvals::record_pending(
             ctx,
             &tool.name,
             &bound,
             call.args_hash.as_deref().unwrap_or_default(),
+            &policy.approver_roles,
             call_id,
         );
         call.outcome = Outcome::Pending;
@@ -893,30 +931,6 @@ fn record_external_call(ctx: &Ctx, tool: &str, call_id: uuid::Uuid) {
     });
 }
 
-fn record_pending_approval(ctx: &Ctx, tool: &str, args: &Value, hash: &str, call_id: uuid::Uuid) {
-    as_owner(|| {
-        Spi::run_with_args(
-            "INSERT INTO ctxguard.approvals (call_id, tenant_id, user_id, tool, args, args_hash, expires_at,
-                                             page_type, entity_type, entity_id)
-             VALUES ($1::pg_catalog.uuid, $2, $3, $4, $5, $6, pg_catalog.now() + pg_catalog.make_interval(secs => $7),
-                     $8, $9, $10)",
-            &[
-                call_id.to_string().as_str().into(),
-                ctx.tenant_id.as_str().into(),
-                ctx.user_id.as_str().into(),
-                tool.into(),
-                JsonB(args.clone()).into(),
-                hash.into(),
-                f64::from(crate::ttls::for_tenant(&ctx.tenant_id).approval).into(),
-                ctx.page_type.as_str().into(),
-                ctx.entity.as_ref().map(|e| e.kind.as_str()).into(),
-                ctx.entity.as_ref().map(|e| e.id.as_str()).into(),
-            ],
-        )
-    })
-    .unwrap_or_else(|_| raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, "ctxguard: could not record approval"));
-}
-
 /// Why a call cannot be audited, logged; the message for the envelope.
 fn unavailable(e: ledger::Unavailable) -> String {
     pgrx::log!("ctxguard: call refused, AUDIT_UNAVAILABLE: {}", e.0);
@@ -924,7 +938,7 @@ fn unavailable(e: ledger::Unavailable) -> String {
 }
 
 /// Can calls be audited now (a writer, room in its queue)? Checked before any handler runs.
-fn audit_ready(call_id: uuid::Uuid) -> Option<JsonB> {
+pub(crate) fn audit_ready(call_id: uuid::Uuid) -> Option<JsonB> {
     let e = ledger::ready().err()?;
     let mut call = Call::new(call_id);
     call.outcome = Outcome::Denied(Code::AuditUnavailable, unavailable(e), None);
@@ -934,7 +948,7 @@ fn audit_ready(call_id: uuid::Uuid) -> Option<JsonB> {
 /// Queue the audit record (with the call's ledger changes) for the writer and, with
 /// `ctxguard.audit_wait`, wait until it is durable. If that fails the call fails: no result
 /// leaves without its audit record.
-fn audit(ctx: Option<&Ctx>, call: &mut Call) {
+pub(crate) fn audit(ctx: Option<&Ctx>, call: &mut Call) {
     // A call that returns nothing consumed nothing: its charges are given back before its record
     // is written (charges the record carries are those of results that left). Its quota counts
     // ride on the record: a call that passed its quota step counts once it is audited.
@@ -952,6 +966,7 @@ fn audit(ctx: Option<&Ctx>, call: &mut Call) {
         (Outcome::Failed(_), _) => ("error", Some(Code::ToolError.as_str())),
         (Outcome::Authorized { .. }, None) => ("authorized", None),
         (Outcome::Explained { code, .. }, _) => ("dry_run", code.map(Code::as_str)),
+        (Outcome::Decided { status, .. }, _) => (*status, None),
     };
     let entity = ctx.and_then(|c| c.entity.as_ref());
     let masked = call
@@ -984,7 +999,7 @@ fn audit(ctx: Option<&Ctx>, call: &mut Call) {
     }
 }
 
-fn envelope(call: Call) -> JsonB {
+pub(crate) fn envelope(call: Call) -> JsonB {
     let id = call.call_id.to_string();
     JsonB(match call.outcome {
         Outcome::Ok(result) => json!({"status": "ok", "result": result, "call_id": id}),
@@ -1008,6 +1023,12 @@ fn envelope(call: Call) -> JsonB {
             args,
         } => {
             json!({"status": "authorized", "call_id": id, "server": server, "tool": upstream_name, "args": args})
+        }
+        Outcome::Decided {
+            status,
+            requested_by,
+        } => {
+            json!({"status": status, "call_id": id, "tool": call.tool, "requested_by": requested_by})
         }
         Outcome::Explained {
             decision,
@@ -1098,84 +1119,6 @@ fn _explain_call(name: Option<&str>, args: Option<&str>) -> JsonB {
         (call, ())
     });
     envelope(call)
-}
-
-/// Run a pending `requires_approval` call exactly once, for the user who was asked.
-#[pg_extern(volatile, parallel_unsafe)]
-fn approve_call(call_id: Option<pgrx::Uuid>) -> JsonB {
-    let _pin = crate::owner::pin();
-    handler::refuse_inside("approve_call");
-    let ctx = Ctx::current();
-    let id = call_id
-        .map(|u| uuid::Uuid::from_bytes(*u.as_bytes()))
-        .unwrap_or_default();
-    if let Some(refused) = audit_ready(id) {
-        return refused;
-    }
-    let (call, ()) = audited(|| (approve(ctx.as_ref(), id), ()));
-    envelope(call)
-}
-
-/// `approve_call` after its checks: claim the approval, run the call, audit it.
-fn approve(ctx: Option<&Ctx>, id: uuid::Uuid) -> Call {
-    let invalid = |ctx: Option<&Ctx>, code: Code, msg: &str| {
-        let mut call = Call::new(id);
-        call.outcome = Outcome::Denied(code, msg.into(), None);
-        audit(ctx, &mut call);
-        call
-    };
-    let Some(c) = ctx else {
-        return invalid(
-            None,
-            Code::ContextMissing,
-            "no context is set for this transaction",
-        );
-    };
-    // Atomically consume the approval: a second approve (concurrent or later) finds nothing. It
-    // must come from a context on the entity it was requested for (or none, if it had none);
-    // from any other page it stays pending.
-    let claimed = as_owner(|| {
-        Spi::connect_mut(|client| {
-            let mut rows = client.update(
-                "UPDATE ctxguard.approvals SET status = 'approved', used_at = pg_catalog.now()
-                 WHERE call_id = $1::pg_catalog.uuid AND tenant_id = $2 AND user_id = $3
-                   AND status = 'pending' AND expires_at > pg_catalog.now()
-                   AND entity_type IS NOT DISTINCT FROM $4 AND entity_id IS NOT DISTINCT FROM $5
-                 RETURNING tool, args::pg_catalog.text",
-                Some(1),
-                &[
-                    id.to_string().as_str().into(),
-                    c.tenant_id.as_str().into(),
-                    c.user_id.as_str().into(),
-                    c.entity.as_ref().map(|e| e.kind.as_str()).into(),
-                    c.entity.as_ref().map(|e| e.id.as_str()).into(),
-                ],
-            )?;
-            Ok::<_, pgrx::spi::Error>(match rows.next() {
-                Some(r) => Some((
-                    r.get::<String>(1)?.unwrap_or_default(),
-                    r.get::<String>(2)?.unwrap_or_default(),
-                )),
-                None => None,
-            })
-        })
-    })
-    .unwrap_or_else(|e| {
-        raise(
-            PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
-            format!("ctxguard: {e}"),
-        )
-    });
-    let Some((tool, args)) = claimed else {
-        return invalid(
-            ctx,
-            Code::ApprovalInvalid,
-            "no pending approval with this id for this user on this page",
-        );
-    };
-    let mut call = gate_b(ctx, &tool, Some(&args), Run::Approved, id);
-    audit(ctx, &mut call);
-    call
 }
 
 /// Second half of an upstream MCP call authorized by `call_tool`: mask the upstream result, charge

@@ -27,6 +27,7 @@
 
 use pgrx::prelude::*;
 
+mod approvals;
 mod budget;
 mod cache;
 mod catalog;
