@@ -127,4 +127,13 @@ SELECT is(pg_temp.code(ctxguard.approve_call((:'a2'::jsonb->>'call_id')::uuid)),
 SELECT is(pg_temp.code(ctxguard.call_tool('quota.approval')), 'RATE_LIMIT_EXCEEDED', 'approval: a new request is refused before it is recorded');
 COMMIT;
 
+-- explain_tools names the quotas among what Gate B still checks.
+BEGIN;
+SELECT ctxguard.set_context(:'tok_alice', :'lab') \g /dev/null
+SELECT is((SELECT conditions FROM ctxguard.explain_tools() WHERE name = 'quota.two'),
+          'rate_limit 3 per 1h per user; rate_limit 2 per 1d per tenant', 'explain_tools names the quotas');
+SELECT is((SELECT conditions FROM ctxguard.explain_tools() WHERE name = 'quota.approval'),
+          'rate_limit 1 per 1h per user; requires_approval', '... before the approval step, as Gate B checks them');
+COMMIT;
+
 SELECT * FROM finish();

@@ -340,7 +340,8 @@ fn explain_tools(
 }
 
 /// What Gate B checks on a call to a tool beyond what Gate A shows, named (never evaluated
-/// here): `when fn`, `approval_when fn`, `requires_approval`, `approver_roles r1,r2`, and
+/// here): `when fn`, `rate_limit 20 per 1h per user` (each quota), `approval_when fn`,
+/// `requires_approval`, `approver_roles r1,r2`, and
 /// `log_only` with what it lets through on this page (`log_only would_deny:missing_role`).
 /// `None` when there is nothing.
 fn conditions(t: &ToolEntry, shadowed: Option<Reason>) -> Option<String> {
@@ -348,6 +349,14 @@ fn conditions(t: &ToolEntry, shadowed: Option<Reason>) -> Option<String> {
     let mut out = Vec::new();
     if let Some(w) = &p.when {
         out.push(format!("when {w}"));
+    }
+    for q in &p.rate_limits {
+        out.push(format!(
+            "rate_limit {} per {} per {}",
+            q.calls,
+            q.window.as_str(),
+            q.per.as_str()
+        ));
     }
     if let Some(w) = &p.approval_when {
         out.push(format!("approval_when {w}"));
