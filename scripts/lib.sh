@@ -188,6 +188,9 @@ ctxguard.ledger_tenant_share = 25
 ctxguard.ledger_user_share = 10
 CONF
   fi
+  # The quota counters' table (issue 30), also in capacity clusters made before it.
+  grep -q '^ctxguard.ledger_quotas' "$CAP_RUN/pgdata/postgresql.conf" ||
+    echo "ctxguard.ledger_quotas = 64" | as_pg tee -a "$CAP_RUN/pgdata/postgresql.conf" >/dev/null
   conf_port "$CAP_RUN/pgdata" "$CAP_PORT"
   # Restarted, so that a fresh install (and an empty ledger) is what the test sees.
   as_pg "$PG_BIN/pg_ctl" -D "$CAP_RUN/pgdata" status >/dev/null 2>&1 &&

@@ -411,3 +411,30 @@ SELECT ctxguard.register_tool('refund.big_four_eyes', 'A refund another user mus
     't.refund(jsonb)',
     '{"page_types": ["refund_lab"], "entity_type": "invoice", "entity_param": "invoice_id", "read_only": false,
       "approval_when": "t.refund_needs_approval", "approver_roles": ["admin"]}');
+
+-- Issue 30 (30_quotas.sql, tests/tests/quotas.rs): call quotas in time windows (policy rate_limit),
+-- on a page of their own, so that the other tests' Gate A sets do not change.
+SELECT ctxguard.register_page_type('quota_lab', NULL, 'A page for the quota tests.');
+CREATE FUNCTION t.quota_ping(args jsonb) RETURNS jsonb LANGUAGE sql AS $$ SELECT '{"pong": true}'::jsonb $$;
+-- Holds its call until the test releases the advisory lock it took first (tests/tests/quotas.rs).
+CREATE FUNCTION t.quota_slow(args jsonb) RETURNS jsonb LANGUAGE sql AS $$
+    SELECT jsonb_build_object('waited', pg_advisory_xact_lock_shared(15150030) IS NULL)
+$$;
+REVOKE EXECUTE ON FUNCTION t.quota_ping(jsonb), t.quota_slow(jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION t.quota_ping(jsonb), t.quota_slow(jsonb) TO ctxguard_tools;
+SELECT ctxguard.register_tools(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(
+           'name', q.name, 'description', 'A tool with a call quota.', 'input_schema', '{"type": "object"}'::jsonb,
+           'handler', q.handler, 'policy', '{"page_types": ["quota_lab"]}'::jsonb || q.policy::jsonb)))
+  FROM (VALUES
+    ('quota.per_user', 't.quota_ping(jsonb)', '{"rate_limit": {"per": "user", "calls": 2, "window": "1h"}}'),
+    ('quota.per_tenant', 't.quota_ping(jsonb)', '{"rate_limit": {"per": "tenant", "calls": 3, "window": "1h"}}'),
+    ('quota.two', 't.quota_ping(jsonb)', '{"rate_limit": [{"per": "user", "calls": 3, "window": "1h"}, {"per": "tenant", "calls": 2, "window": "1d"}]}'),
+    ('quota.rollback', 't.quota_ping(jsonb)', '{"rate_limit": [{"per": "user", "calls": 2, "window": "1h"}]}'),
+    ('quota.savepoint', 't.quota_ping(jsonb)', '{"rate_limit": {"per": "user", "calls": 2, "window": "1h"}}'),
+    ('quota.dry', 't.quota_ping(jsonb)', '{"rate_limit": {"per": "user", "calls": 1, "window": "1h"}}'),
+    ('quota.shadow', 't.quota_ping(jsonb)', '{"rate_limit": {"per": "user", "calls": 1, "window": "1h"}, "mode": "log_only"}'),
+    ('quota.approval', 't.quota_ping(jsonb)', '{"rate_limit": {"per": "user", "calls": 1, "window": "1h"}, "requires_approval": true}'),
+    ('quota.race', 't.quota_ping(jsonb)', '{"rate_limit": {"per": "tenant", "calls": 5, "window": "1h"}}'),
+    ('quota.minute', 't.quota_ping(jsonb)', '{"rate_limit": {"per": "user", "calls": 2, "window": "1m"}}'),
+    ('quota.slow', 't.quota_slow(jsonb)', '{"rate_limit": {"per": "user", "calls": 3, "window": "1h"}}')
+  ) AS q(name, handler, policy);

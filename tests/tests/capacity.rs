@@ -1,6 +1,6 @@
 //! Shared capacity is shared fairly (issue 29 item 4; SECURITY_MATRIX M.75), on a cluster of its
 //! own whose ledger tables are tiny, set in its postgresql.conf (scripts/lib.sh
-//! `start_capacity_cluster`): 64 slots per table, a tenant's share 25 % (16 entries), a user's
+//! `start_capacity_cluster`): 64 slots per table (call quota counters too), a tenant's share 25 % (16 entries), a user's
 //! 10 % (7). One tenant flooding a table gets CAPACITY_EXCEEDED in the envelope, audited, while
 //! another tenant's calls all succeed. On main the sizes were ignored (the settings were dropped at
 //! start), the flood filled the table for everyone, and a full table raised a raw 53000.
@@ -81,6 +81,7 @@ fn the_ledger_sizes_in_postgresql_conf_take_effect() {
         "ledger_document_calls",
         "ledger_coverage",
         "ledger_user_days",
+        "ledger_quotas",
     ] {
         assert_eq!(
             stats["tables"][table]["slots"],
@@ -248,4 +249,81 @@ fn a_tenant_flooding_document_counters_and_coverage_gets_its_own_refusal() {
     // The other tenant reads all of its documents.
     let o = read_documents(&mut c, &other, "r1", 0..7);
     assert_eq!(o, vec!["ok"; 7], "{o:?}");
+}
+
+/// Tools with a per-user quota (issue 30), registered here: each (user, tool) is a quota counter.
+fn quota_tools(n: usize) {
+    let mut a = admin();
+    a.batch_execute(
+        "CREATE SCHEMA IF NOT EXISTS capq;
+         CREATE OR REPLACE FUNCTION capq.ping(args jsonb) RETURNS jsonb LANGUAGE sql AS $$ SELECT '{}'::jsonb $$;
+         GRANT USAGE ON SCHEMA capq TO ctxguard_tools;
+         GRANT EXECUTE ON FUNCTION capq.ping(jsonb) TO ctxguard_tools;",
+    )
+    .unwrap();
+    for i in 0..n {
+        a.execute(
+            "SELECT ctxguard.register_tool($1, 'A tool with a quota.', '{\"type\": \"object\"}', 'capq.ping(jsonb)',
+                 '{\"page_types\": [\"invoice_table\"], \"run_as\": \"ctxguard_tools\",
+                   \"rate_limit\": {\"per\": \"user\", \"calls\": 100, \"window\": \"1d\"}}')",
+            &[&format!("capq.t{i}")],
+        )
+        .unwrap();
+    }
+}
+
+fn call_quota_tool(c: &mut Client, tenant: &str, user: &str, tool: usize) -> Value {
+    let tok = token(user, tenant, &["ap_clerk"]);
+    let mut tx = c.transaction().unwrap();
+    tx.execute("SELECT ctxguard.set_context($1, $2)", &[&tok, &page()])
+        .unwrap();
+    let r: Value = tx
+        .query_one("SELECT ctxguard.call_tool($1)", &[&format!("capq.t{tool}")])
+        .unwrap()
+        .get(0);
+    tx.commit().unwrap();
+    r
+}
+
+#[test]
+fn a_tenant_flooding_quota_counters_gets_its_own_refusal() {
+    quota_tools(9);
+    let mut c = connect();
+    let (flood, other) = (tenant("flood-quota"), tenant("other-quota"));
+    // One user: their share (7 counters), then CAPACITY_EXCEEDED naming the user's share.
+    let first: Vec<String> = (0..9)
+        .map(|t| code(&call_quota_tool(&mut c, &flood, "q1", t)))
+        .collect();
+    assert_eq!(first[..7], vec!["ok"; 7], "{first:?}");
+    assert_eq!(first[7..], vec!["CAPACITY_EXCEEDED"; 2], "{first:?}");
+    // Two more users (6 and 3 counters) fill the tenant's share of 16; then the tenant is refused.
+    for (u, tools) in [("q2", 6), ("q3", 3)] {
+        for t in 0..tools {
+            let r = call_quota_tool(&mut c, &flood, u, t);
+            assert_eq!(code(&r), "ok", "{u} {t}: {r}");
+        }
+    }
+    let refused = call_quota_tool(&mut c, &flood, "q4", 0);
+    assert_eq!(code(&refused), "CAPACITY_EXCEEDED", "{refused}");
+    let msg = refused["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("ctxguard.ledger_tenant_share") && msg.contains("call quota counters"),
+        "{msg}"
+    );
+    // A counter the tenant holds already still counts.
+    assert_eq!(code(&call_quota_tool(&mut c, &flood, "q1", 0)), "ok");
+    // Another tenant keeps its share.
+    for t in 0..7 {
+        let r = call_quota_tool(&mut c, &other, "q1", t);
+        assert_eq!(code(&r), "ok", "{r}");
+    }
+    let stats: Value = admin()
+        .query_one("SELECT ctxguard.ledger_stats()", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        stats["tables"]["ledger_quotas"]["slots"],
+        json!(64),
+        "{stats}"
+    );
 }

@@ -316,8 +316,9 @@ pub struct Held {
     pub name: [u8; TENANT_NAME],
 }
 
-/// The ledger's tables that are shared out: generations, document calls, coverage, user days.
-pub const TABLES: usize = 4;
+/// The ledger's tables that are shared out: generations, document calls, coverage, user days,
+/// call quotas.
+pub const TABLES: usize = 5;
 /// Bytes of a tenant's id kept for `ledger_stats`.
 pub const TENANT_NAME: usize = 32;
 

@@ -57,9 +57,11 @@ pub struct Policy {
     /// requester, may approve (or reject) a call that needs an approval. Empty: the requester
     /// approves their own call.
     pub approver_roles: Vec<String>,
+    /// Quotas in time windows (`rate_limit`): every one must have room for a call to run.
+    pub rate_limits: Vec<RateLimit>,
 }
 
-pub const POLICY_KEYS: [&str; 14] = [
+pub const POLICY_KEYS: [&str; 15] = [
     "page_types",
     "requires_entity",
     "entity_type",
@@ -74,7 +76,145 @@ pub const POLICY_KEYS: [&str; 14] = [
     "approval_when",
     "mode",
     "approver_roles",
+    "rate_limit",
 ];
+
+/// Whose calls a quota counts: each user's of a tenant, or the whole tenant's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QuotaPer {
+    User,
+    Tenant,
+}
+
+impl QuotaPer {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            QuotaPer::User => "user",
+            QuotaPer::Tenant => "tenant",
+        }
+    }
+}
+
+/// A quota's fixed window, aligned to the Unix epoch (UTC): a minute, an hour, a day.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QuotaWindow {
+    Minute,
+    Hour,
+    Day,
+}
+
+impl QuotaWindow {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            QuotaWindow::Minute => "1m",
+            QuotaWindow::Hour => "1h",
+            QuotaWindow::Day => "1d",
+        }
+    }
+    pub fn parse(s: &str) -> Option<QuotaWindow> {
+        match s {
+            "1m" => Some(QuotaWindow::Minute),
+            "1h" => Some(QuotaWindow::Hour),
+            "1d" => Some(QuotaWindow::Day),
+            _ => None,
+        }
+    }
+    /// The window's length in seconds.
+    pub fn secs(self) -> i64 {
+        match self {
+            QuotaWindow::Minute => 60,
+            QuotaWindow::Hour => 3_600,
+            QuotaWindow::Day => 86_400,
+        }
+    }
+    /// Start (Unix seconds) of the window holding `unix_secs`.
+    pub fn start(self, unix_secs: i64) -> i64 {
+        unix_secs - unix_secs.rem_euclid(self.secs())
+    }
+    /// Milliseconds from `unix_ms` until the window holding it ends (at least 1).
+    pub fn retry_after_ms(self, unix_ms: i64) -> i64 {
+        let len = self.secs() * 1000;
+        (len - unix_ms.rem_euclid(len)).max(1)
+    }
+}
+
+/// One quota of a policy: at most `calls` calls per `window`, counted `per` user or tenant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RateLimit {
+    pub per: QuotaPer,
+    pub calls: u32,
+    pub window: QuotaWindow,
+}
+
+/// Most quotas one policy may carry, and most calls one quota may allow.
+pub const MAX_RATE_LIMITS: usize = 4;
+pub const MAX_QUOTA_CALLS: u64 = 1_000_000;
+
+impl RateLimit {
+    /// The limit as messages name it: `rate_limit: 20 calls per 1h per user`.
+    pub fn describe(&self) -> String {
+        format!(
+            "rate_limit: {} calls per {} per {}",
+            self.calls,
+            self.window.as_str(),
+            self.per.as_str()
+        )
+    }
+    pub fn to_json(&self) -> Value {
+        serde_json::json!({"per": self.per.as_str(), "calls": self.calls, "window": self.window.as_str()})
+    }
+}
+
+/// `rate_limit` as a policy gives it (one object, or a list of at most [`MAX_RATE_LIMITS`]) or as
+/// `tool_policies.rate_limits` stores it (a list). Two quotas with the same `per` and `window`
+/// are refused (which would count is ambiguous).
+pub fn parse_rate_limits(v: Option<&Value>) -> Result<Vec<RateLimit>, PolicyError> {
+    let items: Vec<&Value> = match v {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(o @ Value::Object(_)) => vec![o],
+        Some(Value::Array(a)) if a.len() <= MAX_RATE_LIMITS => a.iter().collect(),
+        Some(Value::Array(_)) => {
+            return err(format!("rate_limit holds at most {MAX_RATE_LIMITS} quotas"))
+        }
+        Some(_) => return err("rate_limit must be an object or a list of objects"),
+    };
+    let shape = "rate_limit must be {\"per\": \"user\" | \"tenant\", \"calls\": 1..1000000, \"window\": \"1m\" | \"1h\" | \"1d\"}";
+    let mut out: Vec<RateLimit> = Vec::new();
+    for item in items {
+        let Value::Object(o) = item else {
+            return err(shape);
+        };
+        if o.len() != 3 {
+            return err(shape);
+        }
+        let per = match o.get("per").and_then(Value::as_str) {
+            Some("user") => QuotaPer::User,
+            Some("tenant") => QuotaPer::Tenant,
+            _ => return err(shape),
+        };
+        let calls = match o.get("calls").and_then(Value::as_u64) {
+            Some(n) if (1..=MAX_QUOTA_CALLS).contains(&n) => n as u32,
+            _ => return err(shape),
+        };
+        let Some(window) = o
+            .get("window")
+            .and_then(Value::as_str)
+            .and_then(QuotaWindow::parse)
+        else {
+            return err(shape);
+        };
+        if out.iter().any(|q| q.per == per && q.window == window) {
+            return err("rate_limit has two quotas with the same per and window: use one");
+        }
+        out.push(RateLimit { per, calls, window });
+    }
+    Ok(out)
+}
+
+/// The stored form of a policy's quotas (`tool_policies.rate_limits`): a list, or NULL.
+pub fn rate_limits_json(limits: &[RateLimit]) -> Option<Value> {
+    (!limits.is_empty()).then(|| Value::Array(limits.iter().map(RateLimit::to_json).collect()))
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid tool policy: {0}")]
@@ -238,6 +378,7 @@ pub fn parse_policy(
         approval_when: predicate(obj, "approval_when")?,
         log_only,
         approver_roles: labels(obj, "approver_roles")?,
+        rate_limits: parse_rate_limits(obj.get("rate_limit"))?,
         requires_entity,
         roles: labels(obj, "roles")?,
         required_states: labels(obj, "required_states")?,
@@ -591,6 +732,84 @@ mod tests {
         ] {
             assert!(parse_policy(&bad, &schema(), lookup).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn rate_limits_parse_and_refuse() {
+        let one = parse_policy(
+            &json!({"page_types": "*", "rate_limit": {"per": "user", "calls": 20, "window": "1h"}}),
+            &schema(),
+            lookup,
+        )
+        .unwrap();
+        assert_eq!(
+            one.rate_limits,
+            vec![RateLimit {
+                per: QuotaPer::User,
+                calls: 20,
+                window: QuotaWindow::Hour
+            }]
+        );
+        assert_eq!(
+            one.rate_limits[0].describe(),
+            "rate_limit: 20 calls per 1h per user"
+        );
+        let list = parse_policy(
+            &json!({"page_types": "*", "rate_limit": [
+                {"per": "user", "calls": 1, "window": "1m"},
+                {"per": "tenant", "calls": 1000000, "window": "1d"}]}),
+            &schema(),
+            lookup,
+        )
+        .unwrap();
+        assert_eq!(list.rate_limits.len(), 2);
+        // The stored form reads back the same.
+        let stored = rate_limits_json(&list.rate_limits).unwrap();
+        assert_eq!(parse_rate_limits(Some(&stored)).unwrap(), list.rate_limits);
+        assert_eq!(rate_limits_json(&[]), None);
+        assert!(get_policy().rate_limits.is_empty());
+        let q = |v: Value| json!({"page_types": "*", "rate_limit": v});
+        for bad in [
+            q(json!("20/h")),
+            q(json!(20)),
+            q(json!({"per": "user", "calls": 0, "window": "1h"})),
+            q(json!({"per": "user", "calls": 1000001, "window": "1h"})),
+            q(json!({"per": "user", "calls": -1, "window": "1h"})),
+            q(json!({"per": "user", "calls": 2.5, "window": "1h"})),
+            q(json!({"per": "user", "calls": "20", "window": "1h"})),
+            q(json!({"per": "group", "calls": 20, "window": "1h"})),
+            q(json!({"per": "user", "calls": 20, "window": "2h"})),
+            q(json!({"per": "user", "calls": 20})),
+            q(json!({"per": "user", "calls": 20, "window": "1h", "burst": 5})),
+            q(json!([{"per": "user", "calls": 20, "window": "1h"},
+                     {"per": "user", "calls": 10, "window": "1h"}])),
+            q(
+                json!([{"per": "user", "calls": 1, "window": "1m"}, {"per": "user", "calls": 1, "window": "1h"},
+                     {"per": "user", "calls": 1, "window": "1d"}, {"per": "tenant", "calls": 1, "window": "1m"},
+                     {"per": "tenant", "calls": 1, "window": "1h"}]),
+            ),
+            q(json!(["x"])),
+        ] {
+            assert!(parse_policy(&bad, &schema(), lookup).is_err(), "{bad}");
+        }
+        assert!(parse_policy(&q(json!([])), &schema(), lookup)
+            .unwrap()
+            .rate_limits
+            .is_empty());
+    }
+
+    #[test]
+    fn quota_windows_are_aligned_to_the_epoch() {
+        let t = 1_700_000_123; // 2023-11-14 22:15:23 UTC
+        assert_eq!(QuotaWindow::Minute.start(t), 1_700_000_100);
+        assert_eq!(QuotaWindow::Hour.start(t), 1_699_999_200);
+        assert_eq!(QuotaWindow::Day.start(t), 1_699_920_000);
+        assert_eq!(QuotaWindow::Minute.retry_after_ms(t * 1000 + 500), 36_500);
+        assert_eq!(
+            QuotaWindow::Minute.retry_after_ms(1_700_000_160_000),
+            60_000
+        );
+        assert_eq!(QuotaWindow::Day.start(-1), -86_400);
     }
 
     #[test]

@@ -50,6 +50,7 @@ CREATE TABLE ctxguard.tool_policies (
     approval_when_fn  regprocedure,
     mode              text NOT NULL DEFAULT 'enforce' CHECK (mode IN ('enforce', 'log_only')),
     approver_roles    text[] NOT NULL DEFAULT '{}',
+    rate_limits       jsonb,
     CHECK (entity_param IS NULL OR entity_type IS NOT NULL),
     CHECK (NOT requires_entity OR entity_type IS NOT NULL),
     CHECK (NOT (read_only AND danger = 'destructive'))
@@ -60,6 +61,7 @@ COMMENT ON COLUMN ctxguard.tool_policies.run_as IS 'Role a SQL tool''s handler r
 COMMENT ON COLUMN ctxguard.tool_policies.when_fn IS 'Policy "when": a STABLE function (args jsonb) RETURNS boolean that must return true for a call to run (run as run_as, read-only).';
 COMMENT ON COLUMN ctxguard.tool_policies.approval_when_fn IS 'Policy "approval_when": a STABLE function (args jsonb) RETURNS boolean; true: the call needs an approval.';
 COMMENT ON COLUMN ctxguard.tool_policies.mode IS 'enforce, or log_only (shadow mode): a would-be denial by the page, role or state conditions or by "when" is audited as would_deny and the call runs.';
+COMMENT ON COLUMN ctxguard.tool_policies.rate_limits IS 'Policy "rate_limit": quotas in fixed UTC windows, [{"per": "user" | "tenant", "calls": n, "window": "1m" | "1h" | "1d"}], counted in the shared-memory ledger (NULL: none).';
 
 CREATE TABLE ctxguard.generations (
     id              uuid PRIMARY KEY,

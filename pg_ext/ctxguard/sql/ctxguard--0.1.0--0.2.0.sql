@@ -988,3 +988,24 @@ CREATE FUNCTION ctxguard."pending_approvals"() RETURNS TABLE (
 STRICT STABLE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'pending_approvals_wrapper';
+
+-- Quotas in time windows (issue 30): policy "rate_limit", counted in the shared-memory ledger.
+ALTER TABLE ctxguard.tool_policies ADD COLUMN rate_limits jsonb;
+COMMENT ON COLUMN ctxguard.tool_policies.rate_limits IS 'Policy "rate_limit": quotas in fixed UTC windows, [{"per": "user" | "tenant", "calls": n, "window": "1m" | "1h" | "1d"}], counted in the shared-memory ledger (NULL: none).';
+
+-- Calls counted in each quota window (policy "rate_limit", issue 30): the latest window of each
+-- (tenant, user, tool, window kind), written by the ledger writer; user_id '' is the tenant's own
+-- count ("per": "tenant"). Read when a quota's counter is missing from shared memory (a restart).
+CREATE TABLE ctxguard.quota_usage (
+    tenant_id    text NOT NULL,
+    user_id      text NOT NULL,
+    tool         text NOT NULL,
+    win          text NOT NULL CHECK (win IN ('1m', '1h', '1d')),
+    window_start timestamptz NOT NULL,
+    calls        integer NOT NULL,
+    PRIMARY KEY (tenant_id, user_id, tool, win, window_start)
+);
+COMMENT ON TABLE ctxguard.quota_usage IS 'Calls counted per quota window (policy rate_limit; user_id empty: the tenant''s count), written by the ledger writer.';
+ALTER TABLE ctxguard.quota_usage ENABLE ROW LEVEL SECURITY;
+ALTER TABLE ctxguard.quota_usage FORCE ROW LEVEL SECURITY;
+CREATE POLICY quota_usage_owner ON ctxguard.quota_usage USING (true) WITH CHECK (true);  -- no grants: owner only

@@ -29,3 +29,20 @@ COMMENT ON FUNCTION ctxguard.verify_audit(text) IS 'Recompute a tenant''s audit 
 COMMENT ON FUNCTION ctxguard.ledger_stats() IS 'This database''s audit writer: pid, last durable record, batches and batch sizes; the slots and live entries of each shared-memory ledger table.';
 REVOKE EXECUTE ON FUNCTION ctxguard.verify_audit(text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION ctxguard.ledger_stats() FROM PUBLIC;
+
+-- Calls counted in each quota window (policy "rate_limit", issue 30): the latest window of each
+-- (tenant, user, tool, window kind), written by the ledger writer; user_id '' is the tenant's own
+-- count ("per": "tenant"). Read when a quota's counter is missing from shared memory (a restart).
+CREATE TABLE ctxguard.quota_usage (
+    tenant_id    text NOT NULL,
+    user_id      text NOT NULL,
+    tool         text NOT NULL,
+    win          text NOT NULL CHECK (win IN ('1m', '1h', '1d')),
+    window_start timestamptz NOT NULL,
+    calls        integer NOT NULL,
+    PRIMARY KEY (tenant_id, user_id, tool, win, window_start)
+);
+COMMENT ON TABLE ctxguard.quota_usage IS 'Calls counted per quota window (policy rate_limit; user_id empty: the tenant''s count), written by the ledger writer.';
+ALTER TABLE ctxguard.quota_usage ENABLE ROW LEVEL SECURITY;
+ALTER TABLE ctxguard.quota_usage FORCE ROW LEVEL SECURITY;
+CREATE POLICY quota_usage_owner ON ctxguard.quota_usage USING (true) WITH CHECK (true);  -- no grants: owner only

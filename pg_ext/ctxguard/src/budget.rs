@@ -246,7 +246,7 @@ impl Budget {
 }
 
 /// One int8 (0 if no row) read as the owner: a ledger entry's persisted value.
-fn load_i64(sql: &str, args: &[pgrx::datum::DatumWithOid]) -> i64 {
+pub(crate) fn load_i64(sql: &str, args: &[pgrx::datum::DatumWithOid]) -> i64 {
     as_owner(|| {
         select_fresh(sql, Some(1), args, |mut rows| {
             rows.next()

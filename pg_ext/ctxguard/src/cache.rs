@@ -23,7 +23,7 @@ use ctxguard_core::args::{self, ArgError, Schema};
 use ctxguard_core::mcp::{Caller, Grant, Principal, ServerAccess};
 use ctxguard_core::page::PageTypeInfo;
 use ctxguard_core::policy::{
-    evaluate_shadowed, parse_policy, split_run_as, Danger, Policy, Reason,
+    evaluate_shadowed, parse_policy, parse_rate_limits, split_run_as, Danger, Policy, Reason,
 };
 use pgrx::prelude::*;
 use pgrx::spi::SpiHeapTupleData;
@@ -174,7 +174,7 @@ const TOOL_COLUMNS: &str = "t.name, t.description, t.input_schema, t.handler::pg
     t.server, t.upstream_name, NULL::pg_catalog.jsonb, p.run_as::pg_catalog.oid, NOT t.present,
     (t.kind OPERATOR(pg_catalog.=) 'external' AND t.accepted_hash IS DISTINCT FROM t.definition_hash),
     p.when_fn::pg_catalog.oid, p.approval_when_fn::pg_catalog.oid,
-    p.when_fn::pg_catalog.text, p.approval_when_fn::pg_catalog.text, p.mode, p.approver_roles";
+    p.when_fn::pg_catalog.text, p.approval_when_fn::pg_catalog.text, p.mode, p.approver_roles, p.rate_limits";
 const TOOL_FROM: &str = "ctxguard.tools t
     LEFT JOIN ctxguard.tool_policies p ON p.tool OPERATOR(pg_catalog.=) t.name";
 
@@ -861,6 +861,8 @@ fn policy_from_row(row: &SpiHeapTupleData) -> Result<Option<Policy>, pgrx::spi::
     if !row.get::<bool>(16)?.unwrap_or(false) {
         return Ok(None);
     }
+    // Quotas that no longer parse (edited by hand) disable the tool: closed.
+    let rate_limits = parse_rate_limits(row.get::<JsonB>(29)?.map(|j| j.0).as_ref());
     // Missing values fall back to the most restrictive choice.
     Ok(Some(Policy {
         page_types: row.get::<Vec<String>>(6)?.unwrap_or_default(),
@@ -875,7 +877,8 @@ fn policy_from_row(row: &SpiHeapTupleData) -> Result<Option<Policy>, pgrx::spi::
             .and_then(|d| Danger::parse(&d))
             .unwrap_or(Danger::Destructive),
         requires_approval: row.get::<bool>(14)?.unwrap_or(true),
-        enabled: row.get::<bool>(15)?.unwrap_or(false),
+        enabled: row.get::<bool>(15)?.unwrap_or(false) && rate_limits.is_ok(),
+        rate_limits: rate_limits.unwrap_or_default(),
         when: row.get::<String>(25)?,
         approval_when: row.get::<String>(26)?,
         // Only an explicit log_only shadows anything.

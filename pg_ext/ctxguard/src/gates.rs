@@ -7,7 +7,7 @@ use ctxguard_core::args::{self, ArgError, Limits};
 use ctxguard_core::binding;
 use ctxguard_core::mask::MaskCounts;
 use ctxguard_core::names::{is_valid_id, is_valid_name};
-use ctxguard_core::policy::Reason;
+use ctxguard_core::policy::{Policy, Reason};
 use ctxguard_core::ranking::{self, Candidate, Placement, Tier};
 use ctxguard_core::Code;
 use pgrx::prelude::*;
@@ -25,6 +25,7 @@ use crate::ledger;
 use crate::masking;
 use crate::owner::as_owner;
 use crate::pgutil::{self, raise, select_saved};
+use crate::quota;
 
 /// Words of a free-text query as an OR tsquery (`w1 | w2`); only `[a-z0-9]` so no tsquery syntax.
 fn or_query(text: &str) -> Option<String> {
@@ -339,7 +340,8 @@ fn explain_tools(
 }
 
 /// What Gate B checks on a call to a tool beyond what Gate A shows, named (never evaluated
-/// here): `when fn`, `approval_when fn`, `requires_approval`, `approver_roles r1,r2`, and
+/// here): `when fn`, `rate_limit 20 per 1h per user` (each quota), `approval_when fn`,
+/// `requires_approval`, `approver_roles r1,r2`, and
 /// `log_only` with what it lets through on this page (`log_only would_deny:missing_role`).
 /// `None` when there is nothing.
 fn conditions(t: &ToolEntry, shadowed: Option<Reason>) -> Option<String> {
@@ -347,6 +349,14 @@ fn conditions(t: &ToolEntry, shadowed: Option<Reason>) -> Option<String> {
     let mut out = Vec::new();
     if let Some(w) = &p.when {
         out.push(format!("when {w}"));
+    }
+    for q in &p.rate_limits {
+        out.push(format!(
+            "rate_limit {} per {} per {}",
+            q.calls,
+            q.window.as_str(),
+            q.per.as_str()
+        ));
     }
     if let Some(w) = &p.approval_when {
         out.push(format!("approval_when {w}"));
@@ -419,6 +429,8 @@ pub(crate) struct Call {
     pub(crate) rule: &'static str,
     /// Shadow mode: the call ran, but the policy (in `log_only` mode) would have refused it so.
     pub(crate) would_deny: Option<(Code, String)>,
+    /// The state of the tool's quota windows (`rate_limit`), as the call found or left them.
+    pub(crate) quotas: Option<Value>,
 }
 
 impl Call {
@@ -436,6 +448,7 @@ impl Call {
             unaudited: false,
             rule: "none",
             would_deny: None,
+            quotas: None,
         }
     }
 }
@@ -636,6 +649,18 @@ pub(crate) fn gate_b(
             }
         }
     }
+    call.would_deny = would_deny;
+    // Quotas: after the conditions, before the approval step. A call that may still become
+    // pending is only checked here; it is counted when it runs (approve_call), or below.
+    let may_pend = run == Run::Call && (policy.requires_approval || policy.approval_when.is_some());
+    let how = if run == Run::Dry || may_pend {
+        ledger::QuotaUse::Peek
+    } else {
+        ledger::QuotaUse::Take
+    };
+    if meet_quotas(&mut call, ctx, &tool.name, policy, how) {
+        return call;
+    }
     // Approvals are never shadowed; a condition that cannot be evaluated refuses.
     let needs_approval = run != Run::Approved
         && (policy.requires_approval
@@ -658,7 +683,6 @@ pub(crate) fn gate_b(
                     }
                 }
             }));
-    call.would_deny = would_deny;
     if needs_approval && run == Run::Dry {
         call.rule = if policy.requires_approval {
             "requires_approval"
@@ -679,6 +703,9 @@ pub(crate) fn gate_b(
             call_id,
         );
         call.outcome = Outcome::Pending;
+        return call;
+    }
+    if may_pend && meet_quotas(&mut call, ctx, &tool.name, policy, ledger::QuotaUse::Take) {
         return call;
     }
     // Budgets: what the generation has used, from the shared-memory ledger (no row lock).
@@ -766,6 +793,49 @@ pub(crate) fn gate_b(
     };
     finish(&mut call, ctx, value, budget, doc_calls, coverage, job);
     call
+}
+
+/// The call's quotas (`rate_limit`): counted (`Take`; in shadow mode whether or not they have
+/// room), or only read (`Peek`). True when the call is refused: `RATE_LIMIT_EXCEEDED` naming the
+/// limit with `retry_after_ms` in the details, or the ledger had no room. In shadow mode an
+/// exceeded quota is audited as `would_deny` and the call goes on.
+fn meet_quotas(
+    call: &mut Call,
+    ctx: &Ctx,
+    tool: &str,
+    policy: &Policy,
+    how: ledger::QuotaUse,
+) -> bool {
+    if policy.rate_limits.is_empty() {
+        return false;
+    }
+    let how = match how {
+        ledger::QuotaUse::Take if policy.log_only => ledger::QuotaUse::Force,
+        other => other,
+    };
+    match quota::count(ctx, tool, &policy.rate_limits, how) {
+        Err((code, message)) => {
+            call.rule = rule_of(code);
+            call.outcome = Outcome::Denied(code, message, None);
+            true
+        }
+        Ok(counted) => {
+            call.quotas = Some(counted.states);
+            match counted.over {
+                None => false,
+                Some((message, _)) if policy.log_only => {
+                    call.would_deny
+                        .get_or_insert((Code::RateLimitExceeded, message));
+                    false
+                }
+                Some((message, details)) => {
+                    call.rule = "rate_limit";
+                    call.outcome = Outcome::Denied(Code::RateLimitExceeded, message, Some(details));
+                    true
+                }
+            }
+        }
+    }
 }
 
 /// Mask secrets and PII in a result (every string, key and matching number), then charge its
@@ -889,9 +959,10 @@ pub(crate) fn audit_ready(call_id: uuid::Uuid) -> Option<JsonB> {
 /// leaves without its audit record.
 pub(crate) fn audit(ctx: Option<&Ctx>, call: &mut Call) {
     // A call that returns nothing consumed nothing: its charges are given back before its record
-    // is written (charges the record carries are those of results that left).
+    // is written (charges the record carries are those of results that left). Its quota counts
+    // ride on the record: a call that passed its quota step counts once it is audited.
     if call.result_bytes.is_none() {
-        ledger::settle();
+        ledger::settle_unreturned();
     }
     let (decision, code) = match (&call.outcome, &call.would_deny) {
         // Shadow mode: it ran (or was authorized), and the code says what would have refused it.
@@ -980,6 +1051,9 @@ pub(crate) fn envelope(call: Call) -> JsonB {
             }
             if let Some(budget) = call.budget {
                 out["budget"] = budget;
+            }
+            if let Some(quotas) = call.quotas {
+                out["quotas"] = quotas;
             }
             out
         }

@@ -64,6 +64,7 @@ pub static LEDGER_GENERATIONS: GucSetting<i32> = GucSetting::<i32>::new(262_144)
 pub static LEDGER_DOCUMENT_CALLS: GucSetting<i32> = GucSetting::<i32>::new(262_144);
 pub static LEDGER_COVERAGE: GucSetting<i32> = GucSetting::<i32>::new(16_384);
 pub static LEDGER_USER_DAYS: GucSetting<i32> = GucSetting::<i32>::new(32_768);
+pub static LEDGER_QUOTAS: GucSetting<i32> = GucSetting::<i32>::new(65_536);
 pub static LEDGER_OWNERS: GucSetting<i32> = GucSetting::<i32>::new(65_536);
 pub static LEDGER_TENANT_SHARE: GucSetting<i32> = GucSetting::<i32>::new(25);
 pub static LEDGER_USER_SHARE: GucSetting<i32> = GucSetting::<i32>::new(5);
@@ -467,6 +468,11 @@ pub fn init_ledger_sizes() {
             c"ctxguard.ledger_user_days",
             c"Live (user, UTC day) byte totals in the shared-memory ledger; about 48 bytes each.",
             &LEDGER_USER_DAYS,
+        ),
+        (
+            c"ctxguard.ledger_quotas",
+            c"Live call quota counters (tenant, user or none, tool, window) in the shared-memory ledger; about 48 bytes each.",
+            &LEDGER_QUOTAS,
         ),
         (
             c"ctxguard.ledger_owners",

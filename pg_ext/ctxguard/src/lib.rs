@@ -44,6 +44,7 @@ mod masking;
 mod mcp;
 mod owner;
 mod pgutil;
+mod quota;
 mod ttls;
 
 pgrx::pg_module_magic!();

@@ -1,6 +1,7 @@
 //! The ledger: limits and audit records that no rollback of the caller can undo.
 //!
-//! A charge (generation bytes, per-document calls, daily coverage, a user's daily bytes) is taken
+//! A charge (generation bytes, per-document calls, daily coverage, a user's daily bytes, a call
+//! in a quota window) is taken
 //! in shared memory under an LWLock before a result leaves, and is never refunded: the caller's
 //! ROLLBACK, savepoints, isolation level and settings do not reach shared memory. Days are UTC
 //! days from the wall clock. An entry missing from shared memory (first use, or after a restart)
@@ -73,6 +74,8 @@ enum Undo {
     },
     /// One call counted on a (generation, document).
     DocCall { key: Key },
+    /// One call counted in a quota window (issue 30).
+    Quota { key: Key },
 }
 
 /// A ledger change of the running call: what its audit record tells the writer (one entry per
@@ -111,7 +114,29 @@ pub fn begin_call() {
 /// queued): its charges are given back; what cannot be (coverage) waits for the end of the
 /// transaction, bounded.
 pub fn settle() {
-    let changes = CALL.with(|c| std::mem::take(&mut *c.borrow_mut()));
+    settle_but(false);
+}
+
+/// A call that returns no result (refused after its quota step, failed, authorized or pending)
+/// gives back its byte and document-call charges before its record is queued, but its quota
+/// counts stay with it: they ride on its record and are given back only if it leaves none.
+pub fn settle_unreturned() {
+    settle_but(true);
+}
+
+fn settle_but(keep_quotas: bool) {
+    let changes = CALL.with(|c| {
+        let mut c = c.borrow_mut();
+        let all = std::mem::take(&mut *c);
+        if !keep_quotas {
+            return all;
+        }
+        let (kept, rest): (Vec<Change>, Vec<Change>) = all
+            .into_iter()
+            .partition(|ch| matches!(ch.undo, Some(Undo::Quota { .. })));
+        *c = kept;
+        rest
+    });
     if changes.is_empty() {
         return;
     }
@@ -133,6 +158,11 @@ pub fn settle() {
                 }
                 Undo::DocCall { key } => {
                     if let Some(v) = l.doc_calls().get(&key, t) {
+                        *v = (*v - 1).max(0);
+                    }
+                }
+                Undo::Quota { key } => {
+                    if let Some(v) = l.quotas().get(&key, t) {
                         *v = (*v - 1).max(0);
                     }
                 }
@@ -509,6 +539,119 @@ pub fn coverage(
     Ok(taken)
 }
 
+/// One quota window a call counts against: the user it counts (`None`: the whole tenant), the
+/// window's name and bounds (Unix seconds), and the calls it allows.
+pub struct QuotaWindow<'a> {
+    pub user: Option<&'a str>,
+    pub window: &'a str,
+    pub start: i64,
+    pub end: i64,
+    pub limit: i32,
+}
+
+/// How a call meets its quotas.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum QuotaUse {
+    /// Read the counts, charge nothing (a dry run, or a call that may still become pending).
+    Peek,
+    /// Count the call in every window if each has room, else in none.
+    Take,
+    /// Count the call in every window, room or not (shadow mode).
+    Force,
+}
+
+/// Quota windows' entries outlive their window by this much (a call that began in it).
+const QUOTA_GRACE: i64 = 10;
+
+/// The calls counted in each of `wins` (after this call, if it was counted), and which windows
+/// had no room for it, for `tool` of `tenant`. Check and count happen under one lock: no more calls
+/// than a window allows are counted however many race. A count is given back only if the call
+/// leaves no audit record ([`settle`]). `load(i)`: window `i`'s persisted count (a missing entry).
+pub fn quota(
+    tenant: &str,
+    tool: &str,
+    wins: &[QuotaWindow],
+    how: QuotaUse,
+    load: impl Fn(usize) -> i32,
+) -> Result<(Vec<i32>, Vec<bool>), NoRoom> {
+    let keys: Vec<Key> = wins
+        .iter()
+        .map(|w| {
+            key(
+                "quota",
+                &[
+                    tenant,
+                    w.user.unwrap_or(""),
+                    tool,
+                    w.window,
+                    &w.start.to_string(),
+                ],
+            )
+        })
+        .collect();
+    if how == QuotaUse::Peek {
+        if !shmem::attached() {
+            return Err(Unavailable("ctxguard is not in shared_preload_libraries".into()).into());
+        }
+        let t = now();
+        let live: Vec<Option<i32>> = {
+            let mut l = shmem::ledger();
+            let mut q = l.quotas();
+            keys.iter().map(|k| q.get(k, t).copied()).collect()
+        };
+        let used: Vec<i32> = live
+            .into_iter()
+            .enumerate()
+            .map(|(i, v)| v.unwrap_or_else(|| load(i)))
+            .collect();
+        let over = wins.iter().zip(&used).map(|(w, n)| *n >= w.limit).collect();
+        return Ok((used, over));
+    }
+    // A tenant-wide window's entry is the tenant's (its user share is that of no user).
+    for (i, (w, k)) in wins.iter().zip(&keys).enumerate() {
+        let who = Who::new(tenant, w.user.unwrap_or(""));
+        with_entry(
+            &shmem::QUOTAS,
+            &who,
+            k,
+            w.end + QUOTA_GRACE,
+            || load(i),
+            |v| *v = (*v).max(0),
+        )?;
+    }
+    let t = now();
+    let (used, over) = {
+        let mut l = shmem::ledger();
+        let mut q = l.quotas();
+        let mut used = Vec::with_capacity(keys.len());
+        for k in &keys {
+            used.push(*q.get(k, t).ok_or_else(|| {
+                Unavailable("a ledger entry of call quotas was evicted during the call".into())
+            })?);
+        }
+        let over: Vec<bool> = wins.iter().zip(&used).map(|(w, n)| *n >= w.limit).collect();
+        if over.contains(&true) && how == QuotaUse::Take {
+            return Ok((used, over));
+        }
+        for (k, n) in keys.iter().zip(used.iter_mut()) {
+            let v = q.get(k, t).expect("checked");
+            *v += 1;
+            *n = *v;
+        }
+        (used, over)
+    };
+    for ((w, k), n) in wins.iter().zip(keys).zip(&used) {
+        note(
+            vec![
+                json!({"quota": [tenant, w.user.unwrap_or(""), tool, w.window, w.start],
+                        "calls": n, "exp": w.end}),
+            ],
+            Some(Undo::Quota { key: k }),
+        );
+    }
+    Ok((used, over))
+}
+
 /// Find (or take) this database's queue; `Err` if every slot serves another database.
 fn slot(qs: &mut [shmem::Queue; shmem::DATABASES]) -> Option<usize> {
     let d = db();
@@ -739,6 +882,7 @@ pub fn tables() -> Option<Value> {
         l.doc_calls().live(t),
         l.coverage().live(t),
         l.user_days().live(t),
+        l.quotas().live(t),
     ];
     let owners_live = l.owners().live(t);
     let held = tenants_held(&l.owners(), t);
@@ -748,6 +892,7 @@ pub fn tables() -> Option<Value> {
         shmem::DOC_CALLS.setting,
         shmem::COVERAGE.setting,
         shmem::USER_DAYS.setting,
+        shmem::QUOTAS.setting,
     ];
     let mut out = serde_json::Map::new();
     let mut fullest: Vec<(f64, Value)> = Vec::new();

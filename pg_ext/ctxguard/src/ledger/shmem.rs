@@ -1,9 +1,10 @@
 //! The ledger's shared memory: one segment, zero-filled by the postmaster, with two LWLocks.
 //!
 //! - [`Ledger`] (lock 0): generation byte budgets, per-(generation, document) call counts,
-//!   per-(user, document, UTC day) coverage bitmaps and per-(user, UTC day) byte totals: four
-//!   hash tables sized at server start by `ctxguard.ledger_generations`, `…_document_calls`,
-//!   `…_coverage` and `…_user_days` (whole buckets of `ctxguard_core::ledger::BUCKET` slots).
+//!   per-(user, document, UTC day) coverage bitmaps, per-(user, UTC day) byte totals and call
+//!   quota counters per (tenant, user or none, tool, window): five hash tables sized at server
+//!   start by `ctxguard.ledger_generations`, `…_document_calls`, `…_coverage`, `…_user_days` and
+//!   `…_quotas` (whole buckets of `ctxguard_core::ledger::BUCKET` slots).
 //! - [`Queue`]s (lock 1): one per database with a writer: fixed-size records (audit rows with the
 //!   ledger changes they carry), the last sequence number assigned and the last one made durable.
 //!
@@ -53,7 +54,9 @@ pub struct Sizes {
     pub doc_calls: usize,
     pub coverage: usize,
     pub user_days: usize,
-    /// The share table: one entry per tenant and per user holding entries in the four above.
+    /// Call quota counters (issue 30).
+    pub quotas: usize,
+    /// The share table: one entry per tenant and per user holding entries in the five above.
     pub owners: usize,
 }
 
@@ -65,30 +68,33 @@ impl Sizes {
             doc_calls: n(&gucs::LEDGER_DOCUMENT_CALLS),
             coverage: n(&gucs::LEDGER_COVERAGE),
             user_days: n(&gucs::LEDGER_USER_DAYS),
+            quotas: n(&gucs::LEDGER_QUOTAS),
             owners: n(&gucs::LEDGER_OWNERS),
         }
     }
 
-    /// Slots of table `which` (0..4: generations, document calls, coverage, user days).
+    /// Slots of table `which` (0..5: generations, document calls, coverage, user days, quotas).
     pub fn of(&self, which: usize) -> usize {
         [
             self.generations,
             self.doc_calls,
             self.coverage,
             self.user_days,
+            self.quotas,
         ][which]
     }
 
-    /// Byte offsets of the five tables after the header, and the segment's size.
-    fn layout(&self) -> ([usize; 5], usize) {
+    /// Byte offsets of the six tables after the header, and the segment's size.
+    fn layout(&self) -> ([usize; OWNERS + 1], usize) {
         let align = |n: usize| n.div_ceil(64) * 64;
         let mut at = align(std::mem::size_of::<Header>());
-        let mut offsets = [0; 5];
+        let mut offsets = [0; OWNERS + 1];
         for (k, bytes) in [
             self.generations * std::mem::size_of::<Slot<i64>>(),
             self.doc_calls * std::mem::size_of::<Slot<i32>>(),
             self.coverage * std::mem::size_of::<Slot<Coverage>>(),
             self.user_days * std::mem::size_of::<Slot<i64>>(),
+            self.quotas * std::mem::size_of::<Slot<i32>>(),
             self.owners * std::mem::size_of::<Slot<Held>>(),
         ]
         .into_iter()
@@ -101,7 +107,10 @@ impl Sizes {
     }
 }
 
-/// One of the four shared tables, with the type of its values.
+/// The share table's place after the shared-out tables.
+const OWNERS: usize = TABLES;
+
+/// One of the five shared tables, with the type of its values.
 pub struct Tab<V> {
     pub index: usize,
     pub setting: &'static str,
@@ -122,12 +131,13 @@ pub const GENERATIONS: Tab<i64> = tab(0, "ledger_generations", "generations");
 pub const DOC_CALLS: Tab<i32> = tab(1, "ledger_document_calls", "document call counts");
 pub const COVERAGE: Tab<Coverage> = tab(2, "ledger_coverage", "document coverage");
 pub const USER_DAYS: Tab<i64> = tab(3, "ledger_user_days", "daily byte totals");
+pub const QUOTAS: Tab<i32> = tab(4, "ledger_quotas", "call quota counters");
 
-/// The ledger's five tables (process-local pointers into the segment), used under lock 0.
+/// The ledger's six tables (process-local pointers into the segment), used under lock 0.
 pub struct Ledger {
     base: *mut u8,
     sizes: Sizes,
-    offsets: [usize; 5],
+    offsets: [usize; OWNERS + 1],
 }
 
 impl Ledger {
@@ -144,7 +154,7 @@ impl Ledger {
         assert!(which < TABLES);
         unsafe {
             let p = self.base.add(self.offsets[which]).cast::<Slot<V>>();
-            let o = self.base.add(self.offsets[4]).cast::<Slot<Held>>();
+            let o = self.base.add(self.offsets[OWNERS]).cast::<Slot<Held>>();
             let h = self.base.cast::<Header>();
             (
                 Table::new(std::slice::from_raw_parts_mut(p, self.sizes.of(which))),
@@ -155,7 +165,7 @@ impl Ledger {
     }
 
     pub fn owners(&mut self) -> Table<'_, Held> {
-        self.table(4, self.sizes.owners)
+        self.table(OWNERS, self.sizes.owners)
     }
     pub fn generations(&mut self) -> Table<'_, i64> {
         self.table(0, self.sizes.generations)
@@ -168,6 +178,9 @@ impl Ledger {
     }
     pub fn user_days(&mut self) -> Table<'_, i64> {
         self.table(3, self.sizes.user_days)
+    }
+    pub fn quotas(&mut self) -> Table<'_, i32> {
+        self.table(4, self.sizes.quotas)
     }
 }
 

@@ -409,6 +409,8 @@ fn apply(
     let mut gens: HashMap<String, (i64, i64)> = HashMap::new();
     let mut docs: HashMap<(String, String), (Value, i64, i64)> = HashMap::new();
     let mut days: HashMap<(String, String, i64), i64> = HashMap::new();
+    // A quota's (tenant, user or "", tool, window): its latest window start and count there.
+    let mut quotas: HashMap<(String, String, String, String), (i64, i64)> = HashMap::new();
     let mut pages = Vec::new();
     for (_, text) in batch {
         let Ok(rec) = serde_json::from_str::<Value>(text) else {
@@ -442,6 +444,20 @@ fn apply(
                 let b = ch["bytes"].as_i64().unwrap_or(0);
                 let e = days.entry(k).or_insert(b);
                 *e = (*e).max(b);
+            } else if let Some(q) = ch["quota"].as_array() {
+                let q = Value::Array(q.clone());
+                let text = |i| s(&q, i).as_str().unwrap_or_default().to_string();
+                let k = (text(0), text(1), text(2), text(3));
+                let (start, n) = (
+                    s(&q, 4).as_i64().unwrap_or(0),
+                    ch["calls"].as_i64().unwrap_or(0),
+                );
+                let e = quotas.entry(k).or_insert((start, n));
+                if start > e.0 {
+                    *e = (start, n);
+                } else if start == e.0 {
+                    e.1 = e.1.max(n);
+                }
             } else if let Some(c) = ch["cov"].as_array() {
                 for p in ch["pages"].as_array().into_iter().flatten() {
                     pages.push(json!({"t": c.first(), "u": c.get(1), "d": c.get(2), "day": c.get(3), "p": p}));
@@ -459,11 +475,16 @@ fn apply(
         .into_iter()
         .map(|((t, u, day), b)| json!({"t": t, "u": u, "day": day, "b": b}))
         .collect();
+    let quotas = quotas
+        .into_iter()
+        .map(|((t, u, tool, w), (start, n))| json!({"t": t, "u": u, "tool": tool, "w": w, "s": start, "n": n}))
+        .collect();
     let result = as_owner(|| {
         Spi::connect_mut(|c| {
             let mut b = Batch {
                 days,
                 pages,
+                quotas,
                 ..unsaved.batch()
             };
             // Each row's hash, in the batch's order (which is also the order of the ids
@@ -518,6 +539,9 @@ struct Batch {
     days: Vec<Value>,
     /// Pages read, for the daily coverage.
     pages: Vec<Value>,
+    /// Calls counted in a quota window (absolute; the larger value wins), one per quota: its
+    /// latest window (older windows of the quota are deleted).
+    quotas: Vec<Value>,
     /// A generation's bytes used (absolute).
     gens: Vec<Value>,
     /// A generation's calls on a document (absolute).
@@ -586,6 +610,21 @@ impl Batch {
                         SELECT v.t, v.u, '2000-01-01'::pg_catalog.date OPERATOR(pg_catalog.+) v.day, v.b
                           FROM pg_catalog.jsonb_to_recordset({p}) AS v(t pg_catalog.text, u pg_catalog.text, day pg_catalog.int4, b pg_catalog.int8)
                         ON CONFLICT (tenant_id, user_id, day) DO UPDATE SET bytes = GREATEST(u.bytes, EXCLUDED.bytes))"
+            ));
+        }
+        if !self.quotas.is_empty() {
+            let p = param(rows(self.quotas));
+            ctes.push(format!(
+                "qv AS (SELECT v.t, v.u, v.tool, v.w, pg_catalog.to_timestamp(v.s::pg_catalog.float8) AS s, v.n
+                          FROM pg_catalog.jsonb_to_recordset({p})
+                            AS v(t pg_catalog.text, u pg_catalog.text, tool pg_catalog.text, w pg_catalog.text, s pg_catalog.int8, n pg_catalog.int4)),
+                 qd AS (DELETE FROM ctxguard.quota_usage q USING qv v
+                         WHERE q.tenant_id OPERATOR(pg_catalog.=) v.t AND q.user_id OPERATOR(pg_catalog.=) v.u
+                           AND q.tool OPERATOR(pg_catalog.=) v.tool AND q.win OPERATOR(pg_catalog.=) v.w
+                           AND q.window_start OPERATOR(pg_catalog.<) v.s),
+                 qu AS (INSERT INTO ctxguard.quota_usage AS q (tenant_id, user_id, tool, win, window_start, calls)
+                        SELECT v.t, v.u, v.tool, v.w, v.s, v.n FROM qv v
+                        ON CONFLICT (tenant_id, user_id, tool, win, window_start) DO UPDATE SET calls = GREATEST(q.calls, EXCLUDED.calls))"
             ));
         }
         if !self.pages.is_empty() {

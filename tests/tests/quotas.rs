@@ -1,0 +1,255 @@
+//! Call quotas in time windows (policy `rate_limit`, issue 30) with real sessions: exact under
+//! racing sessions, a cancelled call neither refunded twice nor charged twice, and windows that roll
+//! over. The tools are in `sql/tests/fixtures.sql` (page `quota_lab`); each test uses a tenant or
+//! users of its own, so it can run again on the same database.
+//!
+//! Needs `CTXGUARD_TEST_DATABASE_URL` (as `ctxguard_gateway`), `CTXGUARD_TEST_ADMIN_URL` and
+//! `CTXGUARD_TEST_JWT_SECRET`; `scripts/test.sh` provides them.
+
+mod support;
+
+use std::sync::{Arc, Barrier};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use postgres::{Client, NoTls};
+use serde_json::{json, Value};
+use support::{env, token};
+
+fn connect() -> Client {
+    Client::connect(&env("CTXGUARD_TEST_DATABASE_URL"), NoTls).expect("connect as ctxguard_gateway")
+}
+
+fn admin() -> Client {
+    Client::connect(&env("CTXGUARD_TEST_ADMIN_URL"), NoTls).expect("connect as the admin")
+}
+
+fn lab() -> Value {
+    json!({"pageType": "quota_lab"})
+}
+
+fn unique(prefix: &str) -> String {
+    format!(
+        "{prefix}-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    )
+}
+
+/// One call of `tool` in a transaction of its own with `tok`'s context; committed, or rolled back.
+fn call(c: &mut Client, tok: &str, tool: &str, commit: bool) -> Value {
+    let mut tx = c.transaction().unwrap();
+    tx.execute("SELECT ctxguard.set_context($1, $2)", &[&tok, &lab()])
+        .unwrap();
+    let v: Value = tx
+        .query_one("SELECT ctxguard.call_tool($1)", &[&tool])
+        .unwrap()
+        .get(0);
+    if commit {
+        tx.commit().unwrap();
+    } else {
+        tx.rollback().unwrap();
+    }
+    v
+}
+
+fn code(v: &Value) -> &str {
+    v["error"]["code"]
+        .as_str()
+        .or_else(|| v["status"].as_str())
+        .unwrap_or("?")
+}
+
+/// N+k sessions of one tenant race for a quota of N a tenant: exactly N run, whether their
+/// callers commit or roll back, and the N are what the ledger's writer persisted.
+#[test]
+fn racing_sessions_get_exactly_the_quota() {
+    const QUOTA: usize = 5;
+    const SESSIONS: usize = 16;
+    let tenant = unique("quota-race");
+    let barrier = Arc::new(Barrier::new(SESSIONS));
+    let handles: Vec<_> = (0..SESSIONS)
+        .map(|i| {
+            let barrier = barrier.clone();
+            let tok = token(&format!("user{i}"), &tenant, &[]);
+            thread::spawn(move || {
+                let mut c = connect();
+                let mut tx = c.transaction().unwrap();
+                tx.execute("SELECT ctxguard.set_context($1, $2)", &[&tok, &lab()])
+                    .unwrap();
+                barrier.wait();
+                let v: Value = tx
+                    .query_one("SELECT ctxguard.call_tool('quota.race')", &[])
+                    .unwrap()
+                    .get(0);
+                // Half the callers roll back: it gives nothing back.
+                if i % 2 == 0 {
+                    tx.rollback().unwrap();
+                } else {
+                    tx.commit().unwrap();
+                }
+                v
+            })
+        })
+        .collect();
+    let results: Vec<Value> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let ok = results.iter().filter(|v| code(v) == "ok").count();
+    let refused: Vec<&Value> = results
+        .iter()
+        .filter(|v| code(v) == "RATE_LIMIT_EXCEEDED")
+        .collect();
+    assert_eq!(ok, QUOTA, "exactly the quota ran: {results:?}");
+    assert_eq!(
+        refused.len(),
+        SESSIONS - QUOTA,
+        "the rest were refused: {results:?}"
+    );
+    for r in &refused {
+        let retry = r["error"]["details"]["retry_after_ms"].as_i64().unwrap();
+        assert!((1..=3_600_000).contains(&retry), "retry_after_ms {retry}");
+    }
+    // After every rollback, still no room: the counts stood.
+    let mut c = connect();
+    let again = call(&mut c, &token("late", &tenant, &[]), "quota.race", true);
+    assert_eq!(code(&again), "RATE_LIMIT_EXCEEDED", "{again}");
+    let mut a = admin();
+    let allowed: i64 = a
+        .query_one(
+            "SELECT count(*) FROM ctxguard.audit_log WHERE tenant_id = $1 AND tool = 'quota.race' AND decision = 'allow'",
+            &[&tenant],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(allowed, QUOTA as i64, "one allow row per call that ran");
+    let persisted: i32 = a
+        .query_one(
+            "SELECT calls FROM ctxguard.quota_usage WHERE tenant_id = $1 AND user_id = '' AND tool = 'quota.race'",
+            &[&tenant],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(persisted, QUOTA as i32, "the writer persisted the count");
+    let stats: Value = a
+        .query_one("SELECT ctxguard.ledger_stats()", &[])
+        .unwrap()
+        .get(0);
+    let quotas = &stats["tables"]["ledger_quotas"];
+    assert!(
+        quotas["live"].as_i64().unwrap() >= 1,
+        "ledger_stats: {stats}"
+    );
+    assert!(
+        quotas["tenant_cap"].as_i64().unwrap() >= 1,
+        "ledger_stats: {stats}"
+    );
+}
+
+/// The advisory lock `t.quota_slow` (sql/tests/fixtures.sql) waits for.
+const QUOTA_SLOW_LOCK: i64 = 15_150_030;
+
+/// A call cancelled in its handler (`pg_cancel_backend`) fails as `TOOL_ERROR` (SQLSTATE 57014)
+/// and is audited: it counts, once. With a quota of 3: one call, one cancelled, one more runs and
+/// the next is refused (a double charge would refuse the third call, a refund let a fourth through).
+#[test]
+fn a_cancelled_call_counts_once() {
+    let user = unique("quota-cancel");
+    let tok = token(&user, "acme", &[]);
+    let mut c = connect();
+    assert_eq!(
+        code(&call(&mut c, &tok, "quota.slow", true)),
+        "ok",
+        "call 1 of 3"
+    );
+    let mut lock = admin();
+    lock.execute("SELECT pg_advisory_lock($1)", &[&QUOTA_SLOW_LOCK])
+        .unwrap();
+    let mut victim = connect();
+    let pid: i32 = victim
+        .query_one("SELECT pg_backend_pid()", &[])
+        .unwrap()
+        .get(0);
+    let t = {
+        let tok = tok.clone();
+        thread::spawn(move || call(&mut victim, &tok, "quota.slow", true))
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let waiting: i64 = lock
+            .query_one(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND pid = $1",
+                &[&pid],
+            )
+            .unwrap()
+            .get(0);
+        if waiting > 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the slow call never reached its lock"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+    lock.execute("SELECT pg_cancel_backend($1)", &[&pid])
+        .unwrap();
+    let cancelled = t.join().unwrap();
+    assert_eq!(code(&cancelled), "TOOL_ERROR", "{cancelled}");
+    assert!(
+        cancelled["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("57014")),
+        "{cancelled}"
+    );
+    lock.execute("SELECT pg_advisory_unlock($1)", &[&QUOTA_SLOW_LOCK])
+        .unwrap();
+    assert_eq!(
+        code(&call(&mut c, &tok, "quota.slow", false)),
+        "ok",
+        "call 3 of 3 (rolled back)"
+    );
+    let fourth = call(&mut c, &tok, "quota.slow", true);
+    assert_eq!(code(&fourth), "RATE_LIMIT_EXCEEDED", "call 4: {fourth}");
+    let rows: Vec<String> = lock
+        .query(
+            "SELECT decision FROM ctxguard.audit_log WHERE user_id = $1 AND tool = 'quota.slow' ORDER BY id",
+            &[&user],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        rows,
+        ["allow", "error", "allow", "deny"],
+        "one record per call"
+    );
+}
+
+/// A "1m" window: used up, refused with retry_after_ms, and open again once it rolls over.
+#[test]
+fn the_window_rolls_over() {
+    let tok = token(&unique("quota-minute"), "acme", &[]);
+    let mut c = connect();
+    // Two calls a minute: the third is refused (a fourth if the minute turned in between).
+    let mut ran = 0;
+    let refused = loop {
+        let v = call(&mut c, &tok, "quota.minute", true);
+        match code(&v) {
+            "ok" => ran += 1,
+            "RATE_LIMIT_EXCEEDED" => break v,
+            other => panic!("unexpected {other}: {v}"),
+        }
+        assert!(ran <= 4, "never refused");
+    };
+    assert!(ran >= 2, "refused after {ran}");
+    let retry = refused["error"]["details"]["retry_after_ms"]
+        .as_u64()
+        .unwrap();
+    assert!((1..=60_000).contains(&retry), "retry_after_ms {retry}");
+    assert_eq!(
+        refused["error"]["message"],
+        "rate_limit: 2 calls per 1m per user: the quota is used up; retry after retry_after_ms"
+    );
+    thread::sleep(Duration::from_millis(retry + 250));
+    let after = call(&mut c, &tok, "quota.minute", true);
+    assert_eq!(code(&after), "ok", "the next window has room: {after}");
+}
