@@ -61,7 +61,7 @@ COMMIT;
 SQL
 )
 IFS='|' read -r n_visible n_offpage n_expected n_catalog status invoice_id <<<"$check"
-[ "$n_catalog" = $((n_demo + 1000)) ] || die "expected $((n_demo + 1000)) catalogued tools, found $n_catalog"
+[ "$n_catalog" = $((n_demo + 1001)) ] || die "expected $((n_demo + 1001)) catalogued tools, found $n_catalog"
 if [ "$status" != ok ] || [ "$invoice_id" != acme_inv3 ]; then
   die "call_tool('invoice.get') returned status=$status id=$invoice_id"
 fi
@@ -124,7 +124,7 @@ stmt() {
 
 # Warm up shared buffers and the catalog caches after the (re)start: 2 s per script, discarded.
 log "warm-up"
-for script in baseline.sql baseline_audit.sql ctxguard.sql context_gate_a.sql ctxguard_pipelined.sql ctxguard_pinned.sql; do
+for script in baseline.sql baseline_audit.sql ctxguard.sql context_gate_a.sql ctxguard_pipelined.sql ctxguard_pinned.sql ctxguard_conditions.sql; do
   pgbench -n -M prepared -c 1 -j 1 -T 2 -h "$RUN" -p "$PGPORT" -U ctxguard_gateway -D token="$TOKEN" \
     -f "$BENCH_DIR/$script" "$DB" >/dev/null 2>&1 || die "warm-up with $script failed"
 done
@@ -140,6 +140,8 @@ for c in 1 4; do
   run baseline baseline.sql "$c" "$j"
   run baseline_audit baseline_audit.sql "$c" "$j"
   run ctxguard ctxguard.sql "$c" "$j"
+  # Issue 30: the same call with one `when` condition and one quota, right after it.
+  run ctxguard_conditions ctxguard_conditions.sql "$c" "$j"
   run gate_a context_gate_a.sql "$c" "$j"
   # The gateway's way: pipelined, with and without its pinned settings (issue 29).
   run ctxguard_pipelined ctxguard_pipelined.sql "$c" "$j"
@@ -170,11 +172,12 @@ report() {
   for c in 1 4; do
     base_tps=$(field "$OUT/baseline-c$c.txt" | cut -d'|' -f1)
     audit_tps=$(field "$OUT/baseline_audit-c$c.txt" | cut -d'|' -f1)
-    for name in baseline baseline_audit ctxguard gate_a ctxguard_nowait ctxguard_pipelined ctxguard_pinned; do
+    for name in baseline baseline_audit ctxguard ctxguard_conditions gate_a ctxguard_nowait ctxguard_pipelined ctxguard_pinned; do
       case $name in
         baseline) label='baseline: `set_config` + `bench.invoice_get()` (no audit)' ;;
         baseline_audit) label='careful baseline: the same + its own audit `INSERT`' ;;
         ctxguard) label='ctxguard: `set_context` + `visible_tools` + `call_tool(invoice.get)`' ;;
+        ctxguard_conditions) label='ctxguard, the tool with one `when` condition and one `rate_limit` quota' ;;
         gate_a) label='context + Gate A only: `set_context` + `visible_tools`' ;;
         ctxguard_nowait) label='ctxguard, `ctxguard.audit_wait = off`' ;;
         ctxguard_pipelined) label='ctxguard, pipelined as the gateway sends it, plain `BEGIN`' ;;
@@ -203,11 +206,15 @@ report() {
   printf '\nFull ctxguard transaction at 1 client (per statement, ms): BEGIN %s, `set_context` %s, `visible_tools` %s, `call_tool` %s, COMMIT %s.\n' \
     "$(stmt "$g" '^ *[0-9.]+ +[0-9]+ +BEGIN')" "$(stmt "$g" 'set_context')" "$(stmt "$g" 'visible_tools')" \
     "$(stmt "$g" 'call_tool')" "$(stmt "$g" '^ *[0-9.]+ +[0-9]+ +COMMIT')"
+  local k=$OUT/ctxguard_conditions-c1.txt
+  printf '\nConditions at 1 client (per statement, ms): `call_tool` with one `when` and one `rate_limit` %s, without %s: %s ms added per call (aim: at most 0.1).\n' \
+    "$(stmt "$k" 'call_tool')" "$(stmt "$g" 'call_tool')" \
+    "$(awk -v a="$(stmt "$k" 'call_tool')" -v b="$(stmt "$g" 'call_tool')" 'BEGIN {printf "%+.3f", a - b}')"
   printf '\nBaseline at 1 client (per statement, ms): `set_config` %s, `bench.invoice_get` %s, COMMIT %s.\n' \
     "$(stmt "$OUT/baseline-c1.txt" 'set_config')" "$(stmt "$OUT/baseline-c1.txt" 'invoice_get')" \
     "$(stmt "$OUT/baseline-c1.txt" '^ *[0-9.]+ +[0-9]+ +COMMIT')"
   printf '\nRun: %s, commit %s, %s build, %s x %s s pgbench runs (`-n -M prepared -r`, 1 client `-j 1`, 4 clients `-j 2`), ' \
-    "$(date -u +%Y-%m-%dT%H:%MZ)" "$(bench_rev pg_ext)" "$PROFILE" 14 "$SECONDS_PER_RUN"
+    "$(date -u +%Y-%m-%dT%H:%MZ)" "$(bench_rev pg_ext)" "$PROFILE" 16 "$SECONDS_PER_RUN"
   printf '%s of %s catalogued tools visible on the page, %s audit rows written (all `allow`), load average before: %s.\n' \
     "$n_visible" "$n_catalog" "${bad#*|}" "$load_before"
   bench_machine "$(pgbench --version)"

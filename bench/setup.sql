@@ -229,3 +229,18 @@ GRANT INSERT ON bench.audit TO ctxguard_gateway;
 --    refusals (RATE_LIMIT_EXCEEDED, which skip the handler). acme's limit is raised to the most.
 INSERT INTO ctxguard.tenant_limits (tenant_id, max_bytes_per_user_day) VALUES ('acme', 2147483647)
 ON CONFLICT (tenant_id) DO UPDATE SET max_bytes_per_user_day = EXCLUDED.max_bytes_per_user_day;
+
+-- 5. Policies that look at the call (issue 30): invoice.get again, with one condition (`when`, a
+--    STABLE function reading the bound invoice's row, run as the tool's run_as role) and one quota
+--    (`rate_limit`, counted in the shared-memory ledger; large enough never to refuse here).
+--    bench/ctxguard_conditions.sql calls it; gate_bench.sh reports the difference per call.
+CREATE FUNCTION bench.invoice_exists(args jsonb) RETURNS boolean LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT 1 FROM demo.invoices i WHERE i.id = args->>'invoice_id')
+$$;
+ALTER FUNCTION bench.invoice_exists(jsonb) OWNER TO ctxguard_tools;
+GRANT USAGE ON SCHEMA bench TO ctxguard_tools;
+SELECT ctxguard.register_tool('invoice.get_checked', 'Get the invoice on this page (with a condition and a quota).',
+    '{"type": "object", "properties": {"invoice_id": {"type": "string", "maxLength": 128}}, "required": ["invoice_id"], "additionalProperties": false}',
+    'demo.invoice_get(jsonb)',
+    '{"page_types": ["invoice_detail"], "entity_type": "invoice", "entity_param": "invoice_id", "run_as": "ctxguard_tools",
+      "when": "bench.invoice_exists", "rate_limit": {"per": "user", "calls": 1000000, "window": "1d"}}');
