@@ -152,14 +152,15 @@ approved=$(psql -X -q -At -h "$RUN" -p "$PGPORT" -U ctxguard_gateway -d "$DB" -v
   || fail "the approved call did not mark the invoice paid"
 echo "ok: the approval pending since PostgreSQL $FROM ran once on $TO"
 # Policy conditions (issue 30: their functions held as regprocedure, carried as text by before.sql)
-# still decide: refund.issue's `when` allows 10 and refuses 6,000.
+# still decide: refund.issue's `when` allows 10 and refuses 6,000 (a dry run: the smoke set below
+# counts what handlers did).
 TOK_ALICE=$(mint --sub alice --tenant acme --roles ap_clerk --aud ctxguard-tests)
 LAB='{"pageType": "refund_lab", "entity": {"type": "invoice", "id": "acme_inv6"}}'
 decided=$(psql -X -q -At -h "$RUN" -p "$PGPORT" -U ctxguard_gateway -d "$DB" -v ON_ERROR_STOP=1 \
   -c "BEGIN" -c "SELECT ctxguard.set_context('$TOK_ALICE', '$LAB') IS NULL" \
-  -c "SELECT coalesce(ctxguard.call_tool('refund.issue', '{\"amount\": 10}')->'error'->>'code', 'ok') || ' ' || (ctxguard.call_tool('refund.issue', '{\"amount\": 6000}')->'error'->>'code')" \
+  -c "SELECT (ctxguard.explain_call('refund.issue', '{\"amount\": 10}')->>'decision') || ' ' || (ctxguard.explain_call('refund.issue', '{\"amount\": 6000}')->>'code')" \
   -c "COMMIT" | sed -n 2p)
-[ "$decided" = "ok POLICY_DENIED" ] || fail "a policy condition after pg_upgrade decided [$decided], want [ok POLICY_DENIED]"
+[ "$decided" = "allow POLICY_DENIED" ] || fail "a policy condition after pg_upgrade decided [$decided], want [allow POLICY_DENIED]"
 echo "ok: policy conditions decide on $TO as on $FROM"
 run_smoke_set "$DB"
 # The audit hash chain, begun on FROM and extended on TO by the approval and the smoke set, is intact.
