@@ -521,7 +521,15 @@ pub fn evaluate_shadowed(
 ) -> (Reason, Option<Reason>) {
     let strict = evaluate(policy, ctx);
     match policy {
-        Some(p) if p.log_only && strict.shadowable() => {
+        // Never where the entity argument would go unbound: on a page that does not carry the
+        // tool's entity, a shadowed page condition would let the model name any entity.
+        Some(p)
+            if p.log_only
+                && strict.shadowable()
+                && !(strict == Reason::WrongPage
+                    && p.entity_param.is_some()
+                    && ctx.and_then(|c| c.entity_type) != p.entity_type.as_deref()) =>
+        {
             let lenient = Policy {
                 page_types: vec!["*".into()],
                 roles: Vec::new(),
@@ -857,6 +865,24 @@ mod tests {
         assert_eq!(
             evaluate_shadowed(Some(&shadow), Some(&vendor)),
             (Reason::WrongEntityType, None)
+        );
+        // A tool whose entity argument is bound only when the page carries its entity
+        // (requires_entity false): on another page without that entity the argument would be
+        // taken as given, so the page condition is not shadowed there.
+        let unbound = parse_policy(
+            &json!({"page_types": ["invoice_detail"], "entity_type": "invoice", "entity_param": "invoice_id",
+                    "requires_entity": false, "mode": "log_only"}),
+            &schema(),
+            lookup,
+        )
+        .unwrap();
+        assert_eq!(
+            evaluate_shadowed(Some(&unbound), Some(&table)),
+            (Reason::WrongPage, None)
+        );
+        assert_eq!(
+            evaluate_shadowed(Some(&unbound), Some(&other)),
+            (Reason::Visible, Some(Reason::WrongPage))
         );
         let disabled = Policy {
             enabled: false,
