@@ -74,6 +74,7 @@ COMMIT;
 BEGIN;
 SELECT ctxguard.set_context(:'tok_root', :'table_page') \g /dev/null
 SELECT is(pg_temp.code(ctxguard.reject_call(:'cid2', repeat('x', 501))), 'INVALID_ARGUMENT', 'a reason over 500 bytes is refused');
+SELECT is(pg_temp.code(ctxguard.reject_call(:'cid2', repeat('a@b.io ', 70))), 'INVALID_ARGUMENT', 'a reason longer than 500 bytes once masked is refused, cleanly');
 SELECT is(pg_temp.code(ctxguard.reject_call(:'cid2', 'not this month')), 'rejected', 'the approver rejects it');
 SELECT is(pg_temp.code(ctxguard.approve_call(:'cid2')), 'APPROVAL_INVALID', 'a rejected call cannot be granted');
 COMMIT;

@@ -259,6 +259,18 @@ fn reject_call(call_id: Option<pgrx::Uuid>, reason: default!(Option<&str>, "NULL
                     (),
                 )
             }
+            // Masking may lengthen it (placeholders): the limit holds for what is kept.
+            Some(Ok(t)) if t.len() > MAX_REASON_BYTES => {
+                return (
+                    refused(
+                        Some(c),
+                        id,
+                        Code::InvalidArgument,
+                        "reason is longer than 500 bytes once masked",
+                    ),
+                    (),
+                )
+            }
             Some(Ok(t)) => Some(t),
             None => None,
         };
