@@ -6,8 +6,8 @@
 BEGIN;
 SET LOCAL search_path = pg_catalog, pg_temp;
 ALTER TABLE ctxguard.tools ALTER COLUMN handler TYPE regprocedure USING handler::regprocedure;
-ALTER TABLE ctxguard.tool_policies ALTER COLUMN when_fn TYPE regprocedure USING when_fn::regprocedure,
-                                   ALTER COLUMN approval_when_fn TYPE regprocedure USING approval_when_fn::regprocedure;
+ALTER TABLE ctxguard.tool_policies ALTER COLUMN when_fn TYPE pg_catalog.regprocedure USING when_fn::pg_catalog.regprocedure,
+                                   ALTER COLUMN approval_when_fn TYPE pg_catalog.regprocedure USING approval_when_fn::pg_catalog.regprocedure;
 ALTER TABLE ctxguard.documents ALTER COLUMN language TYPE regconfig USING language::regconfig,
                                ALTER COLUMN language SET DEFAULT 'simple';
 COMMIT;

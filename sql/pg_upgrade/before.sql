@@ -11,8 +11,8 @@
 BEGIN;
 SET LOCAL search_path = pg_catalog, pg_temp;
 ALTER TABLE ctxguard.tools ALTER COLUMN handler TYPE text USING handler::text;
-ALTER TABLE ctxguard.tool_policies ALTER COLUMN when_fn TYPE text USING when_fn::text,
-                                   ALTER COLUMN approval_when_fn TYPE text USING approval_when_fn::text;
+ALTER TABLE ctxguard.tool_policies ALTER COLUMN when_fn TYPE pg_catalog.text USING when_fn::pg_catalog.text,
+                                   ALTER COLUMN approval_when_fn TYPE pg_catalog.text USING approval_when_fn::pg_catalog.text;
 ALTER TABLE ctxguard.documents ALTER COLUMN language DROP DEFAULT,
                                ALTER COLUMN language TYPE text USING language::text;
 COMMIT;

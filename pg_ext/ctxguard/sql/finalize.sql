@@ -17,9 +17,9 @@ CREATE FUNCTION ctxguard.complete_call(call_id uuid, result jsonb, is_error bool
 COMMENT ON FUNCTION ctxguard.complete_call(uuid, jsonb, boolean) IS 'Mask, budget and audit the result of an upstream call authorized by call_tool (once).';
 COMMENT ON FUNCTION ctxguard.call_tool(text, jsonb) IS 'Gate B: re-check policy, bind the entity, validate, run the handler, audit.';
 
-CREATE FUNCTION ctxguard.explain_call(tool text, args jsonb DEFAULT '{}'::jsonb) RETURNS jsonb
+CREATE FUNCTION ctxguard.explain_call(tool text, args jsonb DEFAULT '{}'::pg_catalog.jsonb) RETURNS jsonb
     LANGUAGE sql VOLATILE PARALLEL UNSAFE
-    RETURN ctxguard._explain_call(tool, args::text);
+    RETURN ctxguard._explain_call(tool, args::pg_catalog.text);
 COMMENT ON FUNCTION ctxguard.explain_call(text, jsonb) IS 'Dry run of Gate B under the current context: the decision, its code and rule; runs and charges nothing; audited as dry_run.';
 
 CREATE FUNCTION ctxguard.register_tool(name text, description text, input_schema jsonb, handler regprocedure, policy jsonb, title text DEFAULT NULL)
@@ -134,19 +134,19 @@ AS $$
     -- Policy conditions (issue 30): they run read-only as the tool's run_as role, so a VOLATILE one
     -- misleads, a SECURITY DEFINER one without a pinned search_path resolves names through the
     -- caller's, and one owned by a role that bypasses RLS sees every tenant if it is a definer.
-    SELECT 'policy_condition_not_stable', f.oid::regprocedure::pg_catalog.text,
+    SELECT 'policy_condition_not_stable', f.oid::pg_catalog.regprocedure::pg_catalog.text,
            'condition of ' || string_agg(p.tool, ', ' ORDER BY p.tool) || ' is VOLATILE (conditions run read-only: make it STABLE)'
       FROM ctxguard.tool_policies p JOIN pg_proc f ON f.oid IN (p.when_fn, p.approval_when_fn)
      WHERE f.provolatile = 'v'
      GROUP BY f.oid
     UNION ALL
-    SELECT 'policy_condition_definer_unpinned', f.oid::regprocedure::pg_catalog.text,
+    SELECT 'policy_condition_definer_unpinned', f.oid::pg_catalog.regprocedure::pg_catalog.text,
            'condition of ' || string_agg(p.tool, ', ' ORDER BY p.tool) || ' is SECURITY DEFINER without SET search_path'
       FROM ctxguard.tool_policies p JOIN pg_proc f ON f.oid IN (p.when_fn, p.approval_when_fn)
      WHERE f.prosecdef AND NOT EXISTS (SELECT 1 FROM unnest(f.proconfig) c WHERE c LIKE 'search_path=%')
      GROUP BY f.oid
     UNION ALL
-    SELECT 'policy_condition_privileged_owner', f.oid::regprocedure::pg_catalog.text,
+    SELECT 'policy_condition_privileged_owner', f.oid::pg_catalog.regprocedure::pg_catalog.text,
            'condition of ' || string_agg(p.tool, ', ' ORDER BY p.tool) || ' is owned by a superuser, a BYPASSRLS role or the extension owner'
       FROM ctxguard.tool_policies p JOIN pg_proc f ON f.oid IN (p.when_fn, p.approval_when_fn)
       JOIN pg_roles o ON o.oid = f.proowner
