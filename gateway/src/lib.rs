@@ -340,6 +340,11 @@ pub(crate) struct PageRequest {
 }
 
 impl PageRequest {
+    /// The page of a body that names more than its page.
+    fn of(page_context: Value) -> PageRequest {
+        PageRequest { page_context }
+    }
+
     /// The scope of a request that names only a page: bearer token, page, request id.
     pub(crate) fn scope(self, headers: &HeaderMap) -> Result<Scope, ApiError> {
         Ok(Scope {
@@ -379,10 +384,7 @@ async fn tools_endpoint(
             chat::MAX_MESSAGE_CHARS
         )));
     }
-    let scope = PageRequest {
-        page_context: req.page_context,
-    }
-    .scope(&headers)?;
+    let scope = PageRequest::of(req.page_context).scope(&headers)?;
     Ok(Json(
         state
             .db
@@ -414,10 +416,7 @@ async fn explain_endpoint(
         ));
     }
     let args = req.arguments.unwrap_or_else(|| serde_json::json!({}));
-    let scope = PageRequest {
-        page_context: req.page_context,
-    }
-    .scope(&headers)?;
+    let scope = PageRequest::of(req.page_context).scope(&headers)?;
     Ok(Json(state.db.explain_call(&scope, &req.tool, &args).await?))
 }
 
@@ -449,10 +448,7 @@ async fn reject_endpoint(
 ) -> Result<Json<Value>, ApiError> {
     let call_id = uuid::Uuid::parse_str(&call_id)
         .map_err(|_| ApiError::BadRequest("call_id must be a UUID".into()))?;
-    let scope = PageRequest {
-        page_context: req.page_context,
-    }
-    .scope(&headers)?;
+    let scope = PageRequest::of(req.page_context).scope(&headers)?;
     Ok(Json(
         state
             .db

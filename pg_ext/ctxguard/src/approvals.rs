@@ -220,65 +220,39 @@ fn reject_call(call_id: Option<pgrx::Uuid>, reason: default!(Option<&str>, "NULL
     if let Some(refused) = gates::audit_ready(id) {
         return refused;
     }
-    let (call, ()) = gates::audited(|| {
-        let Some(c) = ctx.as_ref() else {
-            return (
-                refused(
-                    None,
-                    id,
-                    Code::ContextMissing,
-                    "no context is set for this transaction",
-                ),
-                (),
-            );
-        };
-        if reason.is_some_and(|r| r.len() > MAX_REASON_BYTES) {
-            return (
-                refused(
-                    Some(c),
-                    id,
-                    Code::InvalidArgument,
-                    "reason is longer than 500 bytes",
-                ),
-                (),
-            );
-        }
-        let masked = match reason.map(|r| {
-            masking::Job::new(crate::cache::catalog().mask_key())
-                .text(r)
-                .map(|t| t.into_owned())
-        }) {
-            Some(Err(_)) => {
-                return (
-                    refused(
-                        Some(c),
-                        id,
-                        Code::InvalidArgument,
-                        "reason could not be masked",
-                    ),
-                    (),
-                )
-            }
-            // Masking may lengthen it (placeholders): the limit holds for what is kept.
-            Some(Ok(t)) if t.len() > MAX_REASON_BYTES => {
-                return (
-                    refused(
-                        Some(c),
-                        id,
-                        Code::InvalidArgument,
-                        "reason is longer than 500 bytes once masked",
-                    ),
-                    (),
-                )
-            }
-            Some(Ok(t)) => Some(t),
-            None => None,
-        };
-        let call = decide(c, id, "rejected", masked.as_deref())
-            .unwrap_or_else(|| refused(Some(c), id, Code::ApprovalInvalid, INVALID_MESSAGE));
-        (call, ())
-    });
+    let (call, ()) = gates::audited(|| (reject(ctx.as_ref(), id, reason), ()));
     gates::envelope(call)
+}
+
+/// `reject_call` after its checks: the reason bounded (before and after masking), then the
+/// decision.
+fn reject(ctx: Option<&Ctx>, id: uuid::Uuid, reason: Option<&str>) -> Call {
+    let Some(c) = ctx else {
+        return refused(
+            None,
+            id,
+            Code::ContextMissing,
+            "no context is set for this transaction",
+        );
+    };
+    let too_long = |message| refused(Some(c), id, Code::InvalidArgument, message);
+    if reason.is_some_and(|r| r.len() > MAX_REASON_BYTES) {
+        return too_long("reason is longer than 500 bytes");
+    }
+    let masked = match reason.map(|r| {
+        masking::Job::new(crate::cache::catalog().mask_key())
+            .text(r)
+            .map(|t| t.into_owned())
+    }) {
+        Some(Err(_)) => return too_long("reason could not be masked"),
+        // Masking may lengthen it (placeholders): the limit holds for what is kept.
+        Some(Ok(t)) if t.len() > MAX_REASON_BYTES => {
+            return too_long("reason is longer than 500 bytes once masked")
+        }
+        masked => masked.and_then(Result::ok),
+    };
+    decide(c, id, "rejected", masked.as_deref())
+        .unwrap_or_else(|| refused(Some(c), id, Code::ApprovalInvalid, INVALID_MESSAGE))
 }
 
 /// The pending calls the context's user may decide (four eyes): same tenant, another requester,

@@ -662,27 +662,25 @@ pub(crate) fn gate_b(
         return call;
     }
     // Approvals are never shadowed; a condition that cannot be evaluated refuses.
-    let needs_approval = run != Run::Approved
-        && (policy.requires_approval
-            || (policy.approval_when.is_some() && {
-                match condition(
-                    tool.approval_when_fn,
-                    &tool,
-                    &bound,
-                    "approval_when",
-                    call_id,
-                ) {
-                    Some(b) => b,
-                    None => {
-                        call.rule = "approval_when";
-                        return deny(
-                            call,
-                            Code::PolicyDenied,
-                            "the policy's condition (approval_when) could not be evaluated",
-                        );
-                    }
-                }
-            }));
+    // Does the call need an approval? `None`: its approval_when could not be evaluated.
+    let asks = if run == Run::Approved {
+        Some(false)
+    } else if policy.requires_approval {
+        Some(true)
+    } else if policy.approval_when.is_some() {
+        let f = tool.approval_when_fn;
+        condition(f, &tool, &bound, "approval_when", call_id)
+    } else {
+        Some(false)
+    };
+    let Some(needs_approval) = asks else {
+        call.rule = "approval_when";
+        return deny(
+            call,
+            Code::PolicyDenied,
+            "the policy's condition (approval_when) could not be evaluated",
+        );
+    };
     if needs_approval && run == Run::Dry {
         call.rule = if policy.requires_approval {
             "requires_approval"

@@ -343,6 +343,39 @@ pub enum Failure {
     Raised(String),
 }
 
+/// Run `body` as a tool's `run_as` role (it must exist and be unprivileged), at a tracked depth,
+/// in a subtransaction (read-only if `read_only`), after checking that the role may execute
+/// `function` (`what` names it in the refusal). `None` from `body`: NULL. Shared by handlers and
+/// policy conditions.
+fn as_run_as<R>(
+    function: pg_sys::Oid,
+    run_as: Option<pg_sys::Oid>,
+    read_only: bool,
+    what: &str,
+    body: impl FnOnce(pg_sys::Oid) -> Option<R>,
+) -> Result<R, Failure> {
+    let Some(role) = run_as.filter(|r| role_exists(*r) && !owner::role_is_privileged(*r)) else {
+        return Err(Failure::NoRunAs);
+    };
+    let _depth = Depth::enter();
+    let result = in_subtransaction(read_only, || {
+        owner::as_role(role, || {
+            if !compat::may_execute_function(role, function) {
+                raise(
+                    PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
+                    format!("permission denied for {what}"),
+                );
+            }
+            body(role)
+        })
+    });
+    match result {
+        Ok(Some(v)) => Ok(v),
+        Ok(None) => Err(Failure::ReturnedNull),
+        Err(caught) => Err(Failure::Raised(caught.sqlstate)),
+    }
+}
+
 /// Run `handler(args)` as `run_as`, in a subtransaction (read-only if `read_only`).
 pub fn run(
     handler: pg_sys::Oid,
@@ -350,39 +383,22 @@ pub fn run(
     read_only: bool,
     args: Value,
 ) -> Result<Value, Failure> {
-    let Some(role) = run_as.filter(|r| role_exists(*r) && !owner::role_is_privileged(*r)) else {
-        return Err(Failure::NoRunAs);
-    };
-    let _depth = Depth::enter();
-    let result = in_subtransaction(read_only, || {
-        owner::as_role(role, || {
-            if !compat::may_execute_function(role, handler) {
-                raise(
-                    PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
-                    "permission denied for tool handler",
-                );
-            }
-            let planned = (depth() == 1)
-                .then(|| Spi::connect(|_| unsafe { body_plan(handler, role) }))
-                .flatten();
-            match planned {
-                Some((plan, stable)) => Spi::connect(|_| call_body(plan, stable, args)),
-                None => {
-                    let datum = JsonB(args).into_datum().expect("jsonb datum");
-                    unsafe {
-                        let out =
-                            pg_sys::FunctionCall1Coll(finfo(handler), pg_sys::InvalidOid, datum);
-                        JsonB::from_datum(out, false)
-                    }
+    as_run_as(handler, run_as, read_only, "tool handler", |role| {
+        let planned = (depth() == 1)
+            .then(|| Spi::connect(|_| unsafe { body_plan(handler, role) }))
+            .flatten();
+        let out = match planned {
+            Some((plan, stable)) => Spi::connect(|_| call_body(plan, stable, args)),
+            None => {
+                let datum = JsonB(args).into_datum().expect("jsonb datum");
+                unsafe {
+                    let out = pg_sys::FunctionCall1Coll(finfo(handler), pg_sys::InvalidOid, datum);
+                    JsonB::from_datum(out, false)
                 }
             }
-        })
-    });
-    match result {
-        Ok(Some(JsonB(v))) => Ok(v),
-        Ok(None) => Err(Failure::ReturnedNull),
-        Err(caught) => Err(Failure::Raised(caught.sqlstate)),
-    }
+        };
+        out.map(|JsonB(v)| v)
+    })
 }
 
 /// Evaluate a policy predicate (`when`, `approval_when`): `predicate(args)` as `run_as`, in a
@@ -394,29 +410,12 @@ pub fn predicate(
     run_as: Option<pg_sys::Oid>,
     args: &Value,
 ) -> Result<bool, Failure> {
-    let Some(role) = run_as.filter(|r| role_exists(*r) && !owner::role_is_privileged(*r)) else {
-        return Err(Failure::NoRunAs);
-    };
-    let _depth = Depth::enter();
-    let result = in_subtransaction(true, || {
-        owner::as_role(role, || {
-            if !compat::may_execute_function(role, predicate) {
-                raise(
-                    PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
-                    "permission denied for a policy condition",
-                );
-            }
-            let datum = JsonB(args.clone()).into_datum().expect("jsonb datum");
-            // FunctionCall1Coll raises if the function returns NULL: an error, so closed.
-            unsafe {
-                let out = pg_sys::FunctionCall1Coll(finfo(predicate), pg_sys::InvalidOid, datum);
-                bool::from_datum(out, false)
-            }
-        })
-    });
-    match result {
-        Ok(Some(b)) => Ok(b),
-        Ok(None) => Err(Failure::ReturnedNull),
-        Err(caught) => Err(Failure::Raised(caught.sqlstate)),
-    }
+    as_run_as(predicate, run_as, true, "a policy condition", |_| {
+        let datum = JsonB(args.clone()).into_datum().expect("jsonb datum");
+        // FunctionCall1Coll raises if the function returns NULL: an error, so closed.
+        unsafe {
+            let out = pg_sys::FunctionCall1Coll(finfo(predicate), pg_sys::InvalidOid, datum);
+            bool::from_datum(out, false)
+        }
+    })
 }
