@@ -46,7 +46,8 @@ PROFILE=${CTXGUARD_PROFILE:-release}
 INITDB_OPTS=()
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 
-log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+# Each line carries the wall-clock time and the seconds since the script began (where a run's time goes).
+log() { printf '\033[1m==> [%s +%ss] %s\033[0m\n' "$(date +%T)" "$SECONDS" "$*" >&2; }
 
 # Run a command as the postgres OS user when we are root (initdb refuses root).
 as_pg() {

@@ -15,6 +15,8 @@ const store = {
   pageState: {},     // what the screen shows: visibleIds, filters, tab, counts
   conversationId: crypto.randomUUID(),
   loadSeq: 0,
+  tools: {},         // this page's tools by name, as GET /v1/tools describes them (conditions too)
+  chats: new Map(),  // each demo user's chat so far ({nodes, conversationId}), kept across switches
 };
 
 // ---------------------------------------------------------------- DOM helpers
@@ -349,6 +351,7 @@ async function load() {
     ...view.body);
   document.title = `${view.title} · ctxguard demo`;
   await renderTools(seq);
+  await renderApprovals(seq);
   renderProbes();
   if (seq === store.loadSeq) document.body.dataset.ready = "1";
 }
@@ -359,6 +362,7 @@ function renderNoContext(text) {
   $("tools-visible").replaceChildren();
   $("tools-hidden").replaceChildren();
   $("probes").replaceChildren();
+  $("approvals-list").replaceChildren();
 }
 
 async function renderTools(seq) {
@@ -372,12 +376,16 @@ async function renderTools(seq) {
   }
   if (seq !== store.loadSeq) return;
   $("page-desc").textContent = out.page?.description || "";
+  store.tools = Object.fromEntries(out.tools.map((t) => [t.name, t]));
   const flag = (t) => [
     t.readOnly === false ? badge("writes", "write") : badge("read-only", "ro"),
     t.requiresApproval ? badge("needs approval", "approval") : null,
+    !t.requiresApproval && /approval_when/.test(t.conditions || "") ? badge("may need approval", "approval") : null,
+    approverRoles(t.name) ? badge(`four eyes: ${approverRoles(t.name)}`, "approval") : null,
   ];
   $("tools-visible").replaceChildren(...out.tools.filter((t) => t.visible).map((t) =>
-    h("li", { dataset: { tool: t.name }, title: t.description }, h("code", {}, t.name), " ", flag(t))));
+    h("li", { dataset: { tool: t.name, conditions: t.conditions || "" }, title: [t.description, t.conditions].filter(Boolean).join("\n") },
+      h("code", {}, t.name), " ", flag(t))));
   $("tools-hidden").replaceChildren(...out.tools.filter((t) => !t.visible).map((t) =>
     h("li", { dataset: { tool: t.name, reason: t.reason } }, h("code", {}, t.name), " ", h("span", { class: "reason" }, t.reason))));
 }
@@ -417,14 +425,36 @@ function toolCallRow(c) {
     badge(c.decision), c.code ? [" ", h("code", { class: "code" }, c.code)] : null);
 }
 
+// The roles a tool's policy names as approvers (four eyes), from its conditions; "" if none.
+function approverRoles(tool) {
+  return (store.tools[tool]?.conditions || "").match(/approver_roles ([^;]+)/)?.[1] || "";
+}
+
+// The requester's card for a call waiting for an approval. Without approver roles the user's own
+// click runs it (once); with them (four eyes) someone else holding one of the roles grants or
+// rejects it first (the approvals panel), and the requester's click then runs it, once.
 function approvalCard(c) {
-  const status = h("span", { class: "approval-status" }, "waiting for your approval");
+  const approvers = approverRoles(c.tool);
+  const waiting = approvers ? `waiting for a user with role ${approvers} to approve; run it here once approved`
+    : "waiting for your approval";
+  const status = h("span", { class: "approval-status" }, waiting);
   const button = h("button", {
     type: "button",
     class: "approve",
     onclick: async () => {
       button.disabled = true;
       status.textContent = "running…";
+      const refused = (code) => {
+        if (approvers && code === "APPROVAL_INVALID") {
+          // Not granted (yet), rejected or expired: the database does not say which.
+          status.textContent = `not run: ${code} (not approved yet, rejected, or expired)`;
+          card.dataset.state = "not-granted";
+          button.disabled = false;
+        } else {
+          status.textContent = `refused: ${code}`;
+          card.dataset.state = "refused";
+        }
+      };
       try {
         const env = await apiJson(`/v1/approvals/${encodeURIComponent(c.callId)}`, { pageContext: pageContext() });
         if (env.status === "ok") {
@@ -433,18 +463,67 @@ function approvalCard(c) {
           card.append(h("pre", { class: "result" }, JSON.stringify(env.result, null, 2)));
           load();
         } else {
-          status.textContent = `refused: ${env.error?.code}`;
-          card.dataset.state = "refused";
+          refused(env.error?.code);
         }
       } catch (e) {
-        status.textContent = `refused: ${e.code}`;
-        card.dataset.state = "refused";
+        refused(e.code);
       }
     },
-  }, `Approve ${c.tool}`);
-  const card = h("div", { class: "approval", dataset: { callId: c.callId, state: "pending" } },
+  }, approvers ? `Run ${c.tool}` : `Approve ${c.tool}`);
+  const card = h("div", { class: "approval", dataset: { callId: c.callId, state: "pending", fourEyes: approvers ? "1" : "" } },
     h("strong", {}, c.tool), " ", h("span", { class: "args" }, JSON.stringify(c.arguments)), " ", button, " ", status);
   return card;
+}
+
+// ---------------------------------------------------------------- approvals (four eyes)
+
+// What the signed-in user may approve or reject: other users' calls, of this tenant, whose policy
+// names one of the user's roles as approvers (ctxguard.pending_approvals(), arguments masked).
+async function renderApprovals(seq) {
+  let out;
+  try {
+    out = await apiJson("/v1/approvals", { pageContext: pageContext() });
+  } catch (e) {
+    $("approvals-list").replaceChildren(h("li", { class: "muted" }, `${e.code}: ${e.message}`));
+    return;
+  }
+  if (seq !== store.loadSeq) return;
+  const list = out.approvals || [];
+  $("approvals-box").dataset.count = String(list.length);
+  $("approvals-list").replaceChildren(...(list.length ? list.map(decisionItem)
+    : [h("li", { class: "muted empty" }, "Nothing is waiting for your approval.")]));
+}
+
+function decisionItem(a) {
+  const status = h("span", { class: "decision-status" }, "");
+  const reason = h("input", { class: "reason", placeholder: "reason (optional)", maxlength: "500", "aria-label": "Reason" });
+  const decide = async (path, body, done) => {
+    for (const b of item.querySelectorAll("button")) b.disabled = true;
+    try {
+      const env = await apiJson(path, { pageContext: pageContext(), ...body });
+      if (env.status === done) {
+        item.dataset.state = done;
+        status.textContent = done === "granted" ? `approved: ${a.requested_by} can now run it, once` : "rejected";
+      } else {
+        item.dataset.state = "refused";
+        status.textContent = `refused: ${env.error?.code}`;
+      }
+    } catch (e) {
+      item.dataset.state = "refused";
+      status.textContent = `refused: ${e.code}`;
+    }
+  };
+  const id = encodeURIComponent(a.call_id);
+  const item = h("li", { class: "decision", dataset: { callId: a.call_id, tool: a.tool, state: "pending" } },
+    h("div", {}, h("strong", {}, a.tool), " asked by ", h("code", {}, a.requested_by),
+      a.entity_id ? [" on ", h("code", {}, `${a.entity_type} ${a.entity_id}`)] : null),
+    h("div", { class: "args" }, JSON.stringify(a.args)),
+    h("div", {},
+      h("button", { type: "button", class: "grant", onclick: () => decide(`/v1/approvals/${id}`, {}, "granted") }, "Approve"), " ",
+      reason, " ",
+      h("button", { type: "button", class: "reject", onclick: () => decide(`/v1/approvals/${id}/reject`, { reason: reason.value || undefined }, "rejected") }, "Reject"),
+      " ", status));
+  return item;
 }
 
 async function send(text) {
@@ -544,14 +623,18 @@ function renderProbes() {
 
 // ---------------------------------------------------------------- users
 
+// Each demo user keeps their own chat (and the approval cards in it) across switches, as if each
+// had the app open in a window of their own.
 async function setUser(id, users) {
+  if (store.user) store.chats.set(store.user.id, { nodes: [...$("messages").childNodes], conversationId: store.conversationId });
   store.user = users.find((u) => u.id === id) || users[0];
   store.token = null;
-  store.conversationId = crypto.randomUUID();
+  const kept = store.chats.get(store.user.id);
+  store.conversationId = kept?.conversationId || crypto.randomUUID();
   sessionStorage.setItem(USER_KEY, store.user.id);
   $("user").value = store.user.id;
   document.body.dataset.tenant = store.user.tenant;
-  $("messages").replaceChildren();
+  $("messages").replaceChildren(...(kept?.nodes || []));
   $("probe-results").replaceChildren();
 }
 

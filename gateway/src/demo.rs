@@ -41,6 +41,12 @@ const USERS: &[DemoUser] = &[
         roles: &["ap_clerk"],
     },
     DemoUser {
+        id: "maria",
+        name: "Maria (Acme, AP manager)",
+        tenant: "acme",
+        roles: &["ap_manager"],
+    },
+    DemoUser {
         id: "bob",
         name: "Bob (Acme, viewer)",
         tenant: "acme",

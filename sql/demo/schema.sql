@@ -19,6 +19,8 @@ CREATE EXTENSION IF NOT EXISTS ctxguard;
 --                       login role per gateway instance, each a member (docs/deploy.md): a role can
 --                       cancel or terminate its own role's backends, so no gateway can end another's.
 --   ctxguard_gateway_b  LOGIN: a second gateway instance's role (ctxguard_gateway is the first's).
+--   ctxguard_policies   NOLOGIN: owns the demo's policy conditions (`approval_when`). ctxguard refuses
+--                       a condition owned by a superuser or by its own owner (it could bypass RLS).
 -- None is a superuser, none bypasses RLS, none creates databases or roles.
 DO $$
 DECLARE
@@ -26,7 +28,8 @@ DECLARE
 BEGIN
     FOR r IN SELECT * FROM (VALUES ('ctxguard_gateway', true), ('ctxguard_tools', false),
                                    ('ctxguard_discovery', true), ('ctxguard_app', true),
-                                   ('ctxguard_gateways', false), ('ctxguard_gateway_b', true)) AS v(name, login) LOOP
+                                   ('ctxguard_gateways', false), ('ctxguard_gateway_b', true),
+                                   ('ctxguard_policies', false)) AS v(name, login) LOOP
         IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = r.name) THEN
             EXECUTE format('CREATE ROLE %I', r.name);
         END IF;
@@ -132,9 +135,18 @@ BEGIN
     RETURN jsonb_build_object('invoice_id', args->>'invoice_id', 'updated', n);
 END $$;
 
+-- The policy condition of invoice.mark_paid (`approval_when`): above 1,000 a manager approves first.
+-- Gate B runs it after binding, as the tool's run_as role, read-only, on the bound arguments: it
+-- reads the bound invoice's own row (RLS scopes it to the context's tenant). No row: approval.
+CREATE FUNCTION demo.mark_paid_needs_approval(args jsonb) RETURNS boolean LANGUAGE sql STABLE AS $$
+    SELECT coalesce((SELECT i.amount OPERATOR(pg_catalog.>) 1000 FROM demo.invoices i
+                      WHERE i.id OPERATOR(pg_catalog.=) (args OPERATOR(pg_catalog.->>) 'invoice_id')), true)
+$$;
+ALTER FUNCTION demo.mark_paid_needs_approval(jsonb) OWNER TO ctxguard_policies;
+
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA demo FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION demo.vendor_list(jsonb), demo.invoice_list(jsonb), demo.invoice_get(jsonb),
-                          demo.invoice_mark_paid(jsonb) TO ctxguard_tools;
+                          demo.invoice_mark_paid(jsonb), demo.mark_paid_needs_approval(jsonb) TO ctxguard_tools;
 -- Discovery of upstream MCP tools runs under its own role, never the one that runs model calls
 -- (the REVOKE undoes the 0.1 demo's grant when this script is loaded into an older database).
 REVOKE EXECUTE ON FUNCTION ctxguard.sync_mcp_tools(text, jsonb) FROM ctxguard_gateway;
@@ -153,8 +165,11 @@ SELECT ctxguard.register_tool('invoice.list', 'List invoices, optionally filtere
 SELECT ctxguard.register_tool('invoice.get', 'Get the invoice on this page: number, amount, status, dates and vendor.',
     '{"type": "object", "properties": {"invoice_id": {"type": "string", "maxLength": 128}}, "required": ["invoice_id"], "additionalProperties": false}',
     'demo.invoice_get(jsonb)', '{"page_types": ["invoice_detail"], "entity_type": "invoice", "entity_param": "invoice_id", "run_as": "ctxguard_tools"}');
-SELECT ctxguard.register_tool('invoice.mark_paid', 'Mark the invoice on this page as paid (needs the user''s approval).',
+-- Four eyes: above 1,000 (demo.mark_paid_needs_approval) a user holding ap_manager, never the clerk
+-- who asked, approves or rejects the call; the clerk then runs it once, from the invoice's page.
+SELECT ctxguard.register_tool('invoice.mark_paid', 'Mark the invoice on this page as paid (above 1,000 a manager approves first).',
     '{"type": "object", "properties": {"invoice_id": {"type": "string", "maxLength": 128}}, "required": ["invoice_id"], "additionalProperties": false}',
     'demo.invoice_mark_paid(jsonb)',
     '{"page_types": ["invoice_detail"], "entity_type": "invoice", "entity_param": "invoice_id", "roles": ["ap_clerk"],
-      "read_only": false, "danger": "moderate", "requires_approval": true, "run_as": "ctxguard_tools"}');
+      "read_only": false, "danger": "moderate", "run_as": "ctxguard_tools",
+      "approval_when": "demo.mark_paid_needs_approval", "approver_roles": ["ap_manager"]}');

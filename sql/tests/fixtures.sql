@@ -183,6 +183,16 @@ REVOKE EXECUTE ON FUNCTION t.noexec(jsonb) FROM ctxguard_tools;
 GRANT EXECUTE ON FUNCTION t.noexec(jsonb) TO ctxguard_gateway;
 GRANT EXECUTE ON FUNCTION t.versioned(jsonb) TO ctxguard_test_tools2, ctxguard_test_tools3;
 
+-- The suites' approval cases (C.25: the user's own approval, exactly once, bound to the entity) use
+-- the demo's invoice.mark_paid as the 0.1 demo registered it: the user's own approval on every
+-- invoice. The demo's own policy (above 1,000 a manager approves: approval_when, approver_roles) is
+-- what tests/ui/demo.test.mjs exercises, on the demo database as shipped (no fixtures there).
+SELECT ctxguard.register_tool('invoice.mark_paid', 'Mark the invoice on this page as paid (needs the user''s approval).',
+    '{"type": "object", "properties": {"invoice_id": {"type": "string", "maxLength": 128}}, "required": ["invoice_id"], "additionalProperties": false}',
+    'demo.invoice_mark_paid(jsonb)',
+    '{"page_types": ["invoice_detail"], "entity_type": "invoice", "entity_param": "invoice_id", "roles": ["ap_clerk"],
+      "read_only": false, "danger": "moderate", "requires_approval": true, "run_as": "ctxguard_tools"}');
+
 SELECT ctxguard.register_tool('test.touch', 'Record a touch of the invoice on this page.',
     '{"type": "object", "properties": {"invoice_id": {"type": "string"}}}', 't.touch(jsonb)',
     '{"page_types": ["invoice_detail"], "entity_type": "invoice", "entity_param": "invoice_id", "read_only": false}');

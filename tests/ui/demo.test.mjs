@@ -333,41 +333,94 @@ describe("security", () => {
     assert.equal((await hiddenTools(page))["invoice.mark_paid"], "missing_role");
   });
 
-  test("an approval runs once", async (t) => {
+  test("four eyes: a manager approves a clerk's mark_paid above 1,000, the clerk runs it once", async (t) => {
     const page = await open(t);
+    // Below the threshold (878): the clerk's call runs at once.
+    await go(page, "/invoices/acme_inv2");
+    assert.equal(await page.textContent("#invoice-fields .badge"), "overdue");
+    assert.match(await page.getAttribute('#tools-visible li[data-tool="invoice.mark_paid"]', "data-conditions"),
+      /approval_when demo\.mark_paid_needs_approval\(jsonb\); approver_roles ap_manager/);
+    const small = await ask(page, "mark this invoice as paid");
+    assert.deepEqual(small.calls, [{ tool: "invoice.mark_paid", decision: "allow", code: "" }]);
+    assert.equal(await invoiceStatus(page, "alice", "acme_inv2"), "paid");
+
+    // Above it (2,394): pending, and the clerk cannot run it herself.
     await go(page, "/invoices/acme_inv6");
     assert.equal(await page.textContent("#invoice-fields .badge"), "open");
     const r = await ask(page, "mark this invoice as paid");
     assert.deepEqual(r.calls, [{ tool: "invoice.mark_paid", decision: "pending", code: "APPROVAL_REQUIRED" }]);
-    // Nothing changed before the approval.
-    assert.equal(await invoiceStatus(page, "alice", "acme_inv6"), "open");
-    await shot(page, "approval-pending");
-
-    const card = page.locator(".approval").first();
+    const card = page.locator(".approval").last();
     const callId = await card.getAttribute("data-call-id");
+    assert.match(await card.textContent(), /role ap_manager/);
     await card.locator("button.approve").click();
-    await page.waitForFunction(() => document.querySelector(".approval")?.dataset.state !== "pending");
-    assert.equal(await card.getAttribute("data-state"), "done");
-    assert.match(await card.textContent(), /"updated": 1/);
-    assert.ok(await card.locator("button.approve").isDisabled());
+    await page.waitForFunction((id) => document.querySelector(`.approval[data-call-id="${id}"]`)?.dataset.state !== "pending", callId);
+    assert.equal(await card.getAttribute("data-state"), "not-granted");
+    assert.equal(await invoiceStatus(page, "alice", "acme_inv6"), "open");
+    // Nobody lists it for the clerk herself, nor for Bob (viewer, same tenant), nor Carol (other tenant).
+    for (const [user, id] of [["alice", "acme_inv6"], ["bob", "acme_inv6"], ["carol", "glx_inv6"]]) {
+      const list = await asUser(page, user, "/v1/approvals", { pageContext: invoicePage(id) });
+      assert.deepEqual(list.body.approvals?.map((a) => a.call_id), [], `${user}: ${JSON.stringify(list.body)}`);
+    }
+    const bob = await approveAs(page, "bob", callId, "acme_inv6");
+    assert.equal(bob.body.error?.code, "APPROVAL_INVALID", JSON.stringify(bob));
+    await shot(page, "four-eyes-requested");
+
+    // Maria (Acme, AP manager) sees it in her approvals panel and approves it (the demo switches
+    // users in place, each keeping their own chat; any page of hers would do).
+    await page.selectOption("#user", "maria");
+    await ready(page);
+    const item = page.locator(`#approvals-list li.decision[data-call-id="${callId}"]`);
+    assert.match(await item.textContent(), /invoice\.mark_paid asked by alice on invoice acme_inv6/);
+    await shot(page, "four-eyes-manager");
+    await item.locator("button.grant").click();
+    await page.waitForFunction((id) => document.querySelector(`li.decision[data-call-id="${id}"]`)?.dataset.state !== "pending", callId);
+    assert.equal(await item.getAttribute("data-state"), "granted");
+    // Granting ran nothing: the clerk runs it, under her own identity.
+    assert.equal(await invoiceStatus(page, "maria", "acme_inv6"), "open");
+
+    // Back to Alice: her card is still there; on the invoice's page, it runs once.
+    await page.selectOption("#user", "alice");
+    await ready(page);
+    const again = page.locator(`.approval[data-call-id="${callId}"]`);
+    await again.locator("button.approve").click();
+    await page.waitForFunction((id) => !["pending", "not-granted"].includes(document.querySelector(`.approval[data-call-id="${id}"]`)?.dataset.state), callId);
+    assert.equal(await again.getAttribute("data-state"), "done");
+    assert.match(await again.textContent(), /"updated": 1/);
     await ready(page);
     assert.equal(await page.textContent("#invoice-fields .badge"), "paid");
+    await shot(page, "four-eyes-ran");
+    // Exactly once.
+    const twice = await approveAs(page, "alice", callId, "acme_inv6");
+    assert.equal(twice.body.error?.code, "APPROVAL_INVALID", JSON.stringify(twice));
+  });
 
-    // A second approval of the same call is refused by the database: it ran exactly once.
-    const again = await approveAs(page, "alice", callId, "acme_inv6");
-    assert.equal(again.body.error?.code, "APPROVAL_INVALID", JSON.stringify(again));
-
-    // Nobody else can approve Alice's pending call: not Bob of the same tenant.
+  test("four eyes: a manager rejects, and the call never runs", async (t) => {
+    const page = await open(t);
     await go(page, "/invoices/acme_inv9");
-    const r2 = await ask(page, "mark this invoice as paid");
-    assert.equal(r2.calls[0]?.decision, "pending");
-    const pending = await page.locator(".approval").last().getAttribute("data-call-id");
-    const bob = await approveAs(page, "bob", pending, "acme_inv9");
-    assert.equal(bob.body.error?.code, "APPROVAL_INVALID", JSON.stringify(bob));
+    const r = await ask(page, "mark this invoice as paid");
+    assert.equal(r.calls[0]?.decision, "pending");
+    const callId = await page.locator(".approval").last().getAttribute("data-call-id");
+
+    await page.selectOption("#user", "maria");
+    await ready(page);
+    const item = page.locator(`#approvals-list li.decision[data-call-id="${callId}"]`);
+    await item.locator("input.reason").fill("vendor disputes the amount");
+    await item.locator("button.reject").click();
+    await page.waitForFunction((id) => document.querySelector(`li.decision[data-call-id="${id}"]`)?.dataset.state !== "pending", callId);
+    assert.equal(await item.getAttribute("data-state"), "rejected");
+    // Decided: no longer listed; approving it now is refused too.
+    const listed = await asUser(page, "maria", "/v1/approvals", { pageContext: invoicePage("acme_inv9") });
+    assert.ok(!listed.body.approvals.some((a) => a.call_id === callId), JSON.stringify(listed.body));
+    const late = await approveAs(page, "maria", callId, "acme_inv9");
+    assert.equal(late.body.error?.code, "APPROVAL_INVALID", JSON.stringify(late));
+
+    await page.selectOption("#user", "alice");
+    await ready(page);
+    const card = page.locator(`.approval[data-call-id="${callId}"]`);
+    await card.locator("button.approve").click();
+    await page.waitForFunction((id) => document.querySelector(`.approval[data-call-id="${id}"]`)?.dataset.state !== "pending", callId);
+    assert.equal(await card.getAttribute("data-state"), "not-granted");
     assert.equal(await invoiceStatus(page, "alice", "acme_inv9"), "open");
-    // Bob's attempt did not use it up: Alice's approval still runs, once.
-    const own = await approveAs(page, "alice", pending, "acme_inv9");
-    assert.equal(own.body.status, "ok", JSON.stringify(own));
-    assert.equal(await invoiceStatus(page, "alice", "acme_inv9"), "paid");
+    await shot(page, "four-eyes-rejected");
   });
 });

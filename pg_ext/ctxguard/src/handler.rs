@@ -173,19 +173,24 @@ thread_local! {
     static BODIES: RefCell<HashMap<(pg_sys::Oid, pg_sys::Oid), BodyPlan>> = RefCell::new(HashMap::new());
 }
 
-/// The saved plan of `handler`'s body, when it is a plain SQL function of one `jsonb` returning
-/// `jsonb` whose body is one SELECT returning one `jsonb` column (not SECURITY DEFINER, no `SET`
-/// clauses, no SQL-standard body). Call with SPI connected.
+/// The saved plan of `function`'s body, when it is a plain SQL function of one `jsonb` returning
+/// `returns` (`jsonb` for a handler, `boolean` for a policy condition) whose body is one SELECT
+/// returning one column of that type (not SECURITY DEFINER, no `SET` clauses, no SQL-standard
+/// body). Call with SPI connected.
 ///
 /// What runs is what `fmgr_sql` would run: the body parsed with PostgreSQL's own SQL-function
 /// parser hooks (the argument by name or as `$1`), under the same pinned settings and role, on the
 /// caller's snapshot unless the function is VOLATILE; the first column of its first row, or NULL.
 /// One plan per (handler, `role`); the plan cache re-plans it when its tables or functions change.
-unsafe fn body_plan(handler: pg_sys::Oid, role: pg_sys::Oid) -> Option<(pg_sys::SPIPlanPtr, bool)> {
+unsafe fn body_plan(
+    function: pg_sys::Oid,
+    role: pg_sys::Oid,
+    returns: pg_sys::Oid,
+) -> Option<(pg_sys::SPIPlanPtr, bool)> {
     unsafe {
         let tup = pg_sys::SearchSysCache1(
             pg_sys::SysCacheIdentifier::PROCOID as _,
-            pg_sys::Datum::from(handler),
+            pg_sys::Datum::from(function),
         );
         if tup.is_null() {
             return None;
@@ -211,7 +216,7 @@ unsafe fn body_plan(handler: pg_sys::Oid, role: pg_sys::Oid) -> Option<(pg_sys::
         let src = attr(pg_sys::Anum_pg_proc_prosrc)
             .map(|d| std::ffi::CStr::from_ptr(pg_sys::text_to_cstring(d.cast_mut_ptr())));
         let src_bytes = src.map_or(&[][..], std::ffi::CStr::to_bytes);
-        let key = (handler, role);
+        let key = (function, role);
         let known = BODIES.with(|b| {
             b.borrow()
                 .get(&key)
@@ -236,7 +241,7 @@ unsafe fn body_plan(handler: pg_sys::Oid, role: pg_sys::Oid) -> Option<(pg_sys::
             && form.prokind == b'f' as std::ffi::c_char
             && form.pronargs == 1
             && form.proargtypes.values.as_slice(1)[0] == pg_sys::JSONBOID
-            && form.prorettype == pg_sys::JSONBOID
+            && form.prorettype == returns
             && attr(pg_sys::Anum_pg_proc_proconfig).is_none()
             && attr(pg_sys::Anum_pg_proc_prosqlbody).is_none();
         let read_only = form.provolatile != pg_sys::PROVOLATILE_VOLATILE as std::ffi::c_char;
@@ -258,7 +263,7 @@ unsafe fn body_plan(handler: pg_sys::Oid, role: pg_sys::Oid) -> Option<(pg_sys::
             pg_sys::MemoryContextSwitchTo(old);
             let p = pg_sys::SPI_prepare_params(src.as_ptr(), Some(sql_fn_parser_setup), pinfo, 0);
             if !p.is_null() {
-                if one_jsonb_select(p) && pg_sys::SPI_keepplan(p) == 0 {
+                if one_select_of(p, returns) && pg_sys::SPI_keepplan(p) == 0 {
                     plan = Some(p);
                 } else {
                     pg_sys::SPI_freeplan(p);
@@ -286,8 +291,8 @@ unsafe fn body_plan(handler: pg_sys::Oid, role: pg_sys::Oid) -> Option<(pg_sys::
     }
 }
 
-/// Is `plan` one SELECT returning one `jsonb` column?
-unsafe fn one_jsonb_select(plan: pg_sys::SPIPlanPtr) -> bool {
+/// Is `plan` one SELECT returning one column of type `returns`?
+unsafe fn one_select_of(plan: pg_sys::SPIPlanPtr, returns: pg_sys::Oid) -> bool {
     unsafe {
         let sources = pg_sys::SPI_plan_get_plan_sources(plan);
         if sources.is_null() || (*sources).length != 1 {
@@ -298,14 +303,18 @@ unsafe fn one_jsonb_select(plan: pg_sys::SPIPlanPtr) -> bool {
             return false;
         }
         let desc = (*ps).resultDesc;
-        !desc.is_null() && (*desc).natts == 1 && pg_sys::SPI_gettypeid(desc, 1) == pg_sys::JSONBOID
+        !desc.is_null() && (*desc).natts == 1 && pg_sys::SPI_gettypeid(desc, 1) == returns
     }
 }
 
-/// Run a handler's saved body plan with `args` as its argument: its first row's column, or None
-/// (no row, or NULL). Errors are PostgreSQL errors, caught by the handler's subtransaction.
-fn call_body(plan: pg_sys::SPIPlanPtr, read_only: bool, args: Value) -> Option<JsonB> {
-    let arg = JsonB(args).into_datum().expect("jsonb datum");
+/// Run a saved body plan with `args` as its argument: its first row's column, or None (no row, or
+/// NULL). Errors are PostgreSQL errors, caught by the caller's subtransaction.
+fn call_body<T: FromDatum>(
+    plan: pg_sys::SPIPlanPtr,
+    read_only: bool,
+    args: pg_sys::Datum,
+) -> Option<T> {
+    let arg = args;
     unsafe {
         let params = pg_sys::makeParamList(1);
         let p = &mut (*params).params.as_mut_slice(1)[0];
@@ -318,7 +327,7 @@ fn call_body(plan: pg_sys::SPIPlanPtr, read_only: bool, args: Value) -> Option<J
         if rc != pg_sys::SPI_OK_SELECT as i32 {
             raise(
                 PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
-                "ctxguard: tool handler body did not run as a SELECT",
+                "ctxguard: a function body did not run as a SELECT",
             );
         }
         let table = pg_sys::SPI_tuptable;
@@ -327,7 +336,7 @@ fn call_body(plan: pg_sys::SPIPlanPtr, read_only: bool, args: Value) -> Option<J
         }
         let mut null = false;
         let d = pg_sys::SPI_getbinval(*(*table).vals, (*table).tupdesc, 1, &mut null);
-        JsonB::from_datum(d, null)
+        T::from_datum(d, null)
     }
 }
 
@@ -385,17 +394,15 @@ pub fn run(
 ) -> Result<Value, Failure> {
     as_run_as(handler, run_as, read_only, "tool handler", |role| {
         let planned = (depth() == 1)
-            .then(|| Spi::connect(|_| unsafe { body_plan(handler, role) }))
+            .then(|| Spi::connect(|_| unsafe { body_plan(handler, role, pg_sys::JSONBOID) }))
             .flatten();
+        let datum = JsonB(args).into_datum().expect("jsonb datum");
         let out = match planned {
-            Some((plan, stable)) => Spi::connect(|_| call_body(plan, stable, args)),
-            None => {
-                let datum = JsonB(args).into_datum().expect("jsonb datum");
-                unsafe {
-                    let out = pg_sys::FunctionCall1Coll(finfo(handler), pg_sys::InvalidOid, datum);
-                    JsonB::from_datum(out, false)
-                }
-            }
+            Some((plan, stable)) => Spi::connect(|_| call_body::<JsonB>(plan, stable, datum)),
+            None => unsafe {
+                let out = pg_sys::FunctionCall1Coll(finfo(handler), pg_sys::InvalidOid, datum);
+                JsonB::from_datum(out, false)
+            },
         };
         out.map(|JsonB(v)| v)
     })
@@ -410,12 +417,21 @@ pub fn predicate(
     run_as: Option<pg_sys::Oid>,
     args: &Value,
 ) -> Result<bool, Failure> {
-    as_run_as(predicate, run_as, true, "a policy condition", |_| {
+    as_run_as(predicate, run_as, true, "a policy condition", |role| {
         let datum = JsonB(args.clone()).into_datum().expect("jsonb datum");
-        // FunctionCall1Coll raises if the function returns NULL: an error, so closed.
-        unsafe {
-            let out = pg_sys::FunctionCall1Coll(finfo(predicate), pg_sys::InvalidOid, datum);
-            bool::from_datum(out, false)
+        // A one-SELECT SQL condition from a plan kept across transactions, as handlers' bodies
+        // (always read-only: it runs in a read-only subtransaction whatever its volatility).
+        let planned = (depth() == 1)
+            .then(|| Spi::connect(|_| unsafe { body_plan(predicate, role, pg_sys::BOOLOID) }))
+            .flatten();
+        match planned {
+            // No row or NULL: None, so closed.
+            Some((plan, _)) => Spi::connect(|_| call_body::<bool>(plan, true, datum)),
+            // FunctionCall1Coll raises if the function returns NULL: an error, so closed.
+            None => unsafe {
+                let out = pg_sys::FunctionCall1Coll(finfo(predicate), pg_sys::InvalidOid, datum);
+                bool::from_datum(out, false)
+            },
         }
     })
 }

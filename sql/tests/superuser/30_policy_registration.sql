@@ -58,6 +58,18 @@ SELECT set_eq($$SELECT kind, object FROM ctxguard.lint() WHERE kind LIKE 'policy
               $$VALUES ('policy_condition_not_stable', 'cond.ok(jsonb)'), ('policy_condition_definer_unpinned', 'cond.definer(jsonb)'),
                        ('policy_condition_privileged_owner', 'cond.definer(jsonb)'), ('tool_in_shadow_mode', 'cond.shadowed')$$,
               'lint reports a VOLATILE condition, an unpinned definer, a privileged owner and shadow mode');
+
+-- A condition's plan is kept across calls (as a handler's body): replacing the function is seen at
+-- once, in the same session, and the replaced body's meaning is what decides.
+SELECT ctxguard.set_context(:'tok_alice', '{"pageType": "refund_lab", "entity": {"type": "invoice", "id": "acme_inv6"}}') \g /dev/null
+SELECT is(ctxguard.explain_call('refund.issue', '{"amount": 600}')->>'code', 'APPROVAL_REQUIRED', 'kept condition: 600 needs an approval');
+SELECT is(ctxguard.explain_call('refund.issue', '{"amount": 600}')->>'code', 'APPROVAL_REQUIRED', '... again, from the kept plan');
+CREATE OR REPLACE FUNCTION t.refund_needs_approval(args jsonb) RETURNS boolean LANGUAGE sql STABLE AS $$ SELECT (args->>'amount')::numeric > 1000 $$;
+SELECT is(ctxguard.explain_call('refund.issue', '{"amount": 600}')->>'decision', 'allow', 'the replaced condition decides at once');
+CREATE OR REPLACE FUNCTION t.refund_needs_approval(args jsonb) RETURNS boolean LANGUAGE sql STABLE AS $$ SELECT NULL::boolean $$;
+SELECT is(ctxguard.explain_call('refund.issue', '{"amount": 600}')->>'code', 'POLICY_DENIED', 'a replaced condition returning NULL fails closed');
+CREATE OR REPLACE FUNCTION t.refund_needs_approval(args jsonb) RETURNS boolean LANGUAGE sql STABLE AS $$ SELECT true WHERE false $$;
+SELECT is(ctxguard.explain_call('refund.issue', '{"amount": 600}')->>'code', 'POLICY_DENIED', '... and one returning no row');
 -- pgTAP's counters live in the transaction: finish first.
 SELECT * FROM finish();
 ROLLBACK;
