@@ -76,7 +76,7 @@ impl Bert {
         }
         if h == 0
             || cfg.num_attention_heads == 0
-            || h % cfg.num_attention_heads != 0
+            || !h.is_multiple_of(cfg.num_attention_heads)
             || h > 4096
             || cfg.intermediate_size > 16384
             || cfg.num_hidden_layers > 48
