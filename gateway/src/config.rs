@@ -16,6 +16,18 @@ pub enum Provider {
     Anthropic,
 }
 
+/// Where tool search's embeddings come from (`disclosure/`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EmbedProvider {
+    /// The offline model in `CTXGUARD_EMBED_MODEL_DIR` (installed by scripts/setup.sh); without
+    /// it, lexical matching only. The default.
+    Offline,
+    /// An OpenAI-compatible `/v1/embeddings` endpoint (`CTXGUARD_EMBED_BASE_URL`).
+    Openai,
+    /// Lexical matching only.
+    None,
+}
+
 /// ctxguard gateway settings. Every flag also reads its `CTXGUARD_*` environment variable; a file of
 /// `KEY=value` lines given with `--config` (or `CTXGUARD_CONFIG`) fills in variables not already set.
 #[derive(Debug, Clone, Parser)]
@@ -114,6 +126,33 @@ pub struct Config {
     /// Most visible tools offered to the model per turn (ranked by the message).
     #[arg(long, env = "CTXGUARD_MAX_TOOLS", default_value_t = 24)]
     pub max_tools: i32,
+    /// Tool search's embeddings: `offline` (the model directory), `openai` (an embeddings
+    /// endpoint) or `none` (lexical only).
+    #[arg(
+        long,
+        env = "CTXGUARD_EMBED_PROVIDER",
+        value_enum,
+        default_value = "offline"
+    )]
+    pub embed_provider: EmbedProvider,
+    /// The offline embedding model's directory (config.json, vocab.txt, model.safetensors).
+    /// Default: where scripts/setup.sh installs it, `$CTXGUARD_PG_CACHE/embed/all-MiniLM-L6-v2`
+    /// (the cache is /var/cache/ctxguard for root, else `$XDG_CACHE_HOME/ctxguard`).
+    #[arg(long, env = "CTXGUARD_EMBED_MODEL_DIR")]
+    pub embed_model_dir: Option<std::path::PathBuf>,
+    /// Base URL of the embeddings endpoint (`…/v1`) with `CTXGUARD_EMBED_PROVIDER=openai`.
+    #[arg(long, env = "CTXGUARD_EMBED_BASE_URL")]
+    pub embed_base_url: Option<String>,
+    /// Embedding model name at the endpoint.
+    #[arg(
+        long,
+        env = "CTXGUARD_EMBED_MODEL",
+        default_value = "text-embedding-3-small"
+    )]
+    pub embed_model: String,
+    /// API key of the embeddings endpoint.
+    #[arg(long, env = "CTXGUARD_EMBED_API_KEY", hide_env_values = true)]
+    pub embed_api_key: Option<String>,
     /// Comma-separated hosts whose links and images may appear in answers.
     #[arg(long, env = "CTXGUARD_LINK_ALLOWLIST", default_value = "")]
     pub link_allowlist: String,
@@ -288,8 +327,37 @@ impl Config {
         Ok(c)
     }
 
+    /// The offline embedding model's directory: the setting, or where setup installs it.
+    pub fn embed_model_dir(&self) -> std::path::PathBuf {
+        if let Some(dir) = &self.embed_model_dir {
+            return dir.clone();
+        }
+        let cache = std::env::var_os("CTXGUARD_PG_CACHE")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| {
+                if nix::unistd::Uid::effective().is_root() {
+                    "/var/cache/ctxguard".into()
+                } else {
+                    std::env::var_os("XDG_CACHE_HOME")
+                        .map(std::path::PathBuf::from)
+                        .or_else(|| {
+                            std::env::var_os("HOME")
+                                .map(|h| std::path::Path::new(&h).join(".cache"))
+                        })
+                        .unwrap_or_else(|| "/tmp".into())
+                        .join("ctxguard")
+                }
+            });
+        cache.join("embed/all-MiniLM-L6-v2")
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: &str| Err(ConfigError::Invalid(m.to_string()));
+        if self.embed_provider == EmbedProvider::Openai
+            && self.embed_base_url.as_deref().is_none_or(str::is_empty)
+        {
+            return bad("CTXGUARD_EMBED_PROVIDER=openai needs CTXGUARD_EMBED_BASE_URL");
+        }
         if !(1..=32).contains(&self.max_steps) {
             return bad("CTXGUARD_MAX_STEPS must be 1..32");
         }
@@ -446,6 +514,7 @@ impl Config {
             self.notify_database_url.as_deref(),
             self.demo_database_url.as_deref(),
             self.llm_api_key.as_deref(),
+            self.embed_api_key.as_deref(),
         ]
         .into_iter()
         .flatten()

@@ -22,6 +22,7 @@ pub mod chat;
 pub mod config;
 pub mod db;
 pub mod demo;
+pub mod disclosure;
 pub mod error;
 pub mod hygiene;
 pub mod jwks_sync;
@@ -77,6 +78,8 @@ pub struct AppState {
     pub public: public_url::PublicUrl,
     /// Hosts and origins `/mcp` accepts.
     pub mcp_guard: origin::Guard,
+    /// Tool search: the visible tools ranked for a request (`disclosure/`).
+    pub tool_search: Arc<disclosure::Ranker>,
 }
 
 impl AppState {
@@ -134,7 +137,9 @@ impl AppState {
             db.clone(),
             &metrics,
         ));
+        let tool_search = disclosure::semantic::from_config(&config);
         Ok(AppState {
+            tool_search,
             oauth,
             pages,
             mcp_sessions,

@@ -1,0 +1,213 @@
+//! The reachability benchmark's ranking step (bench/reachability.sh runs it): for each request,
+//! whether its tool is offered at once (today's top-k cut), and whether tool search finds it in
+//! its top 5, lexical only and lexical + semantic.
+//!
+//! `reachability CATALOG.json REQUESTS.jsonl LEXICAL.tsv [MODEL_DIR]`: the catalog as
+//! bench/reachability_catalog.py writes it, the requests (with `paraphrase` marked), and each
+//! (request, visible tool) pair's lexical score as the database computes it (`ts_rank` over
+//! `ctxguard.tools.search`, as `visible_tools(query, top_k)` ranks). Prints a Markdown table.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use ctxguard_core::ranking::{self, Candidate, Placement, Tier};
+use ctxguard_gateway::disclosure::{Embeddings, Ranker};
+use ctxguard_gateway::llm::ToolSpec;
+use serde_json::{json, Value};
+
+/// The gateway's default `CTXGUARD_MAX_TOOLS` (the list offered at once).
+const TOP_K: usize = 24;
+/// What tool search answers.
+const FIND_K: usize = 5;
+/// The database's default `ctxguard.max_offered_tools_per_server`.
+const PER_SERVER: usize = 8;
+
+fn read(path: &str) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.len() < 3 {
+        eprintln!("usage: reachability CATALOG.json REQUESTS.jsonl LEXICAL.tsv [MODEL_DIR]");
+        std::process::exit(2);
+    }
+    let catalog: Value = serde_json::from_str(&read(&args[0])).expect("catalog JSON");
+    let requests: Vec<Value> = read(&args[1])
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).expect("request JSON"))
+        .collect();
+    let mut lexical: HashMap<(usize, String), f32> = HashMap::new();
+    for line in read(&args[2]).lines() {
+        let mut f = line.split('\t');
+        let (Some(i), Some(t), Some(s)) = (f.next(), f.next(), f.next()) else {
+            continue;
+        };
+        lexical.insert(
+            (i.parse().expect("index"), t.to_string()),
+            s.parse().expect("score"),
+        );
+    }
+    let tools: HashMap<String, &Value> = catalog["tools"]
+        .as_array()
+        .expect("tools")
+        .iter()
+        .map(|t| (t["name"].as_str().expect("name").to_string(), t))
+        .collect();
+    let spec = |name: &str| -> ToolSpec {
+        let t = tools[name];
+        let props: serde_json::Map<String, Value> = t["params"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .map(|p| (p.to_string(), json!({"type": "string"})))
+            .collect();
+        ToolSpec {
+            name: name.to_string(),
+            description: t["description"].as_str().unwrap_or_default().to_string(),
+            input_schema: json!({"type": "object", "properties": props}),
+            read_only: true,
+            danger: "low".into(),
+            requires_approval: false,
+            server: t["server"].as_str().map(str::to_string),
+            title: None,
+        }
+    };
+    let lexical_only = Ranker::new(Embeddings::None, PER_SERVER);
+    let fused = args.get(3).map(|dir| {
+        let t = Instant::now();
+        let e = ctxguard_embed::Embedder::load(dir.as_ref()).expect("model dir");
+        eprintln!("model loaded in {:?}", t.elapsed());
+        Ranker::new(Embeddings::Local(std::sync::Arc::new(e)), PER_SERVER)
+    });
+
+    // Counters: [all, paraphrases, upstream targets] x [cut, lexical, fused, cut|lexical, cut|fused].
+    let mut hits = [[0usize; 5]; 3];
+    let mut totals = [0usize; 3];
+    let mut query_time = std::time::Duration::ZERO;
+    let started = Instant::now();
+    for (i, r) in requests.iter().enumerate() {
+        let page = &catalog["pages"][r["page_type"].as_str().expect("page_type")];
+        let entity = page["entity"].as_str();
+        let target = r["tool"].as_str().expect("tool");
+        let names: Vec<&str> = page["tools"]
+            .as_array()
+            .expect("page tools")
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        let score = |n: &str| lexical.get(&(i, n.to_string())).copied().unwrap_or(0.0);
+        // Today: visible_tools(message, 24), tiers as gates.rs assigns them.
+        let candidates: Vec<Candidate<'_>> = names
+            .iter()
+            .map(|&n| {
+                let t = tools[n];
+                let tier = if t["server"].is_string() {
+                    Tier::Upstream
+                } else if entity.is_some() && t["entity_type"].as_str() == entity {
+                    Tier::Entity
+                } else {
+                    Tier::Local
+                };
+                Candidate {
+                    name: n,
+                    tier,
+                    server: t["server"].as_str(),
+                    score: score(n),
+                }
+            })
+            .collect();
+        let placed = ranking::rank(&candidates, Some(TOP_K), PER_SERVER);
+        let in_cut = placed
+            .iter()
+            .zip(&candidates)
+            .any(|(p, c)| c.name == target && matches!(p, Placement::Offered(_)));
+        // Tool search: the lexical order (what the database's find_tools ranks by), then fused.
+        let mut lexical_order: Vec<(&str, f32)> = names
+            .iter()
+            .map(|&n| (n, score(n)))
+            .filter(|(_, s)| *s > 0.0)
+            .collect();
+        lexical_order.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(b.0)));
+        let lexical_order: Vec<String> = lexical_order.iter().map(|(n, _)| n.to_string()).collect();
+        let specs: Vec<ToolSpec> = names.iter().map(|n| spec(n)).collect();
+        let text = r["text"].as_str().expect("text");
+        let lex = lexical_only.rank_blocking(text, &specs, &lexical_order, FIND_K);
+        let in_lex = lex.iter().any(|n| n == target);
+        let in_fused = fused.as_ref().map(|f| {
+            let t = Instant::now();
+            let got = f.rank_blocking(text, &specs, &lexical_order, FIND_K);
+            query_time += t.elapsed();
+            got.iter().any(|n| n == target)
+        });
+        let fused_hit = in_fused.unwrap_or(false);
+        if !(in_cut || fused_hit) {
+            eprintln!("missed: {} [{}] -> {target}", text, r["page_type"]);
+        }
+        let got = [
+            in_cut,
+            in_lex,
+            fused_hit,
+            in_cut || in_lex,
+            in_cut || fused_hit,
+        ];
+        let groups = [
+            true,
+            r["paraphrase"].as_bool().unwrap_or(false),
+            tools[target]["server"].is_string(),
+        ];
+        for (g, &member) in groups.iter().enumerate() {
+            if member {
+                totals[g] += 1;
+                for (k, &hit) in got.iter().enumerate() {
+                    hits[g][k] += usize::from(hit);
+                }
+            }
+        }
+    }
+    let pct = |h: usize, n: usize| {
+        if n == 0 {
+            "-".to_string()
+        } else {
+            format!("{:.1} % ({h}/{n})", 100.0 * h as f64 / n as f64)
+        }
+    };
+    let have_model = fused.is_some();
+    println!("| ranker | all requests | paraphrases | upstream tools |");
+    println!("|---|---|---|---|");
+    let rows = [
+        (
+            "today's cut: offered at once (visible_tools(message, 24))",
+            0,
+            true,
+        ),
+        ("tool search, lexical only: top 5", 1, true),
+        ("tool search, lexical + semantic: top 5", 2, have_model),
+        ("offered at once or lexical top 5", 3, true),
+        (
+            "**offered at once or lexical + semantic top 5**",
+            4,
+            have_model,
+        ),
+    ];
+    for (label, k, shown) in rows {
+        if shown {
+            println!(
+                "| {label} | {} | {} | {} |",
+                pct(hits[0][k], totals[0]),
+                pct(hits[1][k], totals[1]),
+                pct(hits[2][k], totals[2])
+            );
+        }
+    }
+    if have_model {
+        eprintln!(
+            "fused ranking: {:?} in all ({:?} per request, tool vectors cached after first use); run {:?}",
+            query_time,
+            query_time / requests.len().max(1) as u32,
+            started.elapsed()
+        );
+    }
+}
