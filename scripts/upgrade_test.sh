@@ -136,6 +136,19 @@ COMMIT;
 SQL
 )
   [ "$turn" = 3 ] || fail "a conversation's turn after the update: got [$turn], want [3]"
+  # Issue 31: the updated catalog's tools are in namespaces, described, listed and searched over
+  # Gate A's tools (docs.search has no policy: neither its namespace nor the tool shows).
+  ns=$(psql_su -d ctxguard_up_old -At -v tok="$(mint --sub alice --tenant acme)" <<'SQL'
+SELECT ctxguard.register_namespace('app', 'The app''s own tools.', 'App') \g /dev/null
+BEGIN;
+SELECT ctxguard.set_context(:'tok', '{"pageType": "home"}') \g /dev/null
+SELECT string_agg(namespace || ':' || title || ':' || tools, ',' ORDER BY namespace) FROM ctxguard.visible_namespaces()
+ WHERE namespace IN ('app', 'docs');
+SELECT string_agg(name || '@' || namespace, ',') FROM ctxguard.find_tools('ping search') WHERE namespace IN ('app', 'docs');
+COMMIT;
+SQL
+)
+  [ "$ns" = $'app:App:1\napp.ping@app' ] || fail "namespaces after the update: got [$ns], want [app:App:1, app.ping@app]"
   echo "ok: $from -> $CURRENT matches a fresh install; data kept and made safe"
 done
 psql_su -d postgres -c "DROP DATABASE IF EXISTS ctxguard_up_old WITH (FORCE)" -c "DROP DATABASE IF EXISTS ctxguard_up_new WITH (FORCE)" >/dev/null 2>&1

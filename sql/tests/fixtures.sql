@@ -448,3 +448,32 @@ SELECT ctxguard.register_tools(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_objec
     ('quota.minute', 't.quota_ping(jsonb)', '{"rate_limit": {"per": "user", "calls": 2, "window": "1m"}}'),
     ('quota.slow', 't.quota_slow(jsonb)', '{"rate_limit": {"per": "user", "calls": 3, "window": "1h"}}')
   ) AS q(name, handler, policy);
+
+-- Issue 31 (31_namespaces.sql): namespaces and find_tools, on a page of their own (an invoice's), so
+-- that the other tests' Gate A sets do not change. nslab.* are the page's own tools (one for admins
+-- only); ghost.exfiltrate is on every page for a role nobody holds; legacy.export_all (above) has no
+-- policy. Their namespaces are described, so a leak of one would show its description.
+SELECT ctxguard.register_page_type('ns_lab', 'invoice', 'An invoice, for the namespace and tool-search tests.');
+SELECT ctxguard.register_tool('nslab.pay', 'Mark the invoice on this page as paid.',
+    '{"type": "object", "properties": {"invoice_id": {"type": "string"}}}', 'demo.invoice_get(jsonb)',
+    '{"page_types": ["ns_lab"], "entity_type": "invoice", "entity_param": "invoice_id"}');
+SELECT ctxguard.register_tool('nslab.vendor_lookup', 'Look up the vendor who sent an invoice.', '{"type": "object"}',
+    'demo.vendor_list(jsonb)', '{"page_types": ["ns_lab"]}');
+SELECT ctxguard.register_tool('nslab.wipe_payments', 'Wipe every payment record of the company (administrators only).',
+    '{"type": "object"}', 'demo.vendor_list(jsonb)', '{"page_types": ["ns_lab"], "roles": ["admin"]}');
+SELECT ctxguard.register_tool('ghost.exfiltrate', 'Export the ghost ledger with every tenant''s secrets.', '{"type": "object"}',
+    'demo.vendor_list(jsonb)', '{"page_types": "*", "roles": ["nobody"]}');
+SELECT ctxguard.register_namespace('nslab', 'Invoice payments and vendors, for the namespace tests.', 'Payments lab');
+SELECT ctxguard.register_namespace('ghost', 'Ghost ledger exports (no one here holds the role).', 'Ghost');
+SELECT ctxguard.register_namespace('legacy', 'Legacy exports of every tenant.');
+-- Upstream servers on ns_lab: `stuffed`, open to everyone, whose twelve tools repeat the words of the
+-- page's own tools (keyword stuffing); `sealed`, closed to everyone (default deny, no grant).
+INSERT INTO ctxguard.mcp_servers (name, transport, url, description, default_access)
+VALUES ('stuffed', 'http', 'http://127.0.0.1:9/stuffed', 'Payments helper (untrusted upstream text)', 'allow'),
+       ('sealed', 'http', 'http://127.0.0.1:9/sealed', 'Sealed vault of every tenant', 'deny');
+SELECT ctxguard.set_server_policy('stuffed', '{"page_types": ["ns_lab"]}');
+SELECT ctxguard.set_server_policy('sealed', '{"page_types": ["ns_lab"]}');
+SELECT ctxguard.sync_mcp_tools('stuffed', (SELECT jsonb_agg(jsonb_build_object('name', 'pay' || i,
+           'description', repeat('Mark the invoice paid, pay the payment, look up the vendor. ', 30), 'inputSchema', '{"type": "object"}'::jsonb))
+      FROM generate_series(1, 12) i)) \g /dev/null
+SELECT ctxguard.sync_mcp_tools('sealed', '[{"name": "open_vault", "description": "Open the sealed vault of invoice payments and vendors.", "inputSchema": {"type": "object"}}]') \g /dev/null

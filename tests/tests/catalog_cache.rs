@@ -245,3 +245,77 @@ fn a_rolled_back_mask_rule_is_not_served_for_a_later_change_of_the_same_version(
         "the new okapi rule is applied: {second}"
     );
 }
+
+/// Namespaces are catalog data (issue 31): a description registered, changed or removed by the DBA
+/// is what a warm gateway backend's `visible_namespaces()` shows in its next transaction (on every
+/// major, where the SQL suite's dblink sessions are not available).
+#[test]
+fn a_warm_backend_sees_namespace_changes_at_once() {
+    let _serial = one_at_a_time();
+    let tok = token("alice", "acme", &["ap_clerk"]);
+    let mut gw = Client::connect(&env("CTXGUARD_TEST_DATABASE_URL"), NoTls).unwrap();
+    let mut admin = Client::connect(&env("CTXGUARD_TEST_ADMIN_URL"), NoTls).unwrap();
+    let described = |gw: &mut Client| -> Option<(Option<String>, Option<String>, i32)> {
+        let mut tx = gw.transaction().unwrap();
+        tx.execute(
+            "SELECT ctxguard.set_context($1, $2)",
+            &[&tok, &json!({"pageType": "vendor_table"})],
+        )
+        .unwrap();
+        let row = tx
+            .query_opt(
+                "SELECT title, description, tools FROM ctxguard.visible_namespaces() WHERE namespace = 'vendor'",
+                &[],
+            )
+            .unwrap()
+            .map(|r| (r.get(0), r.get(1), r.get(2)));
+        tx.commit().unwrap();
+        row
+    };
+    let register = |admin: &mut Client, description: &str| {
+        admin
+            .execute(
+                "SELECT ctxguard.register_namespace('vendor', $1, 'Vendors')",
+                &[&description],
+            )
+            .unwrap();
+    };
+    admin
+        .execute("DELETE FROM ctxguard.namespaces WHERE name = 'vendor'", &[])
+        .unwrap();
+    assert_eq!(described(&mut gw), Some((None, None, 1)), "undescribed");
+
+    register(&mut admin, "The company's vendors.");
+    assert_eq!(
+        described(&mut gw),
+        Some((
+            Some("Vendors".into()),
+            Some("The company's vendors.".into()),
+            1
+        )),
+        "a namespace registered in another session is described at the next transaction"
+    );
+    register(&mut admin, "Vendors, changed.");
+    assert_eq!(
+        described(&mut gw).and_then(|d| d.1).as_deref(),
+        Some("Vendors, changed."),
+        "and changed"
+    );
+    admin
+        .execute("DELETE FROM ctxguard.namespaces WHERE name = 'vendor'", &[])
+        .unwrap();
+    assert_eq!(described(&mut gw), Some((None, None, 1)), "and removed");
+
+    // A tool that leaves the page takes its namespace with it (the namespace's row stays).
+    register(&mut admin, "The company's vendors.");
+    set_vendor_list_enabled(&mut admin, false);
+    let hidden = described(&mut gw);
+    set_vendor_list_enabled(&mut admin, true);
+    admin
+        .execute("DELETE FROM ctxguard.namespaces WHERE name = 'vendor'", &[])
+        .unwrap();
+    assert_eq!(
+        hidden, None,
+        "a namespace with no visible tool is not listed"
+    );
+}

@@ -16,6 +16,7 @@
 //! - [`codes`]: the stable envelope error codes.
 //! - [`ranking`]: which visible tools fill the model's top-k (the page's own first, upstream
 //!   servers sharing what is left).
+//! - [`namespaces`]: a tool's namespace, namespace names, `find_tools`' request limits.
 //! - [`ledger`]: UTC days, keys, coverage bitmaps, slot tables and the audit chain of the ledger.
 
 pub mod args;
@@ -29,6 +30,7 @@ pub mod ledger;
 pub mod mask;
 pub mod mcp;
 pub mod names;
+pub mod namespaces;
 pub mod page;
 pub mod policy;
 pub mod ranking;

@@ -34,6 +34,33 @@ pub fn is_valid_id(s: &str) -> bool {
     !s.is_empty() && s.len() <= MAX_ID_LEN && s.bytes().all(|b| b.is_ascii_graphic())
 }
 
+/// Longest catalog description (of a tool, page type or namespace), in bytes.
+pub const MAX_DESCRIPTION_BYTES: usize = 4000;
+/// Longest title (of a tool or namespace), in characters.
+pub const MAX_TITLE_CHARS: usize = 128;
+
+/// A catalog description: not blank, at most [`MAX_DESCRIPTION_BYTES`] (its size is checked
+/// first, so a huge one is refused without being read). The error is the message (never the text).
+pub fn check_description(d: &str) -> Result<(), &'static str> {
+    if d.len() > MAX_DESCRIPTION_BYTES || d.trim().is_empty() {
+        return Err("description must be non-empty and at most 4000 bytes");
+    }
+    Ok(())
+}
+
+/// A title: 1-[`MAX_TITLE_CHARS`] characters, not blank, without control characters (its size in
+/// bytes is checked first: more than four bytes a character cannot be within the limit).
+pub fn check_title(t: &str) -> Result<(), &'static str> {
+    if t.len() > 4 * MAX_TITLE_CHARS
+        || t.trim().is_empty()
+        || t.chars().count() > MAX_TITLE_CHARS
+        || t.chars().any(char::is_control)
+    {
+        return Err("title must be 1-128 characters without control characters");
+    }
+    Ok(())
+}
+
 /// Characters that change how text around them displays or reads without being visible: control
 /// characters (C0, DEL, C1), format characters (bidi embeddings, overrides and isolates, zero-width
 /// space/joiners, word joiner, BOM, soft hyphen, tag characters, ...), line and paragraph
@@ -103,6 +130,33 @@ mod tests {
         ] {
             assert!(!is_valid_name(bad), "{bad}");
         }
+    }
+
+    #[test]
+    fn catalog_text_is_bounded_and_printable() {
+        assert!(check_description("Invoices: read and pay.").is_ok());
+        assert!(check_description(&"é".repeat(2000)).is_ok());
+        for bad in ["", "   ", "\n\t"] {
+            assert!(check_description(bad).is_err(), "{bad:?}");
+        }
+        assert!(check_description(&"x".repeat(MAX_DESCRIPTION_BYTES + 1)).is_err());
+        assert!(check_description(&"é".repeat(2001)).is_err());
+        for ok in ["Invoices", "Rechnungen & Zahlungen", &"日".repeat(128)] {
+            assert!(check_title(ok).is_ok(), "{ok:?}");
+        }
+        for bad in [
+            "",
+            "  ",
+            "a\nb",
+            "a\u{7}b",
+            "a\u{85}b",
+            &"x".repeat(129),
+            &"日".repeat(129),
+        ] {
+            assert!(check_title(bad).is_err(), "{bad:?}");
+        }
+        // Refused by its size alone.
+        assert!(check_title(&"x".repeat(1 << 20)).is_err());
     }
 
     #[test]

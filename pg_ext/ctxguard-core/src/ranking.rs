@@ -12,6 +12,13 @@
 //! Within a tier, tools are ordered by their score (relevance to the message, computed from text
 //! the DBA accepted), then by name. An upstream tool can therefore outrank only other upstream
 //! tools, and only within its server's share.
+//!
+//! A search ([`search`], `ctxguard.find_tools`) asks another question: which tools fit the words
+//! given. There the page's own tools do not come first whatever the query (a top 5 that is always
+//! the page's entity tools answers nothing): only tools that match take a place, and the DBA's
+//! tools of both tiers are ordered by score. Upstream tools still come only after every matching
+//! DBA tool, sharing the room left as above, so keyword stuffing in upstream text can never push
+//! a matching DBA tool out.
 
 use std::cmp::Ordering;
 use std::collections::HashMap;
@@ -68,11 +75,61 @@ pub enum Placement {
     LeftOut(LeftOut),
 }
 
-fn by_rank(a: &Candidate<'_>, b: &Candidate<'_>) -> Ordering {
-    a.tier
-        .cmp(&b.tier)
+/// How the DBA's tools (the first two tiers) are ordered among themselves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Order {
+    /// The model's list: by tier, then score (the page's own tools first whatever the query).
+    Tiers,
+    /// A search: by score, the tier breaking ties.
+    Relevance,
+}
+
+fn by_rank(order: Order, a: &Candidate<'_>, b: &Candidate<'_>) -> Ordering {
+    let upstream = |c: &Candidate<'_>| c.tier == Tier::Upstream;
+    let first = match order {
+        Order::Tiers => a.tier.cmp(&b.tier),
+        Order::Relevance => upstream(a).cmp(&upstream(b)),
+    };
+    first
         .then_with(|| b.score.total_cmp(&a.score))
+        .then_with(|| a.tier.cmp(&b.tier))
         .then_with(|| a.name.cmp(b.name))
+}
+
+/// Words of a free-text query as an OR text-search query (`w1 | w2`): runs of ASCII letters and
+/// digits, lower-cased, 2-32 characters long, each once, at most 16; nothing else reaches
+/// `to_tsquery`, so no query syntax can. `None` when there is no such word.
+pub fn or_query(text: &str) -> Option<String> {
+    let mut words: Vec<String> = Vec::new();
+    for w in text.split(|c: char| !c.is_ascii_alphanumeric()) {
+        let w = w.to_ascii_lowercase();
+        if w.len() >= 2 && w.len() <= 32 && !words.contains(&w) && words.len() < 16 {
+            words.push(w);
+        }
+    }
+    (!words.is_empty()).then(|| words.join(" | "))
+}
+
+/// A search over the visible tools (`ctxguard.find_tools`): the indices of the candidates to
+/// return, best first, at most `top_k`. Only candidates that match (score above 0) take a place:
+/// first the DBA's tools of both tiers by score (the page's own tools first only among equals),
+/// then upstream tools in the room left, the servers taking turns and none getting more than
+/// `per_server` places (as in [`rank`]).
+pub fn search(candidates: &[Candidate<'_>], top_k: usize, per_server: usize) -> Vec<usize> {
+    let matching: Vec<usize> = (0..candidates.len())
+        .filter(|&i| candidates[i].score > 0.0)
+        .collect();
+    let sub: Vec<Candidate<'_>> = matching.iter().map(|&i| candidates[i]).collect();
+    let mut found: Vec<(usize, usize)> = rank_by(Order::Relevance, &sub, Some(top_k), per_server)
+        .into_iter()
+        .zip(&matching)
+        .filter_map(|(p, &i)| match p {
+            Placement::Offered(n) => Some((n, i)),
+            Placement::LeftOut(_) => None,
+        })
+        .collect();
+    found.sort_unstable();
+    found.into_iter().map(|(_, i)| i).collect()
 }
 
 /// Place every candidate: offered (with its position) or left out (with why). `top_k = None`
@@ -82,8 +139,17 @@ pub fn rank(
     top_k: Option<usize>,
     per_server: usize,
 ) -> Vec<Placement> {
+    rank_by(Order::Tiers, candidates, top_k, per_server)
+}
+
+fn rank_by(
+    by: Order,
+    candidates: &[Candidate<'_>],
+    top_k: Option<usize>,
+    per_server: usize,
+) -> Vec<Placement> {
     let mut order: Vec<usize> = (0..candidates.len()).collect();
-    order.sort_by(|&a, &b| by_rank(&candidates[a], &candidates[b]));
+    order.sort_by(|&a, &b| by_rank(by, &candidates[a], &candidates[b]));
     let mut placement = vec![Placement::LeftOut(LeftOut::TopK); candidates.len()];
     let Some(k) = top_k else {
         for (position, &i) in order.iter().enumerate() {
@@ -138,7 +204,7 @@ pub fn rank(
         }
     }
     // The upstream tools offered, in rank order after the page's own.
-    taken.sort_by(|&a, &b| by_rank(&candidates[a], &candidates[b]));
+    taken.sort_by(|&a, &b| by_rank(by, &candidates[a], &candidates[b]));
     offered.extend(&taken);
     for (position, &i) in offered.iter().enumerate() {
         placement[i] = Placement::Offered(position);
@@ -285,6 +351,90 @@ mod tests {
             ["invoice.get", "b.tool", "vendor.list", "evil.a"]
         );
         assert_eq!(rank(&[], Some(3), 1), vec![]);
+    }
+
+    fn found<'a>(c: &[Candidate<'a>], top_k: usize, per_server: usize) -> Vec<&'a str> {
+        search(c, top_k, per_server)
+            .into_iter()
+            .map(|i| c[i].name)
+            .collect()
+    }
+
+    #[test]
+    fn a_search_never_lets_keyword_stuffed_upstream_tools_displace_a_matching_dba_tool() {
+        // 30 upstream tools stuffed with the query's words score far above the one DBA tool that
+        // matches a little; the DBA tool keeps its place at the top, whatever the room.
+        let names: Vec<String> = (0..30).map(|i| format!("evil.tool{i:02}")).collect();
+        let mut c = vec![
+            local("invoice.get", Tier::Entity, 0.0),
+            local("invoice.mark_paid", Tier::Entity, 0.01),
+        ];
+        c.extend(names.iter().map(|n| up(n, "evil", 99.0)));
+        for k in 1..=10 {
+            let got = found(&c, k, 8);
+            assert_eq!(got[0], "invoice.mark_paid", "top_k {k}");
+            assert!(!got.contains(&"invoice.get"), "no relevance, no place");
+            assert_eq!(got.len(), k.min(1 + 8));
+        }
+        // Several servers, each stuffed: still after every matching DBA tool, each capped.
+        let more: Vec<String> = (0..30).map(|i| format!("spam.tool{i:02}")).collect();
+        c.extend(more.iter().map(|n| up(n, "spam", 1000.0)));
+        c.push(local("vendor.list", Tier::Local, 0.02));
+        let got = found(&c, 7, 3);
+        assert_eq!(got[..2], ["vendor.list", "invoice.mark_paid"]);
+        // (spam's best scores highest, so spam takes the first turn: spam, evil, spam, evil, spam.)
+        assert_eq!(got.iter().filter(|n| n.starts_with("spam.")).count(), 3);
+        assert_eq!(got.iter().filter(|n| n.starts_with("evil.")).count(), 2);
+    }
+
+    #[test]
+    fn a_search_orders_the_dba_tools_by_relevance_not_by_tier() {
+        let c = [
+            local("invoice.get", Tier::Entity, 0.1),
+            local("invoice.mark_paid", Tier::Entity, 0.0),
+            local("vendor.list", Tier::Local, 0.6),
+            local("doc_local_search", Tier::Local, 0.1),
+            up("notes.lookup", "notes", 0.9),
+        ];
+        assert_eq!(
+            found(&c, 5, 8),
+            [
+                "vendor.list",
+                "invoice.get",
+                "doc_local_search",
+                "notes.lookup"
+            ],
+            "by score; the page's own tool first among equals; the upstream tool last"
+        );
+        assert_eq!(found(&c, 1, 8), ["vendor.list"]);
+        // Nothing matches: nothing is found (not the page's tools).
+        let none = [local("invoice.get", Tier::Entity, 0.0), up("s.t", "s", 0.0)];
+        assert!(found(&none, 5, 8).is_empty());
+        let nan = [local("invoice.get", Tier::Entity, f32::NAN)];
+        assert!(found(&nan, 5, 8).is_empty());
+        assert!(found(&[], 5, 8).is_empty());
+    }
+
+    #[test]
+    fn or_query_keeps_plain_words_only() {
+        assert_eq!(
+            or_query("Mark THIS invoice as paid!").as_deref(),
+            Some("mark | this | invoice | as | paid")
+        );
+        assert_eq!(
+            or_query("legacy.export_all").as_deref(),
+            Some("legacy | export | all")
+        );
+        // Query syntax, single letters, non-ASCII letters and over-long words do not pass.
+        assert_eq!(or_query("a & !b | c:* <-> (d)"), None);
+        assert_eq!(
+            or_query("Rechnungsprüfung"),
+            Some("rechnungspr | fung".into())
+        );
+        assert_eq!(or_query(&"x".repeat(33)), None);
+        let many: String = (0..40).map(|i| format!("w{i:02} ")).collect();
+        assert_eq!(or_query(&many).map(|q| q.split(" | ").count()), Some(16));
+        assert_eq!(or_query("paid paid PAID").as_deref(), Some("paid"));
     }
 
     #[test]

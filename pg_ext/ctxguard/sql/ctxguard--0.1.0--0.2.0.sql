@@ -416,7 +416,8 @@ CREATE FUNCTION ctxguard."explain_tools"(
 	"reason" TEXT,  /* String */
 	"offered" bool,  /* Option < bool > */
 	"left_out" TEXT,  /* Option < String > */
-	"conditions" TEXT  /* Option < String > */
+	"conditions" TEXT,  /* Option < String > */
+	"namespace" TEXT  /* String */
 )
 STABLE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
@@ -1009,3 +1010,82 @@ COMMENT ON TABLE ctxguard.quota_usage IS 'Calls counted per quota window (policy
 ALTER TABLE ctxguard.quota_usage ENABLE ROW LEVEL SECURITY;
 ALTER TABLE ctxguard.quota_usage FORCE ROW LEVEL SECURITY;
 CREATE POLICY quota_usage_owner ON ctxguard.quota_usage USING (true) WITH CHECK (true);  -- no grants: owner only
+
+-- Namespaces and tool search (issue 31): the DBA describes namespaces (register_namespace); the
+-- gateway lists those of Gate A's tools (visible_namespaces) and searches Gate A's tools
+-- (find_tools); visible_tools and explain_tools name each tool's namespace.
+-- >>> sql/namespaces.sql, the same text as a fresh install runs
+-- Namespaces (issue 31): what the DBA says about a group of tools. A tool's namespace is the first
+-- segment of its name (`invoice` for invoice.get and invoice.mark_paid), an upstream tool's its
+-- server's; a namespace needs no row here to exist. Written by ctxguard.register_namespace (a
+-- DBA's function); read through each backend's catalog cache by ctxguard.visible_namespaces(),
+-- which lists a namespace only where Gate A shows one of its tools.
+CREATE TABLE ctxguard.namespaces (
+    name        text PRIMARY KEY CHECK (length(name) <= 64 AND name ~ '^[a-z][a-z0-9_-]*$'),
+    title       text CHECK (title IS NULL OR (length(title) BETWEEN 1 AND 128 AND title !~ '[[:cntrl:]]')),
+    description text NOT NULL CHECK (octet_length(description) BETWEEN 1 AND 4000),
+    updated_at  timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE ctxguard.namespaces IS 'Titles and descriptions of tool namespaces (the first segment of tool names; an upstream server''s tools are in its namespace), written by ctxguard.register_namespace.';
+-- Catalog data: a change moves the catalog's version, and every backend reads its catalog again.
+CREATE TRIGGER namespaces_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON ctxguard.namespaces
+    FOR EACH STATEMENT EXECUTE FUNCTION ctxguard._bump_catalog_version();
+GRANT SELECT ON ctxguard.namespaces TO PUBLIC;
+-- <<< sql/namespaces.sql
+CREATE FUNCTION ctxguard."register_namespace"(
+	"name" TEXT, /* Option < & str > */
+	"description" TEXT, /* Option < & str > */
+	"title" TEXT DEFAULT NULL /* Option < & str > */
+) RETURNS void
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'register_namespace_wrapper';
+CREATE FUNCTION ctxguard."visible_namespaces"() RETURNS TABLE (
+	"namespace" TEXT,  /* String */
+	"title" TEXT,  /* Option < String > */
+	"description" TEXT,  /* Option < String > */
+	"tools" INT,  /* i32 */
+	"server" TEXT  /* Option < String > */
+)
+STRICT STABLE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'visible_namespaces_wrapper';
+CREATE FUNCTION ctxguard."find_tools"(
+	"query" TEXT, /* Option < & str > */
+	"top_k" INT DEFAULT 5 /* Option < i32 > */
+) RETURNS TABLE (
+	"name" TEXT,  /* String */
+	"description" TEXT,  /* String */
+	"input_schema" jsonb,  /* JsonbBytes */
+	"read_only" bool,  /* bool */
+	"danger" TEXT,  /* String */
+	"requires_approval" bool,  /* bool */
+	"server" TEXT,  /* Option < String > */
+	"namespace" TEXT,  /* String */
+	"score" real  /* f32 */
+)
+STABLE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'find_tools_wrapper';
+-- visible_tools gains its last column, namespace (a new result type: dropped and created again).
+DROP FUNCTION ctxguard.visible_tools(text, integer);
+CREATE FUNCTION ctxguard."visible_tools"(
+	"query" TEXT DEFAULT NULL, /* Option < & str > */
+	"top_k" INT DEFAULT NULL /* Option < i32 > */
+) RETURNS TABLE (
+	"name" TEXT,  /* String */
+	"description" TEXT,  /* String */
+	"input_schema" jsonb,  /* crate :: pgutil :: JsonbBytes */
+	"read_only" bool,  /* bool */
+	"danger" TEXT,  /* String */
+	"requires_approval" bool,  /* bool */
+	"server" TEXT,  /* Option < String > */
+	"namespace" TEXT  /* String */
+)
+STABLE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'visible_tools_wrapper';
+REVOKE EXECUTE ON FUNCTION ctxguard.register_namespace(text, text, text) FROM PUBLIC;
+COMMENT ON FUNCTION ctxguard.register_namespace(text, text, text) IS 'Describe a tool namespace (the first segment of tool names, or an upstream server): its description (1-4000 bytes) and optional title (1-128 characters). Upserts.';
+COMMENT ON FUNCTION ctxguard.visible_namespaces() IS 'The namespaces of the tools Gate A shows under the current context, with title, description, number of visible tools and upstream server; none without a context.';
+COMMENT ON FUNCTION ctxguard.find_tools(text, integer) IS 'Search Gate A''s tools under the current context: those matching query (at most 4096 bytes), the DBA''s tools by relevance before upstream tools, at most top_k (1-100).';

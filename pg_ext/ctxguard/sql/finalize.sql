@@ -234,6 +234,11 @@ REVOKE EXECUTE ON FUNCTION ctxguard.register_tool(text, text, jsonb, regprocedur
 REVOKE EXECUTE ON FUNCTION ctxguard.register_tools(jsonb) FROM PUBLIC;
 COMMENT ON FUNCTION ctxguard.register_tools(jsonb) IS 'Register or update many SQL tools with their policies in one call, all or none (a JSON array of register_tool''s arguments; handlers as schema-qualified signatures). At most 64 MB and 100,000 tools.';
 REVOKE EXECUTE ON FUNCTION ctxguard.protect_table(regclass, name, text, name) FROM PUBLIC;
+-- Namespaces (issue 31): described by the DBA; listed and searched over Gate A's tools only.
+REVOKE EXECUTE ON FUNCTION ctxguard.register_namespace(text, text, text) FROM PUBLIC;
+COMMENT ON FUNCTION ctxguard.register_namespace(text, text, text) IS 'Describe a tool namespace (the first segment of tool names, or an upstream server): its description (1-4000 bytes) and optional title (1-128 characters). Upserts.';
+COMMENT ON FUNCTION ctxguard.visible_namespaces() IS 'The namespaces of the tools Gate A shows under the current context, with title, description, number of visible tools and upstream server; none without a context.';
+COMMENT ON FUNCTION ctxguard.find_tools(text, integer) IS 'Search Gate A''s tools under the current context: those matching query (at most 4096 bytes), the DBA''s tools by relevance before upstream tools, at most top_k (1-100).';
 
 -- Documents: forced tenant RLS. Metadata and sections are readable (own tenant); page text is not
 -- granted at all: only the document tools read it, under budgets, masking and audit.

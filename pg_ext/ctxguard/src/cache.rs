@@ -1,5 +1,5 @@
 //! Per-backend cache of the catalog (page types, entity mappings, tools with policies, upstream
-//! servers' access, tenants' limits), read lazily and bounded.
+//! servers' access, namespaces, tenants' limits), read lazily and bounded.
 //!
 //! Gate A and Gate B read the catalog on every call; re-planning and re-reading rows each time
 //! dominated their cost, so each backend keeps what it read. It keeps only what calls needed, by
@@ -108,18 +108,31 @@ pub struct Catalog {
     servers: OnceCell<Rc<HashMap<String, Server>>>,
     /// A server's grants that can apply in one tenant (the tenant's and those of every tenant).
     access: RefCell<HashMap<(String, String), Rc<ServerAccess>>>,
+    /// Rows of `ctxguard.namespaces` looked up so far (`None`: not registered).
+    namespaces: RefCell<HashMap<String, Option<Rc<Described>>>>,
     /// Tools read so far, by name (Gate B reads one; Gate A a page type's).
     tools: RefCell<HashMap<String, Rc<ToolEntry>>>,
     /// The tools that can be visible on a page type (their policy, or their server's default
     /// policy, names it or `*`), by name.
     pages: RefCell<HashMap<String, Rc<[Rc<ToolEntry>]>>>,
-    /// Estimated bytes held by `tools`, `pages`, `page_types` and `access`.
+    /// Estimated bytes held by `tools`, `pages`, `page_types`, `access` and `namespaces`.
     held: Cell<usize>,
+}
+
+/// A namespace's title and description as the DBA gave them: registered
+/// (`ctxguard.register_namespace`), or for an upstream server's namespace, the server's description
+/// (`ctxguard.mcp_servers.description`).
+#[derive(Clone, Default)]
+pub struct Described {
+    pub title: Option<String>,
+    pub description: Option<String>,
 }
 
 /// An upstream MCP server as the catalog needs it.
 struct Server {
     enabled: bool,
+    /// The description the DBA gave it (empty: none).
+    description: String,
     default_allow: bool,
     /// The default policy (without `run_as`) for its tools without one, and the page types it names.
     default_policy: Option<Value>,
@@ -247,6 +260,7 @@ impl Catalog {
             entities: OnceCell::new(),
             servers: OnceCell::new(),
             access: RefCell::default(),
+            namespaces: RefCell::default(),
             tools: RefCell::default(),
             pages: RefCell::default(),
             held: Cell::new(0),
@@ -264,6 +278,7 @@ impl Catalog {
             self.pages.borrow_mut().clear();
             self.page_types.borrow_mut().clear();
             self.access.borrow_mut().clear();
+            self.namespaces.borrow_mut().clear();
             self.held.set(0);
             count(|c| c.evictions += 1);
         }
@@ -351,6 +366,7 @@ impl Catalog {
         *new.limits.borrow_mut() = old.limits.borrow().clone();
         *new.page_types.borrow_mut() = old.page_types.borrow().clone();
         *new.access.borrow_mut() = old.access.borrow().clone();
+        *new.namespaces.borrow_mut() = old.namespaces.borrow().clone();
         let mut tools: HashMap<String, Rc<ToolEntry>> = old
             .tools
             .borrow()
@@ -561,6 +577,91 @@ impl Catalog {
                 .insert(name.to_string(), found.clone());
         }
         found.map(|entity_type| PageTypeInfo { entity_type })
+    }
+
+    /// What the DBA said about each of the namespaces `names`: its registered title and
+    /// description, else for an upstream server's namespace the server's description, else
+    /// nothing. Rows of `ctxguard.namespaces` not kept yet are read (by primary key, in one
+    /// statement) and kept within `ctxguard.catalog_cache_size`.
+    pub fn described(&self, names: &[&str]) -> Vec<Described> {
+        // Each name's row, kept from before or read now (`Some(None)`: not registered). Taken
+        // before reading: making room may drop what was kept.
+        let mut rows: Vec<Option<Option<Rc<Described>>>> = {
+            let kept = self.namespaces.borrow();
+            names.iter().map(|n| kept.get(*n).cloned()).collect()
+        };
+        let missing: Vec<String> = names
+            .iter()
+            .zip(&rows)
+            .filter(|(_, r)| r.is_none())
+            .map(|(n, _)| n.to_string())
+            .collect();
+        if !missing.is_empty() {
+            let mut found: HashMap<String, Rc<Described>> = as_owner(|| {
+                Spi::connect(|c| {
+                    crate::pgutil::select_saved(
+                        c,
+                        "SELECT n.name, n.title, n.description FROM ctxguard.namespaces n
+                          WHERE n.name OPERATOR(pg_catalog.=) ANY ($1::pg_catalog.text[])",
+                        None,
+                        &[missing.clone().into()],
+                    )?
+                    .map(|r| {
+                        Ok((
+                            r.get::<String>(1)?.unwrap_or_default(),
+                            Rc::new(Described {
+                                title: r.get::<String>(2)?,
+                                description: r.get::<String>(3)?,
+                            }),
+                        ))
+                    })
+                    .collect::<Result<_, pgrx::spi::Error>>()
+                })
+            })
+            .unwrap_or_else(|e| internal(e));
+            let mut read: HashMap<String, Option<Rc<Described>>> = HashMap::new();
+            for name in missing {
+                pg_sys::check_for_interrupts!();
+                let row = found.remove(&name);
+                let bytes = 64
+                    + name.len()
+                    + row.as_ref().map_or(0, |d| {
+                        d.title.as_ref().map_or(0, String::len)
+                            + d.description.as_ref().map_or(0, String::len)
+                    });
+                if self.room_for(bytes) {
+                    self.namespaces
+                        .borrow_mut()
+                        .insert(name.clone(), row.clone());
+                }
+                read.insert(name, row);
+            }
+            for (n, r) in names.iter().zip(rows.iter_mut()) {
+                if r.is_none() {
+                    *r = read.get(*n).cloned();
+                }
+            }
+        }
+        names
+            .iter()
+            .zip(rows)
+            .map(|(n, r)| match r.flatten() {
+                Some(d) => (*d).clone(),
+                None => self.server_described(n),
+            })
+            .collect()
+    }
+
+    /// An unregistered namespace: the description of the upstream server of that name, if any.
+    fn server_described(&self, name: &str) -> Described {
+        Described {
+            title: None,
+            description: self
+                .servers()
+                .get(name)
+                .map(|s| s.description.clone())
+                .filter(|d| !d.trim().is_empty()),
+        }
     }
 
     pub fn entity(&self, kind: &str) -> Option<Rc<EntityMapping>> {
@@ -975,7 +1076,7 @@ fn load_servers() -> Result<HashMap<String, Server>, pgrx::spi::Error> {
     Spi::connect(|c| {
         let mut servers: HashMap<String, Server> = HashMap::new();
         for row in c.select(
-            "SELECT name, enabled, default_access OPERATOR(pg_catalog.=) 'allow', default_policy
+            "SELECT name, enabled, default_access OPERATOR(pg_catalog.=) 'allow', default_policy, description
                FROM ctxguard.mcp_servers",
             None,
             &[],
@@ -987,6 +1088,7 @@ fn load_servers() -> Result<HashMap<String, Server>, pgrx::spi::Error> {
                 row.get::<String>(1)?.unwrap_or_default(),
                 Server {
                     enabled: row.get::<bool>(2)?.unwrap_or(false),
+                    description: row.get::<String>(5)?.unwrap_or_default(),
                     default_allow: row.get::<bool>(3)?.unwrap_or(false),
                     default_policy,
                     default_pages: HashMap::new(),
@@ -1084,6 +1186,7 @@ fn catalog_stats() -> JsonB {
         "page_lists_kept": c.pages.borrow().len(),
         "page_types_kept": c.page_types.borrow().len(),
         "server_access_kept": c.access.borrow().len(),
+        "namespaces_kept": c.namespaces.borrow().len(),
         "tenant_limits_kept": c.limits.borrow().len(),
         "bytes_kept": c.held.get(),
         "bytes_limit": cache_bytes(),

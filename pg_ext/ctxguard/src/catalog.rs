@@ -4,7 +4,7 @@
 use std::collections::{HashMap, HashSet};
 
 use ctxguard_core::args;
-use ctxguard_core::names::is_valid_name;
+use ctxguard_core::names::{self, is_valid_name};
 use ctxguard_core::policy::{self, Policy};
 use pgrx::prelude::*;
 use pgrx::JsonB;
@@ -13,7 +13,7 @@ use crate::cache;
 use crate::pgutil::{jsonb_arg, raise, JsonbArg, JsonbText};
 
 const INVALID: PgSqlErrorCode = PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE;
-pub const MAX_DESCRIPTION: usize = 4000;
+pub const MAX_DESCRIPTION: usize = names::MAX_DESCRIPTION_BYTES;
 
 /// A refusal of a catalog change: its SQLSTATE and message (never a caller's value).
 type Refusal = (PgSqlErrorCode, String);
@@ -32,9 +32,10 @@ fn check_description(d: Option<&str>) -> &str {
 }
 
 fn try_description(d: Option<&str>) -> Result<&str, Refusal> {
-    match d {
-        Some(d) if !d.trim().is_empty() && d.len() <= MAX_DESCRIPTION => Ok(d),
-        _ => invalid("description must be non-empty and at most 4000 bytes"),
+    match d.map(|d| names::check_description(d).map(|()| d)) {
+        Some(Ok(d)) => Ok(d),
+        Some(Err(m)) => invalid(m),
+        None => invalid("description must be non-empty and at most 4000 bytes"),
     }
 }
 
@@ -73,22 +74,14 @@ fn handler_signature_ok(handler: pg_sys::Oid) -> bool {
     ) == Ok(Some(true))
 }
 
-/// Longest tool title, in characters.
-pub const MAX_TITLE_CHARS: usize = 128;
-
-/// A title is 1-128 characters, not blank, without control characters; `None` is no title (clients
-/// show a readable form of the name).
+/// A title is 1-128 characters, not blank, without control characters
+/// (`ctxguard_core::names::check_title`); `None` is no title (clients show a readable form of the
+/// name).
 fn try_title(title: Option<&str>) -> Result<Option<&str>, Refusal> {
-    let Some(title) = title else {
-        return Ok(None);
-    };
-    if title.trim().is_empty()
-        || title.chars().count() > MAX_TITLE_CHARS
-        || title.chars().any(char::is_control)
-    {
-        return invalid("title must be 1-128 characters without control characters");
+    match title.map(names::check_title) {
+        Some(Err(m)) => invalid(m),
+        _ => Ok(title),
     }
-    Ok(Some(title))
 }
 
 /// Refuse a tool name that MCP and model clients would see as another tool's: they see `.` as

@@ -7,6 +7,7 @@ use ctxguard_core::args::{self, ArgError, Limits};
 use ctxguard_core::binding;
 use ctxguard_core::mask::MaskCounts;
 use ctxguard_core::names::{is_valid_id, is_valid_name};
+use ctxguard_core::namespaces::namespace_of;
 use ctxguard_core::policy::{Policy, Reason};
 use ctxguard_core::ranking::{self, Candidate, Placement, Tier};
 use ctxguard_core::Code;
@@ -27,18 +28,6 @@ use crate::owner::as_owner;
 use crate::pgutil::{self, raise, select_saved};
 use crate::quota;
 
-/// Words of a free-text query as an OR tsquery (`w1 | w2`); only `[a-z0-9]` so no tsquery syntax.
-fn or_query(text: &str) -> Option<String> {
-    let mut words: Vec<String> = Vec::new();
-    for w in text.split(|c: char| !c.is_ascii_alphanumeric()) {
-        let w = w.to_ascii_lowercase();
-        if w.len() >= 2 && w.len() <= 32 && !words.contains(&w) && words.len() < 16 {
-            words.push(w);
-        }
-    }
-    (!words.is_empty()).then(|| words.join(" | "))
-}
-
 /// A tool as Gate A shows it.
 pub struct Visible {
     pub name: String,
@@ -51,27 +40,47 @@ pub struct Visible {
     pub requires_approval: bool,
     /// The upstream MCP server of an external tool.
     pub server: Option<String>,
+    /// Its namespace (`ctxguard_core::namespaces::namespace_of`).
+    pub namespace: String,
+    /// Its relevance to the query it was ranked for (0 without one, or when it does not match).
+    pub score: f32,
 }
 
-/// Relevance of each of `names` to `query` (`ts_rank` over the catalog's search vector: the tool's
-/// name and description as catalogued, which for an upstream tool is the definition the DBA
-/// accepted, since a changed one is not visible).
-fn scores(query: Option<&str>, names: Vec<String>) -> HashMap<String, f32> {
-    let Some(tsq) = query.and_then(or_query) else {
+/// Relevance to `words` (an OR text-search query, `ranking::or_query`) of each of `tools` that
+/// matches it (`ts_rank` over the catalog's search vector: the tool's name and description as
+/// catalogued, which for an upstream tool is the definition the DBA accepted, since a changed one
+/// is not visible). A tool that does not match has no entry (score 0).
+fn scores(words: Option<&str>, tools: &[Rc<ToolEntry>]) -> HashMap<String, f32> {
+    let Some(tsq) = words else {
         return HashMap::new();
     };
-    as_owner(|| Spi::connect(|c| {
-        select_saved(
-            c,
-            "SELECT t.name, pg_catalog.ts_rank(t.search, pg_catalog.to_tsquery('pg_catalog.english'::pg_catalog.regconfig, $1))
-               FROM ctxguard.tools t WHERE t.name OPERATOR(pg_catalog.=) ANY($2)",
-            None,
-            &[tsq.as_str().into(), names.into()],
-        )?
-        .map(|r| Ok((r.get::<String>(1)?.unwrap_or_default(), r.get::<f32>(2)?.unwrap_or(0.0))))
-        .collect::<Result<_, pgrx::spi::Error>>()
-    }))
-    .unwrap_or_else(|e| raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, format!("ctxguard: {e}")))
+    let names: Vec<String> = tools.iter().map(|t| t.name.clone()).collect();
+    as_owner(|| {
+        Spi::connect(|c| {
+            select_saved(
+                c,
+                "SELECT t.name, pg_catalog.ts_rank(t.search, q.q)
+               FROM ctxguard.tools t,
+                    pg_catalog.to_tsquery('pg_catalog.english'::pg_catalog.regconfig, $1) AS q(q)
+              WHERE t.name OPERATOR(pg_catalog.=) ANY($2) AND t.search OPERATOR(pg_catalog.@@) q.q",
+                None,
+                &[tsq.into(), names.into()],
+            )?
+            .map(|r| {
+                Ok((
+                    r.get::<String>(1)?.unwrap_or_default(),
+                    r.get::<f32>(2)?.unwrap_or(0.0),
+                ))
+            })
+            .collect::<Result<_, pgrx::spi::Error>>()
+        })
+    })
+    .unwrap_or_else(|e| {
+        raise(
+            PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+            format!("ctxguard: {e}"),
+        )
+    })
 }
 
 /// The tier a visible tool fills in the model's list: the page's own tools (DBA tools bound to
@@ -87,14 +96,47 @@ fn tier(t: &ToolEntry, ctx: &Ctx) -> Tier {
     }
 }
 
-/// Every visible tool of `ctx` with its place in the model's list: ranked by `query` within its
-/// tier, cut at `top_k` with upstream servers sharing what the page's own tools leave (see
-/// `ctxguard_core::ranking`). Offered tools first, in list order.
+/// Gate A's filter, the one definition every list, ranking and search starts from: the tools of
+/// `ctx`'s page type that the context allows (policy, shadow mode on the tool's own pages,
+/// definition pinning, upstream server access; `cache::Catalog::reason`).
+fn allowed(catalog: &cache::Catalog, ctx: &Ctx) -> Vec<Rc<ToolEntry>> {
+    catalog
+        .page_tools(&ctx.page_type)
+        .iter()
+        .filter(|t| catalog.reason(t, Some(ctx)) == Reason::Visible)
+        .cloned()
+        .collect()
+}
+
+/// `tools` as ranking sees them, scored by `scores`.
+fn candidates<'t>(
+    tools: &'t [Rc<ToolEntry>],
+    ctx: &Ctx,
+    scores: &HashMap<String, f32>,
+) -> Vec<Candidate<'t>> {
+    tools
+        .iter()
+        .map(|t| Candidate {
+            name: &t.name,
+            tier: tier(t, ctx),
+            server: t.server.as_deref(),
+            score: scores.get(&t.name).copied().unwrap_or(0.0),
+        })
+        .collect()
+}
+
+fn per_server() -> usize {
+    gucs::MAX_OFFERED_TOOLS_PER_SERVER.get().max(1) as usize
+}
+
+/// Every visible tool of `ctx` with its place in the model's list and its score: ranked by
+/// `query` within its tier, cut at `top_k` with upstream servers sharing what the page's own tools
+/// leave (see `ctxguard_core::ranking`). Offered tools first, in list order.
 pub fn ranked(
     ctx: &Ctx,
     query: Option<&str>,
     top_k: Option<i32>,
-) -> Vec<(Rc<ToolEntry>, Placement)> {
+) -> Vec<(Rc<ToolEntry>, Placement, f32)> {
     ranked_in(&cache::catalog(), ctx, query, top_k)
 }
 
@@ -103,31 +145,69 @@ fn ranked_in(
     ctx: &Ctx,
     query: Option<&str>,
     top_k: Option<i32>,
-) -> Vec<(Rc<ToolEntry>, Placement)> {
-    let page = catalog.page_tools(&ctx.page_type);
-    let tools: Vec<&Rc<ToolEntry>> = page
-        .iter()
-        .filter(|t| catalog.reason(t, Some(ctx)) == Reason::Visible)
-        .collect();
-    let scores = scores(query, tools.iter().map(|t| t.name.clone()).collect());
-    let candidates: Vec<Candidate<'_>> = tools
-        .iter()
-        .map(|t| Candidate {
-            name: &t.name,
-            tier: tier(t, ctx),
-            server: t.server.as_deref(),
-            score: scores.get(&t.name).copied().unwrap_or(0.0),
+) -> Vec<(Rc<ToolEntry>, Placement, f32)> {
+    let tools = allowed(catalog, ctx);
+    let scores = scores(query.and_then(ranking::or_query).as_deref(), &tools);
+    let candidates = candidates(&tools, ctx, &scores);
+    let placements = ranking::rank(&candidates, top_k.map(|k| k.max(0) as usize), per_server());
+    let mut out: Vec<(Rc<ToolEntry>, Placement, f32)> = tools
+        .into_iter()
+        .zip(placements)
+        .map(|(t, p)| {
+            let score = scores.get(&t.name).copied().unwrap_or(0.0);
+            (t, p, score)
         })
         .collect();
-    let per_server = gucs::MAX_OFFERED_TOOLS_PER_SERVER.get().max(1) as usize;
-    let placements = ranking::rank(&candidates, top_k.map(|k| k.max(0) as usize), per_server);
-    let mut out: Vec<(Rc<ToolEntry>, Placement)> =
-        tools.into_iter().cloned().zip(placements).collect();
-    out.sort_by_key(|(t, p)| match p {
+    out.sort_by_key(|(t, p, _)| match p {
         Placement::Offered(n) => (0, *n, String::new()),
         Placement::LeftOut(_) => (1, 0, t.name.clone()),
     });
     out
+}
+
+/// A search of Gate A's tools (`ctxguard.find_tools`): those of `ctx` that match `words` (an OR
+/// text-search query, `ranking::or_query`), best first, at most `top_k`, in the order of
+/// `ctxguard_core::ranking::search` (the DBA's matching tools by relevance, then upstream tools
+/// in the room left, servers taking turns and capped). Nothing outside [`allowed`] is looked at.
+pub fn find(ctx: &Ctx, words: Option<&str>, top_k: usize) -> Vec<Visible> {
+    let Some(words) = words else {
+        return Vec::new();
+    };
+    let catalog = cache::catalog();
+    let tools = allowed(&catalog, ctx);
+    let scores = scores(Some(words), &tools);
+    let candidates = candidates(&tools, ctx, &scores);
+    ranking::search(&candidates, top_k, per_server())
+        .into_iter()
+        .map(|i| {
+            pg_sys::check_for_interrupts!();
+            let t = &tools[i];
+            shown(t, ctx, scores.get(&t.name).copied().unwrap_or(0.0))
+        })
+        .collect()
+}
+
+/// A visible tool as Gate A shows it: its policy's flags, and its schema with the parameter bound
+/// to the page's entity stripped.
+fn shown(t: &ToolEntry, ctx: &Ctx, score: f32) -> Visible {
+    let p = t.policy.as_ref().expect("visible tools have a policy");
+    // The entity parameter is bound to the page's entity: stripped (the entity_param of a policy
+    // is the tool's own, so each entry keeps its one stripped form).
+    let strip = p
+        .entity_param
+        .as_deref()
+        .filter(|_| ctx.entity.as_ref().map(|e| e.kind.as_str()) == p.entity_type.as_deref());
+    Visible {
+        name: t.name.clone(),
+        description: t.description.clone(),
+        input_schema: t.shown_schema(strip),
+        read_only: p.read_only,
+        danger: p.danger.as_str(),
+        requires_approval: p.requires_approval,
+        server: t.server.clone(),
+        namespace: namespace_of(&t.name, t.server.as_deref()).to_string(),
+        score,
+    }
 }
 
 /// Gate A proper: visible tools for `ctx`, optionally ranked by `query` and cut at `top_k`.
@@ -223,24 +303,8 @@ fn visible_in(
 ) -> Vec<Visible> {
     ranked_in(catalog, ctx, query, top_k)
         .into_iter()
-        .filter(|(_, p)| matches!(p, Placement::Offered(_)))
-        .map(|(t, _)| {
-            let p = t.policy.as_ref().expect("visible tools have a policy");
-            // The entity parameter is bound to the page's entity: stripped (the entity_param of a
-            // policy is the tool's own, so each entry keeps its one stripped form).
-            let strip = p.entity_param.as_deref().filter(|_| {
-                ctx.entity.as_ref().map(|e| e.kind.as_str()) == p.entity_type.as_deref()
-            });
-            Visible {
-                name: t.name.clone(),
-                description: t.description.clone(),
-                input_schema: t.shown_schema(strip),
-                read_only: p.read_only,
-                danger: p.danger.as_str(),
-                requires_approval: p.requires_approval,
-                server: t.server.clone(),
-            }
-        })
+        .filter(|(_, p, _)| matches!(p, Placement::Offered(_)))
+        .map(|(t, _, score)| shown(&t, ctx, score))
         .collect()
 }
 
@@ -263,6 +327,7 @@ fn visible_tools(
         name!(danger, String),
         name!(requires_approval, bool),
         name!(server, Option<String>),
+        name!(namespace, String),
     ),
 > {
     let _pin = crate::owner::pin();
@@ -280,6 +345,7 @@ fn visible_tools(
                 t.danger.to_string(),
                 t.requires_approval,
                 t.server.clone(),
+                t.namespace.clone(),
             )
         })
         .collect();
@@ -289,7 +355,8 @@ fn visible_tools(
 /// Diagnostics: every catalogued tool with whether it is visible here and why (stable codes),
 /// and, for a visible one, whether it is in the model's list for `query` and `top_k` (as
 /// `visible_tools(query, top_k)` ranks it) and why not (`top_k`, `page_tools_first`,
-/// `server_cap`); and what Gate B will still check on a call (`conditions`, see [`conditions`]).
+/// `server_cap`); what Gate B will still check on a call (`conditions`, see [`conditions`]); and
+/// its namespace.
 
 #[pg_extern(stable, parallel_unsafe)]
 #[expect(
@@ -308,6 +375,7 @@ fn explain_tools(
         name!(offered, Option<bool>),
         name!(left_out, Option<String>),
         name!(conditions, Option<String>),
+        name!(namespace, String),
     ),
 > {
     let _pin = crate::owner::pin();
@@ -316,7 +384,7 @@ fn explain_tools(
     let placed: HashMap<String, Placement> = match &ctx {
         Some(ctx) => ranked(ctx, query, top_k)
             .into_iter()
-            .map(|(t, p)| (t.name.clone(), p))
+            .map(|(t, p, _)| (t.name.clone(), p))
             .collect(),
         None => HashMap::new(),
     };
@@ -334,6 +402,7 @@ fn explain_tools(
                 Placement::Offered(_) => None,
             }),
             conditions(t, catalog.reason_shadowed(t, ctx.as_ref()).1),
+            namespace_of(&t.name, t.server.as_deref()).to_string(),
         ));
     });
     TableIterator::new(rows)

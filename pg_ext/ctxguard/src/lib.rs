@@ -11,6 +11,7 @@
 //! - `budget`: byte, call, page and coverage limits (charged in the ledger).
 //! - `ledger`: shared-memory charges no rollback undoes, the audit queue and its background writer.
 //! - `ttls`: the lifetimes of generations, approvals and authorized upstream calls per tenant.
+//! - `namespaces`: `register_namespace`, `visible_namespaces` and `find_tools` (over Gate A's tools).
 //! - `mcp`: upstream MCP servers: tool discovery (`sync_mcp_tools`), server policies, `complete_call`.
 //! - `masking`: the per-backend masker over `ctxguard.mask_rules`.
 //! - `cache`: per-backend catalog cache.
@@ -42,6 +43,7 @@ mod ledger;
 mod log_guard;
 mod masking;
 mod mcp;
+mod namespaces;
 mod owner;
 mod pgutil;
 mod quota;

@@ -216,7 +216,7 @@ BEGIN
     FOR n, src IN SELECT * FROM (VALUES
         ('tools', 'ctxguard.tools'), ('tool_policies', 'ctxguard.tool_policies'), ('catalog_version', 'ctxguard.catalog_version'),
         ('page_types', 'ctxguard.page_types'), ('entity_types', 'ctxguard.entity_types'), ('mask_rules', 'ctxguard.mask_rules'),
-        ('mcp_servers', 'ctxguard.mcp_servers'), ('audit_log', NULL), ('generations', NULL), ('approvals', NULL),
+        ('mcp_servers', 'ctxguard.mcp_servers'), ('namespaces', 'ctxguard.namespaces'), ('audit_log', NULL), ('generations', NULL), ('approvals', NULL),
         ('documents', NULL), ('document_pages', NULL), ('document_sections', NULL), ('document_calls', NULL),
         ('document_coverage', NULL), ('tenant_limits', NULL), ('external_calls', NULL), ('mcp_server_grants', NULL),
         ('conversation_turns', NULL), ('invoices', NULL), ('vendors', NULL), ('matters', NULL), ('touches', NULL),

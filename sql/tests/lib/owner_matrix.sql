@@ -39,6 +39,15 @@ SELECT is(:'r'::jsonb->>'value', 'invoice.mark_paid', :'variant' || ' visible_to
 SELECT pg_temp.attack(:'variant' || ' explain_tools', $$SELECT reason FROM ctxguard.explain_tools() WHERE name OPERATOR(pg_catalog.=) 'invoice.list'$$) AS r \gset
 SELECT is(pg_temp.ran(:'r'), '0/0', :'variant' || ' explain_tools: no caller object ran');
 SELECT is(:'r'::jsonb->>'value', 'wrong_page', :'variant' || ' explain_tools: reasons as usual');
+SELECT pg_temp.attack(:'variant' || ' find_tools', $$SELECT pg_catalog.string_agg(name OPERATOR(pg_catalog.||) '@' OPERATOR(pg_catalog.||) namespace, ',')
+    FROM ctxguard.find_tools('mark this invoice as paid', 1)$$) AS r \gset
+SELECT is(pg_temp.ran(:'r'), '0/0', :'variant' || ' find_tools: no caller object ran');
+SELECT is(:'r'::jsonb->>'value', 'invoice.mark_paid@invoice', :'variant' || ' find_tools: found as usual');
+SELECT pg_temp.attack(:'variant' || ' visible_namespaces', $$SELECT pg_catalog.string_agg(namespace OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) tools::pg_catalog.text
+    OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) CASE WHEN description IS NULL THEN '-' ELSE description END, ',' ORDER BY namespace)
+    FROM ctxguard.visible_namespaces() WHERE namespace OPERATOR(pg_catalog.=) ANY ('{invoice,up,ghost,legacy,nslab}'::pg_catalog.text[])$$) AS r \gset
+SELECT is(pg_temp.ran(:'r'), '0/0', :'variant' || ' visible_namespaces: no caller object ran');
+SELECT is(:'r'::jsonb->>'value', 'invoice:2:-,up:1:Echo service', :'variant' || ' visible_namespaces: counted as usual');
 SELECT pg_temp.attack(:'variant' || ' usable_mcp_servers', $$SELECT pg_catalog.count(*) FROM ctxguard.usable_mcp_servers()$$) AS r \gset
 SELECT is(pg_temp.ran(:'r'), '0/0', :'variant' || ' usable_mcp_servers: no caller object ran');
 
