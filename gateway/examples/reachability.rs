@@ -31,7 +31,7 @@ const PER_SERVER: usize = 8;
 /// The request's half: 0 (A, tuning) or 1 (B, held out), by a hash of its tool's kind.
 fn half(tool: &str) -> usize {
     let kind = match tool.split_once('.') {
-        Some((ns, _)) if matches!(ns, "app" | "chat" | "drive") => tool,
+        Some(("app" | "chat" | "drive", _)) => tool,
         Some((_, rest)) => rest,
         None => tool,
     };
