@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Reachability (issue 31): for each request of bench/reachability_requests.jsonl (text, page, the
 # tool it needs), is the tool offered at once (today's cut: visible_tools(message, 24)), or found
-# in tool search's top 5, lexical only and lexical + semantic? Over the catalog of
+# in tool search's top 5, lexical only and with the semantic ranker (cosine first, lexical tie-break)? Over the catalog of
 # bench/reachability_catalog.py (1,000 DBA tools over 100 page types, two upstream servers of 100).
 #
 #   bench/reachability.sh            # print the table

@@ -4,7 +4,7 @@
 use serde::Deserialize;
 
 use crate::matmul::linear;
-use crate::safetensors::Tensors;
+use crate::weights::Tensors;
 use crate::LoadError;
 
 /// The fields of `config.json` the forward pass reads.
@@ -66,7 +66,7 @@ pub struct Bert {
 }
 
 impl Bert {
-    pub fn load(cfg: Config, t: &Tensors) -> Result<Bert, LoadError> {
+    pub fn load(cfg: Config, t: &Tensors<'_>) -> Result<Bert, LoadError> {
         let h = cfg.hidden_size;
         if cfg.hidden_act != "gelu" {
             return Err(LoadError::Format(format!(

@@ -6,10 +6,18 @@
 //! The directory holds what a sentence-transformers export has: `config.json`, `model.safetensors`
 //! (`F32`), `vocab.txt` (uncased WordPiece), and optionally `sentence_bert_config.json`
 //! (`max_seq_length`) and `1_Pooling/config.json` (which must say mean pooling if present).
+//!
+//! What is whose: the weights file is read by Hugging Face's `safetensors` crate (`weights.rs`);
+//! the BERT forward pass (`bert.rs`) is written here on `matrixmultiply`'s sgemm, because a tensor
+//! library was too costly to build: `candle-core` took 18 minutes to compile on the project's 2-core
+//! machines, where CI must finish within 45. The WordPiece tokenizer (`wordpiece.rs`) is written
+//! here too: Hugging Face's `tokenizers` (0.22, default features off) adds about 30 crates and
+//! 100 s of compile units, tokenizers itself 34 s; a test checks our ids against its output
+//! (`tests/wordpiece_matches_hf.rs`).
 
 mod bert;
 mod matmul;
-mod safetensors;
+mod weights;
 mod wordpiece;
 
 use std::path::{Path, PathBuf};
@@ -127,10 +135,8 @@ impl Embedder {
                 cfg.vocab_size
             )));
         }
-        let tensors = safetensors::Tensors::parse(read_limited(
-            &dir.join("model.safetensors"),
-            MAX_WEIGHTS,
-        )?)?;
+        let weights = read_limited(&dir.join("model.safetensors"), MAX_WEIGHTS)?;
+        let tensors = weights::Tensors::parse(&weights)?;
         let max_tokens = max_seq
             .unwrap_or(cfg.max_position_embeddings)
             .min(cfg.max_position_embeddings)

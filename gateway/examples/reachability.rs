@@ -1,6 +1,11 @@
 //! The reachability benchmark's ranking step (bench/reachability.sh runs it): for each request,
 //! whether its tool is offered at once (today's top-k cut), and whether tool search finds it in
-//! its top 5, lexical only and lexical + semantic.
+//! its top 5, lexical only and with the semantic ranker.
+//!
+//! The requests are split in two halves by their tool's kind (a hash of the tool name less its
+//! record kind for the DBA's per-kind tools, `invoice.history` and `vendor.history` being one kind;
+//! of the whole name for app-wide and upstream tools): half A tuned the ranker's thresholds
+//! (gateway/src/disclosure/fusion.rs), half B was held out. Both are reported.
 //!
 //! `reachability CATALOG.json REQUESTS.jsonl LEXICAL.tsv [MODEL_DIR]`: the catalog as
 //! bench/reachability_catalog.py writes it, the requests (with `paraphrase` marked), and each
@@ -14,6 +19,7 @@ use ctxguard_core::ranking::{self, Candidate, Placement, Tier};
 use ctxguard_gateway::disclosure::{Embeddings, Ranker};
 use ctxguard_gateway::llm::ToolSpec;
 use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
 
 /// The gateway's default `CTXGUARD_MAX_TOOLS` (the list offered at once).
 const TOP_K: usize = 24;
@@ -21,6 +27,16 @@ const TOP_K: usize = 24;
 const FIND_K: usize = 5;
 /// The database's default `ctxguard.max_offered_tools_per_server`.
 const PER_SERVER: usize = 8;
+
+/// The request's half: 0 (A, tuning) or 1 (B, held out), by a hash of its tool's kind.
+fn half(tool: &str) -> usize {
+    let kind = match tool.split_once('.') {
+        Some(("app" | "chat" | "drive", _)) => tool,
+        Some((_, rest)) => rest,
+        None => tool,
+    };
+    usize::from(Sha256::digest(kind.as_bytes())[0] & 1)
+}
 
 fn read(path: &str) -> String {
     std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"))
@@ -83,9 +99,19 @@ fn main() {
         Ranker::new(Embeddings::Local(std::sync::Arc::new(e)), PER_SERVER)
     });
 
-    // Counters: [all, paraphrases, upstream targets] x [cut, lexical, fused, cut|lexical, cut|fused].
-    let mut hits = [[0usize; 5]; 3];
-    let mut totals = [0usize; 3];
+    // Groups of requests, and for each [cut, lexical, ranker, cut|lexical, cut|ranker].
+    let groups = [
+        "all requests",
+        "half A (tuning)",
+        "half B (held out)",
+        "paraphrases",
+        "the page's entity tools",
+        "table and domain tools",
+        "app-wide tools",
+        "upstream tools",
+    ];
+    let mut hits = vec![[0usize; 5]; groups.len()];
+    let mut totals = vec![0usize; groups.len()];
     let mut query_time = std::time::Duration::ZERO;
     let started = Instant::now();
     for (i, r) in requests.iter().enumerate() {
@@ -124,7 +150,7 @@ fn main() {
             .iter()
             .zip(&candidates)
             .any(|(p, c)| c.name == target && matches!(p, Placement::Offered(_)));
-        // Tool search: the lexical order (what the database's find_tools ranks by), then fused.
+        // Tool search: the lexical order (what the database's find_tools ranks by), then the ranker.
         let mut lexical_order: Vec<(&str, f32)> = names
             .iter()
             .map(|&n| (n, score(n)))
@@ -143,8 +169,14 @@ fn main() {
             got.iter().any(|n| n == target)
         });
         let fused_hit = in_fused.unwrap_or(false);
+        let h = half(target);
         if !(in_cut || fused_hit) {
-            eprintln!("missed: {} [{}] -> {target}", text, r["page_type"]);
+            eprintln!(
+                "missed ({}): {} [{}] -> {target}",
+                ["A", "B"][h],
+                text,
+                r["page_type"]
+            );
         }
         let got = [
             in_cut,
@@ -153,13 +185,22 @@ fn main() {
             in_cut || in_lex,
             in_cut || fused_hit,
         ];
-        let groups = [
+        let t = tools[target];
+        let upstream = t["server"].is_string();
+        let app_wide = target.starts_with("app.");
+        let entity_tool = !upstream && entity.is_some() && t["entity_type"].as_str() == entity;
+        let member = [
             true,
+            h == 0,
+            h == 1,
             r["paraphrase"].as_bool().unwrap_or(false),
-            tools[target]["server"].is_string(),
+            entity_tool,
+            !upstream && !app_wide && !entity_tool,
+            app_wide,
+            upstream,
         ];
-        for (g, &member) in groups.iter().enumerate() {
-            if member {
+        for (g, &m) in member.iter().enumerate() {
+            if m {
                 totals[g] += 1;
                 for (k, &hit) in got.iter().enumerate() {
                     hits[g][k] += usize::from(hit);
@@ -175,8 +216,9 @@ fn main() {
         }
     };
     let have_model = fused.is_some();
-    println!("| ranker | all requests | paraphrases | upstream tools |");
-    println!("|---|---|---|---|");
+    let columns = [0, 1, 2, 3];
+    println!("| ranker | {} |", columns.map(|g| groups[g]).join(" | "));
+    println!("|---|---|---|---|---|");
     let rows = [
         (
             "today's cut: offered at once (visible_tools(message, 24))",
@@ -184,27 +226,42 @@ fn main() {
             true,
         ),
         ("tool search, lexical only: top 5", 1, true),
-        ("tool search, lexical + semantic: top 5", 2, have_model),
+        ("tool search, semantic ranker: top 5", 2, have_model),
         ("offered at once or lexical top 5", 3, true),
         (
-            "**offered at once or lexical + semantic top 5**",
+            "**offered at once or semantic ranker top 5**",
             4,
             have_model,
         ),
     ];
     for (label, k, shown) in rows {
         if shown {
-            println!(
-                "| {label} | {} | {} | {} |",
-                pct(hits[0][k], totals[0]),
-                pct(hits[1][k], totals[1]),
-                pct(hits[2][k], totals[2])
-            );
+            let cells: Vec<String> = columns
+                .iter()
+                .map(|&g| pct(hits[g][k], totals[g]))
+                .collect();
+            println!("| {label} | {} |", cells.join(" | "));
         }
+    }
+    println!();
+    println!("| the tool asked for | offered at once | ... or lexical top 5 | ... or semantic ranker top 5 |");
+    println!("|---|---|---|---|");
+    for g in 4..groups.len() {
+        println!(
+            "| {} | {} | {} | {} |",
+            groups[g],
+            pct(hits[g][0], totals[g]),
+            pct(hits[g][3], totals[g]),
+            if have_model {
+                pct(hits[g][4], totals[g])
+            } else {
+                "-".into()
+            }
+        );
     }
     if have_model {
         eprintln!(
-            "fused ranking: {:?} in all ({:?} per request, tool vectors cached after first use); run {:?}",
+            "semantic ranking: {:?} in all ({:?} per request, tool vectors cached after first use); run {:?}",
             query_time,
             query_time / requests.len().max(1) as u32,
             started.elapsed()

@@ -1,24 +1,38 @@
-//! Fusing the lexical order with semantic similarity, then placing by tier.
+//! Placing the candidates of a search: meaning first, the lexical order as tie-break, in passes
+//! that keep the page's matching tools ahead of upstream tools.
 //!
-//! Each candidate gets `1/(K + lexical rank) + 1/(K + semantic rank)` (reciprocal rank fusion; a
-//! tool without a lexical match, or without a vector, misses that term). The list is then filled by
-//! `ctxguard_core::ranking::rank` in two passes: first the candidates that match the request (a
-//! cosine of at least [`MATCH_COSINE`]; without vectors, a lexical match), then the rest. In each pass the DBA's
-//! tools come before upstream tools (whose text the DBA did not write), and upstream servers take
-//! turns with at most `per_server` places each. So an upstream description stuffed with the
-//! request's words or meaning can only move its tool among upstream tools: a matching local tool
-//! keeps its place. Unlike the unqueried list, the page's entity tools and its other local tools
-//! are one tier here: in a search, relevance orders the DBA's own tools.
+//! With vectors, each candidate's score is the cosine of its definition to the request (the
+//! database's lexical order only breaks ties, then the name). The answer is filled in three passes:
+//!
+//! 1. the DBA's tools that match the request (cosine at least [`MATCH_COSINE`]), best first;
+//! 2. the DBA's other tools and upstream tools that come near (cosine at least
+//!    [`UPSTREAM_COSINE`]), one list by score;
+//! 3. the remaining upstream tools.
+//!
+//! Upstream servers get at most `per_server` places in all. Only the DBA's own tools are in pass 1,
+//! and whether one matches depends on its cosine alone (an absolute threshold, never relative to
+//! other candidates): so an upstream description stuffed with the request's words or meaning
+//! cannot displace a matching local tool, nor change which local tools match or their order. It
+//! can only outrank local tools that do not match.
+//!
+//! Without vectors a lexical match is what matches: pass 1 holds the DBA's lexically matching
+//! tools, pass 2 the other DBA tools and the lexically matching upstream tools (the matching ones
+//! first), pass 3 the rest.
+//!
+//! Why not reciprocal rank fusion of the two orders (the first version): over the reachability
+//! benchmark's tuning half, a shared common word ("set", "new", "this") gave a wrong tool the top
+//! lexical rank, which the fusion carried into the top 5; cosine first reached more (BENCHMARKS.md,
+//! reachability).
 
+use std::cmp::{Ordering, Reverse};
 use std::collections::HashMap;
 
-use ctxguard_core::ranking::{self, Candidate, Placement, Tier};
-
-/// Reciprocal rank fusion's constant (the usual 60: ranks deep in a list still count a little).
-pub const RRF_K: f32 = 60.0;
-/// A cosine (unit vectors) at which a tool counts as matching the request without a lexical
-/// match. MiniLM puts unrelated pairs of short texts near 0.0-0.2 and paraphrases above 0.4.
+/// A cosine (unit vectors) at which a DBA tool matches the request. MiniLM puts unrelated pairs
+/// of short texts near 0.0-0.2 and paraphrases above 0.4.
 pub const MATCH_COSINE: f32 = 0.3;
+/// A cosine at which an upstream tool may stand among the DBA's tools that do not match (upstream
+/// descriptions are often terse, "Create a chat message.", and rarely reach [`MATCH_COSINE`]).
+pub const UPSTREAM_COSINE: f32 = 0.2;
 
 /// One candidate as fusion sees it.
 #[derive(Debug, Clone, Copy)]
@@ -28,6 +42,17 @@ pub struct Fused<'a> {
     pub server: Option<&'a str>,
     /// Cosine of the tool's definition to the request (`None` without embeddings).
     pub cosine: Option<f32>,
+}
+
+/// Which pass a candidate is placed in (see the module's documentation).
+fn pass(c: &Fused<'_>, lexical_match: bool) -> u8 {
+    let local = c.server.is_none();
+    match (c.cosine, local) {
+        (Some(s), true) => u8::from(s < MATCH_COSINE),
+        (Some(s), false) => 1 + u8::from(s < UPSTREAM_COSINE),
+        (None, true) => u8::from(!lexical_match),
+        (None, false) => 1 + u8::from(!lexical_match),
+    }
 }
 
 /// The names of at most `top_k` of `candidates`, best first. `lexical_order` is the database's
@@ -44,72 +69,38 @@ pub fn fuse(
         .rev()
         .map(|(i, n)| (n.as_str(), i))
         .collect();
-    // Semantic ranks (1-based) by cosine, ties by name.
-    let mut by_cosine: Vec<(usize, f32)> = candidates
+    let mut order: Vec<(u8, &Fused<'_>, Option<usize>)> = candidates
         .iter()
-        .enumerate()
-        .filter_map(|(i, c)| c.cosine.map(|s| (i, s)))
-        .collect();
-    by_cosine.sort_by(|a, b| {
-        b.1.total_cmp(&a.1)
-            .then_with(|| candidates[a.0].name.cmp(candidates[b.0].name))
-    });
-    let mut semantic_rank = vec![None; candidates.len()];
-    for (rank, (i, _)) in by_cosine.iter().enumerate() {
-        semantic_rank[*i] = Some(rank + 1);
-    }
-    let scored: Vec<(Candidate<'_>, bool)> = candidates
-        .iter()
-        .enumerate()
-        .map(|(i, c)| {
-            let lex = lexical.get(c.name).map(|r| r + 1);
-            let score = lex.map_or(0.0, |r| 1.0 / (RRF_K + r as f32))
-                + semantic_rank[i].map_or(0.0, |r| 1.0 / (RRF_K + r as f32));
-            // With vectors, meaning decides what matches (a shared common word such as "set" or
-            // "new" would let a dozen local tools stand before the upstream tool asked for);
-            // without, any lexical match does.
-            let matching = match c.cosine {
-                Some(s) => s >= MATCH_COSINE,
-                None => lex.is_some(),
-            };
-            let tier = if c.server.is_some() {
-                Tier::Upstream
-            } else {
-                Tier::Local
-            };
-            (
-                Candidate {
-                    name: c.name,
-                    tier,
-                    server: c.server,
-                    score,
-                },
-                matching,
-            )
+        .map(|c| {
+            let lex = lexical.get(c.name).copied();
+            (pass(c, lex.is_some()), c, lex)
         })
         .collect();
-    let mut out = Vec::with_capacity(top_k);
-    for pass in [true, false] {
-        let room = top_k - out.len();
-        if room == 0 {
+    order.sort_by(|a, b| {
+        a.0.cmp(&b.0)
+            .then_with(|| match (a.1.cosine, b.1.cosine) {
+                (Some(x), Some(y)) => y.total_cmp(&x),
+                _ => Ordering::Equal,
+            })
+            // Lexical rank (a match before none), then the name.
+            .then_with(|| a.2.map(Reverse).cmp(&b.2.map(Reverse)).reverse())
+            .then_with(|| a.1.name.cmp(b.1.name))
+    });
+    let per_server = per_server.max(1);
+    let mut taken: HashMap<&str, usize> = HashMap::new();
+    let mut out = Vec::with_capacity(top_k.min(candidates.len()));
+    for (_, c, _) in order {
+        if out.len() >= top_k {
             break;
         }
-        let group: Vec<Candidate<'_>> = scored
-            .iter()
-            .filter(|(_, m)| *m == pass)
-            .map(|(c, _)| *c)
-            .collect();
-        let placements = ranking::rank(&group, Some(room), per_server.max(1));
-        let mut offered: Vec<(usize, &str)> = placements
-            .iter()
-            .zip(&group)
-            .filter_map(|(p, c)| match p {
-                Placement::Offered(n) => Some((*n, c.name)),
-                Placement::LeftOut(_) => None,
-            })
-            .collect();
-        offered.sort();
-        out.extend(offered.into_iter().map(|(_, n)| n.to_string()));
+        if let Some(server) = c.server {
+            let n = taken.entry(server).or_default();
+            if *n >= per_server {
+                continue;
+            }
+            *n += 1;
+        }
+        out.push(c.name.to_string());
     }
     out
 }
@@ -138,8 +129,7 @@ mod tests {
         let c = [local("invoice.get", 0.1), local("vendor.list", 0.5)];
         let lexical = ["evil.tool".to_string(), "invoice.get".to_string()];
         let got = fuse(&c, &lexical, 5, 8);
-        assert_eq!(got.len(), 2);
-        assert!(got.iter().all(|n| n == "invoice.get" || n == "vendor.list"));
+        assert_eq!(got, ["vendor.list", "invoice.get"]);
         assert!(fuse(&c, &lexical, 0, 8).is_empty());
         assert!(fuse(&[], &lexical, 5, 8).is_empty());
     }
@@ -162,19 +152,93 @@ mod tests {
         // Without vectors a lexical match is what matches: the same rule holds.
         let plain: Vec<Fused<'_>> = c.iter().map(|f| Fused { cosine: None, ..*f }).collect();
         assert_eq!(fuse(&plain, &lexical, 5, 8)[0], "vendor.list");
-        // Without any match the local tool still comes before upstream tools that do not match.
-        let c = [up("evil.x", "evil", 0.1), local("invoice.get", 0.0)];
+        // An upstream tool that does not come near stays behind every local tool.
+        let c = [up("evil.x", "evil", 0.19), local("invoice.get", 0.0)];
         assert_eq!(fuse(&c, &[], 1, 8), ["invoice.get"]);
+        let plain = [
+            Fused {
+                cosine: None,
+                ..c[0]
+            },
+            Fused {
+                cosine: None,
+                ..c[1]
+            },
+        ];
+        assert_eq!(fuse(&plain, &[], 1, 8), ["invoice.get"]);
+    }
+
+    /// A small deterministic generator (no dependency for one test).
+    fn lcg(state: &mut u64) -> f32 {
+        *state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((*state >> 33) as f32) / ((1u64 << 31) as f32)
     }
 
     #[test]
-    fn a_matching_upstream_tool_beats_local_tools_that_do_not_match() {
+    fn upstream_candidates_change_neither_which_local_tools_match_nor_their_order() {
+        let locals: Vec<String> = (0..12).map(|i| format!("page.t{i}")).collect();
+        let ups: Vec<String> = (0..30).map(|i| format!("up.t{i}")).collect();
+        let mut seed = 7u64;
+        for round in 0..200 {
+            let mut c: Vec<Fused<'_>> = locals
+                .iter()
+                .map(|n| local(n, lcg(&mut seed) * 0.8 - 0.1))
+                .collect();
+            let alone: Vec<Fused<'_>> = c.clone();
+            c.extend(ups.iter().map(|n| {
+                let server = if lcg(&mut seed) < 0.5 { "a" } else { "b" };
+                up(n, server, lcg(&mut seed) * 1.1 - 0.1)
+            }));
+            // Lexically, upstream tools first (stuffed), then some local tools.
+            let mut lexical: Vec<String> = ups.clone();
+            lexical.extend(locals.iter().filter(|_| lcg(&mut seed) < 0.5).cloned());
+            let top_k = 1 + round % 12;
+            let with = fuse(&c, &lexical, top_k, 8);
+            let without = fuse(&alone, &lexical, top_k, 8);
+            let matching: Vec<&String> = without
+                .iter()
+                .filter(|n| {
+                    alone
+                        .iter()
+                        .any(|f| f.name == *n && f.cosine >= Some(MATCH_COSINE))
+                })
+                .collect();
+            assert!(
+                with.iter()
+                    .take(matching.len())
+                    .eq(matching.iter().copied()),
+                "round {round}: matching local tools {matching:?} first, got {with:?}"
+            );
+            let local_order: Vec<&String> =
+                with.iter().filter(|n| n.starts_with("page.")).collect();
+            assert!(
+                without.iter().zip(&local_order).all(|(a, b)| a == *b),
+                "round {round}: local order {without:?} vs {local_order:?}"
+            );
+            assert!(with.iter().all(|n| c.iter().any(|f| f.name == n)));
+        }
+    }
+
+    #[test]
+    fn an_upstream_tool_that_comes_near_beats_local_tools_that_do_not_match() {
         let c = [
             local("invoice.get", 0.05),
-            local("invoice.history", 0.1),
-            up("chat.create_message", "chat", 0.6),
+            local("invoice.history", 0.25),
+            up("chat.create_poll", "chat", 0.26),
+            up("chat.create_message", "chat", 0.21),
         ];
-        assert_eq!(fuse(&c, &[], 1, 8), ["chat.create_message"]);
+        assert_eq!(
+            fuse(&c, &[], 3, 8),
+            ["chat.create_poll", "invoice.history", "chat.create_message"]
+        );
+        // A matching local tool still comes first.
+        let c = [
+            local("app.calendar_today", 0.31),
+            up("chat.poll", "chat", 0.9),
+        ];
+        assert_eq!(fuse(&c, &[], 2, 8), ["app.calendar_today", "chat.poll"]);
     }
 
     #[test]
@@ -189,13 +253,13 @@ mod tests {
     }
 
     #[test]
-    fn rrf_puts_tools_matching_on_both_counts_first() {
-        let c = [local("a", 0.9), local("b", 0.8), local("c", 0.7)];
-        // c first lexically, a first semantically: both 1/61 + 1/63 (a tie, by name), above b's
-        // 2/62 (second on both counts).
+    fn meaning_orders_and_the_lexical_order_breaks_ties() {
+        let c = [local("a", 0.9), local("b", 0.8), local("c", 0.8)];
+        // c first lexically: it wins the tie with b, but not against a's better cosine.
         let got = fuse(&c, &["c".into(), "b".into(), "a".into()], 3, 8);
         assert_eq!(got, ["a", "c", "b"]);
-        let got = fuse(&c, &["b".into()], 3, 8);
-        assert_eq!(got[0], "b");
+        // A lexical match beats none at the same cosine; names break what is left.
+        assert_eq!(fuse(&c, &["b".into()], 3, 8), ["a", "b", "c"]);
+        assert_eq!(fuse(&c, &[], 3, 8), ["a", "b", "c"]);
     }
 }

@@ -3,8 +3,8 @@
 //!
 //! - [`semantic`]: embeddings of tool definitions (cached by a hash of the definition) and of
 //!   queries, from a model directory (offline, the default) or a provider's `/v1/embeddings`.
-//! - [`fusion`]: reciprocal rank fusion of the lexical and semantic orders, then the tiers of
-//!   `ctxguard_core::ranking` (an upstream tool never takes a matching local tool's place).
+//! - [`fusion`]: cosine first, the lexical order as tie-break, in passes that keep the DBA's
+//!   matching tools ahead (an upstream tool never takes a matching local tool's place).
 //!
 //! The ranker only orders the candidates it is given (the tools the database returned as visible
 //! for the context): it never adds one.
@@ -12,5 +12,5 @@
 pub mod fusion;
 pub mod semantic;
 
-pub use fusion::{fuse, Fused, MATCH_COSINE};
+pub use fusion::{fuse, Fused, MATCH_COSINE, UPSTREAM_COSINE};
 pub use semantic::{definition_text, Embeddings, Ranker};

@@ -2,10 +2,14 @@
 //! by default, or an OpenAI-compatible `/v1/embeddings` endpoint, or none (lexical order only).
 //! A tool's vector is computed once per definition (keyed by a hash of the text embedded) and kept
 //! in a bounded cache; a query's vector once per call.
+//!
+//! The offline model loads on a thread of its own (about 100 MB, half a second): the gateway
+//! serves at once and ranks lexically until the model is there.
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use ctxguard_embed::{cosine, cut, Embedder, MAX_TEXT_BYTES};
 use serde_json::{json, Value};
@@ -39,7 +43,8 @@ type Vectors = (Vec<f32>, Vec<Arc<Vec<f32>>>);
 
 /// Ranks the visible tools for a request.
 pub struct Ranker {
-    embeddings: Embeddings,
+    /// Empty while the offline model loads (then the lexical order stands).
+    embeddings: OnceLock<Embeddings>,
     /// Most upstream tools of one server in an answer (the database's
     /// `ctxguard.max_offered_tools_per_server`, default 8).
     per_server: usize,
@@ -107,7 +112,10 @@ pub fn from_config(config: &crate::config::Config) -> Arc<Ranker> {
             if let Some((_, r)) = loaded.iter().find(|(d, _)| *d == dir) {
                 return r.clone();
             }
-            let r = Arc::new(Ranker::from_model_dir(&dir, PER_SERVER));
+            let r = Ranker::load_in_background(PER_SERVER, {
+                let dir = dir.clone();
+                move || Ranker::model_dir_embeddings(&dir)
+            });
             loaded.push((dir, r.clone()));
             r
         }
@@ -117,32 +125,87 @@ pub fn from_config(config: &crate::config::Config) -> Arc<Ranker> {
 impl Ranker {
     pub fn new(embeddings: Embeddings, per_server: usize) -> Ranker {
         Ranker {
-            embeddings,
+            embeddings: OnceLock::from(embeddings),
             per_server: per_server.max(1),
             cache: Mutex::new(HashMap::new()),
         }
     }
 
+    /// A ranker that ranks lexically until `load` (run on a thread of its own) has returned its
+    /// embeddings.
+    pub fn load_in_background(
+        per_server: usize,
+        load: impl FnOnce() -> Embeddings + Send + 'static,
+    ) -> Arc<Ranker> {
+        let ranker = Arc::new(Ranker {
+            embeddings: OnceLock::new(),
+            per_server: per_server.max(1),
+            cache: Mutex::new(HashMap::new()),
+        });
+        let weak = Arc::downgrade(&ranker);
+        let spawned = std::thread::Builder::new()
+            .name("ctxguard-embed-load".into())
+            .spawn(move || {
+                let embeddings = load();
+                if let Some(r) = weak.upgrade() {
+                    let _ = r.embeddings.set(embeddings);
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "tool search: cannot start the model's loader, lexical matching only");
+            let _ = ranker.embeddings.set(Embeddings::None);
+        }
+        ranker
+    }
+
     /// The offline model in `dir`, or lexical only (with the reason logged) when it cannot be
     /// loaded. Reads about 100 MB: call once at startup.
     pub fn from_model_dir(dir: &Path, per_server: usize) -> Ranker {
+        Ranker::new(Ranker::model_dir_embeddings(dir), per_server)
+    }
+
+    fn model_dir_embeddings(dir: &Path) -> Embeddings {
+        let started = Instant::now();
         match Embedder::load(dir) {
             Ok(e) => {
                 tracing::info!(dir = %dir.display(), dimensions = e.dimensions(),
+                    took_ms = started.elapsed().as_millis() as u64,
                     "tool search: semantic matching with the offline embedding model");
-                Ranker::new(Embeddings::Local(Arc::new(e)), per_server)
+                Embeddings::Local(Arc::new(e))
             }
             Err(err) => {
                 tracing::warn!(dir = %dir.display(), error = %err,
                     "tool search: no embedding model, lexical matching only (scripts/setup.sh installs the model)");
-                Ranker::new(Embeddings::None, per_server)
+                Embeddings::None
             }
         }
     }
 
+    /// The embeddings in use: none while the model loads.
+    fn embeddings(&self) -> &Embeddings {
+        self.embeddings.get().unwrap_or(&Embeddings::None)
+    }
+
+    /// Whether the embeddings are settled (the model loaded or given up on).
+    pub fn is_ready(&self) -> bool {
+        self.embeddings.get().is_some()
+    }
+
+    /// Wait at most `timeout` for [`is_ready`](Self::is_ready) (tests and benchmarks).
+    pub fn wait_ready(&self, timeout: Duration) -> bool {
+        let until = Instant::now() + timeout;
+        while !self.is_ready() {
+            if Instant::now() >= until {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        true
+    }
+
     /// Whether vectors are used at all.
     pub fn is_semantic(&self) -> bool {
-        !matches!(self.embeddings, Embeddings::None)
+        !matches!(self.embeddings(), Embeddings::None)
     }
 
     /// The names of at most `top_k` of `candidates` (the tools the database returned as visible
@@ -156,7 +219,7 @@ impl Ranker {
         lexical_order: &[String],
         top_k: usize,
     ) -> Vec<String> {
-        let vectors = match &self.embeddings {
+        let vectors = match self.embeddings() {
             Embeddings::None => None,
             Embeddings::Local(model) => {
                 let model = model.clone();
@@ -201,7 +264,7 @@ impl Ranker {
         lexical_order: &[String],
         top_k: usize,
     ) -> Vec<String> {
-        let vectors = match &self.embeddings {
+        let vectors = match self.embeddings() {
             Embeddings::Local(model) => {
                 let texts: Vec<String> = candidates.iter().map(definition_text).collect();
                 let fresh = self
@@ -240,7 +303,7 @@ impl Ranker {
     }
 
     fn key(&self, text: &str) -> [u8; 32] {
-        let model = match &self.embeddings {
+        let model = match self.embeddings() {
             Embeddings::Local(m) => m.dir().display().to_string(),
             Embeddings::Provider { model, .. } => model.clone(),
             Embeddings::None => String::new(),
@@ -295,7 +358,7 @@ impl Ranker {
             base_url,
             api_key,
             model,
-        } = &self.embeddings
+        } = self.embeddings()
         else {
             return Err("no provider".into());
         };
@@ -522,6 +585,178 @@ mod tests {
         let lexical = vec!["invoice.history".to_string(), "invoice.get".to_string()];
         let got = r.rank_blocking("who touched this bill last?", &tools, &lexical, 3);
         assert_eq!(got[..2], ["invoice.history", "invoice.get"]);
+    }
+
+    #[test]
+    fn ranks_lexically_while_the_model_loads() {
+        let (release, wait) = std::sync::mpsc::channel::<()>();
+        let model = model().map(|r| r.embeddings.into_inner().expect("loaded"));
+        let semantic = model.is_some();
+        let r = Ranker::load_in_background(8, move || {
+            wait.recv().ok();
+            model.unwrap_or(Embeddings::None)
+        });
+        assert!(!r.is_ready() && !r.is_semantic());
+        let tools = page();
+        let lexical = vec!["invoice.get".to_string(), "invoice.history".to_string()];
+        let got = r.rank_blocking("who touched this bill last?", &tools, &lexical, 3);
+        assert_eq!(got[..2], ["invoice.get", "invoice.history"], "{got:?}");
+        release.send(()).unwrap();
+        assert!(r.wait_ready(Duration::from_secs(60)));
+        assert_eq!(r.is_semantic(), semantic);
+    }
+
+    #[test]
+    fn from_config_returns_before_the_model_is_loaded() {
+        // A directory of its own (the model, if installed, through a link), so this process has
+        // not loaded it yet.
+        let installed =
+            crate::config::Config::try_parse_from(["gw", "--database-url", "postgres://x"])
+                .expect("config")
+                .embed_model_dir();
+        let dir = std::env::temp_dir().join(format!("ctxguard-embed-bg-{}", std::process::id()));
+        let _ = std::fs::remove_file(&dir);
+        let linked = installed.join("model.safetensors").is_file()
+            && std::os::unix::fs::symlink(&installed, &dir).is_ok();
+        let config = crate::config::Config::try_parse_from([
+            "gw",
+            "--database-url",
+            "postgres://x",
+            "--embed-model-dir",
+            dir.to_str().expect("UTF-8 path"),
+        ])
+        .expect("config");
+        let started = Instant::now();
+        let r = from_config(&config);
+        let took = started.elapsed();
+        assert!(
+            took < Duration::from_millis(200),
+            "from_config took {took:?}"
+        );
+        assert!(r.wait_ready(Duration::from_secs(60)));
+        assert_eq!(r.is_semantic(), linked);
+        // Loaded once per directory and process.
+        assert!(Arc::ptr_eq(&r, &from_config(&config)));
+        let _ = std::fs::remove_file(&dir);
+    }
+
+    /// A mock OpenAI-compatible `/v1/embeddings`: a text's vector has a 1 in the place of each
+    /// topic word it names (bill, chat, folder), so cosines are known.
+    async fn mock_embeddings(
+        fail: bool,
+    ) -> (String, Arc<Mutex<Vec<Value>>>, tokio::task::JoinHandle<()>) {
+        use axum::{http::HeaderMap, routing::post, Json, Router};
+        let seen: Arc<Mutex<Vec<Value>>> = Arc::default();
+        let log = seen.clone();
+        let app = Router::new().route(
+            "/v1/embeddings",
+            post(move |headers: HeaderMap, Json(body): Json<Value>| {
+                let log = log.clone();
+                async move {
+                    let auth = headers
+                        .get("authorization")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or_default()
+                        .to_string();
+                    log.lock()
+                        .unwrap()
+                        .push(json!({"auth": auth, "body": body.clone()}));
+                    if fail {
+                        return (
+                            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                            Json(json!({})),
+                        );
+                    }
+                    let inputs = body["input"].as_array().cloned().unwrap_or_default();
+                    let data: Vec<Value> = inputs
+                        .iter()
+                        .enumerate()
+                        .map(|(i, t)| {
+                            let t = t.as_str().unwrap_or_default().to_lowercase();
+                            let v: Vec<f32> = ["bill", "chat", "folder"]
+                                .iter()
+                                .map(|w| if t.contains(w) { 1.0 } else { 0.0 })
+                                .chain([0.1])
+                                .collect();
+                            // In reverse order: the index, not the position, says which input.
+                            json!({"object": "embedding", "index": i, "embedding": v})
+                        })
+                        .rev()
+                        .collect();
+                    (
+                        axum::http::StatusCode::OK,
+                        Json(json!({"object": "list", "data": data})),
+                    )
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}/v1", listener.local_addr().unwrap());
+        let server = tokio::spawn(async move {
+            axum::serve(listener, app).await.unwrap();
+        });
+        (base, seen, server)
+    }
+
+    fn provider(base_url: String) -> Ranker {
+        Ranker::new(
+            Embeddings::Provider {
+                http: reqwest::Client::new(),
+                base_url,
+                api_key: Some("sk-test".into()),
+                model: "embed-small".into(),
+            },
+            8,
+        )
+    }
+
+    #[tokio::test]
+    async fn an_openai_compatible_endpoint_ranks_and_tool_vectors_are_asked_once() {
+        let (base, seen, server) = mock_embeddings(false).await;
+        let r = provider(base);
+        let tools = vec![
+            tool("drive.create_folder", "Create a folder.", Some("drive")),
+            tool("invoice.get", "Get this bill.", None),
+            tool(
+                "chat.create_message",
+                "Create a chat message.",
+                Some("chat"),
+            ),
+        ];
+        let got = r.rank_for_query("pay the bill", &tools, &[], 3).await;
+        assert_eq!(got[0], "invoice.get", "{got:?}");
+        let got = r.rank_for_query("write in the chat", &tools, &[], 1).await;
+        assert_eq!(got, ["chat.create_message"]);
+        let seen = seen.lock().unwrap().clone();
+        assert_eq!(seen.len(), 2);
+        assert_eq!(seen[0]["auth"], "Bearer sk-test");
+        assert_eq!(seen[0]["body"]["model"], "embed-small");
+        // The query first, then each tool's definition; the second call only the query.
+        let first: Vec<&str> = seen[0]["body"]["input"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        assert_eq!(first.len(), 4);
+        assert_eq!(first[0], "pay the bill");
+        assert_eq!(first[1], definition_text(&tools[0]));
+        assert_eq!(seen[1]["body"]["input"], json!(["write in the chat"]));
+        server.abort();
+    }
+
+    #[tokio::test]
+    async fn a_failing_endpoint_leaves_the_lexical_order() {
+        let (base, seen, server) = mock_embeddings(true).await;
+        let r = provider(base);
+        let tools = page();
+        let lexical = vec!["invoice.history".to_string(), "invoice.get".to_string()];
+        let got = r
+            .rank_for_query("who touched this bill last?", &tools, &lexical, 2)
+            .await;
+        assert_eq!(got, ["invoice.history", "invoice.get"]);
+        assert_eq!(seen.lock().unwrap().len(), 1);
+        server.abort();
     }
 
     #[test]
