@@ -607,7 +607,7 @@ mod tests {
     }
 
     #[test]
-    fn from_config_returns_before_the_model_is_loaded() {
+    fn from_config_loads_in_the_background_once_per_directory() {
         // A directory of its own (the model, if installed, through a link), so this process has
         // not loaded it yet.
         let installed =
@@ -626,13 +626,8 @@ mod tests {
             dir.to_str().expect("UTF-8 path"),
         ])
         .expect("config");
-        let started = Instant::now();
+        // (That it ranks lexically until the model is in is the test above, with the load held.)
         let r = from_config(&config);
-        let took = started.elapsed();
-        assert!(
-            took < Duration::from_millis(200),
-            "from_config took {took:?}"
-        );
         assert!(r.wait_ready(Duration::from_secs(60)));
         assert_eq!(r.is_semantic(), linked);
         // Loaded once per directory and process.
