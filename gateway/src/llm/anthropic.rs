@@ -49,7 +49,7 @@ impl ChatModel for Anthropic {
             .filter_map(|m| match m {
                 Message::System(_) => None,
                 Message::User(t) => Some(json!({"role": "user", "content": t})),
-                Message::Assistant { text, tool_calls } => {
+                Message::Assistant { text, tool_calls, .. } => {
                     let mut content: Vec<Value> = Vec::new();
                     if !text.is_empty() {
                         content.push(json!({"type": "text", "text": text}));

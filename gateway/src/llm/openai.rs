@@ -24,10 +24,10 @@ fn wire_messages(messages: &[Message]) -> Vec<Value> {
         .map(|m| match m {
             Message::System(t) => json!({"role": "system", "content": t}),
             Message::User(t) => json!({"role": "user", "content": t}),
-            Message::Assistant { text, tool_calls } if tool_calls.is_empty() => {
+            Message::Assistant { text, tool_calls, .. } if tool_calls.is_empty() => {
                 json!({"role": "assistant", "content": text})
             }
-            Message::Assistant { text, tool_calls } => json!({
+            Message::Assistant { text, tool_calls, .. } => json!({
                 "role": "assistant",
                 "content": if text.is_empty() { Value::Null } else { Value::String(text.clone()) },
                 "tool_calls": tool_calls.iter().map(|c| json!({
@@ -108,6 +108,10 @@ impl ChatModel for OpenAi {
                     .collect()
             })
             .unwrap_or_default();
-        Ok(Completion { text, tool_calls })
+        Ok(Completion {
+            text,
+            tool_calls,
+            ..Completion::default()
+        })
     }
 }
