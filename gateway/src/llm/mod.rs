@@ -229,8 +229,32 @@ pub fn parse_arguments(raw: &str) -> Value {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// A tool as Gate A would list it, in the namespace of its first name segment.
+    pub(crate) fn spec(name: &str, deferred: bool) -> ToolSpec {
+        ToolSpec {
+            name: name.into(),
+            description: format!("{name} does it"),
+            input_schema: serde_json::json!({"type": "object",
+                "properties": {"note": {"type": "string"}}}),
+            read_only: false,
+            danger: "safe".into(),
+            requires_approval: false,
+            server: None,
+            title: None,
+            namespace: name.split('.').next().map(str::to_string),
+            deferred,
+        }
+    }
+
+    /// A recorded provider shape (`gateway/tests/fixtures/llm/`; each file says where it is from).
+    pub(crate) fn fixture(name: &str) -> Value {
+        let path = format!("{}/tests/fixtures/llm/{name}", env!("CARGO_MANIFEST_DIR"));
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
+    }
 
     #[test]
     fn a_400_naming_tool_search_is_told_apart() {
