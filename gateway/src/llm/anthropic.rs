@@ -385,6 +385,64 @@ mod tests {
         assert!(!fallback.to_string().contains("server_tool_use"));
     }
 
+    /// A fake Messages endpoint: answers in order, keeps every request body.
+    async fn fake(
+        answers: Vec<(u16, Value)>,
+    ) -> (String, std::sync::Arc<std::sync::Mutex<Vec<Value>>>) {
+        use std::sync::{Arc, Mutex};
+        let answers = Arc::new(Mutex::new(std::collections::VecDeque::from(answers)));
+        let seen: Arc<Mutex<Vec<Value>>> = Arc::default();
+        let kept = seen.clone();
+        let app = axum::Router::new().route(
+            "/v1/messages",
+            axum::routing::post(move |axum::Json(body): axum::Json<Value>| {
+                let (answers, seen) = (answers.clone(), seen.clone());
+                async move {
+                    seen.lock().unwrap().push(body);
+                    let (status, body) = answers.lock().unwrap().pop_front().unwrap();
+                    (
+                        axum::http::StatusCode::from_u16(status).unwrap(),
+                        axum::Json(body),
+                    )
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        (format!("http://{addr}"), kept)
+    }
+
+    #[tokio::test]
+    async fn a_refused_search_is_dropped_for_good_and_a_paused_turn_is_continued() {
+        let refused = json!({"type": "error", "error": {"type": "invalid_request_error",
+            "message": "tools.0: tool_search_tool_bm25_20251119 is not supported on this model"}});
+        let paused =
+            json!({"content": [{"type": "text", "text": "Looking"}], "stop_reason": "pause_turn"});
+        let call = json!({"content": [{"type": "tool_use", "id": "t1", "name": "invoice__mark_paid", "input": {}}],
+            "stop_reason": "tool_use"});
+        let (url, seen) = fake(vec![(400, refused), (200, paused), (200, call)]).await;
+        let model = Anthropic::new(&url, None, "claude-test", Duration::from_secs(5));
+        let tools = vec![spec("invoice.get", false), spec("invoice.mark_paid", true)];
+        let out = model.complete(&messages(), &tools).await.unwrap();
+        assert_eq!(out.text, "Looking");
+        assert_eq!(out.tool_calls[0].name, "invoice.mark_paid");
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), 3);
+        assert!(seen[0].to_string().contains("defer_loading"));
+        // Sent again without the deferred tool, and continued with what it said so far.
+        for again in &seen[1..] {
+            assert!(!again.to_string().contains("tool_search"), "{again}");
+            assert_eq!(again["tools"].as_array().unwrap().len(), 1);
+        }
+        assert_eq!(seen[1]["messages"].as_array().unwrap().len(), 1);
+        assert_eq!(
+            seen[2]["messages"][1],
+            json!({"role": "assistant", "content": [{"type": "text", "text": "Looking"}]})
+        );
+        assert!(!model.tool_search.load(Ordering::Relaxed));
+    }
+
     #[test]
     fn a_name_that_was_never_sent_is_decoded_for_the_database_to_judge() {
         let tools = vec![spec("invoice.get", false)];
