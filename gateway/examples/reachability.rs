@@ -89,6 +89,8 @@ fn main() {
             requires_approval: false,
             server: t["server"].as_str().map(str::to_string),
             title: None,
+            namespace: None,
+            deferred: false,
         }
     };
     let lexical_only = Ranker::new(Embeddings::None, PER_SERVER);

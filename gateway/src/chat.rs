@@ -436,6 +436,7 @@ pub async fn run_turn(
         messages.push(Message::Assistant {
             text: a.clone(),
             tool_calls: vec![],
+            provider_items: vec![],
         });
     }
     messages.push(Message::User(question.clone()));
@@ -466,6 +467,7 @@ pub async fn run_turn(
         messages.push(Message::Assistant {
             text: completion.text,
             tool_calls: plan.history.clone(),
+            provider_items: completion.provider_items,
         });
         for (call, refusal, told) in plan.calls {
             let report = match refusal {

@@ -28,6 +28,18 @@ pub enum EmbedProvider {
     None,
 }
 
+/// Which API the OpenAI-compatible provider speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OpenAiApi {
+    /// Chat Completions (`POST /chat/completions`): every OpenAI-compatible server. Deferred
+    /// tools are left out (the loop's `find_tools` reaches them). The default.
+    Chat,
+    /// The Responses API (`POST /responses`): deferred tools go out with `defer_loading`, grouped
+    /// in their namespaces, beside the hosted `tool_search` tool; an endpoint that refuses those
+    /// (a `400` naming them) is treated as `chat` does.
+    Responses,
+}
+
 /// ctxguard gateway settings. Every flag also reads its `CTXGUARD_*` environment variable; a file of
 /// `KEY=value` lines given with `--config` (or `CTXGUARD_CONFIG`) fills in variables not already set.
 #[derive(Debug, Clone, Parser)]
@@ -62,6 +74,10 @@ pub struct Config {
     /// LLM provider.
     #[arg(long, env = "CTXGUARD_PROVIDER", value_enum, default_value = "offline")]
     pub provider: Provider,
+    /// The OpenAI-compatible provider's API: `chat` (Chat Completions) or `responses` (the
+    /// Responses API, whose tool search loads deferred tools).
+    #[arg(long, env = "CTXGUARD_OPENAI_API", value_enum, default_value = "chat")]
+    pub openai_api: OpenAiApi,
     /// Model name for the provider.
     #[arg(long, env = "CTXGUARD_MODEL", default_value = "offline-1")]
     pub model: String,

@@ -164,6 +164,8 @@ fn tool_specs(rows: &[Row]) -> (Vec<ToolSpec>, String) {
             requires_approval: r.get(6),
             server: r.get(7),
             title: r.get(8),
+            namespace: None,
+            deferred: false,
         })
         .collect();
     (tools, description)

@@ -103,12 +103,15 @@ impl AppState {
             .transpose()?;
         let model: Arc<dyn ChatModel> = match config.provider {
             Provider::Offline => Arc::new(llm::offline::Offline),
-            Provider::Openai => Arc::new(llm::openai::OpenAi::new(
-                config.llm_base_url.as_deref().unwrap_or_default(),
-                config.llm_api_key.clone(),
-                &config.model,
-                config.llm_timeout(),
-            )),
+            Provider::Openai => Arc::new(
+                llm::openai::OpenAi::new(
+                    config.llm_base_url.as_deref().unwrap_or_default(),
+                    config.llm_api_key.clone(),
+                    &config.model,
+                    config.llm_timeout(),
+                )
+                .with_api(config.openai_api),
+            ),
             Provider::Anthropic => Arc::new(llm::anthropic::Anthropic::new(
                 config.llm_base_url.as_deref().unwrap_or_default(),
                 config.llm_api_key.clone(),

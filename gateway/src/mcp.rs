@@ -1155,6 +1155,8 @@ mod tests {
             requires_approval: false,
             server: server.map(Into::into),
             title: None,
+            namespace: None,
+            deferred: false,
         }
     }
 

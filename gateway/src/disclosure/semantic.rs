@@ -431,6 +431,8 @@ mod tests {
             requires_approval: false,
             server: server.map(str::to_string),
             title: None,
+            namespace: None,
+            deferred: false,
         }
     }
 

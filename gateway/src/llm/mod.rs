@@ -26,6 +26,10 @@ pub struct ToolSpec {
     /// The catalog's title (`register_tool`'s `title`), if any.
     #[serde(skip)]
     pub title: Option<String>,
+    #[serde(skip)]
+    pub namespace: Option<String>,
+    #[serde(skip)]
+    pub deferred: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -42,6 +46,9 @@ pub enum Message {
     Assistant {
         text: String,
         tool_calls: Vec<ToolCall>,
+        /// The provider's own items of this step, sent back with it as they came: its server-side
+        /// tool search and what it loaded ([`Completion::provider_items`]). Empty for most steps.
+        provider_items: Vec<Value>,
     },
     Tool {
         call_id: String,
@@ -54,6 +61,11 @@ pub enum Message {
 pub struct Completion {
     pub text: String,
     pub tool_calls: Vec<ToolCall>,
+    /// What the provider did itself in this step and needs to see again in the next request
+    /// (Anthropic's `server_tool_use` and `tool_search_tool_result` blocks, the Responses API's
+    /// `tool_search_call` and `tool_search_output` items): opaque to the loop, which hands them
+    /// back in [`Message::Assistant`]. Never a tool call: those are `tool_calls`, and only they run.
+    pub provider_items: Vec<Value>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -62,6 +74,10 @@ pub enum LlmError {
     Timeout,
     #[error("model upstream answered {0}")]
     Upstream(u16),
+    /// `400`, with the provider's own message (cut to [`MAX_REFUSAL_CHARS`]), so that a provider
+    /// can tell a feature the endpoint lacks (tool search) from any other bad request.
+    #[error("model upstream refused the request (400): {0}")]
+    Refused(String),
     #[error("model transport error: {0}")]
     Transport(String),
     #[error("model answered something unreadable: {0}")]
@@ -123,6 +139,41 @@ pub fn tool_name_from_wire(wire: &str, tools: &[ToolSpec]) -> String {
         .map_or_else(|| wire.replace("__", "."), |t| t.name.clone())
 }
 
+/// The longest provider message a [`LlmError::Refused`] keeps.
+pub const MAX_REFUSAL_CHARS: usize = 500;
+
+/// The message of a provider's `400` body (`{"error": {"message"}}` for both OpenAI and Anthropic),
+/// or the body's start.
+fn refusal_message(body: &str) -> String {
+    let message = serde_json::from_str::<Value>(body)
+        .ok()
+        .and_then(|v| {
+            v.pointer("/error/message")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        })
+        .unwrap_or_else(|| body.to_string());
+    message.chars().take(MAX_REFUSAL_CHARS).collect()
+}
+
+/// Whether a `400` says the endpoint does not support the provider's tool search (the search tool,
+/// `defer_loading` or namespaces), so the request is worth sending again without them.
+pub fn refuses_tool_search(error: &LlmError) -> bool {
+    let LlmError::Refused(message) = error else {
+        return false;
+    };
+    let message = message.to_ascii_lowercase();
+    [
+        "tool_search",
+        "tool search",
+        "defer_loading",
+        "namespace",
+        "tool_reference",
+    ]
+    .iter()
+    .any(|word| message.contains(word))
+}
+
 /// Send a request with at most one retry, on 429 or 5xx, honouring `Retry-After` (capped).
 /// The whole exchange is bounded by `timeout`. Tool calls are never executed here, so a retry can
 /// never run a tool twice.
@@ -145,6 +196,10 @@ pub async fn send_with_retry(
                     .json::<Value>()
                     .await
                     .map_err(|e| LlmError::BadResponse(e.without_url().to_string()));
+            }
+            if status == reqwest::StatusCode::BAD_REQUEST {
+                let body = resp.text().await.unwrap_or_default();
+                return Err(LlmError::Refused(refusal_message(&body)));
             }
             let retryable = status.as_u16() == 429 || status.is_server_error();
             if try_no == 0 && retryable {
@@ -174,8 +229,49 @@ pub fn parse_arguments(raw: &str) -> Value {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// A tool as Gate A would list it, in the namespace of its first name segment.
+    pub(crate) fn spec(name: &str, deferred: bool) -> ToolSpec {
+        ToolSpec {
+            name: name.into(),
+            description: format!("{name} does it"),
+            input_schema: serde_json::json!({"type": "object",
+                "properties": {"note": {"type": "string"}}}),
+            read_only: false,
+            danger: "safe".into(),
+            requires_approval: false,
+            server: None,
+            title: None,
+            namespace: name.split('.').next().map(str::to_string),
+            deferred,
+        }
+    }
+
+    /// A recorded provider shape (`gateway/tests/fixtures/llm/`; each file says where it is from).
+    pub(crate) fn fixture(name: &str) -> Value {
+        let path = format!("{}/tests/fixtures/llm/{name}", env!("CARGO_MANIFEST_DIR"));
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
+    }
+
+    #[test]
+    fn a_400_naming_tool_search_is_told_apart() {
+        let refused = |m: &str| LlmError::Refused(refusal_message(m));
+        assert!(refuses_tool_search(&refused(
+            r#"{"error": {"type": "invalid_request_error", "message": "Unknown parameter: 'tools[3].defer_loading'."}}"#
+        )));
+        assert!(refuses_tool_search(&refused(
+            r#"{"type": "error", "error": {"type": "invalid_request_error", "message": "tools.0: Input tag 'tool_search_tool_bm25_20251119' found using 'type' does not match any of the expected tags"}}"#
+        )));
+        assert!(!refuses_tool_search(&refused(
+            r#"{"error": {"message": "max_tokens: must be at most 8192"}}"#
+        )));
+        assert!(!refuses_tool_search(&LlmError::Upstream(500)));
+        let long = refusal_message(&"x".repeat(5000));
+        assert_eq!(long.chars().count(), MAX_REFUSAL_CHARS);
+    }
 
     #[test]
     fn wire_names_round_trip() {
@@ -188,6 +284,8 @@ mod tests {
             requires_approval: false,
             server: None,
             title: None,
+            namespace: None,
+            deferred: false,
         }];
         assert_eq!(wire_name("invoice.get"), "invoice__get");
         assert_eq!(tool_name_from_wire("invoice__get", &tools), "invoice.get");

@@ -271,19 +271,19 @@ impl ChatModel for Offline {
                 })
             });
             return Ok(match call {
-                Some(c) => Completion { text: String::new(), tool_calls: vec![c] },
+                Some(c) => Completion { tool_calls: vec![c], ..Completion::default() },
                 None => Completion {
                     text: "I can't answer that from the tools available on this page, and I won't guess. \
                            Try asking about what this page shows."
                         .into(),
-                    tool_calls: vec![],
+                    ..Completion::default()
                 },
             });
         }
         if let Some(c) = follow_up(&results, tools, &done) {
             return Ok(Completion {
-                text: String::new(),
                 tool_calls: vec![c],
+                ..Completion::default()
             });
         }
         let mut text = String::from("Here is what the tools on this page returned:\n");
@@ -293,7 +293,7 @@ impl ChatModel for Offline {
         }
         Ok(Completion {
             text: text.trim_end().to_string(),
-            tool_calls: vec![],
+            ..Completion::default()
         })
     }
 }
@@ -312,6 +312,8 @@ mod tests {
             requires_approval: false,
             server: None,
             title: None,
+            namespace: None,
+            deferred: false,
         }
     }
 
@@ -371,6 +373,7 @@ mod tests {
             Message::Assistant {
                 text: String::new(),
                 tool_calls: vec![call],
+                provider_items: vec![],
             },
             Message::Tool {
                 call_id: "invoice.get:1".into(),
@@ -384,6 +387,7 @@ mod tests {
         msgs.push(Message::Assistant {
             text: String::new(),
             tool_calls: c.tool_calls.clone(),
+            provider_items: vec![],
         });
         msgs.push(Message::Tool { call_id: c.tool_calls[0].id.clone(), name: "read_doc_pages".into(),
             content: json!({"status": "ok", "result": {"pages": [{"page": 1, "text": "Total 1,257.00 EUR"}]}}).to_string() });

@@ -1,22 +1,101 @@
-//! OpenAI-compatible chat completions with tools (OpenAI, vLLM, Ollama, llama.cpp server).
+//! OpenAI-compatible models with tools: Chat Completions (OpenAI, vLLM, Ollama, llama.cpp server),
+//! or OpenAI's Responses API with its hosted tool search (`CTXGUARD_OPENAI_API`).
+//!
+//! Deferred tools ([`ToolSpec::deferred`]): Chat Completions has no tool search, so they are left
+//! out (the loop's `find_tools` reaches them). The Responses API gets them with
+//! `"defer_loading": true`, those of a namespace (`invoice.get`, `invoice.mark_paid`) grouped in a
+//! `{"type": "namespace"}` entry, beside `{"type": "tool_search"}`. OpenAI searches only the tools
+//! of this request, which are the ones Gate A listed; a tool it loads comes back as an ordinary
+//! `function_call`, which runs through Gate B like any other. The search (`tool_search_call`,
+//! `tool_search_output`) comes back as [`Completion::provider_items`] and goes back in the next
+//! request's `input`. An endpoint that refuses any of it (a `400` naming tool search,
+//! `defer_loading` or namespaces) gets the request again without them, and so does every later
+//! request of this provider.
 
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::{json, Value};
 
 use super::{
-    parse_arguments, send_with_retry, tool_name_from_wire, wire_name, ChatModel, Completion,
-    Endpoint, LlmError, Message, ToolCall, ToolSpec,
+    parse_arguments, refuses_tool_search, send_with_retry, tool_name_from_wire, wire_name,
+    ChatModel, Completion, Endpoint, LlmError, Message, ToolCall, ToolSpec,
 };
+use crate::config::OpenAiApi;
 
-pub struct OpenAi(pub Endpoint);
+/// Most function definitions one request carries: OpenAI's documented cap ("a max of 128
+/// functions"). Past it, the last-ranked deferred tools are left out first.
+pub const MAX_FUNCTIONS: usize = 128;
+/// The Responses API's output and input items of a tool search, sent back as they came.
+const SEARCH_ITEMS: [&str; 2] = ["tool_search_call", "tool_search_output"];
+
+pub struct OpenAi {
+    endpoint: Endpoint,
+    api: OpenAiApi,
+    /// Cleared for good when the endpoint refuses tool search (Responses API only).
+    tool_search: AtomicBool,
+}
 
 impl OpenAi {
     pub fn new(base_url: &str, api_key: Option<String>, model: &str, timeout: Duration) -> OpenAi {
-        OpenAi(Endpoint::new(base_url, api_key, model, timeout))
+        OpenAi {
+            endpoint: Endpoint::new(base_url, api_key, model, timeout),
+            api: OpenAiApi::Chat,
+            tool_search: AtomicBool::new(true),
+        }
+    }
+
+    pub fn with_api(mut self, api: OpenAiApi) -> OpenAi {
+        self.api = api;
+        self
+    }
+
+    async fn send(&self, path: &str, body: &Value) -> Result<Value, LlmError> {
+        let url = format!("{}/{path}", self.endpoint.base_url);
+        send_with_retry(
+            || {
+                let r = self.endpoint.client.post(&url).json(body);
+                match &self.endpoint.api_key {
+                    Some(k) => r.bearer_auth(k),
+                    None => r,
+                }
+            },
+            self.endpoint.timeout,
+        )
+        .await
     }
 }
+
+/// The tools one request may define, in the loop's order: at most `cap`, the loaded ones before
+/// (with `search`) the deferred ones.
+fn offered(tools: &[ToolSpec], search: bool, cap: usize) -> Vec<&ToolSpec> {
+    let loaded = tools.iter().filter(|t| !t.deferred).count();
+    let mut loaded_room = cap;
+    let mut deferred_room = if search {
+        cap.saturating_sub(loaded)
+    } else {
+        0
+    };
+    let take = |room: &mut usize| {
+        let fits = *room > 0;
+        *room = room.saturating_sub(1);
+        fits
+    };
+    tools
+        .iter()
+        .filter(|t| {
+            if t.deferred {
+                take(&mut deferred_room)
+            } else {
+                take(&mut loaded_room)
+            }
+        })
+        .collect()
+}
+
+// ---- Chat Completions ----
 
 fn wire_messages(messages: &[Message]) -> Vec<Value> {
     messages
@@ -24,10 +103,14 @@ fn wire_messages(messages: &[Message]) -> Vec<Value> {
         .map(|m| match m {
             Message::System(t) => json!({"role": "system", "content": t}),
             Message::User(t) => json!({"role": "user", "content": t}),
-            Message::Assistant { text, tool_calls } if tool_calls.is_empty() => {
+            Message::Assistant {
+                text, tool_calls, ..
+            } if tool_calls.is_empty() => {
                 json!({"role": "assistant", "content": text})
             }
-            Message::Assistant { text, tool_calls } => json!({
+            Message::Assistant {
+                text, tool_calls, ..
+            } => json!({
                 "role": "assistant",
                 "content": if text.is_empty() { Value::Null } else { Value::String(text.clone()) },
                 "tool_calls": tool_calls.iter().map(|c| json!({
@@ -42,6 +125,288 @@ fn wire_messages(messages: &[Message]) -> Vec<Value> {
         .collect()
 }
 
+/// A Chat Completions request: the loaded tools only (no tool search there).
+pub fn chat_body(model: &str, messages: &[Message], tools: &[ToolSpec]) -> Value {
+    let mut body = json!({"model": model, "messages": wire_messages(messages)});
+    let tools = offered(tools, false, MAX_FUNCTIONS);
+    if !tools.is_empty() {
+        body["tools"] = tools
+            .iter()
+            .map(|t| json!({"type": "function", "function": {
+                "name": wire_name(&t.name), "description": t.description, "parameters": t.input_schema}}))
+            .collect();
+    }
+    body
+}
+
+pub fn read_chat(resp: &Value, tools: &[ToolSpec]) -> Result<Completion, LlmError> {
+    let msg = resp
+        .pointer("/choices/0/message")
+        .ok_or_else(|| LlmError::BadResponse("no choices[0].message".into()))?;
+    let text = msg
+        .get("content")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    let tool_calls = msg
+        .get("tool_calls")
+        .and_then(Value::as_array)
+        .map(|calls| {
+            calls
+                .iter()
+                .enumerate()
+                .map(|(i, c)| ToolCall {
+                    id: c
+                        .get("id")
+                        .and_then(Value::as_str)
+                        .map_or_else(|| format!("call_{i}"), str::to_string),
+                    name: tool_name_from_wire(
+                        c.pointer("/function/name")
+                            .and_then(Value::as_str)
+                            .unwrap_or_default(),
+                        tools,
+                    ),
+                    arguments: parse_arguments(
+                        c.pointer("/function/arguments")
+                            .and_then(Value::as_str)
+                            .unwrap_or("{}"),
+                    ),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok(Completion {
+        text,
+        tool_calls,
+        ..Completion::default()
+    })
+}
+
+// ---- Responses API ----
+
+/// The namespace a tool is grouped in on the wire, and its name inside it: `invoice.mark_paid` in
+/// `invoice` is `mark_paid` there. Only a tool whose name starts with its namespace and a dot is
+/// grouped (a namespace of one undotted tool is just that tool).
+fn grouped(t: &ToolSpec) -> Option<(&str, &str)> {
+    let ns = t.namespace.as_deref().filter(|ns| !ns.is_empty())?;
+    let inner = t.name.strip_prefix(ns)?.strip_prefix('.')?;
+    (!inner.is_empty()).then_some((ns, inner))
+}
+
+fn function(name: &str, t: &ToolSpec) -> Value {
+    // `strict` is sent: the Responses API otherwise applies strict validation, which our schemas
+    // (optional properties) are not written for.
+    let mut f = json!({"type": "function", "name": name, "description": t.description,
+        "parameters": t.input_schema, "strict": false});
+    if t.deferred {
+        f["defer_loading"] = Value::Bool(true);
+    }
+    f
+}
+
+/// The `tools` of a Responses request. With `search` and a deferred tool: namespaces that hold a
+/// deferred tool become `namespace` entries (with every tool of theirs this request offers), the
+/// rest are top-level functions, and `tool_search` is last. Without: the loaded tools as
+/// top-level functions.
+fn responses_tools(tools: &[ToolSpec], search: bool) -> Vec<Value> {
+    let search = search && tools.iter().any(|t| t.deferred);
+    let cap = if search {
+        MAX_FUNCTIONS - 1
+    } else {
+        MAX_FUNCTIONS
+    };
+    let offered = offered(tools, search, cap);
+    let mut members: BTreeMap<&str, Vec<&ToolSpec>> = BTreeMap::new();
+    if search {
+        for t in &offered {
+            if let Some((ns, _)) = grouped(t) {
+                members.entry(ns).or_default().push(t);
+            }
+        }
+        members.retain(|_, ts| ts.iter().any(|t| t.deferred));
+    }
+    let mut out: Vec<Value> = Vec::new();
+    let mut placed: Vec<&str> = Vec::new();
+    for t in &offered {
+        match grouped(t).filter(|(ns, _)| members.contains_key(ns)) {
+            Some((ns, _)) if placed.contains(&ns) => {}
+            Some((ns, _)) => {
+                placed.push(ns);
+                let group = &members[ns];
+                let inner: Vec<&str> = group
+                    .iter()
+                    .filter_map(|t| grouped(t))
+                    .map(|g| g.1)
+                    .collect();
+                let description: String = format!("{} tools: {}.", ns, inner.join(", "))
+                    .chars()
+                    .take(1024)
+                    .collect();
+                let functions: Vec<Value> = group
+                    .iter()
+                    .filter_map(|t| grouped(t).map(|(_, name)| function(&wire_name(name), t)))
+                    .collect();
+                out.push(json!({"type": "namespace", "name": wire_name(ns),
+                    "description": description, "tools": functions}));
+            }
+            None => out.push(function(&wire_name(&t.name), t)),
+        }
+    }
+    if search {
+        out.push(json!({"type": "tool_search"}));
+    }
+    out
+}
+
+/// One step's output items as `input` items, in the order the API gave them: its tool search
+/// (with `search`), its text, its function calls as the loop kept them.
+fn assistant_items(
+    text: &str,
+    tool_calls: &[ToolCall],
+    provider_items: &[Value],
+    search: bool,
+    out: &mut Vec<Value>,
+) {
+    if search {
+        for item in provider_items.iter().filter(|i| {
+            i.get("type")
+                .and_then(Value::as_str)
+                .is_some_and(|k| SEARCH_ITEMS.contains(&k))
+        }) {
+            // Without the output item's `id`: the request stands on its own (`store: false`).
+            let mut item = item.clone();
+            if let Some(fields) = item.as_object_mut() {
+                fields.remove("id");
+            }
+            out.push(item);
+        }
+    }
+    if !text.is_empty() {
+        out.push(json!({"role": "assistant", "content": text}));
+    }
+    for c in tool_calls {
+        // A call of a namespaced tool goes back with the name and namespace the API gave it.
+        let named = provider_items.iter().find(|i| {
+            i.get("type").and_then(Value::as_str) == Some("function_call")
+                && i.get("call_id").and_then(Value::as_str) == Some(c.id.as_str())
+        });
+        let mut call = json!({"type": "function_call", "call_id": c.id,
+            "name": wire_name(&c.name), "arguments": c.arguments.to_string()});
+        if let (true, Some(named)) = (search, named) {
+            call["name"] = named["name"].clone();
+            call["namespace"] = named["namespace"].clone();
+        }
+        out.push(call);
+    }
+}
+
+/// A Responses API request. `search`: whether tool search is in use for this provider.
+pub fn responses_body(
+    model: &str,
+    messages: &[Message],
+    tools: &[ToolSpec],
+    search: bool,
+) -> Value {
+    let instructions: Vec<&str> = messages
+        .iter()
+        .filter_map(|m| match m {
+            Message::System(s) => Some(s.as_str()),
+            _ => None,
+        })
+        .collect();
+    let mut input: Vec<Value> = Vec::new();
+    for m in messages {
+        match m {
+            Message::System(_) => {}
+            Message::User(t) => input.push(json!({"role": "user", "content": t})),
+            Message::Assistant {
+                text,
+                tool_calls,
+                provider_items,
+            } => assistant_items(text, tool_calls, provider_items, search, &mut input),
+            Message::Tool {
+                call_id, content, ..
+            } => input.push(
+                json!({"type": "function_call_output", "call_id": call_id, "output": content}),
+            ),
+        }
+    }
+    let mut body = json!({"model": model, "input": input, "store": false});
+    if !instructions.is_empty() {
+        body["instructions"] = Value::String(instructions.join("\n\n"));
+    }
+    let tools = responses_tools(tools, search);
+    if !tools.is_empty() {
+        body["tools"] = Value::Array(tools);
+    }
+    body
+}
+
+/// The dotted tool a `function_call` names: `namespace__name` when that is a tool of this request
+/// (or `name` alone is not), else `name`; the database judges whatever it is.
+fn called_tool(name: &str, namespace: Option<&str>, tools: &[ToolSpec]) -> String {
+    let sent = |wire: &str| tools.iter().any(|t| wire_name(&t.name) == wire);
+    match namespace.filter(|ns| !ns.is_empty()) {
+        Some(ns) => {
+            let qualified = format!("{ns}__{name}");
+            if sent(&qualified) || !sent(name) {
+                tool_name_from_wire(&qualified, tools)
+            } else {
+                tool_name_from_wire(name, tools)
+            }
+        }
+        None => tool_name_from_wire(name, tools),
+    }
+}
+
+pub fn read_responses(resp: &Value, tools: &[ToolSpec]) -> Result<Completion, LlmError> {
+    let items = resp
+        .get("output")
+        .and_then(Value::as_array)
+        .ok_or_else(|| LlmError::BadResponse("no output".into()))?;
+    let mut out = Completion::default();
+    for (i, item) in items.iter().enumerate() {
+        let str_of = |k: &str| item.get(k).and_then(Value::as_str);
+        match str_of("type") {
+            Some("message") => {
+                for part in item
+                    .get("content")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                {
+                    let text = match part.get("type").and_then(Value::as_str) {
+                        Some("output_text") => part.get("text"),
+                        Some("refusal") => part.get("refusal"),
+                        _ => None,
+                    };
+                    out.text
+                        .push_str(text.and_then(Value::as_str).unwrap_or_default());
+                }
+            }
+            Some("function_call") => {
+                let id = str_of("call_id")
+                    .or_else(|| str_of("id"))
+                    .map_or_else(|| format!("call_{i}"), str::to_string);
+                let name = str_of("name").unwrap_or_default();
+                if let Some(ns) = str_of("namespace") {
+                    out.provider_items.push(json!({"type": "function_call",
+                        "call_id": id, "name": name, "namespace": ns}));
+                }
+                out.tool_calls.push(ToolCall {
+                    name: called_tool(name, str_of("namespace"), tools),
+                    arguments: parse_arguments(str_of("arguments").unwrap_or("{}")),
+                    id,
+                });
+            }
+            Some(kind) if SEARCH_ITEMS.contains(&kind) => out.provider_items.push(item.clone()),
+            // Reasoning and anything else stay with the provider.
+            _ => {}
+        }
+    }
+    Ok(out)
+}
+
 #[async_trait]
 impl ChatModel for OpenAi {
     fn provider(&self) -> &'static str {
@@ -53,61 +418,240 @@ impl ChatModel for OpenAi {
         messages: &[Message],
         tools: &[ToolSpec],
     ) -> Result<Completion, LlmError> {
-        let mut body = json!({"model": self.0.model, "messages": wire_messages(messages)});
-        if !tools.is_empty() {
-            body["tools"] = tools
-                .iter()
-                .map(|t| json!({"type": "function", "function": {
-                    "name": wire_name(&t.name), "description": t.description, "parameters": t.input_schema}}))
-                .collect();
+        let model = &self.endpoint.model;
+        if self.api == OpenAiApi::Chat {
+            let resp = self
+                .send("chat/completions", &chat_body(model, messages, tools))
+                .await?;
+            return read_chat(&resp, tools);
         }
-        let url = format!("{}/chat/completions", self.0.base_url);
-        let resp = send_with_retry(
-            || {
-                let r = self.0.client.post(&url).json(&body);
-                match &self.0.api_key {
-                    Some(k) => r.bearer_auth(k),
-                    None => r,
-                }
-            },
-            self.0.timeout,
-        )
-        .await?;
-        let msg = resp
-            .pointer("/choices/0/message")
-            .ok_or_else(|| LlmError::BadResponse("no choices[0].message".into()))?;
-        let text = msg
-            .get("content")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string();
-        let tool_calls = msg
-            .get("tool_calls")
-            .and_then(Value::as_array)
-            .map(|calls| {
-                calls
-                    .iter()
-                    .enumerate()
-                    .map(|(i, c)| ToolCall {
-                        id: c
-                            .get("id")
-                            .and_then(Value::as_str)
-                            .map_or_else(|| format!("call_{i}"), str::to_string),
-                        name: tool_name_from_wire(
-                            c.pointer("/function/name")
-                                .and_then(Value::as_str)
-                                .unwrap_or_default(),
-                            tools,
-                        ),
-                        arguments: parse_arguments(
-                            c.pointer("/function/arguments")
-                                .and_then(Value::as_str)
-                                .unwrap_or("{}"),
-                        ),
-                    })
-                    .collect()
+        let search = self.tool_search.load(Ordering::Relaxed) && tools.iter().any(|t| t.deferred);
+        let resp = match self
+            .send("responses", &responses_body(model, messages, tools, search))
+            .await
+        {
+            Err(e) if search && refuses_tool_search(&e) => {
+                tracing::warn!(error = %e, "the Responses endpoint refuses tool search: deferred tools are left out from now on");
+                self.tool_search.store(false, Ordering::Relaxed);
+                self.send("responses", &responses_body(model, messages, tools, false))
+                    .await?
+            }
+            r => r?,
+        };
+        read_responses(&resp, tools)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::llm::tests::{fixture, spec};
+
+    fn messages() -> Vec<Message> {
+        vec![
+            Message::System("You are on invoice_detail.".into()),
+            Message::User("pay this invoice".into()),
+        ]
+    }
+
+    fn tools() -> Vec<ToolSpec> {
+        vec![
+            spec("invoice.get", false),
+            spec("invoice.mark_paid", true),
+            spec("read_doc_pages", true),
+            spec("vendor.list", false),
+        ]
+    }
+
+    #[test]
+    fn chat_completions_get_the_loaded_tools_only() {
+        let body = chat_body("gpt-test", &messages(), &tools());
+        let names: Vec<&str> = body["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["function"]["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["invoice__get", "vendor__list"]);
+        assert!(!body.to_string().contains("defer_loading"));
+        // Nothing deferred: every tool, as before.
+        let all: Vec<ToolSpec> = tools()
+            .into_iter()
+            .map(|t| ToolSpec {
+                deferred: false,
+                ..t
             })
-            .unwrap_or_default();
-        Ok(Completion { text, tool_calls })
+            .collect();
+        assert_eq!(
+            chat_body("gpt-test", &messages(), &all)["tools"]
+                .as_array()
+                .unwrap()
+                .len(),
+            4
+        );
+    }
+
+    #[test]
+    fn responses_requests_have_the_recorded_shapes() {
+        let recorded = fixture("openai_responses_tool_search.json");
+        let schema = &recorded["request_schema"];
+        let body = responses_body("gpt-test", &messages(), &tools(), true);
+        assert_eq!(body["store"], json!(false));
+        assert_eq!(body["instructions"], "You are on invoice_detail.");
+        let wire = body["tools"].as_array().unwrap();
+        let kinds: Vec<&str> = wire.iter().map(|t| t["type"].as_str().unwrap()).collect();
+        // invoice.* grouped (it holds a deferred tool), the lone read_doc_pages deferred at the
+        // top level, vendor.list (no deferred tool in vendor) a plain function, tool_search last.
+        assert_eq!(kinds, ["namespace", "function", "function", "tool_search"]);
+        let check = |value: &Value, required: &str| {
+            for k in schema[required].as_array().unwrap() {
+                let k = k.as_str().unwrap();
+                assert!(value.get(k).is_some(), "{k} missing in {value}");
+            }
+        };
+        let ns = &wire[0];
+        check(ns, "namespace_required");
+        assert_eq!(ns["name"], "invoice");
+        assert_eq!(
+            ns.get("defer_loading"),
+            None,
+            "defer_loading goes on the functions inside"
+        );
+        let inner = ns["tools"].as_array().unwrap();
+        for f in inner {
+            check(f, "function_required");
+        }
+        assert_eq!(
+            inner
+                .iter()
+                .map(|f| (f["name"].as_str().unwrap(), f.get("defer_loading").cloned()))
+                .collect::<Vec<_>>(),
+            [("get", None), ("mark_paid", Some(json!(true)))]
+        );
+        check(&wire[1], "function_required");
+        assert_eq!(
+            (wire[1]["name"].as_str(), &wire[1]["defer_loading"]),
+            (Some("read_doc_pages"), &json!(true))
+        );
+        assert_eq!(wire[2]["name"], "vendor__list");
+        assert_eq!(wire[2].get("defer_loading"), None);
+        assert_eq!(wire[3], recorded["request"]["tools"][1]);
+        // The recorded request's own entries pass the same checks.
+        check(&recorded["request"]["tools"][0], "namespace_required");
+        for f in recorded["request"]["tools"][0]["tools"].as_array().unwrap() {
+            check(f, "function_required");
+        }
+        // Refused by the endpoint: the loaded tools as top-level functions, nothing else.
+        let fallback = responses_body("gpt-test", &messages(), &tools(), false);
+        let names: Vec<&str> = fallback["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["invoice__get", "vendor__list"]);
+        assert!(!fallback.to_string().contains("defer_loading"));
+        assert!(!fallback.to_string().contains("tool_search"));
+    }
+
+    #[test]
+    fn a_recorded_search_then_namespaced_call_reads_as_one_tool_call_and_goes_back() {
+        let recorded = fixture("openai_responses_tool_search.json");
+        let tools = tools();
+        let out = read_responses(&recorded["response"], &tools).unwrap();
+        assert_eq!(
+            out.tool_calls,
+            [ToolCall {
+                id: "call_abc123".into(),
+                name: "invoice.mark_paid".into(),
+                arguments: json!({"note": "paid by wire"}),
+            }]
+        );
+        let mut history = messages();
+        history.push(Message::Assistant {
+            text: out.text.clone(),
+            tool_calls: out.tool_calls.clone(),
+            provider_items: out.provider_items.clone(),
+        });
+        history.push(Message::Tool {
+            call_id: "call_abc123".into(),
+            name: "invoice.mark_paid".into(),
+            content: "{\"status\":\"ok\"}".into(),
+        });
+        let next = responses_body("gpt-test", &history, &tools, true);
+        let input = next["input"].as_array().unwrap();
+        let kinds: Vec<&str> = input
+            .iter()
+            .map(|i| i["type"].as_str().or(i["role"].as_str()).unwrap())
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                "user",
+                "tool_search_call",
+                "tool_search_output",
+                "function_call",
+                "function_call_output"
+            ]
+        );
+        // The search items as they came, without their output ids.
+        let mut search_call = recorded["response"]["output"][0].clone();
+        search_call.as_object_mut().unwrap().remove("id");
+        assert_eq!(input[1], search_call);
+        assert_eq!(
+            input[2]["tools"],
+            recorded["response"]["output"][1]["tools"]
+        );
+        // The function call with the name and namespace the API gave it.
+        let call = &input[3];
+        for k in recorded["request_schema"]["function_call_required"]
+            .as_array()
+            .unwrap()
+        {
+            assert!(call.get(k.as_str().unwrap()).is_some(), "{k} in {call}");
+        }
+        assert_eq!(
+            (call["name"].as_str(), call["namespace"].as_str()),
+            (Some("mark_paid"), Some("invoice"))
+        );
+        assert_eq!(input[4]["output"], "{\"status\":\"ok\"}");
+    }
+
+    #[test]
+    fn names_are_decoded_as_sent_and_unsent_ones_left_for_the_database() {
+        let tools = tools();
+        assert_eq!(
+            called_tool("mark_paid", Some("invoice"), &tools),
+            "invoice.mark_paid"
+        );
+        assert_eq!(
+            called_tool("invoice__get", Some("invoice"), &tools),
+            "invoice.get"
+        );
+        assert_eq!(
+            called_tool("read_doc_pages", None, &tools),
+            "read_doc_pages"
+        );
+        // Never sent (Gate A hid it): decoded the same way, and Gate B refuses it.
+        assert_eq!(called_tool("drop", Some("admin"), &tools), "admin.drop");
+        assert_eq!(called_tool("admin__drop", None, &tools), "admin.drop");
+    }
+
+    #[test]
+    fn no_request_defines_more_than_the_cap() {
+        let many: Vec<ToolSpec> = (0..300)
+            .map(|i| spec(&format!("bulk.t{i}"), i >= 100))
+            .collect();
+        let body = responses_body("gpt-test", &messages(), &many, true);
+        let functions: usize = body["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["tools"].as_array().map_or(1, Vec::len))
+            .sum();
+        // One namespace of 127 functions (all 100 loaded ones first) and tool_search.
+        assert_eq!(functions, MAX_FUNCTIONS);
+        let chat = chat_body("gpt-test", &messages(), &many);
+        assert_eq!(chat["tools"].as_array().unwrap().len(), 100);
     }
 }
