@@ -49,6 +49,16 @@ export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 # Each line carries the wall-clock time and the seconds since the script began (where a run's time goes).
 log() { printf '\033[1m==> [%s +%ss] %s\033[0m\n' "$(date +%T)" "$SECONDS" "$*" >&2; }
 
+# The gateway binary the client suites run (tests/mcp, tests/oidc, tests/ui): by default the debug
+# build scripts/test.sh has already made for the integration tests, so that CI compiles no second
+# (release) gateway; CTXGUARD_TEST_GATEWAY_PROFILE=release runs them on the release build.
+test_gateway_bin() {
+  local profile=${CTXGUARD_TEST_GATEWAY_PROFILE:-debug} flag=()
+  [ "$profile" = release ] && flag=(--release)
+  cargo build --locked "${flag[@]}" -p ctxguard-gateway >/dev/null
+  echo "$CARGO_TARGET_DIR/$profile/ctxguard-gateway"
+}
+
 # Run a command as the postgres OS user when we are root (initdb refuses root).
 as_pg() {
   if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi

@@ -83,7 +83,7 @@ SQL
 # Not the address the tests use: what the gateway advertises comes from here, never from Host.
 PUBLIC_URL=https://ctxguard.test
 log "gateway on :$GW_PORT, as $GW_USER, with its secrets in the environment, in files and on its command line"
-cargo build --locked --release -p ctxguard-gateway >/dev/null
+GWBIN=$(test_gateway_bin)
 # Each secret is a distinct string the snooping stdio server must not find. The database ignores the
 # passwords (trust authentication); the gateway must still keep them to itself.
 DB_SECRET=db-secret-$RANDOM$RANDOM ARGV_SECRET=argv-secret-$RANDOM$RANDOM KEY_SECRET=sk-file-secret-$RANDOM$RANDOM
@@ -98,7 +98,7 @@ CTXGUARD_LLM_API_KEY_FILE="$WORK/llm_api_key" \
 CTXGUARD_LISTEN="127.0.0.1:$GW_PORT" CTXGUARD_PROVIDER=offline CTXGUARD_MCP_CONNECT_TIMEOUT_MS=15000 \
 CTXGUARD_PUBLIC_URL="$PUBLIC_URL" CTXGUARD_MCP_ALLOWED_ORIGINS="http://app.test:8080,http://127.0.0.1:$CONF_PORT" \
 CTXGUARD_MCP_SESSION_IDLE_TIMEOUT_MS=3000 CTXGUARD_MCP_KEEPALIVE_MS=300 \
-  "${GW_AS[@]}" "$CARGO_TARGET_DIR/release/ctxguard-gateway" \
+  "${GW_AS[@]}" "$GWBIN" \
   --discovery-database-url "host=$RUN port=$PGPORT user=ctxguard_discovery dbname=$DB password=$ARGV_SECRET" \
   >"$WORK/gateway.log" 2>&1 & PIDS+=($!)
 for _ in $(seq 300); do grep -q "upstream MCP discovery done" "$WORK/gateway.log" && break; sleep 0.1; done
@@ -110,7 +110,7 @@ kill "$FLAKY_PID"  # discovered, then gone
 export CTXGUARD_MCP_URL="http://127.0.0.1:$GW_PORT" CTXGUARD_MCP_WORK="$WORK" CTXGUARD_MCP_PUBLIC_URL="$PUBLIC_URL"
 export CTXGUARD_SECRETS="$DB_SECRET,$ARGV_SECRET,$KEY_SECRET,$ENV_SECRET,server-secret-for-scans"
 # For the gateway that runs its stdio servers as another user (root only: it needs the capabilities).
-export CTXGUARD_GATEWAY_BIN="$CARGO_TARGET_DIR/release/ctxguard-gateway" CTXGUARD_GW_USER="$GW_USER"
+export CTXGUARD_GATEWAY_BIN="$GWBIN" CTXGUARD_GW_USER="$GW_USER"
 export CTXGUARD_RUNAS_DATABASE_URL="host=$RUN port=$PGPORT user=ctxguard_gateway dbname=${DB}_runas"
 export CTXGUARD_RUNAS_PORT="$RUNAS_PORT" CTXGUARD_STDIO_USER="$STDIO_USER"
 export CTXGUARD_ADMIN_PSQL="host=$RUN port=$PGPORT user=postgres dbname=$DB"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # MCP authorization end to end against a real OpenID provider (npm oidc-provider): the provider's
-# JWKS written by `ctxguard-gateway jwks-sync` (the release binary, as a DBA's timer runs it), a
+# JWKS written by `ctxguard-gateway jwks-sync` (the gateway binary, as a DBA's timer runs it), a
 # database configured for the provider (issuer, audience = the gateway's /mcp, claim paths), the
 # gateway with CTXGUARD_OAUTH_ISSUER, and the official MCP Python SDK's OAuth client
 # (tests/oidc/test_mcp_oauth.py). Called by scripts/test.sh after the client integration tests (which
@@ -31,8 +31,7 @@ OIDC_NODE_MODULES="$OIDC_NODE_MODULES" OIDC_PORT="$P_PORT" OIDC_KEYS="$OIDC_DIR/
 for _ in $(seq 300); do grep -q "^ready" "$WORK/provider.log" && break; sleep 0.1; done
 grep -q "^ready $ISSUER" "$WORK/provider.log" || { cat "$WORK/provider.log"; exit 1; }
 
-cargo build --locked --release -p ctxguard-gateway >/dev/null
-GWBIN=$CARGO_TARGET_DIR/release/ctxguard-gateway
+GWBIN=$(test_gateway_bin)
 log "jwks-sync from $ISSUER (the subcommand, as a timer runs it)"
 rm -f "$OIDC_DIR/jwks.json"
 "$GWBIN" jwks-sync --issuer "$ISSUER" --out "$OIDC_DIR/jwks.json" | tee "$WORK/sync.out"

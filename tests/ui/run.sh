@@ -35,12 +35,12 @@ gateway_user
 install -m 600 "$RUN/jwt_secret" "$WORK/jwt_secret"
 [ "$(id -u)" = 0 ] && chown "$GW_USER" "$WORK/jwt_secret"
 log "gateway in demo mode on :$GW_PORT, as $GW_USER"
-cargo build --locked --release -p ctxguard-gateway >/dev/null
+GWBIN=$(test_gateway_bin)
 CTXGUARD_DATABASE_URL="host=$RUN port=$PGPORT user=ctxguard_gateway dbname=$DB" \
 CTXGUARD_DEMO_DATABASE_URL="host=$RUN port=$PGPORT user=ctxguard_app dbname=$DB" \
 CTXGUARD_LISTEN="127.0.0.1:$GW_PORT" CTXGUARD_PROVIDER=offline \
 CTXGUARD_DEMO=true CTXGUARD_DEMO_JWT_SECRET_FILE="$WORK/jwt_secret" \
-  "${GW_AS[@]}" "$CARGO_TARGET_DIR/release/ctxguard-gateway" >"$WORK/gateway.log" 2>&1 &
+  "${GW_AS[@]}" "$GWBIN" >"$WORK/gateway.log" 2>&1 &
 GW_PID=$!
 trap 'kill $GW_PID 2>/dev/null || true' EXIT
 for _ in $(seq 100); do curl -sf "http://127.0.0.1:$GW_PORT/ready" >/dev/null && break; sleep 0.1; done
