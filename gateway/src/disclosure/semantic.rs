@@ -227,12 +227,7 @@ impl Ranker {
                 let texts: Vec<String> = candidates.iter().map(definition_text).collect();
                 let cached = self.cached(&texts);
                 let computed = tokio::task::spawn_blocking(move || {
-                    let q = model.embed(&query);
-                    let tools: Vec<Option<Vec<f32>>> = cached
-                        .iter()
-                        .zip(&texts)
-                        .map(|(c, t)| c.is_none().then(|| model.embed(t)))
-                        .collect();
+                    let (q, tools) = embed_missing(&model, &query, &texts, &cached);
                     (q, tools, texts)
                 })
                 .await;
@@ -267,16 +262,13 @@ impl Ranker {
         let vectors = match self.embeddings() {
             Embeddings::Local(model) => {
                 let texts: Vec<String> = candidates.iter().map(definition_text).collect();
-                let fresh = self
-                    .cached(&texts)
-                    .iter()
-                    .zip(&texts)
-                    .map(|(c, t)| c.is_none().then(|| model.embed(t)))
-                    .collect();
-                Some((
-                    model.embed(cut(query, MAX_QUERY_BYTES)),
-                    self.merge(&texts, fresh),
-                ))
+                let (q, fresh) = embed_missing(
+                    model,
+                    cut(query, MAX_QUERY_BYTES),
+                    &texts,
+                    &self.cached(&texts),
+                );
+                Some((q, self.merge(&texts, fresh)))
             }
             _ => None,
         };
@@ -415,6 +407,22 @@ impl Ranker {
             .collect();
         Ok((query, self.merge(&texts, fresh)))
     }
+}
+
+/// The query's vector, and the vectors of the `texts` not in `cached` (parallel to `texts`;
+/// `None` where the cache had one). Blocking: call it off the async runtime.
+fn embed_missing(
+    model: &Embedder,
+    query: &str,
+    texts: &[String],
+    cached: &[Option<Arc<Vec<f32>>>],
+) -> (Vec<f32>, Vec<Option<Vec<f32>>>) {
+    let tools = cached
+        .iter()
+        .zip(texts)
+        .map(|(c, t)| c.is_none().then(|| model.embed(t)))
+        .collect();
+    (model.embed(query), tools)
 }
 
 #[cfg(test)]
