@@ -51,6 +51,7 @@ use rmcp::{ErrorData as McpError, Peer, RoleServer, ServerHandler};
 use serde_json::{json, Map, Value};
 use uuid::Uuid;
 
+use crate::compact;
 use crate::db::{Scope, ToolName};
 use crate::error::ApiError;
 use crate::llm::{wire_name, ToolSpec};
@@ -911,6 +912,41 @@ impl Server {
         Ok((caller, scope))
     }
 
+    /// `find_tools` of the compact list: `None` when the page is within the budget (no search
+    /// is offered there). The tools found come back as their definitions, in the shape
+    /// `tools/list` gives (`structuredContent.tools`, and the same JSON as text), to be called by
+    /// name with `tools/call` (Gate B decides). Nothing is remembered: a later `tools/list`
+    /// gives the same compact list.
+    async fn find_tools(
+        &self,
+        scope: &Scope,
+        request: &CallToolRequestParams,
+    ) -> Result<Option<CallToolResult>, ApiError> {
+        let args = Value::Object(request.arguments.clone().unwrap_or_default());
+        let args = match compact::find_args(&args) {
+            Ok(a) => a,
+            Err(m) => return Ok(Some(tool_error("INVALID_ARGUMENT", m, json!({})))),
+        };
+        let (overview, db_order) = self
+            .state
+            .db
+            .overview_and_find(scope, &args.query, compact::candidates_for(&args))
+            .await?;
+        if !self.state.config.tool_budget.exceeded_by(&overview) {
+            return Ok(None);
+        }
+        let db_order = crate::tools::reachable(&self.state, compact::narrow(db_order, &args)).await;
+        let found = compact::found(&args.query, &[], db_order).await;
+        let tools: Vec<Value> = found
+            .iter()
+            .map(|t| serde_json::to_value(to_tool(t)).unwrap_or(Value::Null))
+            .collect();
+        let result = json!({"tools": tools});
+        let mut r = CallToolResult::success(vec![ContentBlock::text(result.to_string())]);
+        r.structured_content = Some(result);
+        Ok(Some(r))
+    }
+
     async fn run_call(
         &self,
         caller: &Caller,
@@ -1071,14 +1107,18 @@ impl ServerHandler for Server {
             // Fail closed: without a page there is nothing to show.
             None => Vec::new(),
             Some(scope) => {
-                let (specs, _) = self
+                let (specs, _, overview) = self
                     .state
                     .db
-                    .page_tools(&scope, None, None)
+                    .page_listing(&scope)
                     .await
                     .map_err(api_error)?;
-                crate::tools::reachable(&self.state, specs)
-                    .await
+                let specs = crate::tools::reachable(&self.state, specs).await;
+                // Over the budget: the page's own tools and find_tools (compact.rs), decided by
+                // the token and page alone (nothing of a session or connection), so a 2026-07-28
+                // client gets the same list for the same token and page on every request.
+                compact::offer(self.state.config.tool_budget, specs, &overview)
+                    .tools
                     .iter()
                     .map(to_tool)
                     .collect()
@@ -1104,6 +1144,17 @@ impl ServerHandler for Server {
             )
             .into());
         };
+        if request.name == compact::FIND_TOOLS {
+            match self.find_tools(&scope, &request).await {
+                Ok(Some(r)) => return Ok(r.into()),
+                // Within the budget there is no search: the name goes to Gate B as any other.
+                Ok(None) => {}
+                Err(ApiError::Unauthorized(m)) | Err(ApiError::Unprocessable(m)) => {
+                    return Ok(tool_error("CONTEXT_INVALID", &m, json!({})).into())
+                }
+                Err(e) => return Err(api_error(e)),
+            }
+        }
         match self.run_call(&caller, scope, request).await {
             Ok(r) => Ok(r.into()),
             Err(ApiError::Unauthorized(m)) | Err(ApiError::Unprocessable(m)) => {
@@ -1155,6 +1206,8 @@ mod tests {
             requires_approval: false,
             server: server.map(Into::into),
             title: None,
+            namespace: None,
+            deferred: false,
         }
     }
 

@@ -26,6 +26,14 @@ pub struct ToolSpec {
     /// The catalog's title (`register_tool`'s `title`), if any.
     #[serde(skip)]
     pub title: Option<String>,
+    /// The tool's namespace (`visible_tools`' column: its name's first segment, or its upstream
+    /// server); `None` for the gateway's own `find_tools`.
+    #[serde(skip)]
+    pub namespace: Option<String>,
+    /// Beyond the tool budget and not offered directly (`compact.rs`): a provider with native tool
+    /// search may send it deferred (loaded on demand); any other provider is not given it.
+    #[serde(skip)]
+    pub deferred: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -72,6 +80,13 @@ pub enum LlmError {
 pub trait ChatModel: Send + Sync {
     /// Provider label for metrics.
     fn provider(&self) -> &'static str;
+    /// Whether this provider searches deferred tools itself (`ToolSpec::deferred`, e.g. Anthropic's
+    /// `defer_loading`, OpenAI Responses' `tool_search`). When it does, the loop hands it the
+    /// deferred tools along with the offered ones; otherwise only the offered ones (the compact
+    /// list, with `find_tools`).
+    fn native_tool_search(&self) -> bool {
+        false
+    }
     /// One model step.
     async fn complete(
         &self,
@@ -188,6 +203,8 @@ mod tests {
             requires_approval: false,
             server: None,
             title: None,
+            namespace: None,
+            deferred: false,
         }];
         assert_eq!(wire_name("invoice.get"), "invoice__get");
         assert_eq!(tool_name_from_wire("invoice__get", &tools), "invoice.get");
