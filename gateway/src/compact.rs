@@ -255,8 +255,9 @@ pub fn find_tools_spec(overview: &Overview, hidden: usize) -> ToolSpec {
         name: FIND_TOOLS.into(),
         description: format!(
             "Find more of this page's tools ({hidden} are not listed). Give `query`: words of what \
-             you need; optionally `namespace`. The tools found can be called from your next step \
-             on. Namespaces (tools): {namespaces}."
+             you need, and optionally `namespace` to search only there (a server's tools come \
+             after the page's own). The tools found can be called from your next step on. \
+             Namespaces (tools): {namespaces}."
         ),
         input_schema: json!({
             "type": "object",

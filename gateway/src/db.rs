@@ -776,6 +776,14 @@ impl Db {
             .unwrap_or_default())
     }
 
+    /// The page's namespaces (what the tool budget is judged on).
+    pub async fn overview(&self, scope: &Scope) -> Result<Overview, ApiError> {
+        let (_, results) = self
+            .transaction(scope, Commit::Durable, &[(sql::NAMESPACES, &[])])
+            .await?;
+        Ok(overview(results.first().map_or(&[][..], Vec::as_slice)))
+    }
+
     /// The page's namespaces and, in the same transaction, `find_tools(query, top_k)` (an MCP
     /// client's search: whether the page is over the budget is decided on the same reading).
     pub async fn overview_and_find(

@@ -39,8 +39,8 @@ use base64::Engine;
 use rmcp::model::{
     CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock,
     Implementation, InitializeRequestParams, InitializeResult, ListToolsResult,
-    PaginatedRequestParams, ProtocolVersion, ServerCapabilities, ServerConfig, SubscriptionFilter,
-    Tool, ToolAnnotations,
+    PaginatedRequestParams, ProtocolVersion, ResultType, ServerCapabilities, ServerConfig,
+    SubscriptionFilter, Tool, ToolAnnotations,
 };
 use rmcp::service::{NotificationContext, RequestContext, SubscriptionContext, SubscriptionSink};
 use rmcp::transport::streamable_http_server::session::{
@@ -923,16 +923,23 @@ impl Server {
         request: &CallToolRequestParams,
     ) -> Result<Option<CallToolResult>, ApiError> {
         let args = Value::Object(request.arguments.clone().unwrap_or_default());
+        let budget = self.state.config.tool_budget;
         let args = match compact::find_args(&args) {
             Ok(a) => a,
-            Err(m) => return Ok(Some(tool_error("INVALID_ARGUMENT", m, json!({})))),
+            // Refused before the search, over the budget only (within it the name is Gate B's).
+            Err(m) => {
+                let overview = self.state.db.overview(scope).await?;
+                return Ok(budget
+                    .exceeded_by(&overview)
+                    .then(|| tool_error("INVALID_ARGUMENT", m, json!({}))));
+            }
         };
         let (overview, db_order) = self
             .state
             .db
             .overview_and_find(scope, &args.query, compact::candidates_for(&args))
             .await?;
-        if !self.state.config.tool_budget.exceeded_by(&overview) {
+        if !budget.exceeded_by(&overview) {
             return Ok(None);
         }
         let db_order = crate::tools::reachable(&self.state, compact::narrow(db_order, &args)).await;
@@ -985,8 +992,11 @@ impl Server {
         if envelope["status"] == "ok" {
             let result = envelope["result"].clone();
             // An upstream tool's result is already an MCP CallToolResult (masked by the database).
-            if let Ok(r) = serde_json::from_value::<CallToolResult>(result.clone()) {
+            if let Ok(mut r) = serde_json::from_value::<CallToolResult>(result.clone()) {
                 if result.get("content").is_some() {
+                    // The upstream answered an older revision (no `resultType`); a 2026-07-28
+                    // client needs it (rmcp drops it again for older peers).
+                    r.result_type = Some(ResultType::COMPLETE);
                     return Ok(r);
                 }
             }
