@@ -512,7 +512,7 @@ mod tests {
 
     #[test]
     fn the_compact_list_is_at_most_15_percent_of_the_full_one_on_large_pages() {
-        for (n_ns, per_ns) in [(2, 20), (6, 50), (12, 100)] {
+        for (n_ns, per_ns) in [(1, 31), (3, 11), (2, 20), (6, 50), (12, 100)] {
             let names: Vec<String> = (0..n_ns).map(|i| format!("ns{i}")).collect();
             let spread: Vec<(&str, usize)> = names.iter().map(|n| (n.as_str(), per_ns)).collect();
             let o = offer(Budget::Tools(30), ranked(&spread, 0), &overview(&spread));
