@@ -360,6 +360,7 @@ function renderNoContext(text) {
   $("page-desc").textContent = text;
   $("page-context").textContent = "(none)";
   $("tools-visible").replaceChildren();
+  $("tools-budget").textContent = "";
   $("tools-hidden").replaceChildren();
   $("probes").replaceChildren();
   $("approvals-list").replaceChildren();
@@ -383,9 +384,30 @@ async function renderTools(seq) {
     !t.requiresApproval && /approval_when/.test(t.conditions || "") ? badge("may need approval", "approval") : null,
     approverRoles(t.name) ? badge(`four eyes: ${approverRoles(t.name)}`, "approval") : null,
   ];
-  $("tools-visible").replaceChildren(...out.tools.filter((t) => t.visible).map((t) =>
-    h("li", { dataset: { tool: t.name, conditions: t.conditions || "" }, title: [t.description, t.conditions].filter(Boolean).join("\n") },
-      h("code", {}, t.name), " ", flag(t))));
+  // The visible tools grouped by namespace (in the order the namespaces come, by name), each
+  // with where the tool budget puts it: in the model's list, or reachable through find_tools.
+  const budget = out.budget || {};
+  $("tools-budget").textContent = budget.compact
+    ? `${budget.visibleTools} tools here, over the budget of ${budget.limit}: the assistant sees ` +
+      `${(budget.offered || []).length - 1} of them and finds the others with find_tools.`
+    : `${budget.visibleTools ?? ""} tools here, within the budget of ${budget.limit ?? ""}.`;
+  const standing = (t) => t.budget === "find_tools" ? badge("via find_tools", "find")
+    : t.budget === "left_out" ? badge("not offered", "left-out") : null;
+  const visible = out.tools.filter((t) => t.visible);
+  const about = Object.fromEntries((out.namespaces || []).map((n) => [n.name, n]));
+  const groups = new Map();
+  for (const t of visible) {
+    const ns = t.namespace || t.name;
+    if (!groups.has(ns)) groups.set(ns, []);
+    groups.get(ns).push(t);
+  }
+  $("tools-visible").replaceChildren(...[...groups.keys()].sort().map((ns) =>
+    h("section", { class: "ns-group", dataset: { namespace: ns }, title: about[ns]?.description || "" },
+      h("h4", {}, h("code", {}, ns), about[ns]?.title ? ` ${about[ns].title}` : "", " ",
+        h("span", { class: "muted" }, `(${groups.get(ns).length})`)),
+      h("ul", { class: "tools" }, ...groups.get(ns).map((t) =>
+        h("li", { dataset: { tool: t.name, budget: t.budget || "", conditions: t.conditions || "" }, title: [t.description, t.conditions].filter(Boolean).join("\n") },
+          h("code", {}, t.name), " ", flag(t), " ", standing(t)))))));
   $("tools-hidden").replaceChildren(...out.tools.filter((t) => !t.visible).map((t) =>
     h("li", { dataset: { tool: t.name, reason: t.reason } }, h("code", {}, t.name), " ", h("span", { class: "reason" }, t.reason))));
 }

@@ -9,10 +9,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
+use crate::compact;
 use crate::db::Scope;
 use crate::error::{ApiError, Refusal};
 use crate::hygiene;
-use crate::llm::{LlmError, Message, ToolCall};
+use crate::llm::{LlmError, Message, ToolCall, ToolSpec};
 use crate::AppState;
 
 pub const MAX_MESSAGE_CHARS: usize = 8000;
@@ -49,7 +50,8 @@ pub struct ToolCallReport {
     pub id: String,
     pub tool: String,
     pub arguments: Value,
-    /// `allow`, `deny`, `pending` or `error`.
+    /// `allow`, `deny`, `pending` or `error`; `search` for a `find_tools` call the gateway
+    /// answered (compact list).
     pub decision: String,
     pub code: Option<String>,
     pub call_id: Option<String>,
@@ -57,6 +59,10 @@ pub struct ToolCallReport {
     /// share of single reports are folded into one (absent: one call).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub count: Option<usize>,
+    /// A `find_tools` call (decision `search`): the tools it found, which joined the model's list
+    /// (absent for every other call).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub found: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -353,6 +359,7 @@ fn refused_report(call: &ToolCall, refusal: Refusal, count: Option<usize>) -> To
         code: Some(refusal.code().into()),
         call_id: None,
         count,
+        found: None,
     }
 }
 
@@ -382,6 +389,28 @@ fn stored_reports(reports: &[ToolCallReport]) -> Value {
     stored
 }
 
+/// A `find_tools` call of the compact list: its arguments checked, then the page's candidates
+/// read under the turn's context (and generation) and ranked ([`crate::tools::find`]). The
+/// envelope the model is told, and the tools found (which join its list at the next step).
+async fn search(
+    state: &AppState,
+    view: &mut crate::pages::View,
+    args: &Value,
+) -> Result<(Value, Vec<ToolSpec>), ApiError> {
+    let args = match compact::find_args(args) {
+        Ok(a) => a,
+        Err(m) => return Ok((compact::refused_envelope(m), Vec::new())),
+    };
+    let query = args.query.as_str();
+    let read = view
+        .run(&state.db, |s| async move {
+            state.db.search_candidates(&s, query).await
+        })
+        .await?;
+    let found = crate::tools::find(state, &args, read).await;
+    Ok((compact::found_envelope(&found), found))
+}
+
 /// Run one turn.
 pub async fn run_turn(
     state: Arc<AppState>,
@@ -403,6 +432,9 @@ pub async fn run_turn(
         trace_id,
     };
     let minted = std::time::Instant::now();
+    // A provider with native tool search is given every visible tool (the deferred ones marked);
+    // any other the ranked list cut at CTXGUARD_MAX_TOOLS, or the compact list.
+    let native = state.model.native_tool_search();
     let mut start = state
         .db
         .open_turn(
@@ -410,15 +442,23 @@ pub async fn run_turn(
             &conversation_id,
             req.conversation_id.is_some(),
             &question,
-            state.config.max_tools,
+            (!native).then_some(state.config.max_tools),
         )
         .await?;
     check_claim(req.user.as_ref(), &start.context)?;
     // The turn's generation, renewed before the database's lifetime for it runs out (pages.rs).
     let lease = crate::pages::Lease::new(start.generation, start.generation_ttl, minted);
     let mut view = crate::pages::View::leased(scope, &conversation_id, lease);
-    start.tools = crate::tools::reachable(&state, std::mem::take(&mut start.tools)).await;
-    let visible: Vec<String> = start.tools.iter().map(|t| t.name.clone()).collect();
+    let ranked = crate::tools::reachable(&state, std::mem::take(&mut start.tools)).await;
+    let compact::Offer {
+        compact,
+        tools: mut offered,
+        deferred,
+    } = compact::offer(state.config.tool_budget, ranked, &start.overview);
+    if native && !compact {
+        offered.truncate(usize::try_from(state.config.max_tools).unwrap_or(0));
+    }
+    let visible: Vec<String> = offered.iter().map(|t| t.name.clone()).collect();
     emit(
         &events,
         Event::Context {
@@ -452,7 +492,21 @@ pub async fn run_turn(
         }
         steps += 1;
         let started = Instant::now();
-        let completion = state.model.complete(&messages, &start.tools).await;
+        // Tools found this turn joined `offered`; deferred ones only go to native tool search.
+        let step_tools: Vec<ToolSpec> = if native {
+            offered
+                .iter()
+                .chain(
+                    deferred
+                        .iter()
+                        .filter(|d| !offered.iter().any(|o| o.name == d.name)),
+                )
+                .cloned()
+                .collect()
+        } else {
+            offered.clone()
+        };
+        let completion = state.model.complete(&messages, &step_tools).await;
         let outcome = if completion.is_ok() { "ok" } else { "error" };
         state
             .metrics
@@ -486,6 +540,42 @@ pub async fn run_turn(
                     }
                     refused_report(&call, refusal, None)
                 }
+                None if compact && call.name == compact::FIND_TOOLS => {
+                    let (envelope, found) = search(&state, &mut view, &call.arguments).await?;
+                    let (decision, code) = match envelope["status"].as_str() {
+                        Some("ok") => ("search".to_string(), None),
+                        _ => decision_of(&envelope),
+                    };
+                    state
+                        .metrics
+                        .tool_decisions
+                        .with_label_values(&[code.as_deref().unwrap_or("FIND_TOOLS")])
+                        .inc();
+                    messages.push(Message::Tool {
+                        call_id: call.id.clone(),
+                        name: call.name.clone(),
+                        content: envelope.to_string(),
+                    });
+                    let names = found.iter().map(|t| t.name.clone()).collect();
+                    for t in found {
+                        if !offered.iter().any(|o| o.name == t.name) {
+                            offered.push(ToolSpec {
+                                deferred: false,
+                                ..t
+                            });
+                        }
+                    }
+                    ToolCallReport {
+                        id: call.id,
+                        tool: call.name,
+                        arguments: call.arguments,
+                        decision,
+                        code,
+                        call_id: None,
+                        count: None,
+                        found: (envelope["status"] == "ok").then_some(names),
+                    }
+                }
                 None => {
                     let envelope = crate::tools::call(
                         &state,
@@ -516,6 +606,7 @@ pub async fn run_turn(
                             .and_then(Value::as_str)
                             .map(str::to_string),
                         count: None,
+                        found: None,
                     }
                 }
             };
@@ -666,6 +757,7 @@ mod tests {
             code: Some("INVALID_ARGUMENT".into()),
             call_id: None,
             count: None,
+            found: None,
         };
         let reports: Vec<ToolCallReport> = (0..24).map(report).collect();
         let stored = stored_reports(&reports);

@@ -169,6 +169,11 @@ pub struct Config {
     /// API key of the embeddings endpoint.
     #[arg(long, env = "CTXGUARD_EMBED_API_KEY", hide_env_values = true)]
     pub embed_api_key: Option<String>,
+    /// When a page's visible tools exceed this, the model and MCP clients get the compact list
+    /// (the page's own tools, `find_tools` naming the page's namespaces) instead of every tool:
+    /// a number of tools (`30`), or of estimated tokens of their definitions (`4000t`).
+    #[arg(long, env = "CTXGUARD_TOOL_BUDGET", default_value = "30")]
+    pub tool_budget: crate::compact::Budget,
     /// Comma-separated hosts whose links and images may appear in answers.
     #[arg(long, env = "CTXGUARD_LINK_ALLOWLIST", default_value = "")]
     pub link_allowlist: String,

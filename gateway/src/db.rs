@@ -38,6 +38,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{NoTls, Row};
 use uuid::Uuid;
 
+use crate::compact::{Namespace, Overview};
 use crate::error::ApiError;
 use crate::llm::ToolSpec;
 use crate::sql::{self, Access, Limits};
@@ -71,6 +72,8 @@ pub struct TurnStart {
     pub generation_ttl: Duration,
     pub page_description: String,
     pub tools: Vec<ToolSpec>,
+    /// The page's namespaces, for the tool budget (`compact.rs`).
+    pub overview: Overview,
     pub history: Vec<(String, String)>,
 }
 
@@ -146,6 +149,33 @@ fn one_row(mut rows: Vec<Row>) -> Result<Row, ApiError> {
     Ok(rows.remove(0))
 }
 
+/// A tool of a row whose columns from `at` on are name, description, input_schema, read_only,
+/// danger, requires_approval, server, title, namespace ([`sql::PAGE_TOOLS`], [`sql::FIND_TOOLS`]).
+fn spec_at(r: &Row, at: usize) -> ToolSpec {
+    ToolSpec {
+        name: r.get(at),
+        description: r.get(at + 1),
+        input_schema: r.get(at + 2),
+        read_only: r.get(at + 3),
+        danger: r.get(at + 4),
+        requires_approval: r.get(at + 5),
+        server: r.get(at + 6),
+        title: r.get(at + 7),
+        namespace: r.get(at + 8),
+        deferred: false,
+    }
+}
+
+/// What a `find_tools` search ranks ([`Db::search_candidates`]).
+#[derive(Debug, Default)]
+pub struct SearchCandidates {
+    pub overview: Overview,
+    /// The names `ctxguard.find_tools` matched lexically, best first.
+    pub lexical: Vec<String>,
+    /// Every Gate-A-visible tool of the page, in `visible_tools`' order.
+    pub visible: Vec<ToolSpec>,
+}
+
 /// The tools and the page description of [`sql::PAGE_TOOLS`]'s rows.
 fn tool_specs(rows: &[Row]) -> (Vec<ToolSpec>, String) {
     let description = rows
@@ -155,20 +185,26 @@ fn tool_specs(rows: &[Row]) -> (Vec<ToolSpec>, String) {
     let tools = rows
         .iter()
         .filter(|r| r.get::<_, Option<String>>(1).is_some())
-        .map(|r| ToolSpec {
-            name: r.get(1),
-            description: r.get(2),
-            input_schema: r.get(3),
-            read_only: r.get(4),
-            danger: r.get(5),
-            requires_approval: r.get(6),
-            server: r.get(7),
-            title: r.get(8),
-            namespace: None,
-            deferred: false,
-        })
+        .map(|r| spec_at(r, 1))
         .collect();
     (tools, description)
+}
+
+/// The page's namespaces of [`sql::NAMESPACES`]' rows.
+fn overview(rows: &[Row]) -> Overview {
+    Overview {
+        namespaces: rows
+            .iter()
+            .map(|r| Namespace {
+                name: r.get(0),
+                title: r.get(1),
+                description: r.get(2),
+                tools: usize::try_from(r.get::<_, i32>(3)).unwrap_or(0),
+                server: r.get(4),
+                bytes: usize::try_from(r.get::<_, i64>(5)).unwrap_or(0),
+            })
+            .collect(),
+    }
 }
 
 /// Is `url` PostgreSQL itself, with nothing in between? A connection of our own asks the server
@@ -607,18 +643,23 @@ impl Db {
     }
 
     /// Mint a generation (it becomes the transaction's context generation), read Gate A (ranked
-    /// by the message), the page description and, for a continuing conversation, recent history.
+    /// by the message, cut at `max_tools`; `None`: every visible tool), the page's namespaces,
+    /// the page description and, for a continuing conversation, recent history.
     pub async fn open_turn(
         &self,
         scope: &Scope,
         conversation_id: &str,
         continuing: bool,
         message: &str,
-        max_tools: i32,
+        max_tools: Option<i32>,
     ) -> Result<TurnStart, ApiError> {
         let mint: &Params<'_> = &[(&conversation_id, Type::TEXT)];
-        let gate_a: &Params<'_> = &[(&Some(message), Type::TEXT), (&Some(max_tools), Type::INT4)];
-        let mut stmts = vec![(sql::OPEN_TURN_MINT, mint), (sql::PAGE_TOOLS, gate_a)];
+        let gate_a: &Params<'_> = &[(&Some(message), Type::TEXT), (&max_tools, Type::INT4)];
+        let mut stmts = vec![
+            (sql::OPEN_TURN_MINT, mint),
+            (sql::PAGE_TOOLS, gate_a),
+            (sql::NAMESPACES, &[][..]),
+        ];
         if continuing {
             stmts.push((sql::HISTORY, mint));
         }
@@ -626,7 +667,7 @@ impl Db {
         // call under it is then refused and the page view mints another (pages.rs).
         let (_, mut results) = self.transaction(scope, self.turn_commit, &stmts).await?;
         let mut history: Vec<(String, String)> = results
-            .get_mut(2)
+            .get_mut(3)
             .map(std::mem::take)
             .unwrap_or_default()
             .into_iter()
@@ -634,6 +675,7 @@ impl Db {
             .collect();
         history.reverse();
         let (tools, page_description) = tool_specs(&results[1]);
+        let overview = overview(&results[2]);
         let r = one_row(std::mem::take(&mut results[0]))?;
         let (generation, context, ttl): (Uuid, Value, i32) = (r.get(0), r.get(1), r.get(2));
         Ok(TurnStart {
@@ -642,6 +684,7 @@ impl Db {
             generation_ttl: ttl_secs(ttl),
             page_description,
             tools,
+            overview,
             history,
         })
     }
@@ -692,18 +735,79 @@ impl Db {
     /// The validated context, the page description, and every catalogued tool with Gate A's
     /// verdict (`explain_tools`), for the visible ones their policy flags, and whether each is in
     /// the model's list for `query` and `top_k` (and if not, why). Offered first, then visible.
+    /// With it, in the same transaction, the model's ranked list (`visible_tools(query, top_k)`)
+    /// and the page's namespaces, from which the tool budget's decision follows (`compact.rs`).
     pub async fn explain_page(
         &self,
         scope: &Scope,
         query: Option<&str>,
         top_k: i32,
-    ) -> Result<Value, ApiError> {
-        self.one(
-            scope,
-            sql::EXPLAIN_PAGE,
-            &[(&query, Type::TEXT), (&top_k, Type::INT4)],
-        )
-        .await
+    ) -> Result<(Value, Vec<ToolSpec>, Overview), ApiError> {
+        let ranked: &Params<'_> = &[(&query, Type::TEXT), (&Some(top_k), Type::INT4)];
+        let (_, mut results) = self
+            .transaction(
+                scope,
+                Commit::Durable,
+                &[
+                    (
+                        sql::EXPLAIN_PAGE,
+                        &[(&query, Type::TEXT), (&top_k, Type::INT4)],
+                    ),
+                    (sql::PAGE_TOOLS, ranked),
+                    (sql::NAMESPACES, &[]),
+                ],
+            )
+            .await?;
+        let explained = one_row(std::mem::take(&mut results[0]))?.get(0);
+        Ok((explained, tool_specs(&results[1]).0, overview(&results[2])))
+    }
+
+    /// The page's namespaces (what the tool budget is judged on).
+    pub async fn overview(&self, scope: &Scope) -> Result<Overview, ApiError> {
+        let (_, results) = self
+            .transaction(scope, Commit::Durable, &[(sql::NAMESPACES, &[])])
+            .await?;
+        Ok(overview(results.first().map_or(&[][..], Vec::as_slice)))
+    }
+
+    /// What a `find_tools` search ranks, read in one transaction under the scope's context: the
+    /// page's namespaces (whether the page is over the budget is decided on the same reading), the
+    /// names `ctxguard.find_tools(query)` matches lexically (best first, at most
+    /// [`compact::FIND_NAMESPACE_CANDIDATES`]) and every Gate-A-visible tool of the page (the only
+    /// tools a search may return).
+    pub async fn search_candidates(
+        &self,
+        scope: &Scope,
+        query: &str,
+    ) -> Result<SearchCandidates, ApiError> {
+        let lexical_k = crate::compact::FIND_NAMESPACE_CANDIDATES;
+        let none: (Option<&str>, Option<i32>) = (None, None);
+        let (_, mut results) = self
+            .transaction(
+                scope,
+                Commit::Durable,
+                &[
+                    (sql::NAMESPACES, &[]),
+                    (
+                        sql::FIND_TOOL_NAMES,
+                        &[(&query, Type::TEXT), (&lexical_k, Type::INT4)],
+                    ),
+                    (
+                        sql::PAGE_TOOLS,
+                        &[(&none.0, Type::TEXT), (&none.1, Type::INT4)],
+                    ),
+                ],
+            )
+            .await?;
+        let (visible, _) = tool_specs(&results[2]);
+        Ok(SearchCandidates {
+            overview: overview(&results[0]),
+            lexical: std::mem::take(&mut results[1])
+                .into_iter()
+                .map(|r| r.get(0))
+                .collect(),
+            visible,
+        })
     }
 
     /// Gate B for one tool call, in its own transaction. Returns the envelope.
@@ -958,6 +1062,30 @@ impl Db {
             &[(&token, Type::TEXT), (&session_id, Type::TEXT)],
         )
         .await
+    }
+
+    /// Every tool Gate A shows (in the database's tiered order), the page type's description and
+    /// the page's namespaces, in one transaction (an MCP client's list).
+    pub async fn page_listing(
+        &self,
+        scope: &Scope,
+    ) -> Result<(Vec<ToolSpec>, String, Overview), ApiError> {
+        let none: (Option<&str>, Option<i32>) = (None, None);
+        let (_, results) = self
+            .transaction(
+                scope,
+                Commit::Durable,
+                &[
+                    (
+                        sql::PAGE_TOOLS,
+                        &[(&none.0, Type::TEXT), (&none.1, Type::INT4)],
+                    ),
+                    (sql::NAMESPACES, &[]),
+                ],
+            )
+            .await?;
+        let (tools, description) = tool_specs(&results[0]);
+        Ok((tools, description, overview(&results[1])))
     }
 
     /// Gate A (optionally ranked by `query` and cut at `top_k`) and the page type's description.

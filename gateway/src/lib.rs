@@ -19,6 +19,7 @@ use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetReques
 use tower_http::trace::TraceLayer;
 
 pub mod chat;
+pub mod compact;
 pub mod config;
 pub mod db;
 pub mod demo;
@@ -393,12 +394,65 @@ async fn tools_endpoint(
         )));
     }
     let scope = PageRequest::of(req.page_context).scope(&headers)?;
-    Ok(Json(
-        state
-            .db
-            .explain_page(&scope, req.message.as_deref(), state.config.max_tools)
-            .await?,
-    ))
+    let (explained, ranked, overview) = state
+        .db
+        .explain_page(&scope, req.message.as_deref(), state.config.max_tools)
+        .await?;
+    Ok(Json(with_budget(
+        explained,
+        &compact::offer(state.config.tool_budget, ranked, &overview),
+        state.config.tool_budget,
+        &overview,
+    )))
+}
+
+/// `explain_page`'s answer with the tool budget's decision: `budget` (the limit, whether the list
+/// is compact, the visible tools and their estimated tokens, what is offered), `namespaces`, and
+/// per tool `budget`: `offered` (in the model's list), `find_tools` (compact: reachable through the
+/// search), `left_out` (within the budget, below the `CTXGUARD_MAX_TOOLS` cut) or `hidden` (not
+/// visible: `reason` says why). Offered tools first, then the other visible ones, then the rest.
+fn with_budget(
+    mut explained: Value,
+    offer: &compact::Offer,
+    budget: compact::Budget,
+    overview: &compact::Overview,
+) -> Value {
+    if let Some(tools) = explained["tools"].as_array_mut() {
+        for t in tools.iter_mut() {
+            let standing = if t["visible"] != true {
+                "hidden"
+            } else if offer.compact {
+                compact::standing(offer, t["name"].as_str().unwrap_or_default())
+            } else if t["offered"] == true {
+                "offered"
+            } else {
+                "left_out"
+            };
+            t["budget"] = json!(standing);
+        }
+        let rank = |t: &Value| match t["budget"].as_str() {
+            Some("offered") => 0,
+            Some("hidden") => 2,
+            _ => 1,
+        };
+        tools.sort_by_key(rank);
+    }
+    explained["budget"] = json!({
+        "limit": budget.to_string(),
+        "compact": offer.compact,
+        "visibleTools": overview.tools(),
+        "estimatedTokens": overview.tokens(),
+        "offered": offer.tools.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(),
+    });
+    explained["namespaces"] = overview
+        .namespaces
+        .iter()
+        .map(|n| {
+            json!({"name": n.name, "title": n.title, "description": n.description,
+                   "tools": n.tools, "server": n.server})
+        })
+        .collect();
+    explained
 }
 
 /// `POST /v1/tools/explain` body: the page, the tool (catalog or wire name) and its arguments.

@@ -39,8 +39,8 @@ use base64::Engine;
 use rmcp::model::{
     CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock,
     Implementation, InitializeRequestParams, InitializeResult, ListToolsResult,
-    PaginatedRequestParams, ProtocolVersion, ServerCapabilities, ServerConfig, SubscriptionFilter,
-    Tool, ToolAnnotations,
+    PaginatedRequestParams, ProtocolVersion, ResultType, ServerCapabilities, ServerConfig,
+    SubscriptionFilter, Tool, ToolAnnotations,
 };
 use rmcp::service::{NotificationContext, RequestContext, SubscriptionContext, SubscriptionSink};
 use rmcp::transport::streamable_http_server::session::{
@@ -51,6 +51,7 @@ use rmcp::{ErrorData as McpError, Peer, RoleServer, ServerHandler};
 use serde_json::{json, Map, Value};
 use uuid::Uuid;
 
+use crate::compact;
 use crate::db::{Scope, ToolName};
 use crate::error::ApiError;
 use crate::llm::{wire_name, ToolSpec};
@@ -911,6 +912,43 @@ impl Server {
         Ok((caller, scope))
     }
 
+    /// `find_tools` of the compact list: `None` when the page is within the budget (no search
+    /// is offered there). The tools found come back as their definitions, in the shape
+    /// `tools/list` gives (`structuredContent.tools`, and the same JSON as text), to be called by
+    /// name with `tools/call` (Gate B decides). Nothing is remembered: a later `tools/list`
+    /// gives the same compact list.
+    async fn find_tools(
+        &self,
+        scope: &Scope,
+        request: &CallToolRequestParams,
+    ) -> Result<Option<CallToolResult>, ApiError> {
+        let args = Value::Object(request.arguments.clone().unwrap_or_default());
+        let budget = self.state.config.tool_budget;
+        let args = match compact::find_args(&args) {
+            Ok(a) => a,
+            // Refused before the search, over the budget only (within it the name is Gate B's).
+            Err(m) => {
+                let overview = self.state.db.overview(scope).await?;
+                return Ok(budget
+                    .exceeded_by(&overview)
+                    .then(|| tool_error("INVALID_ARGUMENT", m, json!({}))));
+            }
+        };
+        let read = self.state.db.search_candidates(scope, &args.query).await?;
+        if !budget.exceeded_by(&read.overview) {
+            return Ok(None);
+        }
+        let found = crate::tools::find(&self.state, &args, read).await;
+        let tools: Vec<Value> = found
+            .iter()
+            .map(|t| serde_json::to_value(to_tool(t)).unwrap_or(Value::Null))
+            .collect();
+        let result = json!({"tools": tools});
+        let mut r = CallToolResult::success(vec![ContentBlock::text(result.to_string())]);
+        r.structured_content = Some(result);
+        Ok(Some(r))
+    }
+
     async fn run_call(
         &self,
         caller: &Caller,
@@ -949,8 +987,11 @@ impl Server {
         if envelope["status"] == "ok" {
             let result = envelope["result"].clone();
             // An upstream tool's result is already an MCP CallToolResult (masked by the database).
-            if let Ok(r) = serde_json::from_value::<CallToolResult>(result.clone()) {
+            if let Ok(mut r) = serde_json::from_value::<CallToolResult>(result.clone()) {
                 if result.get("content").is_some() {
+                    // The upstream answered an older revision (no `resultType`); a 2026-07-28
+                    // client needs it (rmcp drops it again for older peers).
+                    r.result_type = Some(ResultType::COMPLETE);
                     return Ok(r);
                 }
             }
@@ -1071,14 +1112,18 @@ impl ServerHandler for Server {
             // Fail closed: without a page there is nothing to show.
             None => Vec::new(),
             Some(scope) => {
-                let (specs, _) = self
+                let (specs, _, overview) = self
                     .state
                     .db
-                    .page_tools(&scope, None, None)
+                    .page_listing(&scope)
                     .await
                     .map_err(api_error)?;
-                crate::tools::reachable(&self.state, specs)
-                    .await
+                let specs = crate::tools::reachable(&self.state, specs).await;
+                // Over the budget: the page's own tools and find_tools (compact.rs), decided by
+                // the token and page alone (nothing of a session or connection), so a 2026-07-28
+                // client gets the same list for the same token and page on every request.
+                compact::offer(self.state.config.tool_budget, specs, &overview)
+                    .tools
                     .iter()
                     .map(to_tool)
                     .collect()
@@ -1104,6 +1149,17 @@ impl ServerHandler for Server {
             )
             .into());
         };
+        if request.name == compact::FIND_TOOLS {
+            match self.find_tools(&scope, &request).await {
+                Ok(Some(r)) => return Ok(r.into()),
+                // Within the budget there is no search: the name goes to Gate B as any other.
+                Ok(None) => {}
+                Err(ApiError::Unauthorized(m)) | Err(ApiError::Unprocessable(m)) => {
+                    return Ok(tool_error("CONTEXT_INVALID", &m, json!({})).into())
+                }
+                Err(e) => return Err(api_error(e)),
+            }
+        }
         match self.run_call(&caller, scope, request).await {
             Ok(r) => Ok(r.into()),
             Err(ApiError::Unauthorized(m)) | Err(ApiError::Unprocessable(m)) => {

@@ -355,12 +355,33 @@ pub const SET_CONTEXT: &str = "SELECT ctxguard.set_context($1, $2, $3, $4)";
 /// page type's row comes out once even when no tool is visible.
 pub const PAGE_TOOLS: &str =
     "SELECT pt.description, v.name, v.description, v.input_schema, v.read_only, v.danger,
-        v.requires_approval, v.server, t.title
+        v.requires_approval, v.server, t.title, v.namespace
    FROM ctxguard.page_types pt
    LEFT JOIN LATERAL ctxguard.visible_tools($1, $2) WITH ORDINALITY v ON true
    LEFT JOIN ctxguard.tools t ON t.name OPERATOR(pg_catalog.=) v.name
   WHERE pt.name OPERATOR(pg_catalog.=) ctxguard.page_type()
   ORDER BY v.ordinality";
+
+/// The page's namespaces (`visible_namespaces`, in name order) with the bytes of their visible
+/// tools' definitions (name, description, schema): what the tool budget is judged on
+/// (`compact.rs`).
+pub const NAMESPACES: &str = "SELECT n.namespace, n.title, n.description, n.tools, n.server,
+        coalesce(b.bytes, 0)::pg_catalog.int8
+   FROM ctxguard.visible_namespaces() n
+   LEFT JOIN (SELECT v.namespace,
+                     pg_catalog.sum(pg_catalog.octet_length(v.name)
+                         OPERATOR(pg_catalog.+) pg_catalog.octet_length(v.description)
+                         OPERATOR(pg_catalog.+) pg_catalog.octet_length(v.input_schema::pg_catalog.text)) AS bytes
+                FROM ctxguard.visible_tools() v GROUP BY v.namespace) b
+     ON b.namespace OPERATOR(pg_catalog.=) n.namespace
+  ORDER BY n.namespace";
+
+/// The gateway's `find_tools`: the names of Gate A's tools matching `$1` lexically, best first,
+/// at most `$2` (`ctxguard.find_tools`); the gateway's ranker orders them with the page's other
+/// visible tools (`compact.rs`).
+pub const FIND_TOOL_NAMES: &str = "SELECT f.name
+   FROM ctxguard.find_tools($1, $2) WITH ORDINALITY f
+  ORDER BY f.ordinality";
 
 /// Mint a generation, with the context and the generation lifetime (a turn's first statement).
 pub const OPEN_TURN_MINT: &str = "SELECT ctxguard.begin_generation($1), ctxguard.context(),
@@ -378,6 +399,7 @@ pub const EXPLAIN_PAGE: &str = "SELECT pg_catalog.jsonb_build_object(
      'tools', (SELECT coalesce(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(
                           'name', e.name, 'visible', e.visible, 'reason', e.reason,
                           'offered', e.offered, 'leftOut', e.left_out, 'conditions', e.conditions,
+                          'namespace', e.namespace,
                           'description', t.description, 'readOnly', v.read_only,
                           'danger', v.danger, 'requiresApproval', v.requires_approval)
                           ORDER BY NOT e.visible, e.offered IS NOT TRUE, e.name), '[]')
@@ -461,6 +483,8 @@ pub fn all_statements() -> Vec<(String, String)> {
     let mut out: Vec<(String, String)> = [
         ("SET_CONTEXT", SET_CONTEXT),
         ("PAGE_TOOLS", PAGE_TOOLS),
+        ("NAMESPACES", NAMESPACES),
+        ("FIND_TOOL_NAMES", FIND_TOOL_NAMES),
         ("OPEN_TURN_MINT", OPEN_TURN_MINT),
         ("HISTORY", HISTORY),
         ("EXPLAIN_PAGE", EXPLAIN_PAGE),

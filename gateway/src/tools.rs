@@ -5,6 +5,7 @@
 use serde_json::{json, Value};
 use uuid::Uuid;
 
+use crate::compact;
 use crate::db::{Scope, ToolName};
 use crate::error::ApiError;
 use crate::llm::ToolSpec;
@@ -67,6 +68,31 @@ async fn settle(state: &AppState, view: &mut View, envelope: Value) -> Result<Va
         state.db.complete_call(&s, call_id, result, is_error).await
     })
     .await
+}
+
+/// A `find_tools` search over what the database read for it ([`crate::db::Db::search_candidates`]):
+/// the page's visible tools narrowed to the asked namespace, ordered by the tool search ranker
+/// ([`compact::found`]), without the tools of servers that cannot be reached now, at most
+/// [`compact::FIND_TOP_K`].
+pub async fn find(
+    state: &AppState,
+    args: &compact::FindArgs,
+    read: crate::db::SearchCandidates,
+) -> Vec<ToolSpec> {
+    let k = usize::try_from(compact::FIND_TOP_K).unwrap_or(5);
+    let candidates = compact::candidates(read.visible, &read.lexical, args);
+    // Twice as many as returned, so that a server that cannot be reached leaves room.
+    let ranked = compact::found(
+        &state.tool_search,
+        &args.query,
+        candidates,
+        &read.lexical,
+        2 * k,
+    )
+    .await;
+    let mut found = reachable(state, ranked).await;
+    found.truncate(k);
+    found
 }
 
 /// Drop upstream tools whose server is not reachable now (with a warning, once per failure).

@@ -31,8 +31,8 @@ create_demo_db "$DB"
 # Below Linux's ephemeral range (32768-60999): client sockets of earlier tests cannot hold them.
 BASE=${CTXGUARD_MCP_TEST_PORT:-31900}
 UP_PORT=$BASE FLAKY_PORT=$((BASE + 1)) DEAD_PORT=$((BASE + 2)) GW_PORT=$((BASE + 3)) RUNAS_PORT=$((BASE + 4))
-CONF_PORT=$((BASE + 5))
-require_free_ports "$UP_PORT" "$FLAKY_PORT" "$DEAD_PORT" "$GW_PORT" "$RUNAS_PORT" "$CONF_PORT"  # CTXGUARD_MCP_TEST_PORT moves them
+CONF_PORT=$((BASE + 5)) COMPACT_PORT=$((BASE + 6))
+require_free_ports "$UP_PORT" "$FLAKY_PORT" "$DEAD_PORT" "$GW_PORT" "$RUNAS_PORT" "$CONF_PORT" "$COMPACT_PORT"  # CTXGUARD_MCP_TEST_PORT moves them
 psql_su -d "$DB" -o /dev/null -v ON_ERROR_STOP=1 <<SQL
 INSERT INTO ctxguard.mcp_servers (name, transport, url, bearer_token_env, description, default_access) VALUES
   ('scans', 'http', 'http://127.0.0.1:$UP_PORT/mcp', 'SCANS_TOKEN', 'Scanned invoices', 'allow'),
@@ -98,6 +98,7 @@ CTXGUARD_LLM_API_KEY_FILE="$WORK/llm_api_key" \
 CTXGUARD_LISTEN="127.0.0.1:$GW_PORT" CTXGUARD_PROVIDER=offline CTXGUARD_MCP_CONNECT_TIMEOUT_MS=15000 \
 CTXGUARD_PUBLIC_URL="$PUBLIC_URL" CTXGUARD_MCP_ALLOWED_ORIGINS="http://app.test:8080,http://127.0.0.1:$CONF_PORT" \
 CTXGUARD_MCP_SESSION_IDLE_TIMEOUT_MS=3000 CTXGUARD_MCP_KEEPALIVE_MS=300 \
+CTXGUARD_TOOL_BUDGET=1000 \
   "${GW_AS[@]}" "$GWBIN" \
   --discovery-database-url "host=$RUN port=$PGPORT user=ctxguard_discovery dbname=$DB password=$ARGV_SECRET" \
   >"$WORK/gateway.log" 2>&1 & PIDS+=($!)
@@ -106,8 +107,18 @@ grep -q "upstream MCP discovery done" "$WORK/gateway.log" || { cat "$WORK/gatewa
 # Discovered tools are recorded through the discovery role (the gateway role may not).
 if grep -E "could not record|discovered MCP tools are not recorded" "$WORK/gateway.log"; then exit 1; fi
 kill "$FLAKY_PID"  # discovered, then gone
+# The tests above run on full lists (CTXGUARD_TOOL_BUDGET=1000: the invoice page shows more than 30
+# tools). A second gateway on the same database keeps the default budget (30 tools), so the invoice
+# page gets the compact list there (issue 31: the test_compact_* tests); it records nothing.
+CTXGUARD_DATABASE_URL="host=$RUN port=$PGPORT user=ctxguard_gateway dbname=$DB" \
+CTXGUARD_LISTEN="127.0.0.1:$COMPACT_PORT" CTXGUARD_PROVIDER=offline CTXGUARD_MCP_DISCOVER=false \
+CTXGUARD_MCP_CONNECT_TIMEOUT_MS=15000 SCANS_TOKEN_FILE="$WORK/scans_token" \
+  "${GW_AS[@]}" "$GWBIN" >"$WORK/gateway-compact.log" 2>&1 & PIDS+=($!)
+for _ in $(seq 300); do curl -sf "http://127.0.0.1:$COMPACT_PORT/ready" >/dev/null && break; sleep 0.1; done
+curl -sf "http://127.0.0.1:$COMPACT_PORT/ready" >/dev/null || { cat "$WORK/gateway-compact.log"; exit 1; }
 
 export CTXGUARD_MCP_URL="http://127.0.0.1:$GW_PORT" CTXGUARD_MCP_WORK="$WORK" CTXGUARD_MCP_PUBLIC_URL="$PUBLIC_URL"
+export CTXGUARD_MCP_COMPACT_URL="http://127.0.0.1:$COMPACT_PORT"
 export CTXGUARD_SECRETS="$DB_SECRET,$ARGV_SECRET,$KEY_SECRET,$ENV_SECRET,server-secret-for-scans"
 # For the gateway that runs its stdio servers as another user (root only: it needs the capabilities).
 export CTXGUARD_GATEWAY_BIN="$GWBIN" CTXGUARD_GW_USER="$GW_USER"
@@ -121,6 +132,9 @@ export TOK_NEWCOMER=$(mint --sub newcomer --tenant acme --roles ap_clerk)
 export TOK_DANA=$(mint --sub dana --tenant acme --roles ap_clerk)
 export TOK_FORGED=$(mint --sub alice --tenant acme --roles ap_clerk --bad-signature)
 export TOK_EXPIRED=$(mint --sub alice --tenant acme --roles ap_clerk --ttl -120)
-log "MCP tests (official Python SDK client; MCPServer upstreams over HTTP and stdio)"
+# The official TypeScript SDK client (test_the_typescript_sdk_client_...): Node and the SDK.
+source tests/mcp/node.sh
+export CTXGUARD_NODE="$NODE_BIN/node" CTXGUARD_TS_SDK="$TS_SDK"
+log "MCP tests (official Python and TypeScript SDK clients; MCPServer upstreams over HTTP and stdio)"
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/mcp/test_mcp.py "$@"
 [ $# -gt 0 ] || source tests/mcp/conformance.sh

@@ -746,3 +746,111 @@ def test_a_stdio_server_as_another_user_reaches_nothing_and_ends_with_the_gatewa
     assert fields["Groups"].split() in ([], [str(pwd.getpwnam(user).pw_gid)]), fields["Groups"]
     # Gone with the gateway: ended by its shutdown, or by the parent-death signal when it was killed.
     wait_gone(report["pid"])
+
+
+# --- progressive disclosure: the compact list over the tool budget (issue 31) -----------------
+# A second gateway (tests/mcp/run.sh) keeps the default budget, 30 tools: the invoice page (its own
+# tools, scans, notes and stuffer's thirty) is over it, the vendor table is not.
+
+COMPACT = os.environ["CTXGUARD_MCP_COMPACT_URL"]
+
+
+@asynccontextmanager
+async def connect_compact(token, page, mode="auto"):
+    """The SDK client on the compact gateway; `auto` is the SDK's default (2026-07-28, stateless)."""
+    http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}", "X-Ctxguard-Page": page_header(page)},
+                              timeout=20)
+    async with http:
+        async with Client(streamable_http_client(f"{COMPACT}/mcp", http_client=http), mode=mode) as client:
+            yield client
+
+
+def dumped(tools):
+    return [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in tools]
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_compact_list_over_the_budget_with_the_python_sdk(mode):
+    async with connect_compact(ALICE, INV3, mode) as client:
+        tools = (await client.list_tools()).tools
+        again = (await client.list_tools()).tools
+    names = [t.name for t in tools]
+    assert names[-1] == "find_tools" and names.count("find_tools") == 1, names
+    assert len(names) <= 7, f"a fifth of the budget and find_tools: {names}"
+    assert names[0] in ("invoice__get", "invoice__mark_paid"), "the entity's own tools come first"
+    assert not any(n.split("__")[0] in UPSTREAM for n in names), "upstream tools are found, never listed"
+    assert dumped(tools) == dumped(again), "deterministic"
+    find = tools[-1]
+    assert "stuffer (30)" in find.description and "scans (" in find.description, find.description
+    assert find.annotations.read_only_hint is True and find.annotations.open_world_hint is False
+    assert set(find.input_schema["properties"]) == {"query", "namespace"}
+    # Within the budget nothing changes: the full list, no search.
+    async with connect_compact(ALICE, VENDORS, mode) as client:
+        names = [t.name for t in (await client.list_tools()).tools]
+    assert "vendor__list" in names and "find_tools" not in names
+
+
+async def test_compact_found_tools_are_called_directly_and_gate_b_decides():
+    before = len(upstream_calls("scans"))
+    async with connect_compact(ALICE, INV3) as client:
+        # The page's own matching tools come first (five at most): a server's tools are searched by
+        # naming its namespace.
+        r = await client.call_tool("find_tools", {"query": "read the scanned invoice page", "namespace": "scans"})
+        assert not r.is_error, r
+        found = {t["name"]: t for t in r.structured_content["tools"]}
+        assert "scans__read_scan" in found, found.keys()
+        assert json.loads(r.content[0].text) == r.structured_content
+        scan = found["scans__read_scan"]
+        assert "invoice_id" not in scan["inputSchema"].get("properties", {}), "bound parameters stay hidden"
+        assert scan["annotations"]["openWorldHint"] is True
+        # Called by name though it is not listed: Gate B decides (binding the page's invoice).
+        ok = await client.call_tool("scans__read_scan", {"page": 3})
+        assert not ok.is_error and "acme_inv3" in ok.content[0].text
+        spoofed = await client.call_tool("scans__read_scan", {"invoice_id": "acme_inv4"})
+        assert error_code(spoofed) == "ENTITY_MISMATCH"
+        # A visible tool never found or listed: still Gate B's (here: allowed).
+        meta = await client.call_tool("read_doc_metadata", {"doc_id": "acme_inv3_pdf"})
+        assert not meta.is_error, meta
+        # Hidden tools are never found, by name or by their description, and stay refused.
+        for query in ("scans untagged_search", "untagged search of every scan", "invoice list of the company"):
+            r = await client.call_tool("find_tools", {"query": query})
+            assert not {"scans__untagged_search", "invoice__list"} & {t["name"] for t in r.structured_content["tools"]}
+        assert error_code(await client.call_tool("invoice__list", {})) == "TOOL_NOT_VISIBLE"
+        # Its arguments are checked first.
+        assert error_code(await client.call_tool("find_tools", {"query": "x" * 600})) == "INVALID_ARGUMENT"
+        assert error_code(await client.call_tool("find_tools", {"namespace": "scans"})) == "INVALID_ARGUMENT"
+        narrowed = await client.call_tool("find_tools", {"query": "invoice scan page", "namespace": "scans"})
+        assert {t["name"].split("__")[0] for t in narrowed.structured_content["tools"]} == {"scans"}
+        # Nothing was remembered: the list is what it was.
+        assert [t.name for t in (await client.list_tools()).tools][-1] == "find_tools"
+    calls = upstream_calls("scans")[before:]
+    assert calls == [{"tool": "read_scan", "args": {"invoice_id": "acme_inv3", "page": 3}}]
+
+
+async def test_compact_list_is_the_same_across_stateless_requests_and_follows_token_and_page():
+    lists = []
+    for _ in range(2):
+        async with connect_compact(ALICE, INV3) as client:
+            lists.append(dumped((await client.list_tools()).tools))
+    assert lists[0] == lists[1]
+    # Another user (a viewer: no mark_paid, and notes is not his) gets his own list for the same page.
+    async with connect_compact(BOB, INV3) as client:
+        bob = {t.name: t for t in (await client.list_tools()).tools}
+    assert "invoice__mark_paid" not in bob and "find_tools" in bob, bob.keys()
+    find = next(t for t in lists[0] if t["name"] == "find_tools")
+    assert "notes (" in find["description"]
+    assert "notes (" not in bob["find_tools"].description, "bob may not use notes: its namespace is not named to him"
+
+
+def test_compact_list_with_the_typescript_sdk_client():
+    out = subprocess.run([os.environ["CTXGUARD_NODE"], str(Path(__file__).parent / "ts_client.mjs"), COMPACT, ALICE,
+                          page_header(INV3)], check=True, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "CTXGUARD_TS_SDK": os.environ["CTXGUARD_TS_SDK"]})
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["session"], "the TypeScript SDK speaks 2025-11-25, with a session"
+    assert seen["names"][-1] == "find_tools" and not any(n.split("__")[0] in UPSTREAM for n in seen["names"]), seen
+    assert seen["same"], "the list is the same before and after a search"
+    assert "stuffer (30)" in seen["findDescription"]
+    assert "scans__read_scan" in seen["found"] and seen["foundHasSchema"], seen
+    assert seen["called"] and not seen["called"]["isError"] and "acme_inv3" in seen["called"]["text"], seen
+    assert "scans__untagged_search" not in seen["ghost"]

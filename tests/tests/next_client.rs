@@ -251,13 +251,47 @@ async fn victim(db: &Db, sub: &str, trace: &str) -> Vec<String> {
             8,
         )
         .await;
-    out.push(outcome("explain_page", &r, |v| {
+    out.push(outcome("explain_page", &r, |(v, ranked, overview)| {
         json!([
+            ranked.iter().map(|t| t.name.clone()).collect::<Vec<_>>(),
+            overview.tools(),
             v["page"],
             v["tools"].as_array().map(|a| a
                 .iter()
                 .map(|t| json!([t["name"], t["visible"], t["offered"]]))
                 .collect::<Vec<_>>())
+        ])
+    }));
+    // Progressive disclosure (issue 31): the search and the page's namespaces.
+    let r = db
+        .search_candidates(
+            &scope(invoice_page("acme_inv2"), "find"),
+            "mark the invoice paid",
+        )
+        .await;
+    out.push(outcome("find_tools", &r, |found| {
+        json!([
+            found.lexical,
+            found
+                .visible
+                .iter()
+                .map(|t| t.name.clone())
+                .collect::<Vec<_>>(),
+            found.overview.tools()
+        ])
+    }));
+    let r = db
+        .page_listing(&scope(invoice_page("acme_inv2"), "listing"))
+        .await;
+    out.push(outcome("page_listing", &r, |(tools, d, overview)| {
+        json!([
+            d,
+            tools.iter().map(|t| t.name.clone()).collect::<Vec<_>>(),
+            overview
+                .namespaces
+                .iter()
+                .map(|n| json!([n.name, n.tools, n.bytes]))
+                .collect::<Vec<_>>()
         ])
     }));
     for (step, name) in [

@@ -64,6 +64,8 @@ async function go(page, path) {
 const visibleTools = (page) => page.$$eval("#tools-visible li", (li) => li.map((l) => l.dataset.tool));
 const hiddenTools = (page) =>
   page.$$eval("#tools-hidden li", (li) => Object.fromEntries(li.map((l) => [l.dataset.tool, l.dataset.reason])));
+const toolGroups = (page) => page.$$eval("#tools-visible section.ns-group", (sections) =>
+  Object.fromEntries(sections.map((s) => [s.dataset.namespace, [...s.querySelectorAll("li")].map((l) => l.dataset.tool)])));
 const pageContext = async (page) => JSON.parse(await page.textContent("#page-context"));
 
 async function shot(page, name) {
@@ -149,6 +151,17 @@ describe("navigation", () => {
     let tools = await visibleTools(page);
     assert.ok(tools.includes("invoice.get") && tools.includes("invoice.mark_paid"), `tools: ${tools}`);
     assert.equal((await hiddenTools(page))["invoice.list"], "wrong_page");
+    // The panel groups the page's tools by namespace (issue 31), each with where the tool budget
+    // puts it; this page is within the budget, so every tool is in the model's list or left out.
+    const groups = await toolGroups(page);
+    assert.deepEqual(Object.keys(groups), [...Object.keys(groups)].sort(), "namespaces in name order");
+    assert.ok(groups.invoice?.includes("invoice.get") && groups.invoice.includes("invoice.mark_paid"), JSON.stringify(groups));
+    assert.ok(Object.entries(groups).every(([ns, names]) => names.every((n) => n === ns || n.startsWith(`${ns}.`))),
+      JSON.stringify(groups));
+    assert.deepEqual(Object.values(groups).flat().sort(), [...tools].sort(), "every visible tool in one group");
+    assert.match(await page.textContent("#tools-budget"), /within the budget of 30/);
+    const budgets = await page.$$eval("#tools-visible li", (li) => li.map((l) => l.dataset.budget));
+    assert.ok(budgets.every((b) => b === "offered" || b === "left_out"), `budgets: ${budgets}`);
     await shot(page, "invoice-detail");
 
     await page.click('a:text("Invoice ACME-2026-0003.pdf")');

@@ -202,6 +202,12 @@ impl ChatModel for Anthropic {
         "anthropic"
     }
 
+    /// Until the endpoint refuses tool search (then deferred tools are left out: the compact
+    /// list's `find_tools` still reaches them).
+    fn native_tool_search(&self) -> bool {
+        self.tool_search.load(Ordering::Relaxed)
+    }
+
     async fn complete(
         &self,
         messages: &[Message],

@@ -26,8 +26,12 @@ pub struct ToolSpec {
     /// The catalog's title (`register_tool`'s `title`), if any.
     #[serde(skip)]
     pub title: Option<String>,
+    /// The tool's namespace (`visible_tools`' column: its name's first segment, or its upstream
+    /// server); `None` for the gateway's own `find_tools`.
     #[serde(skip)]
     pub namespace: Option<String>,
+    /// Beyond the tool budget and not offered directly (`compact.rs`): a provider with native tool
+    /// search may send it deferred (loaded on demand); any other provider is not given it.
     #[serde(skip)]
     pub deferred: bool,
 }
@@ -88,6 +92,13 @@ pub enum LlmError {
 pub trait ChatModel: Send + Sync {
     /// Provider label for metrics.
     fn provider(&self) -> &'static str;
+    /// Whether this provider searches deferred tools itself (`ToolSpec::deferred`, e.g. Anthropic's
+    /// `defer_loading`, OpenAI Responses' `tool_search`). When it does, the loop hands it the
+    /// deferred tools along with the offered ones; otherwise only the offered ones (the compact
+    /// list, with `find_tools`).
+    fn native_tool_search(&self) -> bool {
+        false
+    }
     /// One model step.
     async fn complete(
         &self,

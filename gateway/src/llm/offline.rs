@@ -1,7 +1,9 @@
 //! The offline model: deterministic, no network. It picks among the *visible* tools by word overlap
 //! between the user's message and each tool's name and description, fills arguments it can read
 //! from the message, follows documents a tool result points to, and answers only from tool results.
-//! With no matching tool it says so instead of guessing (seed 000 §7).
+//! When no offered tool fits and the list is compact, it asks `find_tools` with the message once
+//! and picks among what was found. With no matching tool it says so instead of guessing (seed 000
+//! §7).
 
 use std::collections::BTreeSet;
 
@@ -9,6 +11,7 @@ use async_trait::async_trait;
 use serde_json::{json, Map, Value};
 
 use super::{ChatModel, Completion, LlmError, Message, ToolCall, ToolSpec};
+use crate::compact::FIND_TOOLS;
 
 pub struct Offline;
 
@@ -254,11 +257,15 @@ impl ChatModel for Offline {
                 _ => {}
             }
         }
+        // The compact list's search (`compact.rs`): asked once, with the message, when no offered
+        // tool fits; what it finds joins `tools` at the next step.
+        let searched = results.iter().any(|(n, _)| n == FIND_TOOLS);
+        results.retain(|(n, _)| n != FIND_TOOLS);
         if results.is_empty() {
             let msg_words = words(&question);
             let mut ranked: Vec<(usize, &ToolSpec)> = tools
                 .iter()
-                .filter(|t| t.name != "list_available_tools")
+                .filter(|t| t.name != "list_available_tools" && t.name != FIND_TOOLS)
                 .map(|t| (score(&msg_words, t), t))
                 .filter(|(s, _)| *s > 0)
                 .collect();
@@ -270,7 +277,13 @@ impl ChatModel for Offline {
                     arguments,
                 })
             });
-            return Ok(match call {
+            let search =
+                (!searched && tools.iter().any(|t| t.name == FIND_TOOLS)).then(|| ToolCall {
+                    id: format!("{FIND_TOOLS}:1"),
+                    name: FIND_TOOLS.into(),
+                    arguments: json!({"query": question.chars().take(200).collect::<String>()}),
+                });
+            return Ok(match call.or(search) {
                 Some(c) => Completion { tool_calls: vec![c], ..Completion::default() },
                 None => Completion {
                     text: "I can't answer that from the tools available on this page, and I won't guess. \
@@ -395,6 +408,42 @@ mod tests {
         assert!(c.tool_calls.is_empty());
         assert!(
             c.text.contains("ACME-2026-0003") && c.text.contains("Total 1,257.00 EUR"),
+            "{}",
+            c.text
+        );
+    }
+
+    #[test]
+    fn searches_once_when_no_offered_tool_fits_then_uses_what_it_found() {
+        let find = crate::compact::find_tools_spec(&crate::compact::Overview::default(), 9);
+        let offered = vec![demo_tools()[1].clone(), find.clone()];
+        let question = "the country of each supplier";
+        let c = run(vec![Message::User(question.into())], &offered);
+        assert_eq!(c.tool_calls[0].name, FIND_TOOLS);
+        assert_eq!(c.tool_calls[0].arguments, json!({"query": question}));
+        let searched = vec![
+            Message::User(question.into()),
+            Message::Assistant {
+                text: String::new(),
+                tool_calls: c.tool_calls.clone(),
+                provider_items: vec![],
+            },
+            Message::Tool {
+                call_id: c.tool_calls[0].id.clone(),
+                name: FIND_TOOLS.into(),
+                content: json!({"status": "ok", "result": {"tools": [{"name": "vendor__list"}]}})
+                    .to_string(),
+            },
+        ];
+        // The found tool joined the list: it is called.
+        let mut with_found = offered.clone();
+        with_found.push(demo_tools()[0].clone());
+        let c = run(searched.clone(), &with_found);
+        assert_eq!(c.tool_calls[0].name, "vendor.list");
+        // Nothing found: no second search, no guess.
+        let c = run(searched, &offered);
+        assert!(
+            c.tool_calls.is_empty() && c.text.contains("can't answer"),
             "{}",
             c.text
         );

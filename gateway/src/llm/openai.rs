@@ -413,6 +413,11 @@ impl ChatModel for OpenAi {
         "openai"
     }
 
+    /// The Responses API, until the endpoint refuses tool search; Chat Completions never.
+    fn native_tool_search(&self) -> bool {
+        self.api == OpenAiApi::Responses && self.tool_search.load(Ordering::Relaxed)
+    }
+
     async fn complete(
         &self,
         messages: &[Message],
