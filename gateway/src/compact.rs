@@ -353,8 +353,9 @@ pub fn candidates(visible: Vec<ToolSpec>, lexical: &[String], args: &FindArgs) -
 }
 
 /// The tools found, best first, at most `top_k`: with embeddings, the ranker's order of the
-/// candidates (meaning first, the lexical order as tie-break: `disclosure::fusion`); without, the
-/// lexical matches alone. Only ever tools of `candidates`.
+/// candidates near the query or matching it lexically (meaning first, the lexical order as
+/// tie-break: `disclosure::fusion`); without, the lexical matches alone. Only ever tools of
+/// `candidates`.
 pub async fn found(
     ranker: &crate::disclosure::Ranker,
     query: &str,
@@ -370,7 +371,7 @@ pub async fn found(
             .collect();
     }
     let names = ranker
-        .rank_for_query(query, &candidates, lexical, top_k)
+        .find_for_query(query, &candidates, lexical, top_k)
         .await;
     let mut by_name: std::collections::HashMap<String, ToolSpec> = candidates
         .into_iter()

@@ -15,7 +15,7 @@ use ctxguard_embed::{cosine, cut, Embedder, MAX_TEXT_BYTES};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
-use super::fusion::{fuse, Fused};
+use super::fusion::{fuse, Fused, UPSTREAM_COSINE};
 use crate::llm::ToolSpec;
 
 /// Longest query embedded, in bytes (the model then cuts at its token limit).
@@ -219,7 +219,38 @@ impl Ranker {
         lexical_order: &[String],
         top_k: usize,
     ) -> Vec<String> {
-        let vectors = match self.embeddings() {
+        let vectors = self.vectors_for(query, candidates).await;
+        self.place(candidates, vectors.as_ref(), lexical_order, top_k)
+    }
+
+    /// What a search (`find_tools`) finds: [`rank_for_query`](Self::rank_for_query)'s order of the
+    /// candidates that come near the query (cosine at least [`UPSTREAM_COSINE`]) or match it
+    /// lexically. Tools far from the request are not returned (they would only lengthen the
+    /// model's list): a search for something the page does not offer finds nothing.
+    pub async fn find_for_query(
+        &self,
+        query: &str,
+        candidates: &[ToolSpec],
+        lexical_order: &[String],
+        top_k: usize,
+    ) -> Vec<String> {
+        let vectors = self.vectors_for(query, candidates).await;
+        let Some((q, tools)) = vectors.as_ref() else {
+            return self.place(candidates, None, lexical_order, top_k);
+        };
+        let near: Vec<usize> = (0..candidates.len())
+            .filter(|&i| {
+                cosine(q, &tools[i]) >= UPSTREAM_COSINE
+                    || lexical_order.contains(&candidates[i].name)
+            })
+            .collect();
+        let kept: Vec<ToolSpec> = near.iter().map(|&i| candidates[i].clone()).collect();
+        let vectors = (q.clone(), near.iter().map(|&i| tools[i].clone()).collect());
+        self.place(&kept, Some(&vectors), lexical_order, top_k)
+    }
+
+    async fn vectors_for(&self, query: &str, candidates: &[ToolSpec]) -> Option<Vectors> {
+        match self.embeddings() {
             Embeddings::None => None,
             Embeddings::Local(model) => {
                 let model = model.clone();
@@ -246,8 +277,7 @@ impl Ranker {
                     None
                 }
             },
-        };
-        self.place(candidates, vectors.as_ref(), lexical_order, top_k)
+        }
     }
 
     /// [`rank_for_query`](Self::rank_for_query) on the calling thread (offline model or none):
@@ -747,6 +777,41 @@ mod tests {
         assert_eq!(first[0], "pay the bill");
         assert_eq!(first[1], definition_text(&tools[0]));
         assert_eq!(seen[1]["body"]["input"], json!(["write in the chat"]));
+        server.abort();
+    }
+
+    #[tokio::test]
+    async fn a_search_finds_only_tools_near_the_request_or_matching_its_words() {
+        let (base, _seen, server) = mock_embeddings(false).await;
+        let r = provider(base);
+        let tools = vec![
+            tool("drive.create_folder", "Create a folder.", Some("drive")),
+            tool("invoice.get", "Get this bill.", None),
+            tool(
+                "chat.create_message",
+                "Create a chat message.",
+                Some("chat"),
+            ),
+        ];
+        // Ranking orders every candidate; a search leaves out the far ones.
+        assert_eq!(
+            r.rank_for_query("pay the bill", &tools, &[], 3).await.len(),
+            3
+        );
+        assert_eq!(
+            r.find_for_query("pay the bill", &tools, &[], 3).await,
+            ["invoice.get"]
+        );
+        // A lexical match is found however far its meaning.
+        let lexical = vec!["drive.create_folder".to_string()];
+        assert_eq!(
+            r.find_for_query("pay the bill", &tools, &lexical, 3).await,
+            ["invoice.get", "drive.create_folder"]
+        );
+        assert!(r
+            .find_for_query("the weather", &tools, &[], 3)
+            .await
+            .is_empty());
         server.abort();
     }
 
