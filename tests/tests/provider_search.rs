@@ -96,8 +96,13 @@ impl ChatModel for Deferring {
     }
 }
 
-/// The real gateway on the test database, its provider wrapped in [`Deferring`].
+/// The real gateway on the test database, its provider wrapped in [`Deferring`] (none: the
+/// provider as configured, the loop's own deferral).
 async fn gateway_deferring(args: &[&str], deferred: &'static [&'static str]) -> SocketAddr {
+    gateway_with(args, Some(deferred)).await
+}
+
+async fn gateway_with(args: &[&str], deferred: Option<&'static [&'static str]>) -> SocketAddr {
     let mut all = vec![
         "ctxguard-gateway",
         "--database-url",
@@ -107,10 +112,12 @@ async fn gateway_deferring(args: &[&str], deferred: &'static [&'static str]) -> 
     let config = Config::try_parse_from(all).unwrap();
     config.validate().unwrap();
     let mut state = AppState::from_config(config).unwrap();
-    state.model = Arc::new(Deferring {
-        inner: state.model.clone(),
-        deferred,
-    });
+    if let Some(deferred) = deferred {
+        state.model = Arc::new(Deferring {
+            inner: state.model.clone(),
+            deferred,
+        });
+    }
     let state = Arc::new(state);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -228,6 +235,76 @@ async fn anthropic_searches_and_calls_a_deferred_tool_through_gate_b() {
         ]
     );
     assert_eq!(second["messages"][2]["content"][0]["type"], "tool_result");
+}
+
+/// The loop's own deferral: over the tool budget, Anthropic gets the compact list (one page tool
+/// and `find_tools`) and every other tool Gate A shows deferred; a deferred tool it calls is judged
+/// by Gate B, a tool Gate A hid was never sent and is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_the_budget_the_loop_defers_the_other_visible_tools_to_anthropic_search() {
+    let fake = Fake::new(vec![
+        (
+            200,
+            json!({"content": [
+                {"type": "tool_use", "id": "toolu_a", "name": "list_available_tools", "input": {}},
+                {"type": "tool_use", "id": "toolu_b", "name": "vendor__list", "input": {}}
+            ], "stop_reason": "tool_use"}),
+        ),
+        (
+            200,
+            json!({"content": [{"type": "text", "text": "Done."}], "stop_reason": "end_turn"}),
+        ),
+    ]);
+    let root = fake.serve().await;
+    let gw = gateway_with(
+        &[
+            "--provider",
+            "anthropic",
+            "--llm-base-url",
+            &root,
+            "--model",
+            "claude-test",
+            "--tool-budget",
+            "3",
+        ],
+        None,
+    )
+    .await;
+    let trace = format!("provider-search-loop-{}", uuid::Uuid::new_v4());
+    let body = chat(gw, &trace).await;
+    let first = fake.request(0);
+    let tools = first["tools"].as_array().unwrap();
+    assert_eq!(
+        tools[0]["type"], "tool_search_tool_bm25_20251119",
+        "{tools:?}"
+    );
+    let direct: Vec<&str> = tools[1..]
+        .iter()
+        .filter(|t| t.get("defer_loading").is_none())
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    let deferred: Vec<&str> = tools[1..]
+        .iter()
+        .filter(|t| t["defer_loading"] == json!(true))
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    // The compact list: one page tool and find_tools, as the context event says.
+    assert_eq!(direct.len(), 2, "{direct:?}");
+    assert_eq!(direct[1], "find_tools");
+    assert_eq!(body["visibleTools"].as_array().unwrap().len(), 2, "{body}");
+    assert!(deferred.len() >= 2, "{deferred:?}");
+    assert!(deferred.contains(&"list_available_tools"), "{deferred:?}");
+    assert!(
+        !tools.iter().any(|t| t["name"] == "vendor__list"),
+        "Gate A hid vendor.list on this page: never sent"
+    );
+    assert_eq!(
+        codes(&audit(&trace).await),
+        pairs(&[
+            ("list_available_tools", "allow"),
+            ("vendor.list", "TOOL_NOT_VISIBLE")
+        ])
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
