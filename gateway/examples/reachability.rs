@@ -1,6 +1,9 @@
 //! The reachability benchmark's ranking step (bench/reachability.sh runs it): for each request,
 //! whether its tool is offered at once (today's top-k cut), and whether tool search finds it in
-//! its top 5, lexical only and with the semantic ranker.
+//! its top 5, lexical only and with the semantic ranker; and, as the gateway's model loop and MCP
+//! server answer with the default configuration (`CTXGUARD_TOOL_BUDGET=30`), whether it is in the
+//! compact list or among what `find_tools` returns (`compact::offer`, `compact::candidates`,
+//! `Ranker::find_for_query`: the gateway's own code).
 //!
 //! The requests are split in two halves by their tool's kind (a hash of the tool name less its
 //! record kind for the DBA's per-kind tools, `invoice.history` and `vendor.history` being one kind;
@@ -16,6 +19,7 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use ctxguard_core::ranking::{self, Candidate, Placement, Tier};
+use ctxguard_gateway::compact::{self, Budget, FindArgs, Namespace, Overview};
 use ctxguard_gateway::disclosure::{Embeddings, Ranker};
 use ctxguard_gateway::llm::ToolSpec;
 use serde_json::{json, Value};
@@ -112,7 +116,7 @@ fn main() {
         "app-wide tools",
         "upstream tools",
     ];
-    let mut hits = vec![[0usize; 5]; groups.len()];
+    let mut hits = vec![[0usize; 6]; groups.len()];
     let mut totals = vec![0usize; groups.len()];
     let mut query_time = std::time::Duration::ZERO;
     let started = Instant::now();
@@ -171,6 +175,77 @@ fn main() {
             got.iter().any(|n| n == target)
         });
         let fused_hit = in_fused.unwrap_or(false);
+        // The gateway: over the budget the compact list (its direct tools) and find_tools' answer;
+        // within it, the ranked list cut at CTXGUARD_MAX_TOOLS.
+        let in_gateway = fused.as_ref().map(|f| {
+            let namespace = |t: &ToolSpec| {
+                t.server
+                    .clone()
+                    .unwrap_or_else(|| t.name.split('.').next().unwrap_or_default().to_string())
+            };
+            let mut ranked: Vec<(usize, ToolSpec)> = placed
+                .iter()
+                .zip(&candidates)
+                .map(|(p, c)| {
+                    let mut t = spec(c.name);
+                    t.namespace = Some(namespace(&t));
+                    let at = match p {
+                        Placement::Offered(at) => *at,
+                        _ => usize::MAX,
+                    };
+                    (at, t)
+                })
+                .collect();
+            ranked.sort_by_key(|(at, _)| *at);
+            let ranked: Vec<ToolSpec> = ranked.into_iter().map(|(_, t)| t).collect();
+            let mut namespaces: Vec<Namespace> = Vec::new();
+            for t in &ranked {
+                let ns = t.namespace.clone().unwrap_or_default();
+                match namespaces.iter_mut().find(|n| n.name == ns) {
+                    Some(n) => {
+                        n.tools += 1;
+                        n.bytes += compact::spec_bytes(t);
+                    }
+                    None => namespaces.push(Namespace {
+                        name: ns,
+                        title: None,
+                        description: None,
+                        tools: 1,
+                        server: t.server.clone(),
+                        bytes: compact::spec_bytes(t),
+                    }),
+                }
+            }
+            namespaces.sort_by(|a, b| a.name.cmp(&b.name));
+            let offer = compact::offer(Budget::Tools(30), ranked.clone(), &Overview { namespaces });
+            let direct: Vec<&str> = if offer.compact {
+                offer.tools.iter().map(|t| t.name.as_str()).collect()
+            } else {
+                offer
+                    .tools
+                    .iter()
+                    .take(TOP_K)
+                    .map(|t| t.name.as_str())
+                    .collect()
+            };
+            if direct.contains(&target) {
+                return true;
+            }
+            let args = FindArgs {
+                query: text.to_string(),
+                namespace: None,
+            };
+            let pool = compact::candidates(ranked, &lexical_order, &args);
+            let t = Instant::now();
+            let got = if std::env::var_os("REACH_UNFILTERED").is_some() {
+                f.rank_blocking(text, &pool, &lexical_order, FIND_K)
+            } else {
+                f.find_blocking(text, &pool, &lexical_order, FIND_K)
+            };
+            query_time += t.elapsed();
+            got.iter().any(|n| n == target)
+        });
+        let gateway_hit = in_gateway.unwrap_or(false);
         let h = half(target);
         if !(in_cut || fused_hit) {
             eprintln!(
@@ -186,6 +261,7 @@ fn main() {
             fused_hit,
             in_cut || in_lex,
             in_cut || fused_hit,
+            gateway_hit,
         ];
         let t = tools[target];
         let upstream = t["server"].is_string();
@@ -230,9 +306,10 @@ fn main() {
         ("tool search, lexical only: top 5", 1, true),
         ("tool search, semantic ranker: top 5", 2, have_model),
         ("offered at once or lexical top 5", 3, true),
+        ("offered at once or semantic ranker top 5", 4, have_model),
         (
-            "**offered at once or semantic ranker top 5**",
-            4,
+            "**the gateway (default budget 30): in the compact list or in find_tools' answer**",
+            5,
             have_model,
         ),
     ];
@@ -246,19 +323,23 @@ fn main() {
         }
     }
     println!();
-    println!("| the tool asked for | offered at once | ... or lexical top 5 | ... or semantic ranker top 5 |");
-    println!("|---|---|---|---|");
+    println!("| the tool asked for | offered at once | ... or lexical top 5 | ... or semantic ranker top 5 | the gateway |");
+    println!("|---|---|---|---|---|");
     for g in 4..groups.len() {
-        println!(
-            "| {} | {} | {} | {} |",
-            groups[g],
-            pct(hits[g][0], totals[g]),
-            pct(hits[g][3], totals[g]),
+        let model = |k: usize| {
             if have_model {
-                pct(hits[g][4], totals[g])
+                pct(hits[g][k], totals[g])
             } else {
                 "-".into()
             }
+        };
+        println!(
+            "| {} | {} | {} | {} | {} |",
+            groups[g],
+            pct(hits[g][0], totals[g]),
+            pct(hits[g][3], totals[g]),
+            model(4),
+            model(5)
         );
     }
     if have_model {

@@ -235,17 +235,40 @@ impl Ranker {
         top_k: usize,
     ) -> Vec<String> {
         let vectors = self.vectors_for(query, candidates).await;
-        let Some((q, tools)) = vectors.as_ref() else {
+        self.place_near(candidates, vectors, lexical_order, top_k)
+    }
+
+    /// [`find_for_query`](Self::find_for_query) on the calling thread (benchmarks and tests).
+    pub fn find_blocking(
+        &self,
+        query: &str,
+        candidates: &[ToolSpec],
+        lexical_order: &[String],
+        top_k: usize,
+    ) -> Vec<String> {
+        let vectors = self.vectors_blocking(query, candidates);
+        self.place_near(candidates, vectors, lexical_order, top_k)
+    }
+
+    /// [`place`](Self::place) of the candidates near the query or matching it lexically.
+    fn place_near(
+        &self,
+        candidates: &[ToolSpec],
+        vectors: Option<Vectors>,
+        lexical_order: &[String],
+        top_k: usize,
+    ) -> Vec<String> {
+        let Some((q, tools)) = vectors else {
             return self.place(candidates, None, lexical_order, top_k);
         };
         let near: Vec<usize> = (0..candidates.len())
             .filter(|&i| {
-                cosine(q, &tools[i]) >= UPSTREAM_COSINE
+                cosine(&q, &tools[i]) >= UPSTREAM_COSINE
                     || lexical_order.contains(&candidates[i].name)
             })
             .collect();
         let kept: Vec<ToolSpec> = near.iter().map(|&i| candidates[i].clone()).collect();
-        let vectors = (q.clone(), near.iter().map(|&i| tools[i].clone()).collect());
+        let vectors = (q, near.iter().map(|&i| tools[i].clone()).collect());
         self.place(&kept, Some(&vectors), lexical_order, top_k)
     }
 
@@ -289,7 +312,12 @@ impl Ranker {
         lexical_order: &[String],
         top_k: usize,
     ) -> Vec<String> {
-        let vectors = match self.embeddings() {
+        let vectors = self.vectors_blocking(query, candidates);
+        self.place(candidates, vectors.as_ref(), lexical_order, top_k)
+    }
+
+    fn vectors_blocking(&self, query: &str, candidates: &[ToolSpec]) -> Option<Vectors> {
+        match self.embeddings() {
             Embeddings::Local(model) => {
                 let texts: Vec<String> = candidates.iter().map(definition_text).collect();
                 let (q, fresh) = embed_missing(
@@ -301,8 +329,7 @@ impl Ranker {
                 Some((q, self.merge(&texts, fresh)))
             }
             _ => None,
-        };
-        self.place(candidates, vectors.as_ref(), lexical_order, top_k)
+        }
     }
 
     fn place(
