@@ -776,7 +776,7 @@ async def test_compact_list_over_the_budget_with_the_python_sdk(mode):
         again = (await client.list_tools()).tools
     names = [t.name for t in tools]
     assert names[-1] == "find_tools" and names.count("find_tools") == 1, names
-    assert len(names) <= 7, f"a fifth of the budget and find_tools: {names}"
+    assert len(names) <= 16, f"half the budget and find_tools: {names}"
     assert names[0] in ("invoice__get", "invoice__mark_paid"), "the entity's own tools come first"
     assert not any(n.split("__")[0] in UPSTREAM for n in names), "upstream tools are found, never listed"
     assert dumped(tools) == dumped(again), "deterministic"

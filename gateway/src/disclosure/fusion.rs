@@ -33,6 +33,10 @@ pub const MATCH_COSINE: f32 = 0.3;
 /// A cosine at which an upstream tool may stand among the DBA's tools that do not match (upstream
 /// descriptions are often terse, "Create a chat message.", and rarely reach [`MATCH_COSINE`]).
 pub const UPSTREAM_COSINE: f32 = 0.2;
+/// The cosine below which a search (`find_tools`) does not return a tool that shares no word with
+/// the request: far enough from it that it would only lengthen the model's list. Set on the
+/// reachability benchmark's tuning half (BENCHMARKS.md, reachability).
+pub const FIND_COSINE: f32 = 0.1;
 
 /// One candidate as fusion sees it.
 #[derive(Debug, Clone, Copy)]

@@ -12,5 +12,5 @@
 pub mod fusion;
 pub mod semantic;
 
-pub use fusion::{fuse, Fused, MATCH_COSINE, UPSTREAM_COSINE};
+pub use fusion::{fuse, Fused, FIND_COSINE, MATCH_COSINE, UPSTREAM_COSINE};
 pub use semantic::{definition_text, Embeddings, Ranker};

@@ -15,7 +15,7 @@ use ctxguard_embed::{cosine, cut, Embedder, MAX_TEXT_BYTES};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
-use super::fusion::{fuse, Fused, UPSTREAM_COSINE};
+use super::fusion::{fuse, Fused, FIND_COSINE};
 use crate::llm::ToolSpec;
 
 /// Longest query embedded, in bytes (the model then cuts at its token limit).
@@ -224,7 +224,7 @@ impl Ranker {
     }
 
     /// What a search (`find_tools`) finds: [`rank_for_query`](Self::rank_for_query)'s order of the
-    /// candidates that come near the query (cosine at least [`UPSTREAM_COSINE`]) or match it
+    /// candidates that come near the query (cosine at least [`FIND_COSINE`]) or match it
     /// lexically. Tools far from the request are not returned (they would only lengthen the
     /// model's list): a search for something the page does not offer finds nothing.
     pub async fn find_for_query(
@@ -263,7 +263,7 @@ impl Ranker {
         };
         let near: Vec<usize> = (0..candidates.len())
             .filter(|&i| {
-                cosine(&q, &tools[i]) >= UPSTREAM_COSINE
+                cosine(&q, &tools[i]) >= FIND_COSINE
                     || lexical_order.contains(&candidates[i].name)
             })
             .collect();
