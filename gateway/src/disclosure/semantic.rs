@@ -263,8 +263,7 @@ impl Ranker {
         };
         let near: Vec<usize> = (0..candidates.len())
             .filter(|&i| {
-                cosine(&q, &tools[i]) >= FIND_COSINE
-                    || lexical_order.contains(&candidates[i].name)
+                cosine(&q, &tools[i]) >= FIND_COSINE || lexical_order.contains(&candidates[i].name)
             })
             .collect();
         let kept: Vec<ToolSpec> = near.iter().map(|&i| candidates[i].clone()).collect();
