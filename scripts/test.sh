@@ -140,6 +140,9 @@ bash tests/mcp/run.sh
 
 OIDC_NODE_MODULES="$OIDC_NODE_MODULES" OIDC_DIR="$OIDC_DIR" OIDC_PORT="$OIDC_PORT" bash tests/oidc/run.sh
 
+# Issue 33: upstream credentials end to end (an upstream that checks its callers; ~10 s).
+bash tests/credentials/run.sh
+
 bash tests/ui/run.sh
 fi
 

@@ -28,6 +28,16 @@ use crate::{ApiJson, AppState, PageRequest};
 /// Most bytes of a tenant secret.
 pub const MAX_SECRET_BYTES: usize = 16 * 1024;
 
+/// The database's 42501 (not the tenant's admin) as a 403, with its fixed message.
+fn admin_only(e: ApiError) -> ApiError {
+    match e {
+        ApiError::Internal(d) if d.starts_with("42501") => {
+            ApiError::Forbidden("only the tenant's admin may change its upstream secrets".into())
+        }
+        other => other,
+    }
+}
+
 fn check_server(server: &str) -> Result<(), ApiError> {
     let ok = !server.is_empty()
         && server.len() <= 32
@@ -166,7 +176,9 @@ pub(crate) async fn put_secret(
     }
     .scope(&headers)?;
     Ok(Json(
-        super::set_tenant_secret(&state, &scope, &server, &req.secret).await?,
+        super::set_tenant_secret(&state, &scope, &server, &req.secret)
+            .await
+            .map_err(admin_only)?,
     ))
 }
 
@@ -178,7 +190,11 @@ pub(crate) async fn delete_secret(
 ) -> Result<Json<Value>, ApiError> {
     check_server(&server)?;
     let scope = req.scope(&headers)?;
-    let out = state.db.delete_tenant_secret(&scope, &server).await?;
+    let out = state
+        .db
+        .delete_tenant_secret(&scope, &server)
+        .await
+        .map_err(admin_only)?;
     state.upstreams.forget(&server).await;
     Ok(Json(out))
 }
