@@ -605,8 +605,13 @@ pub async fn disconnect(
         let Some(token) = sealed.and_then(|s| creds.keys.open(s, binding(field)).ok()) else {
             continue;
         };
-        if let Err(e) = oauth::revoke(&creds.client, &revocation, &mode_cfg, &token, hint).await {
-            tracing::warn!(server, error = %e, "could not revoke an upstream token (deleted here)");
+        // The refresh token first (RFC 7009: its grant's access tokens go with it); the access
+        // token only when there is no refresh token or it could not be revoked.
+        match oauth::revoke(&creds.client, &revocation, &mode_cfg, &token, hint).await {
+            Ok(()) => break,
+            Err(e) => {
+                tracing::warn!(server, error = %e, hint, "could not revoke an upstream token (deleted here)")
+            }
         }
     }
     Ok(true)
