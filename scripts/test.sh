@@ -63,6 +63,7 @@ vars=(
   -S "tok_crit=$(mint --sub alice --tenant acme --crit "${AUD[@]}")"
   -S "tok_dup=$(mint --sub alice --tenant acme --roles ap_clerk --dup-tenant globex "${AUD[@]}")"
   -S "tok_ingest=$(mint --sub ingest-bot --tenant acme --roles doc_ingest "${AUD[@]}")"
+  -S "tok_tadmin=$(mint --sub tina --tenant acme --roles tenant_admin "${AUD[@]}")"
 )
 
 # Each directory runs as the role it is about (sql/tests/fixtures.sql): the gateway role (model calls,
@@ -138,6 +139,9 @@ stop_capacity_cluster
 bash tests/mcp/run.sh
 
 OIDC_NODE_MODULES="$OIDC_NODE_MODULES" OIDC_DIR="$OIDC_DIR" OIDC_PORT="$OIDC_PORT" bash tests/oidc/run.sh
+
+# Issue 33: upstream credentials end to end (an upstream that checks its callers; ~10 s).
+bash tests/credentials/run.sh
 
 bash tests/ui/run.sh
 fi

@@ -123,9 +123,11 @@ SELECT 'approvals_pending=' || count(*) FROM ctxguard.approvals WHERE status = '
 SELECT 'accepted=' || bool_and(definition_hash IS NOT NULL AND definition_hash = accepted_hash) FROM ctxguard.tools WHERE kind = 'external';
 -- Issue 30: policies kept as they were: enforced, without conditions.
 SELECT 'policies=' || string_agg(DISTINCT mode || ':' || coalesce(when_fn::text, '-') || ':' || coalesce(approval_when_fn::text, '-'), ',') FROM ctxguard.tool_policies;
+-- Issue 33: a server registered before credential modes keeps its static token, as before.
+SELECT 'credentials=' || string_agg(name || ':' || credential_mode || ':' || requires_connection, ',') FROM ctxguard.mcp_servers;
 SQL
 )
-  expected=$'tools=2\nlint=tool_without_run_as:app.ping\napprovals_pending=0\naccepted=true\npolicies=enforce:-:-'
+  expected=$'tools=2\nlint=tool_without_run_as:app.ping\napprovals_pending=0\naccepted=true\npolicies=enforce:-:-\ncredentials=docs:static:false'
   [ "$checks" = "$expected" ] || fail "data after the update: got [$checks], want [$expected]"
   # The conversation's next turn is its third.
   turn=$(psql_su -d ctxguard_up_old -At -v tok="$(mint --sub alice --tenant acme)" <<'SQL'

@@ -86,10 +86,15 @@ pub struct ChatResponse {
 /// Streamed events (`Accept: text/event-stream`).
 #[derive(Debug, Clone)]
 pub enum Event {
-    Context { visible_tools: Vec<String> },
+    Context {
+        visible_tools: Vec<String>,
+    },
     ToolCall(ToolCallReport),
     Answer(String),
     Done(Box<ChatResponse>),
+    /// A tool's server needs the user's own connection: `{server, connectUrl}` for the app's
+    /// Connect button (`credentials::connect_hint`); never in the model's messages.
+    ConnectionRequired(Value),
 }
 
 impl Event {
@@ -99,6 +104,7 @@ impl Event {
             Event::ToolCall(_) => "tool_call",
             Event::Answer(_) => "answer",
             Event::Done(_) => "done",
+            Event::ConnectionRequired(_) => "connection_required",
         }
     }
 
@@ -108,6 +114,7 @@ impl Event {
             Event::ToolCall(r) => serde_json::to_value(r).unwrap_or(Value::Null),
             Event::Answer(t) => json!({"text": t}),
             Event::Done(r) => serde_json::to_value(r).unwrap_or(Value::Null),
+            Event::ConnectionRequired(v) => v.clone(),
         }
     }
 }
@@ -584,6 +591,12 @@ pub async fn run_turn(
                         &call.arguments,
                     )
                     .await?;
+                    if events.is_some() {
+                        let hint = crate::credentials::connect_hint(&state, &view.scope, &envelope);
+                        if let Some(hint) = hint.await {
+                            emit(&events, Event::ConnectionRequired(hint)).await;
+                        }
+                    }
                     let (decision, code) = decision_of(&envelope);
                     state
                         .metrics

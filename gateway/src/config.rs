@@ -313,6 +313,13 @@ pub struct Config {
     /// gateway needs to be root or hold CAP_SETUID and CAP_SETGID (and CAP_KILL to end them).
     #[arg(long, env = "CTXGUARD_MCP_STDIO_USER")]
     pub mcp_stdio_user: Option<String>,
+
+    /// File of the keys that seal upstream credentials (tenant secrets, users' OAuth connections):
+    /// one `key_id:base64` (32 bytes) per line; the first seals, all open (rotation: a new key
+    /// first, the old ones after it). Unset: `tenant_secret` and `user_oauth` servers answer that
+    /// no credential is available. The database never sees these keys.
+    #[arg(long, env = "CTXGUARD_CREDENTIAL_KEY_FILE")]
+    pub credential_key_file: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -39,6 +39,7 @@ use tokio_postgres::{NoTls, Row};
 use uuid::Uuid;
 
 use crate::compact::{Namespace, Overview};
+use crate::credentials::seal::Sealed;
 use crate::error::ApiError;
 use crate::llm::ToolSpec;
 use crate::sql::{self, Access, Limits};
@@ -204,6 +205,40 @@ fn overview(rows: &[Row]) -> Overview {
                 bytes: usize::try_from(r.get::<_, i64>(5)).unwrap_or(0),
             })
             .collect(),
+    }
+}
+
+/// A stored upstream credential as `ctxguard.upstream_credential` answers it (sealed).
+#[derive(Debug, Clone)]
+pub struct StoredCredential {
+    pub server: String,
+    pub mode: String,
+    pub access: Sealed,
+    /// Unix seconds.
+    pub expires_at: Option<f64>,
+    pub refresh: Option<Sealed>,
+}
+
+fn sealed_opt(key_id: String, ct: Option<Vec<u8>>, nonce: Option<Vec<u8>>) -> Option<Sealed> {
+    Some(Sealed {
+        key_id,
+        ciphertext: ct?,
+        nonce: nonce?,
+    })
+}
+
+fn stored(r: &Row) -> StoredCredential {
+    let key_id: String = r.get(2);
+    StoredCredential {
+        server: r.get(0),
+        mode: r.get(1),
+        access: Sealed {
+            key_id: key_id.clone(),
+            ciphertext: r.get(3),
+            nonce: r.get(4),
+        },
+        expires_at: r.get(5),
+        refresh: sealed_opt(key_id, r.get(6), r.get(7)),
     }
 }
 
@@ -1164,8 +1199,123 @@ impl Db {
                 cwd: r.get(6),
                 headers: strings(r.get(7)),
                 bearer_token_env: r.get(8),
+                credential_mode: r.get(9),
+                credential_config: r.get(10),
             })
             .collect())
+    }
+
+    /// The credential (sealed) of upstream call `call_id`, authorized for the scope's user and not
+    /// completed (`ctxguard.upstream_credential`), with the verified context it was read under.
+    pub async fn upstream_credential(
+        &self,
+        scope: &Scope,
+        call_id: Uuid,
+    ) -> Result<(Value, Option<StoredCredential>), ApiError> {
+        let (context, mut results) = self
+            .transaction(
+                scope,
+                Commit::Durable,
+                &[(sql::UPSTREAM_CREDENTIAL, &[(&call_id, Type::UUID)])],
+            )
+            .await?;
+        let row = results.pop().unwrap_or_default().into_iter().next();
+        Ok((context, row.map(|r| stored(&r))))
+    }
+
+    /// Store the scope's user's own connection to `server` (sealed); the envelope.
+    pub async fn put_upstream_credential(
+        &self,
+        scope: &Scope,
+        server: &str,
+        access: &Sealed,
+        expires_at: Option<f64>,
+        refresh: Option<&Sealed>,
+    ) -> Result<Value, ApiError> {
+        let refresh_ct = refresh.map(|r| r.ciphertext.as_slice());
+        let refresh_nonce = refresh.map(|r| r.nonce.as_slice());
+        let (ct, nonce) = (access.ciphertext.as_slice(), access.nonce.as_slice());
+        self.one(
+            scope,
+            sql::PUT_UPSTREAM_CREDENTIAL,
+            &[
+                (&server, Type::TEXT),
+                (&access.key_id, Type::TEXT),
+                (&ct, Type::BYTEA),
+                (&nonce, Type::BYTEA),
+                (&expires_at, Type::FLOAT8),
+                (&refresh_ct, Type::BYTEA),
+                (&refresh_nonce, Type::BYTEA),
+            ],
+        )
+        .await
+    }
+
+    /// Delete the scope's user's own connection to `server`: what was deleted (to revoke it),
+    /// with the verified context.
+    pub async fn delete_upstream_credential(
+        &self,
+        scope: &Scope,
+        server: &str,
+    ) -> Result<(Value, Option<StoredCredential>), ApiError> {
+        let (context, mut results) = self
+            .transaction(
+                scope,
+                Commit::Durable,
+                &[(sql::DELETE_UPSTREAM_CREDENTIAL, &[(&server, Type::TEXT)])],
+            )
+            .await?;
+        let row = results.pop().unwrap_or_default().into_iter().next();
+        Ok((
+            context,
+            row.map(|r| StoredCredential {
+                server: server.to_string(),
+                mode: "user_oauth".into(),
+                access: Sealed {
+                    key_id: r.get(0),
+                    ciphertext: r.get(1),
+                    nonce: r.get(2),
+                },
+                expires_at: None,
+                refresh: sealed_opt(r.get(0), r.get(3), r.get(4)),
+            }),
+        ))
+    }
+
+    /// Set the scope's tenant's secret for `server` (its tenant admin only; sealed).
+    pub async fn put_tenant_secret(
+        &self,
+        scope: &Scope,
+        server: &str,
+        secret: &Sealed,
+    ) -> Result<Value, ApiError> {
+        let (ct, nonce) = (secret.ciphertext.as_slice(), secret.nonce.as_slice());
+        self.one(
+            scope,
+            sql::PUT_TENANT_SECRET,
+            &[
+                (&server, Type::TEXT),
+                (&secret.key_id, Type::TEXT),
+                (&ct, Type::BYTEA),
+                (&nonce, Type::BYTEA),
+            ],
+        )
+        .await
+    }
+
+    /// Delete the scope's tenant's secret for `server` (its tenant admin only).
+    pub async fn delete_tenant_secret(
+        &self,
+        scope: &Scope,
+        server: &str,
+    ) -> Result<Value, ApiError> {
+        self.one(scope, sql::DELETE_TENANT_SECRET, &[(&server, Type::TEXT)])
+            .await
+    }
+
+    /// The servers the scope's user may use that take a credential, and whether one is stored.
+    pub async fn upstream_connections(&self, scope: &Scope) -> Result<Value, ApiError> {
+        self.one(scope, sql::UPSTREAM_CONNECTIONS, &[]).await
     }
 
     /// Record a server's discovered tools in the catalog, without a context. Only on the discovery

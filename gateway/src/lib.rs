@@ -21,6 +21,7 @@ use tower_http::trace::TraceLayer;
 pub mod chat;
 pub mod compact;
 pub mod config;
+pub mod credentials;
 pub mod db;
 pub mod demo;
 pub mod disclosure;
@@ -81,6 +82,8 @@ pub struct AppState {
     pub mcp_guard: origin::Guard,
     /// Tool search: the visible tools ranked for a request (`disclosure/`).
     pub tool_search: Arc<disclosure::Ranker>,
+    /// Upstream credentials: the sealing keys, connect requests, exchanged tokens (`credentials/`).
+    pub credentials: Arc<credentials::Credentials>,
 }
 
 impl AppState {
@@ -142,7 +145,20 @@ impl AppState {
             &metrics,
         ));
         let tool_search = disclosure::semantic::from_config(&config);
+        let keys = match config
+            .credential_key_file
+            .as_deref()
+            .filter(|f| !f.is_empty())
+        {
+            Some(path) => credentials::seal::KeyRing::from_file(std::path::Path::new(path))?,
+            None => credentials::seal::KeyRing::empty(),
+        };
+        let credentials = Arc::new(credentials::Credentials::new(
+            keys,
+            config.mcp_call_timeout(),
+        ));
         Ok(AppState {
+            credentials,
             tool_search,
             oauth,
             pages,
@@ -701,6 +717,21 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/v1/approvals/{call_id}", post(approve_endpoint))
         .route("/v1/approvals/{call_id}/reject", post(reject_endpoint))
         .route("/internal/mcp/execute", post(execute_endpoint))
+        .route("/v1/connections", post(credentials::http::list))
+        .route("/v1/connections/callback", get(credentials::http::callback))
+        .route("/v1/connections/{server}", post(credentials::http::start))
+        .route(
+            "/v1/connections/{server}/disconnect",
+            post(credentials::http::disconnect),
+        )
+        .route(
+            "/v1/tenant-secrets/{server}",
+            axum::routing::put(credentials::http::put_secret),
+        )
+        .route(
+            "/v1/tenant-secrets/{server}/delete",
+            post(credentials::http::delete_secret),
+        )
         .route("/v1/context", axum::routing::put(mcp::put_context))
         .merge(metadata_routes(&state))
         .nest_service(

@@ -460,10 +460,33 @@ pub const MCP_SESSION_CLOSE: &str = "SELECT ctxguard.mcp_session_close($1, $2)";
 pub const COMPLETE_CALL: &str = "SELECT ctxguard.complete_call($1, $2, $3)";
 
 pub const MCP_SERVERS: &str =
-    "SELECT s.name, s.transport, s.url, s.command, s.args, s.env, s.cwd, s.headers, s.bearer_token_env
+    "SELECT s.name, s.transport, s.url, s.command, s.args, s.env, s.cwd, s.headers, s.bearer_token_env,
+        s.credential_mode, s.credential_config
    FROM ctxguard.mcp_servers s
   WHERE s.enabled AND ($1::pg_catalog.text[] IS NULL OR s.name OPERATOR(pg_catalog.=) ANY ($1))
   ORDER BY s.name";
+
+/// Upstream credentials (issue 33): ciphertext only, each the context user's own
+/// (`credentials/`). Expiries travel as Unix seconds.
+pub const UPSTREAM_CREDENTIAL: &str = "SELECT c.server, c.mode, c.key_id, c.ciphertext, c.nonce,
+        pg_catalog.date_part('epoch', c.expires_at)::pg_catalog.float8, c.refresh_ciphertext, c.refresh_nonce
+   FROM ctxguard.upstream_credential($1) AS c";
+
+pub const PUT_UPSTREAM_CREDENTIAL: &str = "SELECT ctxguard.put_upstream_credential($1, $2, $3, $4,
+        pg_catalog.to_timestamp($5), $6, $7)";
+
+pub const DELETE_UPSTREAM_CREDENTIAL: &str =
+    "SELECT d.key_id, d.ciphertext, d.nonce, d.refresh_ciphertext, d.refresh_nonce
+   FROM ctxguard.delete_upstream_credential($1) AS d";
+
+pub const PUT_TENANT_SECRET: &str = "SELECT ctxguard.put_tenant_secret($1, $2, $3, $4)";
+
+pub const DELETE_TENANT_SECRET: &str = "SELECT ctxguard.delete_tenant_secret($1)";
+
+pub const UPSTREAM_CONNECTIONS: &str = "SELECT coalesce(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(
+        'server', c.server, 'mode', c.mode, 'connected', c.connected,
+        'expiresAt', pg_catalog.date_part('epoch', c.expires_at)) ORDER BY c.server), '[]'::pg_catalog.jsonb)
+   FROM ctxguard.upstream_connections() AS c";
 
 pub const SYNC_MCP_TOOLS: &str = "SELECT ctxguard.sync_mcp_tools($1, $2)";
 
@@ -509,6 +532,12 @@ pub fn all_statements() -> Vec<(String, String)> {
         ("COMPLETE_CALL", COMPLETE_CALL),
         ("MCP_SERVERS", MCP_SERVERS),
         ("SYNC_MCP_TOOLS", SYNC_MCP_TOOLS),
+        ("UPSTREAM_CREDENTIAL", UPSTREAM_CREDENTIAL),
+        ("PUT_UPSTREAM_CREDENTIAL", PUT_UPSTREAM_CREDENTIAL),
+        ("DELETE_UPSTREAM_CREDENTIAL", DELETE_UPSTREAM_CREDENTIAL),
+        ("PUT_TENANT_SECRET", PUT_TENANT_SECRET),
+        ("DELETE_TENANT_SECRET", DELETE_TENANT_SECRET),
+        ("UPSTREAM_CONNECTIONS", UPSTREAM_CONNECTIONS),
         ("EXTENSION_VERSION", EXTENSION_VERSION),
         ("PROBE", PROBE),
         ("LISTEN_PAGES", LISTEN_PAGES),

@@ -49,9 +49,29 @@ async fn settle(state: &AppState, view: &mut View, envelope: Value) -> Result<Va
         .upstreams
         .ensure(&state.db, &[server.to_string()])
         .await;
+    // The credential the verified context chose (issue 33): static, the tenant's secret, the
+    // user's own connection, or an exchanged token. Without one the call is completed as failed
+    // (audited) and answered with why.
+    let auth = match state.upstreams.config(&state.db, server).await {
+        Some(cfg) => crate::credentials::for_call(state, view, &cfg, call_id).await,
+        None => Err(crate::credentials::CredError::Unavailable),
+    };
+    let auth = match auth {
+        Ok(auth) => auth,
+        Err(e) => {
+            let failed =
+                json!({"content": [{"type": "text", "text": e.to_string()}], "isError": true});
+            let failed = &failed;
+            view.run(&state.db, |s| async move {
+                state.db.complete_call(&s, call_id, failed, true).await
+            })
+            .await?;
+            return Ok(crate::credentials::refusal(&e, call_id, server));
+        }
+    };
     let (result, is_error) = match state
         .upstreams
-        .forward(server, tool, envelope["args"].clone())
+        .forward_as(&state.db, server, tool, envelope["args"].clone(), &auth)
         .await
     {
         Ok(result) => {

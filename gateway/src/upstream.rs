@@ -43,6 +43,10 @@ pub struct ServerConfig {
     pub cwd: Option<String>,
     pub headers: HashMap<String, String>,
     pub bearer_token_env: Option<String>,
+    /// `static`, `tenant_secret`, `user_oauth` or `token_exchange` (`credentials/`).
+    pub credential_mode: String,
+    /// The mode's settings (`credentials::oauth::ModeConfig`).
+    pub credential_config: Value,
 }
 
 type Client = RunningService<RoleClient, ()>;
@@ -55,8 +59,21 @@ struct Slot {
     pgid: Option<u32>,
 }
 
+/// A per-user connection's key: the server, whose credential (`credentials::Auth::Bearer`'s
+/// owner) and a hash of the token itself (a refreshed token opens a new connection).
+type UserKey = (String, [u8; 32], [u8; 32]);
+
+/// Most per-user connections kept open (least recently used closed first).
+pub const MAX_USER_CONNECTIONS: usize = 256;
+
 pub struct Upstreams {
     slots: Mutex<HashMap<String, Slot>>,
+    /// The registry rows last read, by server (the credential mode and its settings).
+    configs: Mutex<HashMap<String, ServerConfig>>,
+    /// Connections that carry one user's (or tenant's) credential: never shared with anyone else.
+    users: Mutex<HashMap<UserKey, (Arc<Client>, Instant)>>,
+    /// Servers whose tools were recorded from a per-user connection (once per gateway start).
+    primed: Mutex<HashSet<String>>,
     connect_timeout: Duration,
     call_timeout: Duration,
     retry_backoff: Duration,
@@ -86,6 +103,9 @@ impl Upstreams {
     ) -> Upstreams {
         Upstreams {
             slots: Mutex::new(HashMap::new()),
+            configs: Mutex::new(HashMap::new()),
+            users: Mutex::new(HashMap::new()),
+            primed: Mutex::new(HashSet::new()),
             connect_timeout,
             call_timeout,
             retry_backoff: Duration::from_secs(10),
@@ -164,9 +184,15 @@ impl Upstreams {
         }
         let missing: Vec<String> = {
             let slots = self.slots.lock().await;
+            let configs = self.configs.lock().await;
             let now = Instant::now();
             names
                 .iter()
+                .filter(|n| {
+                    configs
+                        .get(*n)
+                        .is_none_or(|c| c.credential_mode == "static")
+                })
                 .filter(|n| {
                     slots.get(*n).is_none_or(|s| {
                         s.client.is_none() && s.retry_after.is_none_or(|t| t <= now)
@@ -184,16 +210,161 @@ impl Upstreams {
         self.healthy(names).await
     }
 
+    /// Connected static servers, and every known server of a per-user mode (its calls connect
+    /// with the caller's credential, or answer why they cannot).
     async fn healthy(&self, names: &[String]) -> HashSet<String> {
         let slots = self.slots.lock().await;
+        let configs = self.configs.lock().await;
         names
             .iter()
-            .filter(|n| slots.get(*n).is_some_and(|s| s.client.is_some()))
+            .filter(|n| {
+                slots.get(*n).is_some_and(|s| s.client.is_some())
+                    || configs
+                        .get(*n)
+                        .is_some_and(|c| c.credential_mode != "static")
+            })
             .cloned()
             .collect()
     }
 
+    /// The registry row of `server` (read when not known yet).
+    pub async fn config(&self, db: &Db, server: &str) -> Option<ServerConfig> {
+        if let Some(c) = self.configs.lock().await.get(server) {
+            return Some(c.clone());
+        }
+        let rows = db.mcp_servers(Some(&[server.to_string()])).await.ok()?;
+        let cfg = rows.into_iter().find(|c| c.name == server)?;
+        self.configs
+            .lock()
+            .await
+            .insert(cfg.name.clone(), cfg.clone());
+        Some(cfg)
+    }
+
+    /// Close the per-user connections to `server` (a credential was deleted or replaced).
+    pub async fn forget(&self, server: &str) {
+        self.users.lock().await.retain(|(s, _, _), _| s != server);
+    }
+
+    /// Open a connection with `auth` and record the server's tools from it (once per gateway
+    /// start for a per-user server: its tools are not discovered at start-up, no one's
+    /// credential being there).
+    pub async fn prime(&self, cfg: &ServerConfig, auth: &crate::credentials::Auth) {
+        if self.primed.lock().await.contains(&cfg.name) {
+            return;
+        }
+        let Ok(client) = self.user_client(cfg, auth).await else {
+            return;
+        };
+        if let Ok(Ok(tools)) =
+            tokio::time::timeout(self.call_timeout, client.list_all_tools()).await
+        {
+            self.record(&cfg.name, &tools).await;
+            self.primed.lock().await.insert(cfg.name.clone());
+        }
+    }
+
+    /// The connection that carries `auth` to `cfg` (opened if needed; the least recently used is
+    /// closed past [`MAX_USER_CONNECTIONS`]).
+    async fn user_client(
+        &self,
+        cfg: &ServerConfig,
+        auth: &crate::credentials::Auth,
+    ) -> Result<Arc<Client>, ForwardError> {
+        use sha2::Digest as _;
+        let crate::credentials::Auth::Bearer { token, owner } = auth else {
+            return Err(ForwardError::Unavailable);
+        };
+        let key: UserKey = (
+            cfg.name.clone(),
+            *owner,
+            sha2::Sha256::digest(token.as_bytes()).into(),
+        );
+        if let Some((client, used)) = self.users.lock().await.get_mut(&key) {
+            *used = Instant::now();
+            return Ok(client.clone());
+        }
+        let connected = tokio::time::timeout(self.connect_timeout, connect_with(cfg, Some(token)))
+            .await
+            .map_err(|_| ForwardError::Timeout)?
+            .map_err(|e| {
+                tracing::warn!(server = %cfg.name, error = %e, "per-user MCP connection failed");
+                ForwardError::Unavailable
+            })?;
+        let client = Arc::new(connected);
+        let mut users = self.users.lock().await;
+        // This owner's connections to this server with an older token are done with.
+        users.retain(|(s, o, _), _| !(s == &cfg.name && o == owner));
+        if users.len() >= MAX_USER_CONNECTIONS {
+            if let Some(oldest) = users
+                .iter()
+                .min_by_key(|(_, (_, used))| *used)
+                .map(|(k, _)| k.clone())
+            {
+                users.remove(&oldest);
+            }
+        }
+        users.insert(key, (client.clone(), Instant::now()));
+        Ok(client)
+    }
+
+    /// Forward one authorized call with the credential the verified context chose: the
+    /// server's static configuration, or the caller's own (a connection of its own).
+    pub async fn forward_as(
+        &self,
+        db: &Db,
+        server: &str,
+        tool: &str,
+        args: Value,
+        auth: &crate::credentials::Auth,
+    ) -> Result<Value, ForwardError> {
+        if *auth == crate::credentials::Auth::Static {
+            return self.forward(server, tool, args).await;
+        }
+        let cfg = self
+            .config(db, server)
+            .await
+            .ok_or(ForwardError::Unavailable)?;
+        let client = self.user_client(&cfg, auth).await?;
+        if !self.primed.lock().await.contains(server) {
+            if let Ok(Ok(tools)) =
+                tokio::time::timeout(self.call_timeout, client.list_all_tools()).await
+            {
+                self.record(server, &tools).await;
+                self.primed.lock().await.insert(server.to_string());
+            }
+        }
+        let mut params = CallToolRequestParams::new(tool.to_string());
+        if let Value::Object(map) = args {
+            params = params.with_arguments(map);
+        }
+        match tokio::time::timeout(self.call_timeout, client.call_tool(params)).await {
+            Ok(Ok(result)) => Ok(serde_json::to_value(result).unwrap_or(Value::Null)),
+            Ok(Err(e)) => {
+                tracing::warn!(server, error = %e, "upstream call failed; dropping the per-user connection");
+                self.users
+                    .lock()
+                    .await
+                    .retain(|_, (c, _)| !Arc::ptr_eq(c, &client));
+                Err(ForwardError::Unavailable)
+            }
+            Err(_) => Err(ForwardError::Timeout),
+        }
+    }
+
     async fn connect_all(&self, configs: Vec<ServerConfig>) {
+        {
+            let mut known = self.configs.lock().await;
+            for cfg in &configs {
+                known.insert(cfg.name.clone(), cfg.clone());
+            }
+        }
+        // Servers of a per-user mode have no connection of their own: each call opens (or reuses)
+        // one with its caller's credential (`forward_as`).
+        let configs: Vec<ServerConfig> = configs
+            .into_iter()
+            .filter(|c| c.credential_mode == "static")
+            .collect();
         let attempts = configs.into_iter().map(|cfg| async move {
             let result =
                 tokio::time::timeout(self.connect_timeout, connect(&cfg, self.stdio_user)).await;
@@ -288,23 +459,10 @@ async fn connect(
 ) -> Result<(Client, Option<u32>), String> {
     match cfg.transport.as_str() {
         "http" => {
-            let url = cfg.url.clone().ok_or("http server without url")?;
-            let mut config = StreamableHttpClientTransportConfig::with_uri(url);
-            if let Some(var) = &cfg.bearer_token_env {
-                config = config.auth_header(crate::secrets::token(var)?);
+            if cfg.credential_mode != "static" {
+                return Err("a per-user server is connected with its caller's credential".into());
             }
-            let mut headers = HashMap::new();
-            for (k, v) in &cfg.headers {
-                let name = axum::http::HeaderName::from_bytes(k.as_bytes())
-                    .map_err(|_| "invalid header name".to_string())?;
-                let value = axum::http::HeaderValue::from_str(v)
-                    .map_err(|_| "invalid header value".to_string())?;
-                headers.insert(name, value);
-            }
-            config.custom_headers = headers;
-            let transport = StreamableHttpClientTransport::from_config(config);
-            let client = ().serve(transport).await.map_err(|e| e.to_string())?;
-            Ok((client, None))
+            Ok((connect_with(cfg, None).await?, None))
         }
         "stdio" => {
             let program = cfg.command.clone().ok_or("stdio server without command")?;
@@ -329,4 +487,36 @@ async fn connect(
         }
         other => Err(format!("unknown transport {other}")),
     }
+}
+
+/// Connect to an HTTP server: with `bearer` (a caller's credential), or with the server's static
+/// token (`bearer_token_env`), and its configured headers.
+async fn connect_with(cfg: &ServerConfig, bearer: Option<&str>) -> Result<Client, String> {
+    if cfg.transport != "http" {
+        return Err("only http servers take a per-user credential".into());
+    }
+    let url = cfg.url.clone().ok_or("http server without url")?;
+    let mut config = StreamableHttpClientTransportConfig::with_uri(url);
+    match bearer {
+        Some(token) => config = config.auth_header(token.to_string()),
+        None => {
+            if let Some(var) = &cfg.bearer_token_env {
+                config = config.auth_header(crate::secrets::token(var)?);
+            }
+        }
+    }
+    let mut headers = HashMap::new();
+    for (k, v) in &cfg.headers {
+        let name = axum::http::HeaderName::from_bytes(k.as_bytes())
+            .map_err(|_| "invalid header name".to_string())?;
+        if bearer.is_some() && name == axum::http::header::AUTHORIZATION {
+            continue;
+        }
+        let value =
+            axum::http::HeaderValue::from_str(v).map_err(|_| "invalid header value".to_string())?;
+        headers.insert(name, value);
+    }
+    config.custom_headers = headers;
+    let transport = StreamableHttpClientTransport::from_config(config);
+    ().serve(transport).await.map_err(|e| e.to_string())
 }

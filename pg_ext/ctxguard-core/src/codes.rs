@@ -41,10 +41,13 @@ pub enum Code {
     /// A condition of the tool's policy (`when`, or an `approval_when` that could not be
     /// evaluated) refused the call; the message names the condition, never argument values.
     PolicyDenied,
+    /// The upstream server needs the user's own connection (`user_oauth`) and the user has none,
+    /// or it was revoked or could not be refreshed: connect, then retry. Nothing was forwarded.
+    ConnectionRequired,
 }
 
 impl Code {
-    pub const ALL: [Code; 15] = [
+    pub const ALL: [Code; 16] = [
         Code::ContextMissing,
         Code::ToolNotFound,
         Code::ToolNotVisible,
@@ -60,6 +63,7 @@ impl Code {
         Code::AuditUnavailable,
         Code::CapacityExceeded,
         Code::PolicyDenied,
+        Code::ConnectionRequired,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -79,6 +83,7 @@ impl Code {
             Code::AuditUnavailable => "AUDIT_UNAVAILABLE",
             Code::CapacityExceeded => "CAPACITY_EXCEEDED",
             Code::PolicyDenied => "POLICY_DENIED",
+            Code::ConnectionRequired => "CONNECTION_REQUIRED",
         }
     }
 }

@@ -105,7 +105,7 @@ CREATE TABLE ctxguard.audit_log (
     entity_type  text,
     entity_id    text,
     tool         text,
-    decision     text NOT NULL CHECK (decision IN ('allow', 'deny', 'pending', 'error', 'authorized', 'would_deny', 'dry_run', 'granted', 'rejected')),
+    decision     text NOT NULL CHECK (decision IN ('allow', 'deny', 'pending', 'error', 'authorized', 'would_deny', 'dry_run', 'granted', 'rejected', 'credential_set', 'credential_deleted')),
     code         text,
     args_hash    text,
     result_bytes integer,

@@ -944,7 +944,7 @@ COMMENT ON COLUMN ctxguard.tool_policies.approval_when_fn IS 'Policy "approval_w
 COMMENT ON COLUMN ctxguard.tool_policies.mode IS 'enforce, or log_only (shadow mode): a would-be denial by the page, role or state conditions or by "when" is audited as would_deny and the call runs.';
 ALTER TABLE ctxguard.audit_log DROP CONSTRAINT audit_log_decision_check;
 ALTER TABLE ctxguard.audit_log ADD CONSTRAINT audit_log_decision_check
-    CHECK (decision IN ('allow', 'deny', 'pending', 'error', 'authorized', 'would_deny', 'dry_run', 'granted', 'rejected'));
+    CHECK (decision IN ('allow', 'deny', 'pending', 'error', 'authorized', 'would_deny', 'dry_run', 'granted', 'rejected', 'credential_set', 'credential_deleted'));
 -- Approvals by someone else (four eyes): who may decide, who did, and why a call was rejected.
 ALTER TABLE ctxguard.approvals
     ADD COLUMN approver_roles text[],
@@ -1089,3 +1089,119 @@ REVOKE EXECUTE ON FUNCTION ctxguard.register_namespace(text, text, text) FROM PU
 COMMENT ON FUNCTION ctxguard.register_namespace(text, text, text) IS 'Describe a tool namespace (the first segment of tool names, or an upstream server): its description (1-4000 bytes) and optional title (1-128 characters). Upserts.';
 COMMENT ON FUNCTION ctxguard.visible_namespaces() IS 'The namespaces of the tools Gate A shows under the current context, with title, description, number of visible tools and upstream server; none without a context.';
 COMMENT ON FUNCTION ctxguard.find_tools(text, integer) IS 'Search Gate A''s tools under the current context: those matching query (at most 4096 bytes), the DBA''s tools by relevance before upstream tools, at most top_k (1-100).';
+
+-- Upstream credentials (issue 33): credential modes in the registry, the encrypted credentials
+-- (ciphertext only, owner only), the functions that read and write each context user's own, and two
+-- new audit decisions (credential_set, credential_deleted: the audit_log CHECK above).
+-- >>> sql/credentials.sql, the same text as a fresh install runs
+-- Upstream credentials (issue 33): how the gateway authenticates to each upstream MCP server, and
+-- the encrypted credentials of the modes that need one stored. The gateway encrypts them with a key
+-- the database never sees (CTXGUARD_CREDENTIAL_KEY_FILE); this table holds ciphertext, the nonce and
+-- the id of the key, bound (as AEAD associated data) to tenant, user, server and mode. It is read and
+-- written only by ctxguard's functions (credentials.rs), each for the verified context's own user
+-- (or, for a tenant secret, the context's tenant): no grant reaches it.
+ALTER TABLE ctxguard.mcp_servers
+    ADD COLUMN credential_mode text NOT NULL DEFAULT 'static'
+        CHECK (credential_mode IN ('static', 'tenant_secret', 'user_oauth', 'token_exchange')),
+    ADD COLUMN credential_config jsonb NOT NULL DEFAULT '{}'
+        CHECK (jsonb_typeof(credential_config) = 'object' AND octet_length(credential_config::text) <= 4096),
+    ADD COLUMN requires_connection boolean NOT NULL DEFAULT false,
+    ADD CONSTRAINT mcp_servers_credential_mode_http CHECK (credential_mode = 'static' OR (transport = 'http' AND bearer_token_env IS NULL)),
+    ADD CONSTRAINT mcp_servers_requires_connection_user_oauth CHECK (NOT requires_connection OR credential_mode = 'user_oauth');
+COMMENT ON COLUMN ctxguard.mcp_servers.credential_mode IS 'How the gateway authenticates upstream: static (bearer_token_env, one account for everyone), tenant_secret (one secret per tenant, set by its tenant admin), user_oauth (each user''s own OAuth connection), token_exchange (RFC 8693 exchange of the user''s verified token).';
+COMMENT ON COLUMN ctxguard.mcp_servers.credential_config IS 'Per-mode settings, no secrets (at most 4 KiB): issuer, authorization_endpoint, token_endpoint, revocation_endpoint, client_id, client_secret_env, scopes, audience, resource.';
+COMMENT ON COLUMN ctxguard.mcp_servers.requires_connection IS 'user_oauth only: Gate A hides the server''s tools from a user without a connection (false: shown, and a call answers CONNECTION_REQUIRED).';
+
+CREATE TABLE ctxguard.upstream_credentials (
+    tenant_id          text NOT NULL CHECK (octet_length(tenant_id) BETWEEN 1 AND 128),
+    user_id            text NOT NULL CHECK (octet_length(user_id) <= 128),
+    server             text NOT NULL REFERENCES ctxguard.mcp_servers (name) ON DELETE CASCADE,
+    mode               text NOT NULL CHECK (mode IN ('tenant_secret', 'user_oauth')),
+    key_id             text NOT NULL CHECK (key_id ~ '^[A-Za-z0-9_-]{1,64}$'),
+    ciphertext         bytea NOT NULL CHECK (octet_length(ciphertext) BETWEEN 17 AND 16400),
+    nonce              bytea NOT NULL CHECK (octet_length(nonce) = 24),
+    expires_at         timestamptz,
+    refresh_ciphertext bytea CHECK (octet_length(refresh_ciphertext) BETWEEN 17 AND 16400),
+    refresh_nonce      bytea CHECK (octet_length(refresh_nonce) = 24),
+    created_at         timestamptz NOT NULL DEFAULT now(),
+    updated_at         timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (tenant_id, server, user_id),
+    CONSTRAINT upstream_credentials_refresh_pair CHECK ((refresh_ciphertext IS NULL) = (refresh_nonce IS NULL)),
+    CONSTRAINT upstream_credentials_tenant_row CHECK ((mode = 'tenant_secret') = (user_id = ''))
+);
+COMMENT ON TABLE ctxguard.upstream_credentials IS 'Encrypted upstream credentials: a user''s OAuth connection (user_id set) or a tenant''s secret (user_id empty). Ciphertext only, under a gateway key (key_id); owner only, through ctxguard''s functions.';
+ALTER TABLE ctxguard.upstream_credentials ENABLE ROW LEVEL SECURITY;
+ALTER TABLE ctxguard.upstream_credentials FORCE ROW LEVEL SECURITY;
+CREATE POLICY upstream_credentials_owner ON ctxguard.upstream_credentials USING (true) WITH CHECK (true);  -- no grants: owner only
+REVOKE ALL ON ctxguard.upstream_credentials FROM PUBLIC;
+-- <<< sql/credentials.sql
+CREATE FUNCTION ctxguard."put_upstream_credential"(
+	"server" TEXT, /* Option < & str > */
+	"key_id" TEXT, /* Option < & str > */
+	"ciphertext" bytea, /* Option < & [u8] > */
+	"nonce" bytea, /* Option < & [u8] > */
+	"expires_at" timestamp with time zone DEFAULT NULL, /* Option < TimestampWithTimeZone > */
+	"refresh_ciphertext" bytea DEFAULT NULL, /* Option < & [u8] > */
+	"refresh_nonce" bytea DEFAULT NULL /* Option < & [u8] > */
+) RETURNS jsonb /* JsonB */
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'put_upstream_credential_wrapper';
+CREATE FUNCTION ctxguard."delete_upstream_credential"(
+	"server" TEXT /* Option < & str > */
+) RETURNS TABLE (
+	"key_id" TEXT,  /* String */
+	"ciphertext" bytea,  /* Vec < u8 > */
+	"nonce" bytea,  /* Vec < u8 > */
+	"refresh_ciphertext" bytea,  /* :: std :: option :: Option < Vec < u8 > > */
+	"refresh_nonce" bytea  /* :: std :: option :: Option < Vec < u8 > > */
+)
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'delete_upstream_credential_wrapper';
+CREATE FUNCTION ctxguard."put_tenant_secret"(
+	"server" TEXT, /* Option < & str > */
+	"key_id" TEXT, /* Option < & str > */
+	"ciphertext" bytea, /* Option < & [u8] > */
+	"nonce" bytea /* Option < & [u8] > */
+) RETURNS jsonb /* JsonB */
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'put_tenant_secret_wrapper';
+CREATE FUNCTION ctxguard."delete_tenant_secret"(
+	"server" TEXT /* Option < & str > */
+) RETURNS jsonb /* JsonB */
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'delete_tenant_secret_wrapper';
+CREATE FUNCTION ctxguard."upstream_credential"(
+	"call_id" uuid /* Option < pgrx :: Uuid > */
+) RETURNS TABLE (
+	"server" TEXT,  /* String */
+	"mode" TEXT,  /* String */
+	"key_id" TEXT,  /* String */
+	"ciphertext" bytea,  /* Vec < u8 > */
+	"nonce" bytea,  /* Vec < u8 > */
+	"expires_at" timestamp with time zone,  /* Option < TimestampWithTimeZone > */
+	"refresh_ciphertext" bytea,  /* :: std :: option :: Option < Vec < u8 > > */
+	"refresh_nonce" bytea  /* :: std :: option :: Option < Vec < u8 > > */
+)
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'upstream_credential_wrapper';
+CREATE FUNCTION ctxguard."upstream_connections"() RETURNS TABLE (
+	"server" TEXT,  /* String */
+	"mode" TEXT,  /* String */
+	"connected" bool,  /* bool */
+	"expires_at" timestamp with time zone  /* Option < TimestampWithTimeZone > */
+)
+STRICT STABLE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'upstream_connections_wrapper';
+-- Upstream credentials (issue 33): every function works on the verified context's own rows only.
+COMMENT ON FUNCTION ctxguard.put_upstream_credential(text, text, bytea, bytea, timestamptz, bytea, bytea) IS 'Store (replace) the context user''s own connection to a user_oauth server it may use: the gateway''s ciphertext, nonce and key id, expiry and refresh token ciphertext. Audited (credential_set).';
+COMMENT ON FUNCTION ctxguard.delete_upstream_credential(text) IS 'Delete the context user''s own connection to a server, answering the deleted ciphertext once (for revocation). Audited (credential_deleted).';
+COMMENT ON FUNCTION ctxguard.put_tenant_secret(text, text, bytea, bytea) IS 'Set (replace) the context tenant''s secret for a tenant_secret server: only a holder of ctxguard.tenant_admin_role. Write-only. Audited (credential_set).';
+COMMENT ON FUNCTION ctxguard.delete_tenant_secret(text) IS 'Delete the context tenant''s secret for a server: only a holder of ctxguard.tenant_admin_role. Audited (credential_deleted).';
+COMMENT ON FUNCTION ctxguard.upstream_credential(uuid) IS 'The credential ciphertext for one upstream call Gate B authorized for the context user and not yet completed: the user''s connection or the tenant''s secret for that call''s server.';
+COMMENT ON FUNCTION ctxguard.upstream_connections() IS 'The servers the context user may use that take a credential: mode, whether one is stored for this user or tenant, expiry. No ciphertext.';

@@ -361,3 +361,11 @@ $$;
 COMMENT ON FUNCTION ctxguard.accept_mcp_tool(text) IS 'Accept an upstream MCP tool''s current definition (name, description, schema) after a change disabled it.';
 REVOKE EXECUTE ON FUNCTION ctxguard.accept_mcp_tool(text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION ctxguard._definition_hash(text, text, text) FROM PUBLIC;
+
+-- Upstream credentials (issue 33): every function works on the verified context's own rows only.
+COMMENT ON FUNCTION ctxguard.put_upstream_credential(text, text, bytea, bytea, timestamptz, bytea, bytea) IS 'Store (replace) the context user''s own connection to a user_oauth server it may use: the gateway''s ciphertext, nonce and key id, expiry and refresh token ciphertext. Audited (credential_set).';
+COMMENT ON FUNCTION ctxguard.delete_upstream_credential(text) IS 'Delete the context user''s own connection to a server, answering the deleted ciphertext once (for revocation). Audited (credential_deleted).';
+COMMENT ON FUNCTION ctxguard.put_tenant_secret(text, text, bytea, bytea) IS 'Set (replace) the context tenant''s secret for a tenant_secret server: only a holder of ctxguard.tenant_admin_role. Write-only. Audited (credential_set).';
+COMMENT ON FUNCTION ctxguard.delete_tenant_secret(text) IS 'Delete the context tenant''s secret for a server: only a holder of ctxguard.tenant_admin_role. Audited (credential_deleted).';
+COMMENT ON FUNCTION ctxguard.upstream_credential(uuid) IS 'The credential ciphertext for one upstream call Gate B authorized for the context user and not yet completed: the user''s connection or the tenant''s secret for that call''s server.';
+COMMENT ON FUNCTION ctxguard.upstream_connections() IS 'The servers the context user may use that take a credential: mode, whether one is stored for this user or tenant, expiry. No ciphertext.';

@@ -137,6 +137,10 @@ struct Server {
     /// The default policy (without `run_as`) for its tools without one, and the page types it names.
     default_policy: Option<Value>,
     default_pages: HashMap<String, Option<String>>,
+    /// `credential_mode = 'user_oauth'`: a call needs the user's own connection.
+    user_connection: bool,
+    /// `requires_connection`: Gate A hides its tools from a user without a connection.
+    requires_connection: bool,
 }
 
 impl Server {
@@ -747,6 +751,22 @@ impl Catalog {
         }
     }
 
+    /// Does a call to upstream server `server` need the user's own connection (`user_oauth`), and
+    /// does Gate A hide its tools from users without one (`requires_connection`)? `None`: no.
+    pub fn user_connection(&self, server: &str) -> Option<bool> {
+        self.servers()
+            .get(server)
+            .filter(|s| s.user_connection)
+            .map(|s| s.requires_connection)
+    }
+
+    /// Does any upstream server hide its tools from users without a connection?
+    pub fn any_requires_connection(&self) -> bool {
+        self.servers()
+            .values()
+            .any(|s| s.user_connection && s.requires_connection)
+    }
+
     /// Names of the enabled upstream servers the caller of `ctx` may use.
     pub fn allowed_servers(&self, ctx: &crate::context::Ctx) -> Vec<String> {
         let mut names: Vec<String> = self
@@ -1076,7 +1096,8 @@ fn load_servers() -> Result<HashMap<String, Server>, pgrx::spi::Error> {
     Spi::connect(|c| {
         let mut servers: HashMap<String, Server> = HashMap::new();
         for row in c.select(
-            "SELECT name, enabled, default_access OPERATOR(pg_catalog.=) 'allow', default_policy, description
+            "SELECT name, enabled, default_access OPERATOR(pg_catalog.=) 'allow', default_policy, description,
+                    credential_mode OPERATOR(pg_catalog.=) 'user_oauth', requires_connection
                FROM ctxguard.mcp_servers",
             None,
             &[],
@@ -1092,6 +1113,8 @@ fn load_servers() -> Result<HashMap<String, Server>, pgrx::spi::Error> {
                     default_allow: row.get::<bool>(3)?.unwrap_or(false),
                     default_policy,
                     default_pages: HashMap::new(),
+                    user_connection: row.get::<bool>(6)?.unwrap_or(false),
+                    requires_connection: row.get::<bool>(7)?.unwrap_or(false),
                 },
             );
         }

@@ -19,6 +19,7 @@ use crate::approvals;
 use crate::budget::{self, Budget};
 use crate::cache::{self, ToolEntry};
 use crate::context::Ctx;
+use crate::credentials;
 use crate::documents;
 use crate::gucs;
 use crate::handler;
@@ -100,12 +101,15 @@ fn tier(t: &ToolEntry, ctx: &Ctx) -> Tier {
 /// `ctx`'s page type that the context allows (policy, shadow mode on the tool's own pages,
 /// definition pinning, upstream server access; `cache::Catalog::reason`).
 fn allowed(catalog: &cache::Catalog, ctx: &Ctx) -> Vec<Rc<ToolEntry>> {
-    catalog
+    let mut tools = catalog
         .page_tools(&ctx.page_type)
         .iter()
         .filter(|t| catalog.reason(t, Some(ctx)) == Reason::Visible)
         .cloned()
-        .collect()
+        .collect();
+    // A `requires_connection` server's tools, for a user without a connection (issue 33).
+    credentials::hide_unconnected(catalog, ctx, &mut tools);
+    tools
 }
 
 /// `tools` as ranking sees them, scored by `scores`.
@@ -228,6 +232,10 @@ pub fn visible(ctx: &Ctx, query: Option<&str>, top_k: Option<i32>) -> Rc<Vec<Vis
         admin_role: gucs::get(&gucs::MCP_ADMIN_ROLE),
         per_server: gucs::MAX_OFFERED_TOOLS_PER_SERVER.get(),
         top_k,
+        // The user's connections, where a server hides its tools without one (issue 33).
+        connected: catalog
+            .any_requires_connection()
+            .then(|| credentials::connected_servers(ctx)),
     };
     let kept = SHOWN.with(|s| {
         let s = s.borrow();
@@ -277,6 +285,7 @@ struct ShownKey {
     admin_role: Option<String>,
     per_server: i32,
     top_k: Option<i32>,
+    connected: Option<Vec<String>>,
 }
 
 const SHOWN_MAX: usize = 256;
@@ -719,6 +728,19 @@ pub(crate) fn gate_b(
         }
     }
     call.would_deny = would_deny;
+    // A `user_oauth` server needs the user's own connection (issue 33): nothing is authorized,
+    // charged or made pending without one.
+    if let Some((server, _)) = &upstream {
+        if catalog.user_connection(server).is_some() && !credentials::connected(ctx, server) {
+            call.rule = "connection";
+            call.outcome = Outcome::Denied(
+                Code::ConnectionRequired,
+                "this tool's server needs the user's own connection: connect, then retry".into(),
+                Some(json!({"server": server})),
+            );
+            return call;
+        }
+    }
     // Quotas: after the conditions, before the approval step. A call that may still become
     // pending is only checked here; it is counted when it runs (approve_call), or below.
     let may_pend = run == Run::Call && (policy.requires_approval || policy.approval_when.is_some());

@@ -50,6 +50,11 @@ pub static CATALOG_CACHE_SIZE: GucSetting<i32> = GucSetting::<i32>::new(8 * 1024
 pub static MCP_ADMIN_ROLE: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c"admin"));
 
+/// The context role of a tenant's admin: may set and delete the tenant's upstream secrets
+/// (`credentials.rs`).
+pub static TENANT_ADMIN_ROLE: GucSetting<Option<CString>> =
+    GucSetting::<Option<CString>>::new(Some(c"tenant_admin"));
+
 pub static MAX_PAGES_PER_CALL: GucSetting<i32> = GucSetting::<i32>::new(5);
 pub static MAX_CALLS_PER_DOCUMENT: GucSetting<i32> = GucSetting::<i32>::new(10);
 pub static MAX_BYTES_PER_GENERATION: GucSetting<i32> = GucSetting::<i32>::new(20 * 1024);
@@ -428,6 +433,14 @@ pub fn init() {
         c"Context role that may use every enabled upstream MCP server; empty disables it.",
         c"",
         &MCP_ADMIN_ROLE,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_string_guc(
+        c"ctxguard.tenant_admin_role",
+        c"Context role that may set and delete its own tenant's upstream secrets (tenant_secret servers); empty disables it.",
+        c"A token's roles name it; it gives nothing else, and no one can read a secret back.",
+        &TENANT_ADMIN_ROLE,
         GucContext::Suset,
         GucFlags::default(),
     );

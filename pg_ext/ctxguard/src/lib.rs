@@ -12,6 +12,7 @@
 //! - `ledger`: shared-memory charges no rollback undoes, the audit queue and its background writer.
 //! - `ttls`: the lifetimes of generations, approvals and authorized upstream calls per tenant.
 //! - `namespaces`: `register_namespace`, `visible_namespaces` and `find_tools` (over Gate A's tools).
+//! - `credentials`: upstream credentials (ciphertext only), each context user's own; CONNECTION_REQUIRED.
 //! - `mcp`: upstream MCP servers: tool discovery (`sync_mcp_tools`), server policies, `complete_call`.
 //! - `masking`: the per-backend masker over `ctxguard.mask_rules`.
 //! - `cache`: per-backend catalog cache.
@@ -34,6 +35,7 @@ mod cache;
 mod catalog;
 mod compat;
 mod context;
+mod credentials;
 mod documents;
 mod gates;
 mod gucs;
