@@ -3,6 +3,7 @@
 //! step runs under the page view's live generation (`pages::View::run`).
 
 use serde_json::{json, Value};
+use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::compact;
@@ -23,6 +24,7 @@ pub async fn call(
         .run(&state.db, |s| async move {
             state.db.call_tool(&s, &name, args).await
         })
+        .instrument(crate::telemetry::gate_b_span())
         .await?;
     settle(state, view, envelope).await
 }
@@ -51,7 +53,7 @@ async fn settle(state: &AppState, view: &mut View, envelope: Value) -> Result<Va
         .await;
     let (result, is_error) = match state
         .upstreams
-        .forward(server, tool, envelope["args"].clone())
+        .forward(server, tool, envelope["args"].clone(), &view.scope.trace_id)
         .await
     {
         Ok(result) => {
