@@ -318,7 +318,7 @@ async fn chat_endpoint(
             e.into_response()
         }
     };
-    span.record("http.response.status_code", resp.status().as_u16());
+    span.record("http.response.status_code", i64::from(resp.status().as_u16()));
     if !named {
         if let Ok(v) = header::HeaderValue::from_str(&trace) {
             resp.headers_mut().insert(REQUEST_ID, v);
@@ -349,8 +349,9 @@ fn record_turn(span: &tracing::Span, turn: &Result<chat::ChatResponse, ApiError>
     match turn {
         Ok(r) => {
             span.record("gen_ai.conversation.id", r.conversation_id.as_str());
-            span.record("ctxguard.steps", r.steps);
-            span.record("ctxguard.tool_calls", r.tool_calls.len());
+            // Integers as i64: tracing-opentelemetry records other integer types as text.
+            span.record("ctxguard.steps", i64::from(r.steps));
+            span.record("ctxguard.tool_calls", telemetry::count(r.tool_calls.len()));
         }
         Err(e) => telemetry::record_error(span, e.code()),
     }

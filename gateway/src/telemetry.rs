@@ -234,7 +234,7 @@ pub fn record_model(
 ) {
     match completion {
         Ok(c) => {
-            span.record("ctxguard.tool_calls", c.tool_calls.len());
+            span.record("ctxguard.tool_calls", count(c.tool_calls.len()));
         }
         Err(crate::llm::LlmError::Timeout) => record_error(span, "timeout"),
         Err(_) => record_error(span, "provider_error"),
@@ -294,6 +294,11 @@ pub fn record_decision(span: &Span, decision: &str, code: Option<&str>) {
         span.record("error.type", code.unwrap_or("TOOL_ERROR"));
         span.record("otel.status_code", "error");
     }
+}
+
+/// A count as an attribute: an `i64` (tracing-opentelemetry records `u64`/`usize` as text).
+pub fn count(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
 }
 
 /// Record a failure on `span`: `error.type` (a stable code, never a message) and an error status.
@@ -570,6 +575,8 @@ pub fn init(settings: Option<&Settings>) -> Result<Telemetry, String> {
     let layer = tracing_opentelemetry::layer()
         .with_tracer(provider.tracer("ctxguard-gateway"))
         .with_location(false)
+        .with_target(false)
+        .with_level(false)
         .with_threads(false)
         .with_tracked_inactivity(false)
         .with_filter(Targets::new().with_target(TARGET, tracing::Level::TRACE));
