@@ -318,7 +318,10 @@ async fn chat_endpoint(
             e.into_response()
         }
     };
-    span.record("http.response.status_code", i64::from(resp.status().as_u16()));
+    span.record(
+        "http.response.status_code",
+        i64::from(resp.status().as_u16()),
+    );
     if !named {
         if let Ok(v) = header::HeaderValue::from_str(&trace) {
             resp.headers_mut().insert(REQUEST_ID, v);
