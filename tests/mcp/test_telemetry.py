@@ -213,3 +213,28 @@ def test_nothing_secret_is_exported(traced):
     # Only ctxguard's spans: no log event became a span event.
     assert {s["scope"] for s in spans} == {"ctxguard-gateway"}
     assert not any(s["events"] for s in spans)
+
+
+def test_without_tracing_an_upstream_still_gets_the_requests_trace_id_which_joins_the_audit():
+    """The suite's main gateway exports nothing: the upstream's `_meta.traceparent` carries the
+    request's trace id (a fresh span id, unsampled), and that id is on the audit rows."""
+    from test_mcp import GW as PLAIN_GW
+
+    page = 424242
+    with httpx2.Client(timeout=30) as http:
+        r = http.post(f"{PLAIN_GW}/mcp", json=INIT, headers=hdrs(ALICE, INV3))
+        assert r.status_code == 200, r.text
+        sid = r.headers["mcp-session-id"]
+        r = http.post(f"{PLAIN_GW}/mcp", json={"jsonrpc": "2.0", "method": "notifications/initialized"},
+                      headers=hdrs(ALICE, INV3, sid))
+        assert r.status_code == 202, r.text
+        call = {"jsonrpc": "2.0", "id": 5, "method": "tools/call",
+                "params": {"name": "scans__read_scan", "arguments": {"page": page}}}
+        r = http.post(f"{PLAIN_GW}/mcp", json=call, headers=hdrs(ALICE, INV3, sid))
+        assert r.status_code == 200 and not answer(r)["result"].get("isError"), r.text
+    lines = (WORK / "scans" / "traceparents.jsonl").read_text().splitlines()
+    [sent] = [c["traceparent"] for c in map(json.loads, lines) if c["args"].get("page") == page]
+    version, trace, span, flags = sent.split("-")
+    assert (version, flags, len(trace), len(span)) == ("00", "00", 32, 16)
+    rows = admin_sql(f"SELECT string_agg(decision, ',' ORDER BY id) FROM ctxguard.audit_log WHERE trace_id = '{trace}'")
+    assert rows == "authorized,allow"
