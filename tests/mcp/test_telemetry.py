@@ -27,6 +27,7 @@ OUT = WORK / "otlp"
 # The W3C example ids: what a caller's tracing would send.
 CHAT_TRACE, CHAT_PARENT = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
 MCP_TRACE, MCP_PARENT = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
+LIST_TRACE, LIST_PARENT = "a3ce929d0e0e47364bf92f3577b34da6", "0ba902b700f067aa"
 MALFORMED = "00-4BF92F3577B34DA6A3CE929D0E0E4736-00F067AA0BA902B7-01"
 OTLP_SECRET = "otlp-collector-secret-5e1f"
 ARGUMENT_VALUE = 987654321
@@ -113,6 +114,11 @@ def traced():
             result = answer(r)["result"]
             assert not result.get("isError"), result
             seen["mcp"] = r.text
+            # Without `_meta`, the HTTP header's traceparent is continued.
+            listing = {"jsonrpc": "2.0", "id": "list-1", "method": "tools/list"}
+            r = http.post(f"{GW}/mcp", json=listing, headers=hdrs(
+                ALICE, INV3, sid, traceparent=f"00-{LIST_TRACE}-{LIST_PARENT}-01"))
+            assert r.status_code == 200 and answer(r)["result"]["tools"], r.text
     finally:
         gw.terminate()
         gw.wait(timeout=30)
@@ -178,6 +184,13 @@ def test_an_mcp_tools_call_continues_meta_traceparent_and_passes_it_upstream(tra
     assert [c["traceparent"] for c in sent] == [f"00-{MCP_TRACE}-{client['span_id']}-01"]
     rows = admin_sql(f"SELECT string_agg(decision, ',' ORDER BY id) FROM ctxguard.audit_log WHERE trace_id = '{MCP_TRACE}'")
     assert rows == "authorized,allow"
+
+
+def test_an_mcp_request_without_meta_continues_the_http_traceparent(traced):
+    spans, _, _ = traced
+    listed = spans_by_trace(spans, LIST_TRACE)["tools/list"]
+    assert listed["parent_span_id"] == LIST_PARENT and listed["kind"] == 2
+    assert listed["attributes"]["jsonrpc.request.id"] == "list-1"
 
 
 def test_a_malformed_traceparent_starts_a_new_trace_that_still_joins_the_audit(traced):
