@@ -7,8 +7,8 @@
 # Environment:
 #   BENCH_SECONDS      duration of each wrk/pgbench run (default 10; 11 runs, so ~2.5 min in all)
 #   BENCH_CONNECTIONS  connections of the loaded runs (default 8, wrk -t2); the others use 1 (-t1)
-#   BENCH_PORT         first of three loopback ports: mock, gateway (mock provider), gateway
-#                      (offline provider) (default 18391)
+#   BENCH_PORT         first of five loopback ports: mock, gateway (mock provider), gateway
+#                      (offline provider), gateway (mock provider, tracing on), OTLP sink (default 18391)
 #   BENCH_RUN          cluster directory (default /tmp/ctxguard-bench, shared with gate_bench.sh)
 #   BENCH_PGPORT       cluster port (default 54339)
 #   CTXGUARD_PROFILE   build profile (default release)
@@ -16,7 +16,9 @@
 # What runs: the dedicated bench cluster (database ctxguard_gwbench: the demo schema), the mock
 # OpenAI-compatible server `mock_openai` (tests/src/bin/mock_openai.rs: step 1 answers one tool
 # call `vendor__list`, step 2 a short text; no sleeps), a gateway with CTXGUARD_PROVIDER=openai
-# pointed at the mock and a gateway with CTXGUARD_PROVIDER=offline. One turn is
+# pointed at the mock, a gateway with CTXGUARD_PROVIDER=offline, and the mock-provider gateway again
+# with OpenTelemetry tracing on (OTEL_EXPORTER_OTLP_ENDPOINT: a loopback sink that reads and
+# acknowledges every OTLP/HTTP export, counting requests and bytes). One turn is
 # `POST /v1/chat {"message": "what vendors do I have?", "pageContext": {"pageType": "vendor_table"}}`
 # as alice (tenant acme, role ap_clerk): open_turn transaction, model step 1, call_tool transaction
 # (vendor.list), model step 2, save_turn transaction. The direct baseline POSTs to the mock the two
@@ -38,6 +40,8 @@ PORT=${BENCH_PORT:-18391}
 MOCK_ADDR=127.0.0.1:$PORT
 GW_MOCK_ADDR=127.0.0.1:$((PORT + 1))
 GW_OFF_ADDR=127.0.0.1:$((PORT + 2))
+GW_OTEL_ADDR=127.0.0.1:$((PORT + 3))
+SINK_ADDR=127.0.0.1:$((PORT + 4))
 MESSAGE='what vendors do I have?'
 bench_args "$@"
 
@@ -50,7 +54,7 @@ if ! command -v wrk >/dev/null; then
     die "could not install wrk"
 fi
 command -v curl >/dev/null || die "curl not found"
-for addr in "$MOCK_ADDR" "$GW_MOCK_ADDR" "$GW_OFF_ADDR"; do
+for addr in "$MOCK_ADDR" "$GW_MOCK_ADDR" "$GW_OFF_ADDR" "$GW_OTEL_ADDR" "$SINK_ADDR"; do
   if (exec 3<>"/dev/tcp/${addr%:*}/${addr#*:}") 2>/dev/null; then
     die "something already listens on $addr (set BENCH_PORT)"
   fi
@@ -92,17 +96,40 @@ log "starting mock_openai on $MOCK_ADDR and gateways on $GW_MOCK_ADDR (openai ->
 env -i PATH="$PATH" HOME="${HOME:-/root}" MOCK_OPENAI_CAPTURE="$OUT/capture" \
   "$bindir/mock_openai" "$MOCK_ADDR" >"$OUT/mock.log" 2>&1 &
 PIDS+=($!)
-gateway() { # ADDR PROVIDER [VAR=value...]
+gateway() { # ADDR PROVIDER [VAR=value...]  (log: gateway-PROVIDER$GW_TAG.log)
   local addr=$1 provider=$2
   shift 2
   env -i PATH="$PATH" HOME="${HOME:-/root}" RUST_LOG=info \
     CTXGUARD_DATABASE_URL="$DB_URL" CTXGUARD_LISTEN="$addr" CTXGUARD_PROVIDER="$provider" \
     CTXGUARD_POOL_SIZE="$LOAD" "$@" \
-    "$bindir/ctxguard-gateway" >"$OUT/gateway-$provider.log" 2>&1 &
+    "$bindir/ctxguard-gateway" >"$OUT/gateway-$provider${GW_TAG:-}.log" 2>&1 &
   PIDS+=($!)
 }
+# The OTLP sink: reads and acknowledges each export (an empty ExportTraceServiceResponse), and
+# counts them ("requests bytes" in $OUT/otlp-sink.txt).
+python3 - "${SINK_ADDR#*:}" "$OUT/otlp-sink.txt" >"$OUT/otlp-sink.log" 2>&1 <<'PY' &
+import sys, threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+port, out = int(sys.argv[1]), sys.argv[2]
+lock, seen = threading.Lock(), [0, 0]
+class Sink(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_POST(self):
+        n = len(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+        with lock:
+            seen[0] += 1; seen[1] += n
+            open(out, "w").write(f"{seen[0]} {seen[1]}\n")
+        self.send_response(200 if self.path == "/v1/traces" else 404)
+        self.send_header("Content-Type", "application/x-protobuf"); self.send_header("Content-Length", "0")
+        self.end_headers()
+    def log_message(self, *a): pass
+ThreadingHTTPServer(("127.0.0.1", port), Sink).serve_forever()
+PY
+PIDS+=($!)
 gateway "$GW_MOCK_ADDR" openai CTXGUARD_LLM_BASE_URL="http://$MOCK_ADDR/v1" CTXGUARD_MODEL=mock
 gateway "$GW_OFF_ADDR" offline
+GW_TAG=-otel gateway "$GW_OTEL_ADDR" openai CTXGUARD_LLM_BASE_URL="http://$MOCK_ADDR/v1" CTXGUARD_MODEL=mock \
+  OTEL_EXPORTER_OTLP_ENDPOINT="http://$SINK_ADDR" OTEL_SERVICE_NAME=ctxguard-bench
 # wait_ok URL: until it answers 200 (at most ~20 s)
 wait_ok() {
   local _
@@ -115,6 +142,7 @@ wait_ok() {
 wait_ok "http://$MOCK_ADDR/health"
 wait_ok "http://$GW_MOCK_ADDR/ready"
 wait_ok "http://$GW_OFF_ADDR/ready"
+wait_ok "http://$GW_OTEL_ADDR/ready"
 
 # ------------------------------------------------------------------------------------------------
 # 3. Correctness before speed: one turn through each gateway, checked field by field.
@@ -147,6 +175,7 @@ PY
 log "verifying one turn through each gateway"
 answer_mock=$(check_turn "$GW_MOCK_ADDR" openai 2)
 answer_off=$(check_turn "$GW_OFF_ADDR" offline 2)
+check_turn "$GW_OTEL_ADDR" openai-otel 2 >/dev/null
 if [ ! -s "$OUT/capture/step1.json" ] || [ ! -s "$OUT/capture/step2.json" ]; then
   die "the mock did not capture both request bodies of the turn"
 fi
@@ -191,6 +220,7 @@ bench warm-step1 "$MOCK_URL" "$OUT/capture/step1.json" "" 1 2
 bench warm-step2 "$MOCK_URL" "$OUT/capture/step2.json" "" 1 2
 bench warm-gw-mock "http://$GW_MOCK_ADDR/v1/chat" "$OUT/chat.json" "$TOKEN" "$LOAD" 3
 bench warm-gw-offline "http://$GW_OFF_ADDR/v1/chat" "$OUT/chat.json" "$TOKEN" "$LOAD" 3
+bench warm-gw-otel "http://$GW_OTEL_ADDR/v1/chat" "$OUT/chat.json" "$TOKEN" "$LOAD" 3
 
 # The same database work without HTTP or model (pgbench): prepared (every statement one round trip
 # with a saved plan), and at 1 client also extended (parsed and planned on every execution, as the
@@ -221,6 +251,7 @@ for c in 1 "$LOAD"; do
     llm_sum1=$(metric "$GW_MOCK_ADDR" ctxguard_llm_request_seconds_sum)
     llm_n1=$(metric "$GW_MOCK_ADDR" ctxguard_llm_request_seconds_count)
   fi
+  bench gw-otel "http://$GW_OTEL_ADDR/v1/chat" "$OUT/chat.json" "$TOKEN" "$c"
   bench gw-offline "http://$GW_OFF_ADDR/v1/chat" "$OUT/chat.json" "$TOKEN" "$c"
   pg_run prepared "$c"
   if [ "$c" = 1 ]; then pg_run extended 1; fi
@@ -229,16 +260,16 @@ done
 # Every tool call of the runs must have been allowed, and there must be one per measured turn.
 turns=0
 for c in 1 "$LOAD"; do
-  turns=$(( turns + $(val gw-mock "$c" requests) + $(val gw-offline "$c" requests) ))
+  turns=$(( turns + $(val gw-mock "$c" requests) + $(val gw-otel "$c" requests) + $(val gw-offline "$c" requests) ))
 done
-# (pgbench's rows carry trace ids gwbench-N; the gateways' carry generated UUIDs.)
+# (pgbench's rows carry trace ids gwbench-N; the gateways' carry generated trace ids.)
 audit=$(psql_su -d "$DB" -At -F '|' -c "SELECT count(*) FILTER (WHERE decision <> 'allow' OR tool <> 'vendor.list'),
                                                 count(*) FILTER (WHERE trace_id NOT LIKE 'gwbench-%'), count(*)
                                          FROM ctxguard.audit_log WHERE id > $audit_before")
 IFS='|' read -r audit_bad audit_gw audit_rows <<<"$audit"
 [ "$audit_bad" = 0 ] || die "audit_log holds $audit_bad rows of the runs that are not vendor.list:allow"
 [ "$audit_gw" -ge "$turns" ] || die "only $audit_gw gateway audit rows for $turns measured turns"
-for a in "$GW_MOCK_ADDR" "$GW_OFF_ADDR"; do
+for a in "$GW_MOCK_ADDR" "$GW_OFF_ADDR" "$GW_OTEL_ADDR"; do
   bad=$(curl -s "http://$a/metrics" | awk '/^ctxguard_http_requests_total\{/ && !/status="200"/ {s += $2} END {print s + 0}')
   [ "$bad" = 0 ] || die "gateway $a answered $bad requests with a status other than 200"
 done
@@ -269,7 +300,7 @@ report() {
   printf '| scenario | connections | turns/s | p50 ms | p95 ms | p99 ms | mean ms | non-2xx / errors |\n'
   printf '|---|---:|---:|---:|---:|---:|---:|---:|\n'
   for c in 1 "$LOAD"; do
-    local names="step1 step2 direct gw-mock gw-offline db-prepared"
+    local names="step1 step2 direct gw-mock gw-otel gw-offline db-prepared"
     [ "$c" = 1 ] && names="$names db-extended"
     for name in $names; do
       case $name in
@@ -277,6 +308,7 @@ report() {
         step2) label='mock direct: step 2 request (answers the text), req/s' ;;
         direct) label='**mock direct: one turn** (step 1 + step 2)' ;;
         gw-mock) label='**gateway, mock provider: one turn** (2 model calls, 1 tool call, 3 DB transactions)' ;;
+        gw-otel) label='gateway, mock provider, **tracing on** (OTLP export to a loopback sink): one turn' ;;
         gw-offline) label='gateway, offline provider: one turn (no model I/O, 1 tool call, 3 DB transactions)' ;;
         db-prepared) label='the turn'"'"'s database work alone (pgbench `-M prepared`, `bench/gateway_turn_db.sql`)' ;;
         db-extended) label='the turn'"'"'s database work alone, parsed and planned each time (pgbench `-M extended`)' ;;
@@ -314,6 +346,15 @@ report() {
     "$LOAD" "$(ms "$added_load")" "$(rps gw-mock "$LOAD")" \
     "$(awk -v a="$(rps step1 "$LOAD")" -v b="$(rps step2 "$LOAD")" 'BEGIN {printf "%.0f", 1 / (1 / a + 1 / b)}')" \
     "$(awk -v g="$(rps gw-mock "$LOAD")" -v a="$(rps step1 "$LOAD")" -v b="$(rps step2 "$LOAD")" 'BEGIN {printf "%.2f×", g * (1 / a + 1 / b)}')"
+  local traced sink
+  traced=$(( $(val gw-otel 1 p50_us) - gw1 ))
+  read -r -a sink <<<"$(cat "$OUT/otlp-sink.txt" 2>/dev/null || echo 0 0)"
+  printf '\n**Tracing on (OTLP export), added per turn at p50, 1 connection: %s ms** (%s ms with, %s ms without; %s×; aim ≤ 0.1 ms: **%s**); with %s connections %s ms at p50 and %s against %s turns/s. The sink received %s export requests, %s bytes.\n' \
+    "$(ms "$traced")" "$(ms "$(val gw-otel 1 p50_us)")" "$(ms "$gw1")" \
+    "$(awk -v a="$(val gw-otel 1 p50_us)" -v b="$gw1" 'BEGIN {printf "%.3f", a / b}')" \
+    "$( [ "$traced" -le 100 ] && echo met || echo 'not met')" "$LOAD" \
+    "$(ms "$(( $(val gw-otel "$LOAD" p50_us) - $(val gw-mock "$LOAD" p50_us) ))")" "$(rps gw-otel "$LOAD")" "$(rps gw-mock "$LOAD")" \
+    "${sink[0]}" "${sink[1]}"
   local dbp dbe
   dbp=$(db_row prepared 1 | cut -d'|' -f2)
   dbe=$(db_row extended 1 | cut -d'|' -f2)

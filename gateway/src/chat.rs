@@ -8,6 +8,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
+use tracing::Instrument;
 
 use crate::compact;
 use crate::db::Scope;
@@ -187,7 +188,7 @@ fn system_prompt(context: &Value, description: &str) -> String {
     )
 }
 
-fn decision_of(envelope: &Value) -> (String, Option<String>) {
+pub(crate) fn decision_of(envelope: &Value) -> (String, Option<String>) {
     match envelope.get("status").and_then(Value::as_str) {
         Some("ok") => ("allow".into(), None),
         _ => {
@@ -451,6 +452,7 @@ pub async fn run_turn(
             &question,
             (!native).then_some(state.config.max_tools),
         )
+        .instrument(crate::telemetry::gate_a_span())
         .await?;
     check_claim(req.user.as_ref(), &start.context)?;
     // The turn's generation, renewed before the database's lifetime for it runs out (pages.rs).
@@ -513,7 +515,13 @@ pub async fn run_turn(
         } else {
             offered.clone()
         };
-        let completion = state.model.complete(&messages, &step_tools).await;
+        let span = crate::telemetry::model_span(&state);
+        let completion = state
+            .model
+            .complete(&messages, &step_tools)
+            .instrument(span.clone())
+            .await;
+        crate::telemetry::record_model(&span, &completion);
         let outcome = if completion.is_ok() { "ok" } else { "error" };
         state
             .metrics
@@ -531,6 +539,7 @@ pub async fn run_turn(
             provider_items: completion.provider_items,
         });
         for (call, refusal, told) in plan.calls {
+            let span = crate::telemetry::tool_span(&call.name, &call.id);
             let report = match refusal {
                 Some(refusal) => {
                     state
@@ -548,7 +557,9 @@ pub async fn run_turn(
                     refused_report(&call, refusal, None)
                 }
                 None if compact && call.name == compact::FIND_TOOLS => {
-                    let (envelope, found) = search(&state, &mut view, &call.arguments).await?;
+                    let (envelope, found) = search(&state, &mut view, &call.arguments)
+                        .instrument(span.clone())
+                        .await?;
                     let (decision, code) = match envelope["status"].as_str() {
                         Some("ok") => ("search".to_string(), None),
                         _ => decision_of(&envelope),
@@ -590,6 +601,7 @@ pub async fn run_turn(
                         crate::db::ToolName::Catalog(&call.name),
                         &call.arguments,
                     )
+                    .instrument(span.clone())
                     .await?;
                     if events.is_some() {
                         let hint = crate::credentials::connect_hint(&state, &view.scope, &envelope);
@@ -623,6 +635,8 @@ pub async fn run_turn(
                     }
                 }
             };
+            crate::telemetry::record_decision(&span, &report.decision, report.code.as_deref());
+            drop(span);
             emit(&events, Event::ToolCall(report.clone())).await;
             reports.push(report);
         }

@@ -17,6 +17,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
+use tracing::Instrument;
 
 pub mod chat;
 pub mod compact;
@@ -41,6 +42,7 @@ pub mod pages;
 pub mod public_url;
 pub mod secrets;
 pub mod sql;
+pub mod telemetry;
 pub mod tools;
 pub mod upstream;
 
@@ -278,10 +280,107 @@ async fn metrics_endpoint(State(state): State<Arc<AppState>>) -> impl IntoRespon
     )
 }
 
+/// Whether the caller named its request (a valid `x-request-id` of its own), set before
+/// [`SetRequestIdLayer`] makes one up.
+#[derive(Debug, Clone, Copy)]
+struct CallerNamedRequest(bool);
+
+async fn mark_caller_request_id(mut req: Request, next: Next) -> Response {
+    let named = req
+        .headers()
+        .get(&REQUEST_ID)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(chat::is_valid_id);
+    req.extensions_mut().insert(CallerNamedRequest(named));
+    next.run(req).await
+}
+
+/// `POST /v1/chat`: the HTTP server span (continuing an incoming `traceparent`) around the turn.
+/// The turn's audit `trace_id` is the trace's id, unless the caller named the request with its own
+/// `x-request-id` and sent no `traceparent` (then that id, as before, also on the span as
+/// `ctxguard.trace_id`); when the caller named none, the response's `x-request-id` is the trace id.
 async fn chat_endpoint(
     State(state): State<Arc<AppState>>,
+    named: Option<axum::Extension<CallerNamedRequest>>,
     headers: HeaderMap,
     ApiJson(req): ApiJson<ChatRequest>,
+) -> Response {
+    let remote = telemetry::Remote::from_headers(&headers);
+    let span = otel_span!(
+        "POST /v1/chat",
+        otel.kind = "server",
+        otel.status_code = tracing::field::Empty,
+        "http.request.method" = "POST",
+        "http.route" = "/v1/chat",
+        "http.response.status_code" = tracing::field::Empty,
+        "error.type" = tracing::field::Empty,
+        "ctxguard.trace_id" = tracing::field::Empty,
+    );
+    let traced = telemetry::begin(&span, remote.as_ref());
+    let named = named.is_some_and(|n| n.0 .0);
+    let trace = if named && remote.is_none() {
+        trace_id(&headers)
+    } else {
+        traced
+    };
+    span.record("ctxguard.trace_id", trace.as_str());
+    let mut resp = match chat_turn(state, headers, req, trace.clone())
+        .instrument(span.clone())
+        .await
+    {
+        Ok(r) => r,
+        Err(e) => {
+            telemetry::record_error(&span, e.code());
+            e.into_response()
+        }
+    };
+    span.record(
+        "http.response.status_code",
+        i64::from(resp.status().as_u16()),
+    );
+    if !named {
+        if let Ok(v) = header::HeaderValue::from_str(&trace) {
+            resp.headers_mut().insert(REQUEST_ID, v);
+        }
+    }
+    resp
+}
+
+/// The span of one turn (GenAI `invoke_agent`), a child of the request's.
+fn turn_span(state: &AppState) -> tracing::Span {
+    otel_span!(
+        "invoke_agent",
+        otel.name = "invoke_agent ctxguard",
+        otel.status_code = tracing::field::Empty,
+        "gen_ai.operation.name" = "invoke_agent",
+        "gen_ai.agent.name" = "ctxguard",
+        "gen_ai.provider.name" = telemetry::provider_name(state.model.provider()),
+        "gen_ai.request.model" = state.config.model.as_str(),
+        "gen_ai.conversation.id" = tracing::field::Empty,
+        "ctxguard.steps" = tracing::field::Empty,
+        "ctxguard.tool_calls" = tracing::field::Empty,
+        "error.type" = tracing::field::Empty,
+    )
+}
+
+/// Record a finished turn on its span.
+fn record_turn(span: &tracing::Span, turn: &Result<chat::ChatResponse, ApiError>) {
+    match turn {
+        Ok(r) => {
+            span.record("gen_ai.conversation.id", r.conversation_id.as_str());
+            // Integers as i64: tracing-opentelemetry records other integer types as text.
+            span.record("ctxguard.steps", i64::from(r.steps));
+            span.record("ctxguard.tool_calls", telemetry::count(r.tool_calls.len()));
+        }
+        Err(e) => telemetry::record_error(span, e.code()),
+    }
+}
+
+async fn chat_turn(
+    state: Arc<AppState>,
+    headers: HeaderMap,
+    req: ChatRequest,
+    trace: String,
 ) -> Result<Response, ApiError> {
     let token = bearer(&headers)?;
     chat::validate(&req)?;
@@ -301,14 +400,17 @@ async fn chat_endpoint(
         }
         None => (page_from(req.page_context.clone())?, req.message.clone()),
     };
-    let trace = trace_id(&headers);
     let wants_stream = headers
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|a| a.contains("text/event-stream"));
+    let span = turn_span(&state);
     if !wants_stream {
-        let resp = chat::run_turn(state, token, trace, req, page, question, None).await?;
-        return Ok(Json(resp).into_response());
+        let resp = chat::run_turn(state, token, trace, req, page, question, None)
+            .instrument(span.clone())
+            .await;
+        record_turn(&span, &resp);
+        return Ok(Json(resp?).into_response());
     }
     // A stream counts against its user's open event streams (the database says who that is).
     let identity = state.db.verify_token(&token).await?;
@@ -325,7 +427,11 @@ async fn chat_endpoint(
     let (tx, rx) = tokio::sync::mpsc::channel::<chat::Event>(32);
     let (etx, erx) = tokio::sync::oneshot::channel::<ApiError>();
     tokio::spawn(async move {
-        if let Err(e) = chat::run_turn(state, token, trace, req, page, question, Some(tx)).await {
+        let turn = chat::run_turn(state, token, trace, req, page, question, Some(tx))
+            .instrument(span.clone())
+            .await;
+        record_turn(&span, &turn);
+        if let Err(e) = turn {
             let _ = etx.send(e);
         }
     });
@@ -755,6 +861,7 @@ pub fn app(state: Arc<AppState>) -> Router {
         .layer(PropagateRequestIdLayer::new(REQUEST_ID))
         .layer(TraceLayer::new_for_http())
         .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))
+        .layer(middleware::from_fn(mark_caller_request_id))
         .layer(middleware::from_fn(limits::track))
         .with_state(state)
 }

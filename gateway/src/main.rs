@@ -1,10 +1,11 @@
-//! `ctxguard-gateway`: config → secrets sealed → tracing → pool → serve (with graceful shutdown).
+//! `ctxguard-gateway`: config → secrets sealed → tracing (and the OTLP exporter, when configured) →
+//! pool → serve (with graceful shutdown) → traces flushed.
 //! `ctxguard-gateway jwks-sync --url … --out …`: fetch, check and write an identity provider's JWKS.
 
 use std::sync::Arc;
 
 use ctxguard_gateway::config::Config;
-use ctxguard_gateway::{secrets, serve, AppState};
+use ctxguard_gateway::{secrets, serve, telemetry, AppState};
 
 fn main() {
     // `ctxguard-gateway jwks-sync …`: keep ctxguard.jwks_file current (gateway/src/jwks_sync.rs).
@@ -12,12 +13,6 @@ fn main() {
         let args = std::env::args().skip(1);
         std::process::exit(ctxguard_gateway::jwks_sync::main(args));
     }
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,tower_http=info".into()),
-        )
-        .init();
     let config = match Config::load() {
         Ok(c) => c,
         Err(e) => {
@@ -25,8 +20,27 @@ fn main() {
             std::process::exit(2);
         }
     };
+    // The standard OTEL_* variables (read before they are sealed away: the headers may be secret).
+    let otel = match telemetry::Settings::from_env(|k| std::env::var(k).ok()) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("ctxguard-gateway: invalid configuration: {e}");
+            std::process::exit(2);
+        }
+    };
     // Before any thread or child exists: secrets out of the environment, the process non-dumpable.
     let sealed = secrets::seal(&config.secret_values());
+    // The log, and the trace exporter's thread (after the seal; outside the runtime).
+    let telemetry = match telemetry::init(otel.as_ref()) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("ctxguard-gateway: {e}");
+            std::process::exit(2);
+        }
+    };
+    if let Some(s) = &otel {
+        tracing::info!(collector = %s.collector(), service = %s.service_name, "exporting traces (OTLP)");
+    }
     tracing::info!(
         moved = ?sealed.moved,
         "variables moved out of the environment (kept in memory only)"
@@ -48,6 +62,9 @@ fn main() {
         }
     };
     runtime.block_on(run(config));
+    drop(runtime);
+    // The spans still queued are exported before the process ends.
+    telemetry.shutdown();
 }
 
 async fn run(config: Config) {

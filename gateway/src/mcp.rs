@@ -49,6 +49,7 @@ use rmcp::transport::streamable_http_server::session::{
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData as McpError, Peer, RoleServer, ServerHandler};
 use serde_json::{json, Map, Value};
+use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::compact;
@@ -868,16 +869,18 @@ impl Server {
     /// A page from the header is the request's; in a session it becomes the session's own page,
     /// checked by the database (`set_context`) first, so a bad page changes nothing. Without a
     /// header: the session's own page, else the user's shared page (`PUT /v1/context`).
+    /// `trace_id` is the request's ([`request_span`]).
     async fn scope(
         &self,
         ext: &rmcp::model::Extensions,
+        trace_id: &str,
     ) -> Result<(Caller, Option<Scope>), McpError> {
         let (caller, header_page, session) = caller_of(ext)?;
         let scope_for = |page: Value| Scope {
             token: caller.token.clone(),
             page,
             generation: None,
-            trace_id: Uuid::new_v4().to_string(),
+            trace_id: trace_id.to_string(),
         };
         let pages = &self.state.pages;
         let page = match (header_page, session) {
@@ -977,6 +980,8 @@ impl Server {
                 .set_generation(&caller.who, &view.scope.page, lease);
         }
         let envelope = envelope?;
+        let (decision, code) = crate::chat::decision_of(&envelope);
+        crate::telemetry::record_decision(&tracing::Span::current(), &decision, code.as_deref());
         let code = envelope.pointer("/error/code").and_then(Value::as_str);
         state
             .metrics
@@ -1017,6 +1022,54 @@ impl Server {
     }
 }
 
+/// The server span of one MCP request (continuing `_meta.traceparent`, else the HTTP
+/// `traceparent` header), and the request's trace id (the audit's `trace_id`). The session id is
+/// hashed: the id itself lets its holder use the session.
+fn request_span(
+    method: &'static str,
+    tool: Option<&str>,
+    context: &RequestContext<RoleServer>,
+) -> (tracing::Span, String) {
+    let remote = crate::telemetry::Remote::from_meta(&context.meta.0 .0).or_else(|| {
+        context
+            .extensions
+            .get::<axum::http::request::Parts>()
+            .and_then(|p| crate::telemetry::Remote::from_headers(&p.headers))
+    });
+    let tool = tool.map(|t| crate::telemetry::clip(t, 256));
+    let span = crate::otel_span!(
+        "mcp",
+        otel.name = tool.map_or_else(|| method.to_string(), |t| format!("{method} {t}")),
+        otel.kind = "server",
+        otel.status_code = tracing::field::Empty,
+        "mcp.method.name" = method,
+        "jsonrpc.request.id" = crate::telemetry::clip(&context.id.to_string(), 128),
+        "mcp.session.id" = context
+            .extensions
+            .get::<SessionKey>()
+            .map(|k| crate::telemetry::session_hash(&k.0)),
+        "gen_ai.operation.name" = tool.map(|_| "execute_tool"),
+        "gen_ai.tool.name" = tool,
+        "network.transport" = "tcp",
+        "network.protocol.name" = "http",
+        "ctxguard.decision" = tracing::field::Empty,
+        "ctxguard.code" = tracing::field::Empty,
+        "rpc.response.status_code" = tracing::field::Empty,
+        "error.type" = tracing::field::Empty,
+    );
+    let trace = crate::telemetry::begin(&span, remote.as_ref());
+    (span, trace)
+}
+
+/// Record a JSON-RPC error on an MCP request's span (its code: `error.type`).
+fn record_rpc<T>(span: &tracing::Span, result: &Result<T, McpError>) {
+    if let Err(e) = result {
+        let code = e.code.0.to_string();
+        span.record("rpc.response.status_code", code.as_str());
+        crate::telemetry::record_error(span, &code);
+    }
+}
+
 /// The protocol revisions offered: all rmcp knows but 2025-03-26, the one whose clients may send
 /// JSON-RPC batches (`mcp_jsonrpc.rs` refuses batches).
 const OFFERED_VERSIONS: &[ProtocolVersion] = &[
@@ -1047,21 +1100,13 @@ impl ServerHandler for Server {
         request: InitializeRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<InitializeResult, McpError> {
-        context.peer.set_peer_info(request.clone());
-        let mut result = self.negotiate_initialize(&request)?;
-        // Name the page in the instructions when the client already says where the user is.
-        if let Ok((_, Some(scope))) = self.scope(&context.extensions).await {
-            if let Ok((_, description)) = self.state.db.page_tools(&scope, None, Some(0)).await {
-                let page = scope.page["pageType"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_string();
-                result.instructions = Some(format!(
-                    "{INSTRUCTIONS}\n\nThe user is on the page \"{page}\": {description}"
-                ));
-            }
-        }
-        Ok(result)
+        let (span, trace) = request_span("initialize", None, &context);
+        let result = self
+            .initialize_traced(request, context, &trace)
+            .instrument(span.clone())
+            .await;
+        record_rpc(&span, &result);
+        result
     }
 
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
@@ -1100,6 +1145,61 @@ impl ServerHandler for Server {
         request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
+        let (span, trace) = request_span("tools/list", None, &context);
+        let result = self
+            .list_tools_traced(request, context, &trace)
+            .instrument(span.clone())
+            .await;
+        record_rpc(&span, &result);
+        result
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        let (span, trace) = request_span("tools/call", Some(&request.name), &context);
+        let result = self
+            .call_tool_traced(request, context, &trace)
+            .instrument(span.clone())
+            .await;
+        record_rpc(&span, &result);
+        result
+    }
+}
+
+/// The MCP requests, each inside its span (`request_span`), `trace` being its trace id.
+impl Server {
+    async fn initialize_traced(
+        &self,
+        request: InitializeRequestParams,
+        context: RequestContext<RoleServer>,
+        trace: &str,
+    ) -> Result<InitializeResult, McpError> {
+        context.peer.set_peer_info(request.clone());
+        let mut result = self.negotiate_initialize(&request)?;
+        // Name the page in the instructions when the client already says where the user is.
+        if let Ok((_, Some(scope))) = self.scope(&context.extensions, trace).await {
+            if let Ok((_, description)) = self.state.db.page_tools(&scope, None, Some(0)).await {
+                let page = scope.page["pageType"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
+                result.instructions = Some(format!(
+                    "{INSTRUCTIONS}\n\nThe user is on the page \"{page}\": {description}"
+                ));
+            }
+        }
+        Ok(result)
+    }
+
+    async fn list_tools_traced(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+        trace: &str,
+    ) -> Result<ListToolsResult, McpError> {
         // Every tool is listed at once: no cursor was ever handed out, so none is valid.
         if request.is_some_and(|r| r.cursor.is_some()) {
             return Err(McpError::invalid_params(
@@ -1107,7 +1207,7 @@ impl ServerHandler for Server {
                 None,
             ));
         }
-        let (_, scope) = self.scope(&context.extensions).await?;
+        let (_, scope) = self.scope(&context.extensions, trace).await?;
         let tools = match scope {
             // Fail closed: without a page there is nothing to show.
             None => Vec::new(),
@@ -1135,13 +1235,15 @@ impl ServerHandler for Server {
             .with_cache_scope(CacheScope::Private))
     }
 
-    async fn call_tool(
+    async fn call_tool_traced(
         &self,
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
+        trace: &str,
     ) -> Result<CallToolResponse, McpError> {
-        let (caller, scope) = self.scope(&context.extensions).await?;
+        let (caller, scope) = self.scope(&context.extensions, trace).await?;
         let Some(scope) = scope else {
+            tracing::Span::current().record("ctxguard.code", "CONTEXT_MISSING");
             return Ok(tool_error(
                 "CONTEXT_MISSING",
                 "no page context: send the X-Ctxguard-Page header or PUT /v1/context first",

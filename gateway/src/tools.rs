@@ -3,6 +3,7 @@
 //! step runs under the page view's live generation (`pages::View::run`).
 
 use serde_json::{json, Value};
+use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::compact;
@@ -23,6 +24,7 @@ pub async fn call(
         .run(&state.db, |s| async move {
             state.db.call_tool(&s, &name, args).await
         })
+        .instrument(crate::telemetry::gate_b_span())
         .await?;
     settle(state, view, envelope).await
 }
@@ -71,7 +73,14 @@ async fn settle(state: &AppState, view: &mut View, envelope: Value) -> Result<Va
     };
     let (result, is_error) = match state
         .upstreams
-        .forward_as(&state.db, server, tool, envelope["args"].clone(), &auth)
+        .forward_as(
+            &state.db,
+            server,
+            tool,
+            envelope["args"].clone(),
+            &auth,
+            &view.scope.trace_id,
+        )
         .await
     {
         Ok(result) => {

@@ -19,13 +19,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rmcp::model::{CallToolRequestParams, Tool};
+use rmcp::model::{CallToolRequestParams, RequestParamsMeta, Tool};
 use rmcp::service::RunningService;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use rmcp::{RoleClient, ServiceExt};
 use serde_json::Value;
 use tokio::sync::Mutex;
+use tracing::Instrument;
 
 use crate::db::Db;
 use crate::secrets::StdioUser;
@@ -317,10 +318,30 @@ impl Upstreams {
         tool: &str,
         args: Value,
         auth: &crate::credentials::Auth,
+        trace_id: &str,
     ) -> Result<Value, ForwardError> {
         if *auth == crate::credentials::Auth::Static {
-            return self.forward(server, tool, args).await;
+            return self.forward(server, tool, args, trace_id).await;
         }
+        let span = call_span(server, tool);
+        let traceparent = crate::telemetry::traceparent(&span, trace_id);
+        let result = self
+            .forward_user(db, server, tool, args, auth, traceparent)
+            .instrument(span.clone())
+            .await;
+        record_outcome(&span, &result);
+        result
+    }
+
+    async fn forward_user(
+        &self,
+        db: &Db,
+        server: &str,
+        tool: &str,
+        args: Value,
+        auth: &crate::credentials::Auth,
+        traceparent: Option<String>,
+    ) -> Result<Value, ForwardError> {
         let cfg = self
             .config(db, server)
             .await
@@ -337,6 +358,9 @@ impl Upstreams {
         let mut params = CallToolRequestParams::new(tool.to_string());
         if let Value::Object(map) = args {
             params = params.with_arguments(map);
+        }
+        if let Some(tp) = &traceparent {
+            params.set_traceparent(tp);
         }
         match tokio::time::timeout(self.call_timeout, client.call_tool(params)).await {
             Ok(Ok(result)) => Ok(serde_json::to_value(result).unwrap_or(Value::Null)),
@@ -409,12 +433,32 @@ impl Upstreams {
     }
 
     /// Forward one authorized call. A transport failure drops the connection (reconnected on the
-    /// next `ensure`); the upstream's own tool errors come back as results with `isError`.
+    /// next `ensure`); the upstream's own tool errors come back as results with `isError`. The
+    /// call is an MCP client span; its context goes upstream as `_meta.traceparent` (the request's
+    /// `trace_id` when spans are not exported: `telemetry::traceparent`).
     pub async fn forward(
         &self,
         server: &str,
         tool: &str,
         args: Value,
+        trace_id: &str,
+    ) -> Result<Value, ForwardError> {
+        let span = call_span(server, tool);
+        let traceparent = crate::telemetry::traceparent(&span, trace_id);
+        let result = self
+            .forward_traced(server, tool, args, traceparent)
+            .instrument(span.clone())
+            .await;
+        record_outcome(&span, &result);
+        result
+    }
+
+    async fn forward_traced(
+        &self,
+        server: &str,
+        tool: &str,
+        args: Value,
+        traceparent: Option<String>,
     ) -> Result<Value, ForwardError> {
         let client = {
             let slots = self.slots.lock().await;
@@ -426,6 +470,9 @@ impl Upstreams {
         let mut params = CallToolRequestParams::new(tool.to_string());
         if let Value::Object(map) = args {
             params = params.with_arguments(map);
+        }
+        if let Some(tp) = &traceparent {
+            params.set_traceparent(tp);
         }
         match tokio::time::timeout(self.call_timeout, client.call_tool(params)).await {
             Ok(Ok(result)) => Ok(serde_json::to_value(result).unwrap_or(Value::Null)),
@@ -444,6 +491,31 @@ impl Upstreams {
             s.client = None;
             s.retry_after = None;
         }
+    }
+}
+
+/// The MCP client span of one forwarded call.
+fn call_span(server: &str, tool: &str) -> tracing::Span {
+    crate::otel_span!(
+        "tools/call",
+        otel.name = format!("tools/call {tool}"),
+        otel.kind = "client",
+        otel.status_code = tracing::field::Empty,
+        "mcp.method.name" = "tools/call",
+        "gen_ai.operation.name" = "execute_tool",
+        "gen_ai.tool.name" = tool,
+        "ctxguard.mcp.server" = server,
+        "error.type" = tracing::field::Empty,
+    )
+}
+
+/// A forwarded call's outcome on its span.
+fn record_outcome(span: &tracing::Span, result: &Result<Value, ForwardError>) {
+    match result {
+        Ok(r) if r["isError"] == true => crate::telemetry::record_error(span, "tool_error"),
+        Ok(_) => {}
+        Err(ForwardError::Unavailable) => crate::telemetry::record_error(span, "unavailable"),
+        Err(ForwardError::Timeout) => crate::telemetry::record_error(span, "timeout"),
     }
 }
 

@@ -13,7 +13,7 @@ else VENV=${CTXGUARD_VENV:-$HOME/.cache/ctxguard/venv}; fi
 mkdir -p "$(dirname "$VENV")"
 (
   flock 9
-  if ! "$VENV/bin/python" -c 'import mcp, pytest' 2>/dev/null; then
+  if ! "$VENV/bin/python" -c 'import mcp, pytest, opentelemetry.proto' 2>/dev/null; then
     log "python venv with the MCP SDK ($VENV)"
     /usr/bin/python3 -m venv "$VENV"
     "$VENV/bin/pip" install -q -r tests/mcp/requirements.txt
@@ -31,8 +31,9 @@ create_demo_db "$DB"
 # Below Linux's ephemeral range (32768-60999): client sockets of earlier tests cannot hold them.
 BASE=${CTXGUARD_MCP_TEST_PORT:-31900}
 UP_PORT=$BASE FLAKY_PORT=$((BASE + 1)) DEAD_PORT=$((BASE + 2)) GW_PORT=$((BASE + 3)) RUNAS_PORT=$((BASE + 4))
-CONF_PORT=$((BASE + 5)) COMPACT_PORT=$((BASE + 6))
-require_free_ports "$UP_PORT" "$FLAKY_PORT" "$DEAD_PORT" "$GW_PORT" "$RUNAS_PORT" "$CONF_PORT" "$COMPACT_PORT"  # CTXGUARD_MCP_TEST_PORT moves them
+CONF_PORT=$((BASE + 5)) COMPACT_PORT=$((BASE + 6)) OTLP_PORT=$((BASE + 7)) OTEL_GW_PORT=$((BASE + 8))
+require_free_ports "$UP_PORT" "$FLAKY_PORT" "$DEAD_PORT" "$GW_PORT" "$RUNAS_PORT" "$CONF_PORT" "$COMPACT_PORT" \
+  "$OTLP_PORT" "$OTEL_GW_PORT"  # CTXGUARD_MCP_TEST_PORT moves them
 psql_su -d "$DB" -o /dev/null -v ON_ERROR_STOP=1 <<SQL
 INSERT INTO ctxguard.mcp_servers (name, transport, url, bearer_token_env, description, default_access) VALUES
   ('scans', 'http', 'http://127.0.0.1:$UP_PORT/mcp', 'SCANS_TOKEN', 'Scanned invoices', 'allow'),
@@ -125,6 +126,9 @@ export CTXGUARD_GATEWAY_BIN="$GWBIN" CTXGUARD_GW_USER="$GW_USER"
 export CTXGUARD_RUNAS_DATABASE_URL="host=$RUN port=$PGPORT user=ctxguard_gateway dbname=${DB}_runas"
 export CTXGUARD_RUNAS_PORT="$RUNAS_PORT" CTXGUARD_STDIO_USER="$STDIO_USER"
 export CTXGUARD_ADMIN_PSQL="host=$RUN port=$PGPORT user=postgres dbname=$DB"
+# The tracing gateway of test_telemetry.py (it starts it, and its OTLP receiver, itself).
+export CTXGUARD_MCP_DATABASE_URL="host=$RUN port=$PGPORT user=ctxguard_gateway dbname=$DB"
+export CTXGUARD_OTEL_PORTS="$OTLP_PORT,$OTEL_GW_PORT"
 export TOK_ALICE=$(mint --sub alice --tenant acme --roles ap_clerk)
 export TOK_BOB=$(mint --sub bob --tenant acme --roles viewer)
 export TOK_CAROL=$(mint --sub carol --tenant globex --roles ap_clerk)
@@ -136,5 +140,5 @@ export TOK_EXPIRED=$(mint --sub alice --tenant acme --roles ap_clerk --ttl -120)
 source tests/mcp/node.sh
 export CTXGUARD_NODE="$NODE_BIN/node" CTXGUARD_TS_SDK="$TS_SDK"
 log "MCP tests (official Python and TypeScript SDK clients; MCPServer upstreams over HTTP and stdio)"
-"$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/mcp/test_mcp.py "$@"
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/mcp/test_mcp.py tests/mcp/test_telemetry.py "$@"
 [ $# -gt 0 ] || source tests/mcp/conformance.sh

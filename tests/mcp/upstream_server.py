@@ -3,15 +3,16 @@
     upstream_server.py http PORT LOGDIR    # Streamable HTTP at http://127.0.0.1:PORT/mcp
     upstream_server.py stdio LOGDIR        # stdio
 
-Every tool call is appended to LOGDIR/calls.jsonl and, over HTTP, every Authorization header to
-LOGDIR/auth.log, so the tests can prove what ctxguard forwarded and what it did not.
+Every tool call is appended to LOGDIR/calls.jsonl (read_scan's also, with the `traceparent` of its
+`_meta`, to LOGDIR/traceparents.jsonl) and, over HTTP, every Authorization header to LOGDIR/auth.log,
+so the tests can prove what ctxguard forwarded and what it did not.
 """
 
 import json
 import sys
 from pathlib import Path
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 
 mode = sys.argv[1]
 logdir = Path(sys.argv[-1])
@@ -19,15 +20,20 @@ logdir.mkdir(parents=True, exist_ok=True)
 server = MCPServer("ctxguard-test-upstream")
 
 
-def record(tool: str, **args) -> None:
+def record(tool: str, ctx: Context | None = None, **args) -> None:
     with open(logdir / "calls.jsonl", "a") as f:
         f.write(json.dumps({"tool": tool, "args": args}) + "\n")
+    if ctx is not None:
+        # The W3C trace context the client sent in the request's `_meta` (MCP 2026-07-28).
+        meta = ctx.request_context.meta or {}
+        with open(logdir / "traceparents.jsonl", "a") as f:
+            f.write(json.dumps({"tool": tool, "args": args, "traceparent": meta.get("traceparent")}) + "\n")
 
 
 @server.tool()
-def read_scan(invoice_id: str, page: int = 1) -> str:
+def read_scan(invoice_id: str, ctx: Context, page: int = 1) -> str:
     """Read one page of the scanned PDF of an invoice."""
-    record("read_scan", invoice_id=invoice_id, page=page)
+    record("read_scan", ctx, invoice_id=invoice_id, page=page)
     return f"Scan of {invoice_id}, page {page}: paid by card 4111 1111 1111 1111, contact jane.doe@example.com."
 
 
