@@ -568,11 +568,21 @@ async function send(text) {
       const body = await r.json().catch(() => ({}));
       throw new ApiError(r.status, body.error?.code || `HTTP_${r.status}`, body.error?.message || r.statusText);
     }
+    // `answer_delta`s show the answer as the model writes it (already cleaned by the gateway);
+    // `answer_reset` drops what they showed (the model went on to call tools); the `answer`
+    // events that follow are the final answer, which replaces them.
+    let final = false;
     for await (const { event, data } of sseEvents(r)) {
       if (event === "tool_call") {
         calls.append(toolCallRow(data));
         if (data.decision === "pending" && data.callId) approvals.append(approvalCard(data));
+      } else if (event === "answer_delta") {
+        answer.textContent += data.delta;
+      } else if (event === "answer_reset") {
+        answer.textContent = "";
       } else if (event === "answer") {
+        if (!final) answer.textContent = "";
+        final = true;
         answer.textContent += data.text;
       } else if (event === "done") {
         item.dataset.state = "done";

@@ -14,7 +14,8 @@ use crate::compact;
 use crate::db::Scope;
 use crate::error::{ApiError, Refusal};
 use crate::hygiene;
-use crate::llm::{LlmError, Message, ToolCall, ToolSpec};
+use crate::hygiene_stream::StreamCleaner;
+use crate::llm::{LlmError, Message, StreamLimits, ToolCall, ToolSpec};
 use crate::AppState;
 
 pub const MAX_MESSAGE_CHARS: usize = 8000;
@@ -91,6 +92,12 @@ pub enum Event {
         visible_tools: Vec<String>,
     },
     ToolCall(ToolCallReport),
+    /// Cleaned answer text as the model streams it (`{"delta"}`): the deltas since the last
+    /// `answer_reset` add up to the answer.
+    AnswerDelta(String),
+    /// The text streamed so far was the model's preamble to tool calls, not the answer: a client
+    /// drops what the deltas showed.
+    AnswerReset,
     Answer(String),
     Done(Box<ChatResponse>),
     /// A tool's server needs the user's own connection: `{server, connectUrl}` for the app's
@@ -103,6 +110,8 @@ impl Event {
         match self {
             Event::Context { .. } => "context",
             Event::ToolCall(_) => "tool_call",
+            Event::AnswerDelta(_) => "answer_delta",
+            Event::AnswerReset => "answer_reset",
             Event::Answer(_) => "answer",
             Event::Done(_) => "done",
             Event::ConnectionRequired(_) => "connection_required",
@@ -113,6 +122,8 @@ impl Event {
         match self {
             Event::Context { visible_tools } => json!({"visibleTools": visible_tools}),
             Event::ToolCall(r) => serde_json::to_value(r).unwrap_or(Value::Null),
+            Event::AnswerDelta(t) => json!({"delta": t}),
+            Event::AnswerReset => json!({}),
             Event::Answer(t) => json!({"text": t}),
             Event::Done(r) => serde_json::to_value(r).unwrap_or(Value::Null),
             Event::ConnectionRequired(v) => v.clone(),
@@ -494,10 +505,24 @@ pub async fn run_turn(
     let mut bounds = Bounds::new(&state.config);
     let mut steps = 0;
     let mut stopped = false;
-    let answer = loop {
+    let cleaner = hygiene::Cleaner::new(&state.config.allowed_hosts());
+    let max_answer = state.config.max_answer_bytes;
+    let limits = StreamLimits {
+        max_argument_bytes: state.config.max_tool_argument_bytes,
+        ..StreamLimits::default()
+    };
+    let (answer, truncated) = loop {
         if steps >= state.config.max_steps {
             stopped = true;
-            break "I stopped here: this question needed more steps than allowed. The tool results so far are above.".to_string();
+            let (text, truncated) = StreamCleaner::clean_all(
+                &cleaner,
+                "I stopped here: this question needed more steps than allowed. The tool results so far are above.",
+                max_answer,
+            );
+            if !text.is_empty() {
+                emit(&events, Event::AnswerDelta(text.clone())).await;
+            }
+            break (text, truncated);
         }
         steps += 1;
         let started = Instant::now();
@@ -515,12 +540,40 @@ pub async fn run_turn(
         } else {
             offered.clone()
         };
+        // The step's text is cleaned as it streams; what the cleaner releases goes out at once.
+        let mut stream = StreamCleaner::new(&cleaner, max_answer);
+        let (mut shown, mut raw) = (String::new(), 0usize);
         let span = crate::telemetry::model_span(&state);
-        let completion = state
-            .model
-            .complete(&messages, &step_tools)
-            .instrument(span.clone())
-            .await;
+        let completion = {
+            let (tx, mut rx) = mpsc::channel::<String>(64);
+            let call = state
+                .model
+                .stream(&messages, &step_tools, limits, tx)
+                .instrument(span.clone());
+            tokio::pin!(call);
+            let mut result = None;
+            loop {
+                tokio::select! {
+                    biased;
+                    piece = rx.recv() => match piece {
+                        Some(piece) => {
+                            raw += piece.len();
+                            let out = stream.push(&piece);
+                            if !out.is_empty() {
+                                shown.push_str(&out);
+                                emit(&events, Event::AnswerDelta(out)).await;
+                            }
+                        }
+                        None => break,
+                    },
+                    r = &mut call, if result.is_none() => result = Some(r),
+                }
+            }
+            match result {
+                Some(r) => r,
+                None => call.await,
+            }
+        };
         crate::telemetry::record_model(&span, &completion);
         let outcome = if completion.is_ok() { "ok" } else { "error" };
         state
@@ -530,7 +583,19 @@ pub async fn run_turn(
             .observe(started.elapsed().as_secs_f64());
         let completion = completion.map_err(llm_error)?;
         if completion.tool_calls.is_empty() {
-            break completion.text;
+            if raw != completion.text.len() {
+                // The streamed pieces are not the text the provider reports: trust neither.
+                return Err(ApiError::UpstreamFailed);
+            }
+            let end = stream.finish();
+            if !end.piece.is_empty() {
+                shown.push_str(&end.piece);
+                emit(&events, Event::AnswerDelta(end.piece)).await;
+            }
+            break (shown, end.truncated);
+        }
+        if !shown.is_empty() {
+            emit(&events, Event::AnswerReset).await;
         }
         let plan = bounds.plan(completion.tool_calls, steps);
         messages.push(Message::Assistant {
@@ -657,11 +722,6 @@ pub async fn run_turn(
             reports.push(folded);
         }
     };
-    let hygiene::Answer {
-        text: answer,
-        truncated,
-    } = hygiene::Cleaner::new(&state.config.allowed_hosts())
-        .answer(&answer, state.config.max_answer_bytes);
     for chunk in answer.split_inclusive(' ').collect::<Vec<_>>().chunks(8) {
         emit(&events, Event::Answer(chunk.concat())).await;
     }

@@ -658,16 +658,16 @@ fn cut(s: &str, max: usize) -> &str {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn cleaner() -> Cleaner {
+    pub(crate) fn cleaner() -> Cleaner {
         Cleaner::new(&["acme.example"])
     }
 
     /// What a renderer makes of `markdown`: every URL it would fetch or link (href, src, poster,
     /// …), entity-decoded, and the whole HTML.
-    fn rendered(markdown: &str) -> (Vec<String>, String) {
+    pub(crate) fn rendered(markdown: &str) -> (Vec<String>, String) {
         static ATTR: LazyLock<Regex> = LazyLock::new(|| {
             Regex::new(r#"(?i)\b(?:href|src|poster|srcset|action|data|background|xlink:href)\s*=\s*"([^"]*)""#)
                 .expect("regex")

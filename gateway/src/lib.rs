@@ -28,6 +28,7 @@ pub mod demo;
 pub mod disclosure;
 pub mod error;
 pub mod hygiene;
+pub mod hygiene_stream;
 pub mod jwks_sync;
 pub mod legacy;
 pub mod limits;

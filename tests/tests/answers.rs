@@ -80,8 +80,19 @@ async fn a_hostile_answer_is_cleaned_before_it_is_shown_or_stored() {
     assert!(!answer.contains("evil"), "{answer}");
     assert!(
         answer.contains("[docs](https://docs.acme.example/a)")
-            && answer.contains("(image removed: x)")
+            && answer.contains("(image removed: a \\[b\\] c)")
             && answer.contains("(link removed)"),
+        "{answer}"
+    );
+    // References whose definitions are in another paragraph stay their literal text (each
+    // paragraph is judged on its own, as it streams; README "Streamed answers"), and the outside
+    // definitions are gone.
+    assert!(
+        answer.contains("![x][1] and [full][2] and [shortcut]"),
+        "{answer}"
+    );
+    assert!(
+        !answer.contains("[1]:") && !answer.contains("[shortcut]:"),
         "{answer}"
     );
     assert_eq!(body["answerTruncated"], false);

@@ -221,6 +221,30 @@ describe("navigation", () => {
 });
 
 describe("assistant", () => {
+  test("the answer grows as the model streams it, then stays the final answer", async (t) => {
+    const page = await open(t);
+    await go(page, "/vendors");
+    // Every length the newest turn's answer has while it is still streaming.
+    await page.evaluate(() => {
+      window.answerLengths = [];
+      new MutationObserver(() => {
+        const li = [...document.querySelectorAll("#messages > li")].pop();
+        if (!li || li.dataset.state !== "streaming") return;
+        const n = li.querySelector(".answer")?.textContent.length ?? 0;
+        if (n > 0 && window.answerLengths.at(-1) !== n) window.answerLengths.push(n);
+      }).observe(document.getElementById("messages"), { subtree: true, childList: true, characterData: true });
+    });
+    const r = await ask(page, "what vendors do I have?");
+    assert.equal(r.state, "done");
+    const lengths = await page.evaluate(() => window.answerLengths);
+    // Seen at many lengths before the turn was done, growing from a first few words: more than
+    // the final `answer` events alone would give (eight words each, after the model finished).
+    const words = r.answer.split(" ").length;
+    assert.ok(new Set(lengths).size >= Math.min(8, words / 2), `${JSON.stringify(lengths)} for ${words} words`);
+    assert.ok(lengths[0] < r.answer.length / 2, `${lengths[0]} of ${r.answer.length}`);
+    for (const v of ["Northwind Traders", "Contoso Paper", "Tailspin Freight"]) assert.ok(r.answer.includes(v), r.answer);
+  });
+
   test("seed 000's questions get tool-backed answers, streamed, with the page context of the page", async (t) => {
     const page = await open(t);
     const streamed = [];

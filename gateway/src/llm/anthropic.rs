@@ -13,12 +13,16 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use std::collections::BTreeMap;
+
 use async_trait::async_trait;
+use futures::StreamExt;
 use serde_json::{json, Value};
+use tokio::sync::mpsc;
 
 use super::{
-    refuses_tool_search, send_with_retry, tool_name_from_wire, wire_name, ChatModel, Completion,
-    Endpoint, LlmError, Message, ToolCall, ToolSpec,
+    open_stream, refuses_tool_search, tool_name_from_wire, wire_name, Arguments, ChatModel,
+    Completion, Endpoint, LlmError, Message, Reply, StreamLimits, ToolCall, ToolSpec,
 };
 
 /// The tool search server tool: its type and the name it must have (`ToolSearchToolBm25_20251119Param`
@@ -50,24 +54,215 @@ impl Anthropic {
         }
     }
 
-    async fn send(&self, body: &Value) -> Result<Value, LlmError> {
+    /// One request, streamed: the response as the Messages API would have given it whole (read
+    /// from its events, or whole from an endpoint that ignores `stream`), its text sent to `text`
+    /// as it comes.
+    async fn send(
+        &self,
+        body: &Value,
+        limits: &StreamLimits,
+        text: &mpsc::Sender<String>,
+    ) -> Result<Value, LlmError> {
         let url = format!("{}/v1/messages", self.endpoint.base_url);
-        send_with_retry(
-            || {
-                let r = self
-                    .endpoint
-                    .client
-                    .post(&url)
-                    .header("anthropic-version", "2023-06-01")
-                    .json(body);
-                match &self.endpoint.api_key {
-                    Some(k) => r.header("x-api-key", k),
-                    None => r,
+        let mut body = body.clone();
+        body["stream"] = Value::Bool(true);
+        let read = async {
+            let reply = open_stream(
+                || {
+                    let r = self
+                        .endpoint
+                        .client
+                        .post(&url)
+                        .header("anthropic-version", "2023-06-01")
+                        .json(&body);
+                    match &self.endpoint.api_key {
+                        Some(k) => r.header("x-api-key", k),
+                        None => r,
+                    }
+                },
+                self.endpoint.timeout,
+                limits.max_bytes,
+            )
+            .await?;
+            let mut events = match reply {
+                Reply::Json(resp) => {
+                    for b in resp
+                        .get("content")
+                        .and_then(Value::as_array)
+                        .into_iter()
+                        .flatten()
+                    {
+                        if let Some(t) = b.get("text").and_then(Value::as_str) {
+                            if b["type"] == "text" && !t.is_empty() {
+                                let _ = text.send(t.to_string()).await;
+                            }
+                        }
+                    }
+                    return Ok(resp);
                 }
-            },
-            self.endpoint.timeout,
-        )
-        .await
+                Reply::Events(events) => events,
+            };
+            let mut stream = MessageStream::default();
+            while let Some(event) = events.next().await {
+                let piece = stream.read(&event?.data, limits)?;
+                if !piece.is_empty() {
+                    let _ = text.send(piece).await;
+                }
+                if stream.stopped {
+                    break;
+                }
+            }
+            stream.response()
+        };
+        tokio::time::timeout(self.endpoint.timeout, read)
+            .await
+            .map_err(|_| LlmError::Timeout)?
+    }
+}
+
+/// A Messages stream (`"stream": true`) as it is read: each content block assembled from its
+/// deltas until its `content_block_stop`, then kept whole.
+#[derive(Debug, Default)]
+pub struct MessageStream {
+    open: BTreeMap<u64, (Value, Arguments)>,
+    done: BTreeMap<u64, Value>,
+    tool_calls: usize,
+    stop_reason: Option<String>,
+    stopped: bool,
+}
+
+impl MessageStream {
+    /// Read one event's data; returns the text it adds (empty for none).
+    pub fn read(&mut self, data: &str, limits: &StreamLimits) -> Result<String, LlmError> {
+        let event: Value = serde_json::from_str(data)
+            .map_err(|_| LlmError::BadResponse("an event that is not JSON".into()))?;
+        let index = event.get("index").and_then(Value::as_u64).unwrap_or(0);
+        match event.get("type").and_then(Value::as_str) {
+            Some("content_block_start") => {
+                let block = event.get("content_block").cloned().unwrap_or(Value::Null);
+                if self.open.contains_key(&index) || self.done.contains_key(&index) {
+                    return Err(LlmError::BadResponse("a content block twice".into()));
+                }
+                if block["type"] == "tool_use" {
+                    self.tool_calls += 1;
+                    if self.tool_calls > limits.max_tool_calls {
+                        return Err(LlmError::BadResponse("too many tool calls".into()));
+                    }
+                }
+                let text = match (block["type"].as_str(), block["text"].as_str()) {
+                    (Some("text"), Some(t)) => t.to_string(),
+                    _ => String::new(),
+                };
+                self.open.insert(index, (block, Arguments::default()));
+                Ok(text)
+            }
+            Some("content_block_delta") => {
+                let Some((block, args)) = self.open.get_mut(&index) else {
+                    return Err(LlmError::BadResponse("a delta of no open block".into()));
+                };
+                let delta = &event["delta"];
+                match delta.get("type").and_then(Value::as_str) {
+                    Some("text_delta") if block["type"] == "text" => {
+                        let t = delta["text"].as_str().unwrap_or_default();
+                        let mut all = block["text"].as_str().unwrap_or_default().to_string();
+                        all.push_str(t);
+                        block["text"] = Value::String(all);
+                        Ok(t.to_string())
+                    }
+                    Some("input_json_delta") => {
+                        let piece = delta["partial_json"].as_str().unwrap_or_default();
+                        args.push(piece, limits.max_argument_bytes);
+                        Ok(String::new())
+                    }
+                    // Citations, thinking and signatures stay with the provider.
+                    _ => Ok(String::new()),
+                }
+            }
+            Some("content_block_stop") => {
+                let Some((mut block, args)) = self.open.remove(&index) else {
+                    return Err(LlmError::BadResponse("a stop of no open block".into()));
+                };
+                if !args.is_empty() {
+                    block["input"] = args.value();
+                }
+                self.done.insert(index, block);
+                Ok(String::new())
+            }
+            Some("message_delta") => {
+                if let Some(r) = event.pointer("/delta/stop_reason").and_then(Value::as_str) {
+                    self.stop_reason = Some(r.to_string());
+                }
+                Ok(String::new())
+            }
+            Some("message_stop") => {
+                self.stopped = true;
+                Ok(String::new())
+            }
+            Some("error") => Err(LlmError::BadResponse(
+                "the provider sent an error event".into(),
+            )),
+            // message_start, ping and events added later.
+            _ => Ok(String::new()),
+        }
+    }
+
+    /// The response as the API gives it whole, once the stream has ended; a stream cut before
+    /// its `message_stop`, or with a block left open, is an error.
+    pub fn response(self) -> Result<Value, LlmError> {
+        if !self.stopped || !self.open.is_empty() {
+            return Err(LlmError::BadResponse("the stream ended early".into()));
+        }
+        Ok(json!({
+            "content": self.done.into_values().collect::<Vec<_>>(),
+            "stop_reason": self.stop_reason,
+        }))
+    }
+}
+
+impl Anthropic {
+    /// One model step with its text streamed (see [`ChatModel::stream`]).
+    async fn step(
+        &self,
+        messages: &[Message],
+        tools: &[ToolSpec],
+        limits: StreamLimits,
+        text: mpsc::Sender<String>,
+    ) -> Result<Completion, LlmError> {
+        let mut search =
+            self.tool_search.load(Ordering::Relaxed) && tools.iter().any(|t| t.deferred);
+        let mut body = request_body(&self.endpoint.model, messages, tools, search);
+        let mut resp = match self.send(&body, &limits, &text).await {
+            Err(e) if search && refuses_tool_search(&e) => {
+                tracing::warn!(error = %e, "the Anthropic endpoint refuses tool search: deferred tools are left out from now on");
+                self.tool_search.store(false, Ordering::Relaxed);
+                search = false;
+                body = request_body(&self.endpoint.model, messages, tools, false);
+                self.send(&body, &limits, &text).await?
+            }
+            r => r?,
+        };
+        let asked = body["messages"].as_array().map_or(0, Vec::len);
+        let mut out = Completion::default();
+        for continuation in 0..=MAX_CONTINUATIONS {
+            let paused = read_response(&resp, tools, &mut out)?;
+            if !paused || !out.tool_calls.is_empty() || continuation == MAX_CONTINUATIONS {
+                break;
+            }
+            // Continue the paused turn: the conversation again, with what it said so far.
+            let mut content: Vec<Value> = Vec::new();
+            if !out.text.is_empty() {
+                content.push(json!({"type": "text", "text": out.text}));
+            }
+            if search {
+                content.extend(out.provider_items.iter().cloned());
+            }
+            if let Some(wire) = body["messages"].as_array_mut() {
+                wire.truncate(asked);
+                wire.push(json!({"role": "assistant", "content": content}));
+            }
+            resp = self.send(&body, &limits, &text).await?;
+        }
+        Ok(out)
     }
 }
 
@@ -213,41 +408,21 @@ impl ChatModel for Anthropic {
         messages: &[Message],
         tools: &[ToolSpec],
     ) -> Result<Completion, LlmError> {
-        let mut search =
-            self.tool_search.load(Ordering::Relaxed) && tools.iter().any(|t| t.deferred);
-        let mut body = request_body(&self.endpoint.model, messages, tools, search);
-        let mut resp = match self.send(&body).await {
-            Err(e) if search && refuses_tool_search(&e) => {
-                tracing::warn!(error = %e, "the Anthropic endpoint refuses tool search: deferred tools are left out from now on");
-                self.tool_search.store(false, Ordering::Relaxed);
-                search = false;
-                body = request_body(&self.endpoint.model, messages, tools, false);
-                self.send(&body).await?
-            }
-            r => r?,
-        };
-        let asked = body["messages"].as_array().map_or(0, Vec::len);
-        let mut out = Completion::default();
-        for continuation in 0..=MAX_CONTINUATIONS {
-            let paused = read_response(&resp, tools, &mut out)?;
-            if !paused || !out.tool_calls.is_empty() || continuation == MAX_CONTINUATIONS {
-                break;
-            }
-            // Continue the paused turn: the conversation again, with what it said so far.
-            let mut content: Vec<Value> = Vec::new();
-            if !out.text.is_empty() {
-                content.push(json!({"type": "text", "text": out.text}));
-            }
-            if search {
-                content.extend(out.provider_items.iter().cloned());
-            }
-            if let Some(wire) = body["messages"].as_array_mut() {
-                wire.truncate(asked);
-                wire.push(json!({"role": "assistant", "content": content}));
-            }
-            resp = self.send(&body).await?;
-        }
-        Ok(out)
+        // Nobody listens: the text is only in the completion.
+        let (tx, rx) = mpsc::channel(1);
+        drop(rx);
+        self.step(messages, tools, StreamLimits::default(), tx)
+            .await
+    }
+
+    async fn stream(
+        &self,
+        messages: &[Message],
+        tools: &[ToolSpec],
+        limits: StreamLimits,
+        text: mpsc::Sender<String>,
+    ) -> Result<Completion, LlmError> {
+        self.step(messages, tools, limits, text).await
     }
 }
 
@@ -466,5 +641,160 @@ mod tests {
         assert_eq!(kept["type"], "tool_search_tool_result");
         assert_eq!(kept.get("extra"), None);
         assert!(server_block(&json!({"type": "thinking", "thinking": "x"})).is_none());
+    }
+
+    fn limits() -> StreamLimits {
+        StreamLimits {
+            max_argument_bytes: 1024,
+            ..StreamLimits::default()
+        }
+    }
+
+    fn read_all(stream: &mut MessageStream, data: &[String]) -> Result<String, LlmError> {
+        let mut text = String::new();
+        for d in data {
+            text.push_str(&stream.read(d, &limits())?);
+        }
+        Ok(text)
+    }
+
+    #[test]
+    fn a_recorded_stream_gives_its_text_in_pieces_and_its_tool_call_once_whole() {
+        let data = crate::llm::tests::sse_data(&crate::llm::tests::sse_fixture(
+            "anthropic_messages_stream.sse",
+        ));
+        let mut stream = MessageStream::default();
+        assert_eq!(read_all(&mut stream, &data).unwrap(), "Let me check.");
+        let tools = vec![spec("invoice.get", false), spec("invoice.mark_paid", true)];
+        let mut out = Completion::default();
+        read_response(&stream.response().unwrap(), &tools, &mut out).unwrap();
+        assert_eq!(out.text, "Let me check.");
+        assert_eq!(
+            out.tool_calls,
+            [ToolCall {
+                id: "toolu_01".into(),
+                name: "invoice.mark_paid".into(),
+                arguments: json!({"note": "paid by wire"}),
+            }]
+        );
+    }
+
+    #[test]
+    fn server_blocks_stream_through_to_provider_items() {
+        let recorded = fixture("anthropic_tool_search.json");
+        let blocks = recorded["response"]["content"].as_array().unwrap();
+        let mut data = Vec::new();
+        for (i, b) in blocks.iter().enumerate() {
+            // Each block starts empty where the API streams it, and is filled by deltas.
+            let mut start = b.clone();
+            let mut deltas = Vec::new();
+            match b["type"].as_str() {
+                Some("text") => {
+                    start["text"] = json!("");
+                    for piece in b["text"].as_str().unwrap().split_inclusive(' ') {
+                        deltas.push(json!({"type": "text_delta", "text": piece}));
+                    }
+                }
+                Some("tool_use" | "server_tool_use") => {
+                    start["input"] = json!({});
+                    let input = b["input"].to_string();
+                    for piece in input.as_bytes().chunks(3) {
+                        deltas.push(json!({"type": "input_json_delta", "partial_json": String::from_utf8(piece.to_vec()).unwrap()}));
+                    }
+                }
+                _ => {}
+            }
+            data.push(
+                json!({"type": "content_block_start", "index": i, "content_block": start})
+                    .to_string(),
+            );
+            for d in deltas {
+                data.push(
+                    json!({"type": "content_block_delta", "index": i, "delta": d}).to_string(),
+                );
+            }
+            data.push(json!({"type": "content_block_stop", "index": i}).to_string());
+        }
+        data.push(json!({"type": "message_delta", "delta": {"stop_reason": recorded["response"]["stop_reason"]}}).to_string());
+        data.push(json!({"type": "message_stop"}).to_string());
+        let mut stream = MessageStream::default();
+        read_all(&mut stream, &data).unwrap();
+        let tools = vec![spec("invoice.get", false), spec("invoice.mark_paid", true)];
+        let (mut streamed, mut whole) = (Completion::default(), Completion::default());
+        read_response(&stream.response().unwrap(), &tools, &mut streamed).unwrap();
+        read_response(&recorded["response"], &tools, &mut whole).unwrap();
+        assert_eq!(streamed.text, whole.text);
+        assert_eq!(streamed.tool_calls, whole.tool_calls);
+        assert_eq!(streamed.provider_items, whole.provider_items);
+        assert!(!streamed.provider_items.is_empty());
+    }
+
+    #[test]
+    fn broken_or_oversized_streams_fail() {
+        let data = crate::llm::tests::sse_data(&crate::llm::tests::sse_fixture(
+            "anthropic_messages_stream.sse",
+        ));
+        // Cut anywhere before message_stop.
+        for cut in 0..data.len() - 1 {
+            let mut stream = MessageStream::default();
+            let _ = read_all(&mut stream, &data[..cut]);
+            assert!(stream.response().is_err(), "cut at {cut}");
+        }
+        // An error event.
+        let mut stream = MessageStream::default();
+        let mut broken = data[..4].to_vec();
+        broken.push(json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}).to_string());
+        assert!(read_all(&mut stream, &broken).is_err());
+        // A delta of a block never opened, a block opened twice.
+        let mut stream = MessageStream::default();
+        assert!(stream
+            .read(r#"{"type":"content_block_delta","index":5,"delta":{"type":"text_delta","text":"x"}}"#, &limits())
+            .is_err());
+        let mut stream = MessageStream::default();
+        let start =
+            r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#;
+        stream.read(start, &limits()).unwrap();
+        assert!(stream.read(start, &limits()).is_err());
+        // More tool calls than the cap.
+        let few = StreamLimits {
+            max_tool_calls: 2,
+            ..limits()
+        };
+        let mut stream = MessageStream::default();
+        let result: Result<Vec<String>, LlmError> = (0..3)
+            .map(|i| stream.read(&json!({"type": "content_block_start", "index": i, "content_block": {"type": "tool_use", "id": format!("t{i}"), "name": "vendor__list", "input": {}}}).to_string(), &few))
+            .collect();
+        assert!(result.is_err());
+    }
+
+    #[tokio::test]
+    async fn over_http_text_streams_and_a_dropped_connection_fails() {
+        use crate::llm::tests::{raw_server, sse_fixture, sse_head};
+        let body = sse_fixture("anthropic_messages_stream.sse").into_bytes();
+        let url = raw_server(sse_head(), body.clone()).await;
+        let model = Anthropic::new(&url, None, "claude-test", Duration::from_secs(5));
+        let tools = vec![spec("invoice.get", false), spec("invoice.mark_paid", false)];
+        let (tx, mut rx) = mpsc::channel(64);
+        let out = model
+            .stream(&messages(), &tools, limits(), tx)
+            .await
+            .unwrap();
+        let mut pieces = Vec::new();
+        while let Some(p) = rx.recv().await {
+            pieces.push(p);
+        }
+        assert_eq!(pieces, ["Let me ", "check."]);
+        assert_eq!(out.tool_calls[0].arguments, json!({"note": "paid by wire"}));
+        let head = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        );
+        let url = raw_server(head, body[..body.len() / 2].to_vec()).await;
+        let model = Anthropic::new(&url, None, "claude-test", Duration::from_secs(5));
+        let (tx, _rx) = mpsc::channel(64);
+        assert!(model
+            .stream(&messages(), &tools, limits(), tx)
+            .await
+            .is_err());
     }
 }

@@ -1,11 +1,15 @@
 //! Model providers behind one trait. The gateway never trusts a model: every tool call it asks for
 //! goes through `ctxguard.call_tool` in the database.
 
+use std::pin::Pin;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use eventsource_stream::{EventStreamError, Eventsource};
+use futures::{Stream, StreamExt};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use tokio::sync::mpsc;
 
 pub mod anthropic;
 pub mod offline;
@@ -105,6 +109,177 @@ pub trait ChatModel: Send + Sync {
         messages: &[Message],
         tools: &[ToolSpec],
     ) -> Result<Completion, LlmError>;
+    /// One model step, its text sent to `text` as it comes (the pieces add up to
+    /// [`Completion::text`]); tool calls only in the completion, each whole. A provider without a
+    /// streaming API sends its text in one piece.
+    async fn stream(
+        &self,
+        messages: &[Message],
+        tools: &[ToolSpec],
+        limits: StreamLimits,
+        text: mpsc::Sender<String>,
+    ) -> Result<Completion, LlmError> {
+        let _ = limits;
+        let completion = self.complete(messages, tools).await?;
+        if !completion.text.is_empty() {
+            let _ = text.send(completion.text.clone()).await;
+        }
+        Ok(completion)
+    }
+}
+
+/// The most bytes one model response may have, streamed or not: past it the step fails.
+pub const MAX_RESPONSE_BYTES: usize = 8 * 1024 * 1024;
+/// The most tool calls one streamed response may assemble: past it the step fails (the loop
+/// refuses those past `CTXGUARD_MAX_TOOL_CALLS_PER_STEP` as it always did).
+pub const MAX_STREAM_TOOL_CALLS: usize = 1024;
+
+/// What one streamed model response may hold.
+#[derive(Debug, Clone, Copy)]
+pub struct StreamLimits {
+    /// Bytes of the whole response ([`MAX_RESPONSE_BYTES`]).
+    pub max_bytes: usize,
+    /// Tool calls assembled ([`MAX_STREAM_TOOL_CALLS`]).
+    pub max_tool_calls: usize,
+    /// Argument bytes kept of one call (`CTXGUARD_MAX_TOOL_ARGUMENT_BYTES`): a call past them
+    /// keeps that many and one more, as a string, which the loop refuses as TOOL_CALL_TOO_LARGE.
+    pub max_argument_bytes: usize,
+}
+
+impl Default for StreamLimits {
+    fn default() -> StreamLimits {
+        StreamLimits {
+            max_bytes: MAX_RESPONSE_BYTES,
+            max_tool_calls: MAX_STREAM_TOOL_CALLS,
+            max_argument_bytes: 64 * 1024,
+        }
+    }
+}
+
+/// A tool call's arguments as they stream in, kept within their limit.
+#[derive(Debug, Default, Clone)]
+pub struct Arguments {
+    raw: String,
+    over: bool,
+}
+
+impl Arguments {
+    pub fn push(&mut self, piece: &str, max: usize) {
+        if self.over {
+            return;
+        }
+        if self.raw.len() + piece.len() > max {
+            let mut end = (max + 1).saturating_sub(self.raw.len()).min(piece.len());
+            while !piece.is_char_boundary(end) {
+                end -= 1;
+            }
+            self.raw.push_str(&piece[..end]);
+            self.over = true;
+        } else {
+            self.raw.push_str(piece);
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.raw.is_empty()
+    }
+
+    /// The arguments as the loop judges them: parsed, or (past the limit) the text as a string
+    /// longer than the limit.
+    pub fn value(&self) -> Value {
+        if self.over {
+            Value::String(self.raw.clone())
+        } else if self.raw.trim().is_empty() {
+            Value::Object(Default::default())
+        } else {
+            parse_arguments(&self.raw)
+        }
+    }
+}
+
+/// A model response: a JSON body (an endpoint that ignores `stream`), or its events.
+pub enum Reply {
+    Json(Value),
+    Events(Events),
+}
+
+pub type Events = Pin<Box<dyn Stream<Item = Result<eventsource_stream::Event, LlmError>> + Send>>;
+
+fn transport(e: reqwest::Error) -> LlmError {
+    if e.is_timeout() {
+        LlmError::Timeout
+    } else {
+        LlmError::Transport(e.without_url().to_string())
+    }
+}
+
+/// Send a streaming request with at most one retry before the response starts (as
+/// [`send_with_retry`]); the response's bytes are counted and past `max_bytes` the stream fails.
+pub async fn open_stream(
+    build: impl Fn() -> reqwest::RequestBuilder,
+    timeout: Duration,
+    max_bytes: usize,
+) -> Result<Reply, LlmError> {
+    let attempt = async {
+        for try_no in 0..2 {
+            let resp = build().send().await.map_err(transport)?;
+            let status = resp.status();
+            if status.is_success() {
+                let events = resp
+                    .headers()
+                    .get(reqwest::header::CONTENT_TYPE)
+                    .and_then(|v| v.to_str().ok())
+                    .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
+                let mut total = 0usize;
+                let bytes = resp.bytes_stream().map(move |chunk| {
+                    let chunk = chunk.map_err(transport)?;
+                    total += chunk.len();
+                    if total > max_bytes {
+                        return Err(LlmError::BadResponse("the response is too large".into()));
+                    }
+                    Ok(chunk)
+                });
+                if !events {
+                    let mut body = Vec::new();
+                    let mut bytes = std::pin::pin!(bytes);
+                    while let Some(chunk) = bytes.next().await {
+                        body.extend_from_slice(&chunk?);
+                    }
+                    return serde_json::from_slice(&body)
+                        .map(Reply::Json)
+                        .map_err(|_| LlmError::BadResponse("the body is not JSON".into()));
+                }
+                let events = bytes.eventsource().map(|e| {
+                    e.map_err(|e| match e {
+                        EventStreamError::Transport(e) => e,
+                        _ => LlmError::BadResponse("a malformed event".into()),
+                    })
+                });
+                return Ok(Reply::Events(Box::pin(events)));
+            }
+            if status == reqwest::StatusCode::BAD_REQUEST {
+                let body = resp.text().await.unwrap_or_default();
+                return Err(LlmError::Refused(refusal_message(&body)));
+            }
+            let retryable = status.as_u16() == 429 || status.is_server_error();
+            if try_no == 0 && retryable {
+                let wait = resp
+                    .headers()
+                    .get(reqwest::header::RETRY_AFTER)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .map_or(Duration::from_millis(250), Duration::from_secs)
+                    .min(Duration::from_secs(10));
+                tokio::time::sleep(wait).await;
+                continue;
+            }
+            return Err(LlmError::Upstream(status.as_u16()));
+        }
+        unreachable!("two attempts at most")
+    };
+    tokio::time::timeout(timeout, attempt)
+        .await
+        .map_err(|_| LlmError::Timeout)?
 }
 
 /// Where and how to reach a hosted model (shared by the HTTP providers).
@@ -265,6 +440,93 @@ pub(crate) mod tests {
         let path = format!("{}/tests/fixtures/llm/{name}", env!("CARGO_MANIFEST_DIR"));
         let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
         serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
+    }
+
+    /// A recorded stream (`gateway/tests/fixtures/llm/*.sse`).
+    pub(crate) fn sse_fixture(name: &str) -> String {
+        let path = format!("{}/tests/fixtures/llm/{name}", env!("CARGO_MANIFEST_DIR"));
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+    }
+
+    /// The `data` of each event of a recorded stream.
+    pub(crate) fn sse_data(stream: &str) -> Vec<String> {
+        stream
+            .split("\n\n")
+            .filter_map(|e| {
+                e.lines()
+                    .find_map(|l| l.strip_prefix("data: "))
+                    .map(str::to_string)
+            })
+            .collect()
+    }
+
+    /// A model endpoint that answers every request with `head` and `body` as raw bytes, then
+    /// closes the connection (a `content-length` larger than `body` is a connection dropped
+    /// mid-stream). Returns the base URL.
+    pub(crate) async fn raw_server(head: String, body: Vec<u8>) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                let (head, body) = (head.clone(), body.clone());
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    let mut seen = Vec::new();
+                    // The request: its head, then its content-length of body.
+                    loop {
+                        let n = conn.read(&mut buf).await.unwrap_or(0);
+                        if n == 0 {
+                            return;
+                        }
+                        seen.extend_from_slice(&buf[..n]);
+                        let text = String::from_utf8_lossy(&seen).to_string();
+                        if let Some(end) = text.find("\r\n\r\n") {
+                            let length = text[..end]
+                                .lines()
+                                .find_map(|l| {
+                                    l.to_ascii_lowercase()
+                                        .strip_prefix("content-length:")
+                                        .map(|v| v.trim().parse::<usize>().unwrap_or(0))
+                                })
+                                .unwrap_or(0);
+                            if seen.len() >= end + 4 + length {
+                                break;
+                            }
+                        }
+                    }
+                    let _ = conn.write_all(head.as_bytes()).await;
+                    for piece in body.chunks(7) {
+                        let _ = conn.write_all(piece).await;
+                        let _ = conn.flush().await;
+                    }
+                    let _ = conn.shutdown().await;
+                });
+            }
+        });
+        format!("http://{addr}")
+    }
+
+    /// The head of an event stream that runs until the connection closes.
+    pub(crate) fn sse_head() -> String {
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n".into()
+    }
+
+    #[test]
+    fn arguments_past_their_limit_are_kept_as_a_longer_string() {
+        let mut a = Arguments::default();
+        for piece in ["{\"note\": \"", &"x".repeat(300), "\"}"] {
+            a.push(piece, 256);
+        }
+        let Value::String(kept) = a.value() else {
+            panic!("a string");
+        };
+        assert_eq!(kept.len(), 257);
+        let mut a = Arguments::default();
+        a.push("{\"a\":", 256);
+        a.push("1}", 256);
+        assert_eq!(a.value(), serde_json::json!({"a": 1}));
+        assert_eq!(Arguments::default().value(), serde_json::json!({}));
     }
 
     #[test]

@@ -10,10 +10,14 @@ use std::collections::BTreeSet;
 use async_trait::async_trait;
 use serde_json::{json, Map, Value};
 
-use super::{ChatModel, Completion, LlmError, Message, ToolCall, ToolSpec};
+use super::{ChatModel, Completion, LlmError, Message, StreamLimits, ToolCall, ToolSpec};
 use crate::compact::FIND_TOOLS;
 
 pub struct Offline;
+
+/// The pause between the words of a streamed offline answer: long enough for a page to show the
+/// answer growing, short enough for tests.
+pub const WORD_PAUSE: std::time::Duration = std::time::Duration::from_millis(4);
 
 const STOP: &[&str] = &[
     "a", "an", "the", "of", "on", "in", "to", "for", "and", "or", "is", "are", "do", "does", "i",
@@ -230,6 +234,26 @@ fn describe(tool: &str, envelope: &Value) -> String {
 impl ChatModel for Offline {
     fn provider(&self) -> &'static str {
         "offline"
+    }
+
+    /// The answer word by word (as a hosted model streams it), [`WORD_PAUSE`] apart.
+    async fn stream(
+        &self,
+        messages: &[Message],
+        tools: &[ToolSpec],
+        _limits: StreamLimits,
+        text: tokio::sync::mpsc::Sender<String>,
+    ) -> Result<Completion, LlmError> {
+        let completion = self.complete(messages, tools).await?;
+        for (i, word) in completion.text.split_inclusive(' ').enumerate() {
+            if i > 0 {
+                tokio::time::sleep(WORD_PAUSE).await;
+            }
+            if text.send(word.to_string()).await.is_err() {
+                break;
+            }
+        }
+        Ok(completion)
     }
 
     async fn complete(

@@ -17,11 +17,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::StreamExt;
 use serde_json::{json, Value};
+use tokio::sync::mpsc;
 
 use super::{
-    parse_arguments, refuses_tool_search, send_with_retry, tool_name_from_wire, wire_name,
-    ChatModel, Completion, Endpoint, LlmError, Message, ToolCall, ToolSpec,
+    open_stream, parse_arguments, refuses_tool_search, send_with_retry, tool_name_from_wire,
+    wire_name, Arguments, ChatModel, Completion, Endpoint, LlmError, Message, Reply, StreamLimits,
+    ToolCall, ToolSpec,
 };
 use crate::config::OpenAiApi;
 
@@ -50,6 +53,58 @@ impl OpenAi {
     pub fn with_api(mut self, api: OpenAiApi) -> OpenAi {
         self.api = api;
         self
+    }
+
+    /// One Chat Completions step, streamed (or read whole from an endpoint that ignores
+    /// `stream`).
+    async fn chat_stream(
+        &self,
+        messages: &[Message],
+        tools: &[ToolSpec],
+        limits: StreamLimits,
+        text: mpsc::Sender<String>,
+    ) -> Result<Completion, LlmError> {
+        let mut body = chat_body(&self.endpoint.model, messages, tools);
+        body["stream"] = Value::Bool(true);
+        let url = format!("{}/chat/completions", self.endpoint.base_url);
+        let read = async {
+            let reply = open_stream(
+                || {
+                    let r = self.endpoint.client.post(&url).json(&body);
+                    match &self.endpoint.api_key {
+                        Some(k) => r.bearer_auth(k),
+                        None => r,
+                    }
+                },
+                self.endpoint.timeout,
+                limits.max_bytes,
+            )
+            .await?;
+            let mut events = match reply {
+                Reply::Json(resp) => {
+                    let out = read_chat(&resp, tools)?;
+                    if !out.text.is_empty() {
+                        let _ = text.send(out.text.clone()).await;
+                    }
+                    return Ok(out);
+                }
+                Reply::Events(events) => events,
+            };
+            let mut stream = ChatStream::default();
+            while let Some(event) = events.next().await {
+                let piece = stream.read(&event?.data, &limits)?;
+                if !piece.is_empty() {
+                    let _ = text.send(piece).await;
+                }
+                if stream.finished {
+                    break;
+                }
+            }
+            stream.completion(tools)
+        };
+        tokio::time::timeout(self.endpoint.timeout, read)
+            .await
+            .map_err(|_| LlmError::Timeout)?
     }
 
     async fn send(&self, path: &str, body: &Value) -> Result<Value, LlmError> {
@@ -180,6 +235,98 @@ pub fn read_chat(resp: &Value, tools: &[ToolSpec]) -> Result<Completion, LlmErro
         tool_calls,
         ..Completion::default()
     })
+}
+
+/// A Chat Completions stream (`"stream": true`) as it is read: the text, and each tool call
+/// assembled from its deltas (by `index`) until the response ends.
+#[derive(Debug, Default)]
+pub struct ChatStream {
+    text: String,
+    calls: BTreeMap<u64, (String, String, Arguments)>,
+    finished: bool,
+}
+
+impl ChatStream {
+    /// Read one event's data; returns the text it adds (empty for none).
+    pub fn read(&mut self, data: &str, limits: &StreamLimits) -> Result<String, LlmError> {
+        if data.trim() == "[DONE]" {
+            self.finished = true;
+            return Ok(String::new());
+        }
+        let chunk: Value = serde_json::from_str(data)
+            .map_err(|_| LlmError::BadResponse("an event that is not JSON".into()))?;
+        if chunk.get("error").is_some_and(|e| !e.is_null()) {
+            return Err(LlmError::BadResponse(
+                "the provider sent an error event".into(),
+            ));
+        }
+        let Some(choice) = chunk.pointer("/choices/0") else {
+            // Usage chunks and the like.
+            return Ok(String::new());
+        };
+        let delta = &choice["delta"];
+        let text = delta
+            .get("content")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        self.text.push_str(&text);
+        for call in delta
+            .get("tool_calls")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let index = call.get("index").and_then(Value::as_u64).unwrap_or(0);
+            if !self.calls.contains_key(&index) && self.calls.len() >= limits.max_tool_calls {
+                return Err(LlmError::BadResponse("too many tool calls".into()));
+            }
+            let (id, name, args) = self.calls.entry(index).or_default();
+            if let Some(i) = call.get("id").and_then(Value::as_str) {
+                if id.is_empty() {
+                    id.push_str(&i[..i.len().min(1024)]);
+                }
+            }
+            if let Some(n) = call.pointer("/function/name").and_then(Value::as_str) {
+                if name.len() + n.len() <= 1024 {
+                    name.push_str(n);
+                }
+            }
+            if let Some(a) = call.pointer("/function/arguments").and_then(Value::as_str) {
+                args.push(a, limits.max_argument_bytes);
+            }
+        }
+        if choice.get("finish_reason").is_some_and(|r| r.is_string()) {
+            self.finished = true;
+        }
+        Ok(text)
+    }
+
+    /// The step, once the stream has ended; a stream cut before its end is an error.
+    pub fn completion(self, tools: &[ToolSpec]) -> Result<Completion, LlmError> {
+        if !self.finished {
+            return Err(LlmError::BadResponse("the stream ended early".into()));
+        }
+        let tool_calls = self
+            .calls
+            .into_values()
+            .enumerate()
+            .map(|(i, (id, name, args))| ToolCall {
+                id: if id.is_empty() {
+                    format!("call_{i}")
+                } else {
+                    id
+                },
+                name: tool_name_from_wire(&name, tools),
+                arguments: args.value(),
+            })
+            .collect();
+        Ok(Completion {
+            text: self.text,
+            tool_calls,
+            ..Completion::default()
+        })
+    }
 }
 
 // ---- Responses API ----
@@ -425,10 +572,12 @@ impl ChatModel for OpenAi {
     ) -> Result<Completion, LlmError> {
         let model = &self.endpoint.model;
         if self.api == OpenAiApi::Chat {
-            let resp = self
-                .send("chat/completions", &chat_body(model, messages, tools))
-                .await?;
-            return read_chat(&resp, tools);
+            // Nobody listens: the text is only in the completion.
+            let (tx, rx) = mpsc::channel(1);
+            drop(rx);
+            return self
+                .chat_stream(messages, tools, StreamLimits::default(), tx)
+                .await;
         }
         let search = self.tool_search.load(Ordering::Relaxed) && tools.iter().any(|t| t.deferred);
         let resp = match self
@@ -444,6 +593,24 @@ impl ChatModel for OpenAi {
             r => r?,
         };
         read_responses(&resp, tools)
+    }
+
+    /// Chat Completions streams; the Responses API is read whole (its text in one piece).
+    async fn stream(
+        &self,
+        messages: &[Message],
+        tools: &[ToolSpec],
+        limits: StreamLimits,
+        text: mpsc::Sender<String>,
+    ) -> Result<Completion, LlmError> {
+        if self.api == OpenAiApi::Chat {
+            return self.chat_stream(messages, tools, limits, text).await;
+        }
+        let completion = self.complete(messages, tools).await?;
+        if !completion.text.is_empty() {
+            let _ = text.send(completion.text.clone()).await;
+        }
+        Ok(completion)
     }
 }
 
@@ -658,5 +825,153 @@ mod tests {
         assert_eq!(functions, MAX_FUNCTIONS);
         let chat = chat_body("gpt-test", &messages(), &many);
         assert_eq!(chat["tools"].as_array().unwrap().len(), 100);
+    }
+
+    fn limits() -> StreamLimits {
+        StreamLimits {
+            max_argument_bytes: 1024,
+            ..StreamLimits::default()
+        }
+    }
+
+    #[test]
+    fn a_recorded_stream_gives_its_text_in_pieces_and_its_tool_call_once_whole() {
+        let data =
+            crate::llm::tests::sse_data(&crate::llm::tests::sse_fixture("openai_chat_stream.sse"));
+        let mut stream = ChatStream::default();
+        let mut pieces = Vec::new();
+        for d in &data {
+            pieces.push(stream.read(d, &limits()).unwrap());
+        }
+        let out = stream.completion(&tools()).unwrap();
+        assert_eq!(pieces.concat(), "Let me check.");
+        assert_eq!(out.text, "Let me check.");
+        assert_eq!(
+            out.tool_calls,
+            [ToolCall {
+                id: "call_abc123".into(),
+                name: "invoice.get".into(),
+                arguments: json!({"note": "paid by wire"}),
+            }]
+        );
+    }
+
+    #[test]
+    fn calls_are_assembled_per_index_however_their_deltas_interleave() {
+        let args = r#"{"note": "a long note, cut into one-byte deltas"}"#;
+        let mut stream = ChatStream::default();
+        for (index, name) in [(0, "invoice__get"), (1, "vendor__list")] {
+            stream
+                .read(&json!({"choices": [{"delta": {"tool_calls": [{"index": index, "id": format!("c{index}"), "function": {"name": name}}]}}]}).to_string(), &limits())
+                .unwrap();
+        }
+        for ch in args.chars() {
+            for index in [1, 0] {
+                stream
+                    .read(&json!({"choices": [{"delta": {"tool_calls": [{"index": index, "function": {"arguments": ch.to_string()}}]}}]}).to_string(), &limits())
+                    .unwrap();
+            }
+        }
+        stream.read("[DONE]", &limits()).unwrap();
+        let out = stream.completion(&tools()).unwrap();
+        assert_eq!(out.tool_calls.len(), 2);
+        for (call, name) in out.tool_calls.iter().zip(["invoice.get", "vendor.list"]) {
+            assert_eq!(call.name, name);
+            assert_eq!(
+                call.arguments,
+                json!({"note": "a long note, cut into one-byte deltas"})
+            );
+        }
+    }
+
+    #[test]
+    fn streams_past_their_limits_or_cut_short_fail() {
+        // Cut before finish_reason or [DONE].
+        let mut stream = ChatStream::default();
+        stream
+            .read(r#"{"choices":[{"delta":{"content":"Hel"}}]}"#, &limits())
+            .unwrap();
+        assert!(matches!(
+            stream.completion(&tools()),
+            Err(LlmError::BadResponse(_))
+        ));
+        // An error event, and a malformed one.
+        let mut stream = ChatStream::default();
+        assert!(stream
+            .read(r#"{"error":{"message":"overloaded"}}"#, &limits())
+            .is_err());
+        assert!(stream.read("{not json", &limits()).is_err());
+        // More calls than the cap.
+        let mut stream = ChatStream::default();
+        let few = StreamLimits {
+            max_tool_calls: 3,
+            ..limits()
+        };
+        let result: Result<Vec<String>, LlmError> = (0..4)
+            .map(|i| stream.read(&json!({"choices": [{"delta": {"tool_calls": [{"index": i, "function": {"name": "vendor__list"}}]}}]}).to_string(), &few))
+            .collect();
+        assert!(result.is_err());
+        // Arguments past the limit: kept as a string just past it (the loop refuses the call).
+        let mut stream = ChatStream::default();
+        for _ in 0..100 {
+            stream
+                .read(&json!({"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"arguments": "x".repeat(100)}}]}}]}).to_string(), &limits())
+                .unwrap();
+        }
+        stream.read("[DONE]", &limits()).unwrap();
+        let out = stream.completion(&tools()).unwrap();
+        assert_eq!(
+            out.tool_calls[0].arguments.as_str().map(str::len),
+            Some(1025)
+        );
+    }
+
+    #[tokio::test]
+    async fn over_http_text_streams_and_a_dropped_connection_fails() {
+        use crate::llm::tests::{raw_server, sse_fixture, sse_head};
+        let body = sse_fixture("openai_chat_stream.sse").into_bytes();
+        let url = raw_server(sse_head(), body.clone()).await;
+        let model = OpenAi::new(&url, None, "gpt-test", Duration::from_secs(5));
+        let (tx, mut rx) = mpsc::channel(64);
+        let out = model
+            .stream(&messages(), &tools(), limits(), tx)
+            .await
+            .unwrap();
+        let mut pieces = Vec::new();
+        while let Some(p) = rx.recv().await {
+            pieces.push(p);
+        }
+        assert_eq!(pieces, ["Let me ", "check."]);
+        assert_eq!(out.tool_calls.len(), 1);
+        // The connection drops in the middle of the arguments.
+        let cut = body.len() / 2;
+        let head = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        );
+        let url = raw_server(head, body[..cut].to_vec()).await;
+        let model = OpenAi::new(&url, None, "gpt-test", Duration::from_secs(5));
+        let (tx, _rx) = mpsc::channel(64);
+        assert!(model
+            .stream(&messages(), &tools(), limits(), tx)
+            .await
+            .is_err());
+        // The same body without its end: ended early.
+        let url = raw_server(sse_head(), body[..cut].to_vec()).await;
+        let model = OpenAi::new(&url, None, "gpt-test", Duration::from_secs(5));
+        let (tx, _rx) = mpsc::channel(64);
+        assert!(matches!(
+            model.stream(&messages(), &tools(), limits(), tx).await,
+            Err(LlmError::BadResponse(_))
+        ));
+        // Larger than the response limit.
+        let url = raw_server(sse_head(), body).await;
+        let model = OpenAi::new(&url, None, "gpt-test", Duration::from_secs(5));
+        let (tx, _rx) = mpsc::channel(64);
+        let tiny = StreamLimits {
+            max_bytes: 600,
+            ..limits()
+        };
+        assert!(model.stream(&messages(), &tools(), tiny, tx).await.is_err());
     }
 }
