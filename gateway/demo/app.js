@@ -352,6 +352,7 @@ async function load() {
   document.title = `${view.title} · ctxguard demo`;
   await renderTools(seq);
   await renderApprovals(seq);
+  await renderConnections(seq);
   renderProbes();
   if (seq === store.loadSeq) document.body.dataset.ready = "1";
 }
@@ -364,6 +365,7 @@ function renderNoContext(text) {
   $("tools-hidden").replaceChildren();
   $("probes").replaceChildren();
   $("approvals-list").replaceChildren();
+  $("connections-list").replaceChildren();
 }
 
 async function renderTools(seq) {
@@ -580,6 +582,8 @@ async function send(text) {
         answer.textContent += data.delta;
       } else if (event === "answer_reset") {
         answer.textContent = "";
+      } else if (event === "connection_required") {
+        approvals.append(connectCard(data));
       } else if (event === "answer") {
         if (!final) answer.textContent = "";
         final = true;
@@ -598,6 +602,79 @@ async function send(text) {
     if (item.dataset.state === "streaming") item.dataset.state = "incomplete";
     $("chat-send").disabled = false;
   }
+}
+
+// ---------------------------------------------------------------- connections (issue 33)
+
+// A tool's server needs the user's own account (the chat stream's `connection_required` event:
+// {server, connectUrl}). The URL, minted for this user only, opens the upstream's sign-in; the
+// model never sees it. After connecting, asking again works.
+function connectCard({ server, connectUrl }) {
+  const card = h("div", { class: "connect", dataset: { server, state: "required" } },
+    h("span", {}, `${server} needs your own account.`), " ");
+  if (connectUrl) {
+    card.append(h("a", {
+      class: "connect-button", href: connectUrl, target: "_blank", rel: "noopener noreferrer",
+      onclick: () => { card.dataset.state = "opened"; setTimeout(() => renderConnections(store.loadSeq), 3000); },
+    }, `Connect ${server}`));
+  } else {
+    card.append(h("span", { class: "muted" }, "(its sign-in is not reachable right now)"));
+  }
+  return card;
+}
+
+// The user's connections (POST /v1/connections: servers with credentials of their own or their
+// tenant's), each user_oauth one with Connect or Disconnect.
+async function renderConnections(seq) {
+  let out;
+  try {
+    out = await apiJson("/v1/connections", { pageContext: pageContext() });
+  } catch (e) {
+    $("connections-list").replaceChildren(h("li", { class: "muted" }, `${e.code}: ${e.message}`));
+    return;
+  }
+  if (seq !== store.loadSeq) return;
+  const list = (out.connections || []).filter((c) => c.mode === "user_oauth");
+  $("connections-list").replaceChildren(...(list.length ? list.map(connectionItem)
+    : [h("li", { class: "muted empty" }, "No server here needs an account of your own.")]));
+}
+
+function connectionItem(c) {
+  const status = h("span", { class: "connection-status" }, c.connected ? "connected" : "not connected");
+  const item = h("li", { class: "connection", dataset: { server: c.server, connected: String(!!c.connected) } },
+    h("code", {}, c.server), " ", status, " ");
+  const server = encodeURIComponent(c.server);
+  if (c.connected) {
+    item.append(h("button", {
+      type: "button", class: "disconnect",
+      onclick: async (e) => {
+        e.target.disabled = true;
+        try {
+          const env = await apiJson(`/v1/connections/${server}/disconnect`, { pageContext: pageContext() });
+          if (env.disconnected) {
+            item.dataset.connected = "false";
+            status.textContent = "disconnected";
+            e.target.remove();
+          }
+        } catch (err) {
+          status.textContent = `refused: ${err.code}`;
+        }
+      },
+    }, "Disconnect"));
+  } else {
+    item.append(h("button", {
+      type: "button", class: "connect-start",
+      onclick: async () => {
+        try {
+          const env = await apiJson(`/v1/connections/${server}`, { pageContext: pageContext() });
+          window.open(env.authorizeUrl, "_blank", "noopener");
+        } catch (err) {
+          status.textContent = `refused: ${err.code}`;
+        }
+      },
+    }, `Connect ${c.server}`));
+  }
+  return item;
 }
 
 // ---------------------------------------------------------------- probes ("try to break it")

@@ -957,7 +957,8 @@ impl Server {
         caller: &Caller,
         scope: Scope,
         request: CallToolRequestParams,
-    ) -> Result<CallToolResult, ApiError> {
+        context: &RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ApiError> {
         let state = &self.state;
         // The page view's generation: kept while it has time, renewed before the database's
         // lifetime for it runs out, and once more if the database refuses it (pages.rs).
@@ -967,6 +968,10 @@ impl Server {
         };
         // The name it was listed under (`invoice__get`, `vendor__report__daily`): the database maps
         // it back to the catalog's; a catalog name (`invoice.get`) is its own.
+        let retried = request
+            .input_responses
+            .as_ref()
+            .is_some_and(|r| !r.is_empty());
         let args = Value::Object(request.arguments.unwrap_or_default());
         let name = if request.name.contains('.') {
             ToolName::Catalog(&request.name)
@@ -994,17 +999,18 @@ impl Server {
             // An upstream tool's result is already an MCP CallToolResult (masked by the database).
             if let Ok(mut r) = serde_json::from_value::<CallToolResult>(result.clone()) {
                 if result.get("content").is_some() {
-                    // The upstream answered an older revision (no `resultType`); a 2026-07-28
-                    // client needs it (rmcp drops it again for older peers).
-                    r.result_type = Some(ResultType::COMPLETE);
-                    return Ok(r);
+                    // An upstream of an earlier revision sends no `resultType`; 2026-07-28
+                    // clients need it (rmcp's own constructors set it).
+                    r.result_type
+                        .get_or_insert(rmcp::model::ResultType::COMPLETE);
+                    return Ok(r.into());
                 }
             }
             let mut r = CallToolResult::success(vec![ContentBlock::text(result.to_string())]);
             if result.is_object() {
                 r.structured_content = Some(result);
             }
-            return Ok(r);
+            return Ok(r.into());
         }
         let error = &envelope["error"];
         let mut extra = json!({"call_id": call_id});
@@ -1014,11 +1020,17 @@ impl Server {
         if let Some(r) = envelope.get("result") {
             extra["result"] = r.clone();
         }
-        Ok(tool_error(
+        let refused = tool_error(
             error["code"].as_str().unwrap_or("TOOL_ERROR"),
             error["message"].as_str().unwrap_or("the call was refused"),
             extra,
-        ))
+        );
+        // A connection the user has not made: the connect URL, as the client's revision asks.
+        if let Some(hint) = crate::credentials::connect_hint(state, &view.scope, &envelope).await {
+            let r = crate::credentials::mcp::missing_connection(context, hint, refused, retried);
+            return Ok(r.await);
+        }
+        Ok(refused.into())
     }
 }
 
@@ -1262,8 +1274,8 @@ impl Server {
                 Err(e) => return Err(api_error(e)),
             }
         }
-        match self.run_call(&caller, scope, request).await {
-            Ok(r) => Ok(r.into()),
+        match self.run_call(&caller, scope, request, &context).await {
+            Ok(r) => Ok(r),
             Err(ApiError::Unauthorized(m)) | Err(ApiError::Unprocessable(m)) => {
                 Ok(tool_error("CONTEXT_INVALID", &m, json!({})).into())
             }

@@ -88,6 +88,12 @@ kill "$AS_PID"; wait "$AS_PID" 2>/dev/null || true
 start_as
 oauth forgotten
 
+log "MCP clients without the user's connection: the connect URL, an elicitation or input_required"
+CTXGUARD_CREDS_GW="$GW" CTXGUARD_CREDS_AS="$AS" CTXGUARD_CREDS_WORK="$WORK" \
+TOK_ALICE="$(mint --sub alice --tenant acme --roles ap_clerk)" TOK_BOB="$(mint --sub bob --tenant acme --roles viewer)" \
+TOK_CAROL="$(mint --sub carol --tenant globex --roles ap_clerk)" TOK_MALLORY="$(mint --sub mallory --tenant acme --roles viewer)" \
+  "$VENV/bin/python" tests/credentials/test_mcp_connect.py || { echo "--- as log"; tail -20 "$WORK/as.log"; fail "MCP clients"; }
+
 # No secret anywhere it must not be: the gateway's log, the server's log, audit rows, the
 # credential rows (ciphertext only), saved turns.
 for s in "$SEK_ACME" "$SEK_GLOBEX"; do

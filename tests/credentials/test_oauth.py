@@ -111,6 +111,23 @@ if phase == "connect":
     s, env = call("POST", "/v1/connections/drive/disconnect", TOK["alice"], {"pageContext": PAGE})
     check(env["disconnected"] is True, "alice disconnects", env)
     check(execute("alice", "drive.whoami")["error"]["code"] == "CONNECTION_REQUIRED", "then her call needs a connection")
+
+    # A streamed chat turn: the app gets a connection_required event with the connect URL; the
+    # model (and the saved turn) only the refusal naming the server.
+    req = urllib.request.Request(GW + "/v1/chat", method="POST",
+                                 data=json.dumps({"message": "drive whoami", "pageContext": PAGE}).encode(),
+                                 headers={"authorization": f"Bearer {TOK['alice']}", "content-type": "application/json",
+                                          "accept": "text/event-stream"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        stream = r.read().decode()
+    record(stream)
+    events = [(m.group(1), m.group(2)) for m in re.finditer(r"event: ?(\S+)\ndata: ?(.*)", stream)]
+    hints = [json.loads(d) for e, d in events if e == "connection_required"]
+    check(len(hints) == 1 and hints[0]["server"] == "drive" and hints[0]["connectUrl"].startswith(AS + "/"),
+          "the chat stream carries a connection_required event with the connect URL", stream[:800])
+    state = urllib.parse.parse_qs(urllib.parse.urlparse(hints[0]["connectUrl"]).query)["state"][0]
+    others = "".join(d for e, d in events if e != "connection_required")
+    check(state not in others and "CONNECTION_REQUIRED" in others, "the rest of the turn names the refusal, never the URL")
     check(said(execute("carol", "drive.whoami")) == "you are carol of globex", "carol's connection is untouched")
 elif phase == "forgotten":
     time.sleep(3)

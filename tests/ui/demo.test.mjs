@@ -460,4 +460,55 @@ describe("security", () => {
     assert.equal(await invoiceStatus(page, "alice", "acme_inv9"), "open");
     await shot(page, "four-eyes-rejected");
   });
+
+  // Issue 33. The demo has no upstream that needs the user's own account (one would need its own
+  // authorization server), so the gateway's answers are stubbed here: the chat stream's
+  // connection_required event and the connections list; the real list is checked first.
+  test("a server needing the user's own account: a Connect button, and connections with Disconnect", async (t) => {
+    const page = await open(t);
+    await go(page, "/invoices");
+    await page.waitForSelector("#connections-list li.empty");
+
+    const connectUrl = "http://127.0.0.1:9/authorize?state=alices-own";
+    await page.route("**/v1/connections", (route) => route.fulfill({
+      status: 200, contentType: "application/json",
+      body: JSON.stringify({ connections: [
+        { server: "drive", mode: "user_oauth", connected: true, expiresAt: null },
+        { server: "crm", mode: "user_oauth", connected: false, expiresAt: null },
+        { server: "ledgerapi", mode: "tenant_secret", connected: true, expiresAt: null },
+      ] }),
+    }));
+    let disconnected = null;
+    await page.route("**/v1/connections/*/disconnect", (route) => {
+      disconnected = route.request().url();
+      route.fulfill({ status: 200, contentType: "application/json", body: JSON.stringify({ server: "drive", disconnected: true }) });
+    });
+    await page.route("**/v1/chat", (route) => route.fulfill({
+      status: 200, headers: { "content-type": "text/event-stream" },
+      body: [
+        ["tool_call", { tool: "drive.whoami", decision: "deny", code: "CONNECTION_REQUIRED" }],
+        ["connection_required", { server: "drive", connectUrl }],
+        ["answer", { text: "drive needs your own account: connect it, then ask again." }],
+        ["done", {}],
+      ].map(([e, d]) => `event: ${e}\ndata: ${JSON.stringify(d)}\n\n`).join(""),
+    }));
+    await go(page, "/invoices");
+    const items = page.locator("#connections-list li.connection");
+    assert.deepEqual(await items.evaluateAll((l) => l.map((i) => [i.dataset.server, i.dataset.connected])),
+      [["drive", "true"], ["crm", "false"]], "only the user's own (user_oauth) connections, with their state");
+    assert.equal(await page.locator("#connections-list li[data-server=crm] button.connect-start").textContent(), "Connect crm");
+
+    const r = await ask(page, "who am I on drive?");
+    assert.equal(r.state, "done");
+    const button = r.turn.locator(".connect[data-server=drive] a.connect-button");
+    assert.equal(await button.textContent(), "Connect drive");
+    assert.equal(await button.getAttribute("href"), connectUrl);
+    assert.equal(await button.getAttribute("target"), "_blank");
+    await shot(page, "connect-required");
+
+    await page.locator("#connections-list li[data-server=drive] button.disconnect").click();
+    await page.waitForSelector("#connections-list li[data-server=drive][data-connected=false]");
+    assert.ok(disconnected?.endsWith("/v1/connections/drive/disconnect"), disconnected);
+    assert.equal(await page.locator("#connections-list li[data-server=drive] .connection-status").textContent(), "disconnected");
+  });
 });

@@ -19,6 +19,7 @@
 //! put in an error.
 
 pub mod http;
+pub mod mcp;
 pub mod oauth;
 pub mod seal;
 
