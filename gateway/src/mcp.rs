@@ -1001,8 +1001,7 @@ impl Server {
                 if result.get("content").is_some() {
                     // An upstream of an earlier revision sends no `resultType`; 2026-07-28
                     // clients need it (rmcp's own constructors set it).
-                    r.result_type
-                        .get_or_insert(rmcp::model::ResultType::COMPLETE);
+                    r.result_type.get_or_insert(ResultType::COMPLETE);
                     return Ok(r.into());
                 }
             }
