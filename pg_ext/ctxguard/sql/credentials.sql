@@ -8,7 +8,7 @@ ALTER TABLE ctxguard.mcp_servers
     ADD COLUMN credential_mode text NOT NULL DEFAULT 'static'
         CHECK (credential_mode IN ('static', 'tenant_secret', 'user_oauth', 'token_exchange')),
     ADD COLUMN credential_config jsonb NOT NULL DEFAULT '{}'
-        CHECK (jsonb_typeof(credential_config) = 'object' AND octet_length(credential_config::text) <= 4096),
+        CHECK (jsonb_typeof(credential_config) = 'object' AND octet_length(credential_config::pg_catalog.text) <= 4096),
     ADD COLUMN requires_connection boolean NOT NULL DEFAULT false,
     ADD CONSTRAINT mcp_servers_credential_mode_http CHECK (credential_mode = 'static' OR (transport = 'http' AND bearer_token_env IS NULL)),
     ADD CONSTRAINT mcp_servers_requires_connection_user_oauth CHECK (NOT requires_connection OR credential_mode = 'user_oauth');
