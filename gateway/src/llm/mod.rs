@@ -213,6 +213,28 @@ fn transport(e: reqwest::Error) -> LlmError {
     }
 }
 
+/// A response that is not a success, on attempt `try_no`: a `400` is the endpoint's refusal; a
+/// `429` or `5xx` on the first attempt is retried after the wait returned (`Retry-After`, capped
+/// at 10 s); anything else is the upstream's failure.
+async fn not_ok(resp: reqwest::Response, try_no: u32) -> Result<Duration, LlmError> {
+    let status = resp.status();
+    if status == reqwest::StatusCode::BAD_REQUEST {
+        let body = resp.text().await.unwrap_or_default();
+        return Err(LlmError::Refused(refusal_message(&body)));
+    }
+    let retryable = status.as_u16() == 429 || status.is_server_error();
+    if try_no == 0 && retryable {
+        return Ok(resp
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map_or(Duration::from_millis(250), Duration::from_secs)
+            .min(Duration::from_secs(10)));
+    }
+    Err(LlmError::Upstream(status.as_u16()))
+}
+
 /// Send a streaming request with at most one retry before the response starts (as
 /// [`send_with_retry`]); the response's bytes are counted and past `max_bytes` the stream fails.
 pub async fn open_stream(
@@ -257,23 +279,8 @@ pub async fn open_stream(
                 });
                 return Ok(Reply::Events(Box::pin(events)));
             }
-            if status == reqwest::StatusCode::BAD_REQUEST {
-                let body = resp.text().await.unwrap_or_default();
-                return Err(LlmError::Refused(refusal_message(&body)));
-            }
-            let retryable = status.as_u16() == 429 || status.is_server_error();
-            if try_no == 0 && retryable {
-                let wait = resp
-                    .headers()
-                    .get(reqwest::header::RETRY_AFTER)
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.trim().parse::<u64>().ok())
-                    .map_or(Duration::from_millis(250), Duration::from_secs)
-                    .min(Duration::from_secs(10));
-                tokio::time::sleep(wait).await;
-                continue;
-            }
-            return Err(LlmError::Upstream(status.as_u16()));
+            let wait = not_ok(resp, try_no).await?;
+            tokio::time::sleep(wait).await;
         }
         unreachable!("two attempts at most")
     };
@@ -383,23 +390,8 @@ pub async fn send_with_retry(
                     .await
                     .map_err(|e| LlmError::BadResponse(e.without_url().to_string()));
             }
-            if status == reqwest::StatusCode::BAD_REQUEST {
-                let body = resp.text().await.unwrap_or_default();
-                return Err(LlmError::Refused(refusal_message(&body)));
-            }
-            let retryable = status.as_u16() == 429 || status.is_server_error();
-            if try_no == 0 && retryable {
-                let wait = resp
-                    .headers()
-                    .get(reqwest::header::RETRY_AFTER)
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.trim().parse::<u64>().ok())
-                    .map_or(Duration::from_millis(250), Duration::from_secs)
-                    .min(Duration::from_secs(10));
-                tokio::time::sleep(wait).await;
-                continue;
-            }
-            return Err(LlmError::Upstream(status.as_u16()));
+            let wait = not_ok(resp, try_no).await?;
+            tokio::time::sleep(wait).await;
         }
         unreachable!("two attempts at most")
     };
