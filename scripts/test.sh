@@ -13,6 +13,9 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$ROOT"
 PG_MAJORS=${PG_MAJORS:-$majors_default}
 MODE=${1:-}
+# A fresh checkout gains nothing from incremental compilation's caches, which take several GB beside
+# the ~30 test binaries (a CI machine's disk once filled mid-link). CARGO_INCREMENTAL=1 keeps them.
+export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
 
 # --sql-only: skip setup, lint and unit tests (quick loop while editing SQL tests).
 # --major-sql-suite: the SQL suite alone, on PG_MAJOR (what the loop at the end runs for each major).
@@ -246,3 +249,5 @@ if [[ " ${tested[*]} " == *" 15 "* ]]; then
 fi
 log "PostgreSQL majors: tested ${tested[*]}${untested[*]:+; NOT TESTED ${untested[*]}}"
 printf '  %s\n' "${timings[@]}"
+# Disk: what the build left (the CI machine's disk is finite; a full run's peak is in BENCHMARKS.md).
+echo "  build directory: $(du -sh "$CARGO_TARGET_DIR" 2>/dev/null | cut -f1); free on its disk: $(df -h --output=avail "$CARGO_TARGET_DIR" | tail -1 | tr -d ' ')"
