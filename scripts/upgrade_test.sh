@@ -125,9 +125,11 @@ SELECT 'accepted=' || bool_and(definition_hash IS NOT NULL AND definition_hash =
 SELECT 'policies=' || string_agg(DISTINCT mode || ':' || coalesce(when_fn::text, '-') || ':' || coalesce(approval_when_fn::text, '-'), ',') FROM ctxguard.tool_policies;
 -- Issue 33: a server registered before credential modes keeps its static token, as before.
 SELECT 'credentials=' || string_agg(name || ':' || credential_mode || ':' || requires_connection, ',') FROM ctxguard.mcp_servers;
+-- and every kept policy allows any credential mode (policy credential_mode), none lints as a mismatch.
+SELECT 'modes=' || bool_and(credential_modes = '{}') || ':' || (SELECT count(*) FROM ctxguard.lint() WHERE kind LIKE '%credential_mode%') FROM ctxguard.tool_policies;
 SQL
 )
-  expected=$'tools=2\nlint=tool_without_run_as:app.ping\napprovals_pending=0\naccepted=true\npolicies=enforce:-:-\ncredentials=docs:static:false'
+  expected=$'tools=2\nlint=tool_without_run_as:app.ping\napprovals_pending=0\naccepted=true\npolicies=enforce:-:-\ncredentials=docs:static:false\nmodes=true:0'
   [ "$checks" = "$expected" ] || fail "data after the update: got [$checks], want [$expected]"
   # The conversation's next turn is its third.
   turn=$(psql_su -d ctxguard_up_old -At -v tok="$(mint --sub alice --tenant acme)" <<'SQL'

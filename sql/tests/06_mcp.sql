@@ -110,7 +110,7 @@ SELECT is_empty($$SELECT s FROM ctxguard.usable_mcp_servers() AS s WHERE s IN ('
 BEGIN;
 SELECT ctxguard.set_context(:'tok_alice', :'inv3') \g /dev/null
 SELECT ctxguard.call_tool('files.read_scan', '{"page": 2}') AS auth \gset
-SELECT is(:'auth'::jsonb - 'call_id', '{"status": "authorized", "server": "files", "tool": "read_scan", "args": {"invoice_id": "acme_inv3", "page": 2}}'::jsonb,
+SELECT is(:'auth'::jsonb - 'call_id', '{"status": "authorized", "server": "files", "tool": "read_scan", "args": {"invoice_id": "acme_inv3", "page": 2}, "credential_mode": "static"}'::jsonb,
           'authorize: the entity id is bound from the context, the upstream name returned for forwarding');
 SELECT is(pg_temp.code(ctxguard.call_tool('files.read_scan', '{"invoice_id": "acme_inv4"}')), 'ENTITY_MISMATCH', 'a spoofed entity id is refused before forwarding');
 SELECT is(pg_temp.code(ctxguard.call_tool('files.read_scan', '{"page": "two"}')), 'INVALID_ARGUMENT', 'arguments are validated against the upstream schema');

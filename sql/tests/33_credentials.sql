@@ -151,6 +151,51 @@ SELECT ctxguard.set_context(:'tok_tadmin', :'page') \g /dev/null
 SELECT is(ctxguard.delete_tenant_secret('ledgerapi')->>'changed', 'true', 'the tenant admin deletes the secret');
 COMMIT;
 
+-- A policy can require a credential mode (issue 33 item 4): drive's tool goes out only with each
+-- user's own connection, fed's only by token exchange; a tool whose server is registered with
+-- another mode is neither listed nor callable, and follows the server when the DBA changes it.
+\set dba_sql 'SELECT ctxguard.set_tool_policy(''fed.whoami'', ''{"page_types": "*", "credential_mode": "token_exchange"}''); SELECT ctxguard.set_tool_policy(''ledgerapi.whoami'', ''{"page_types": "*", "credential_mode": ["user_oauth", "token_exchange"]}''); SELECT ctxguard.set_server_policy(''vault'', ''{"page_types": "*", "credential_mode": "static"}'')'
+\ir lib/dba.sql
+SELECT unalike(:'dba_out'::text, '%ERROR%'::text, 'the DBA requires credential modes in a tool policy and a server''s default policy');
+\set dba_sql 'SELECT ctxguard.set_tool_policy(''drive.whoami'', ''{"page_types": "*", "credential_mode": "oauth"}'')'
+\ir lib/dba.sql
+SELECT alike(:'dba_out'::text, 'ERROR:  22023%credential_mode must be%'::text, 'a credential_mode that is not a mode is refused');
+BEGIN;
+SELECT ctxguard.set_context(:'tok_alice', :'page') \g /dev/null
+SELECT ctxguard.call_tool('fed.whoami') AS fe \gset
+SELECT is(pg_temp.code(:'fe'), 'authorized', 'a tool requiring token_exchange on a token_exchange server is authorized');
+SELECT is(:'fe'::jsonb->>'credential_mode', 'token_exchange', 'and the authorization names the mode the gateway must use');
+SELECT is((SELECT reason FROM ctxguard.explain_tools() WHERE name = 'ledgerapi.whoami'), 'credential_mode_mismatch',
+          'a tool requiring a per-user mode on a tenant_secret server: credential_mode_mismatch');
+SELECT ok(NOT EXISTS (SELECT 1 FROM ctxguard.visible_tools() WHERE name = 'ledgerapi.whoami'), 'Gate A does not list it');
+SELECT ctxguard.call_tool('ledgerapi.whoami') AS lm \gset
+SELECT is(pg_temp.code(:'lm'), 'TOOL_NOT_VISIBLE', 'Gate B refuses it');
+SELECT is(pg_temp.audit(:'lm'::jsonb->>'call_id'), 'deny:ledgerapi.whoami:alice', 'audited');
+SELECT is((SELECT reason FROM ctxguard.explain_tools() WHERE name = 'vault.whoami'), 'credential_mode_mismatch',
+          'a server default policy requiring static on a user_oauth server: its tools mismatch too');
+COMMIT;
+\set dba_sql 'UPDATE ctxguard.mcp_servers SET credential_mode = ''tenant_secret'' WHERE name = ''fed'''
+\ir lib/dba.sql
+BEGIN;
+SELECT ctxguard.set_context(:'tok_alice', :'page') \g /dev/null
+SELECT is(pg_temp.code(ctxguard.call_tool('fed.whoami')), 'TOOL_NOT_VISIBLE',
+          'the DBA moves fed to tenant_secret: the tool requiring token_exchange is refused at once');
+COMMIT;
+\set dba_sql 'SELECT string_agg(kind || '' '' || object, '', '' ORDER BY kind, object) FROM ctxguard.lint() WHERE kind LIKE ''%credential_mode%'''
+\ir lib/dba.sql
+SELECT is(:'dba_out'::text, 'server_credential_mode_mismatch vault, tool_credential_mode_mismatch fed.whoami, tool_credential_mode_mismatch ledgerapi.whoami',
+          'lint names every tool and server default policy whose mode its server lacks');
+\set dba_sql 'SELECT ctxguard.register_tool(''test.mode_local'', ''A local tool whose policy asks for a credential mode.'', ''{"type": "object"}'', ''t.boom(jsonb)'', ''{"page_types": "*", "credential_mode": "static", "run_as": "ctxguard_tools"}'')'
+\ir lib/dba.sql
+BEGIN;
+SELECT ctxguard.set_context(:'tok_alice', :'page') \g /dev/null
+SELECT is((SELECT reason FROM ctxguard.explain_tools() WHERE name = 'test.mode_local'), 'credential_mode_mismatch',
+          'a local tool has no credential mode: a policy requiring one keeps it unlisted');
+SELECT is(pg_temp.code(ctxguard.call_tool('test.mode_local')), 'TOOL_NOT_VISIBLE', 'and uncallable');
+COMMIT;
+\set dba_sql 'DELETE FROM ctxguard.tools WHERE name = ''test.mode_local'''
+\ir lib/dba.sql
+
 \set dba_sql 'DELETE FROM ctxguard.mcp_servers WHERE name IN (''drive'', ''vault'', ''ledgerapi'', ''fed'')'
 \ir lib/dba.sql
 SELECT * FROM finish();

@@ -59,9 +59,43 @@ pub struct Policy {
     pub approver_roles: Vec<String>,
     /// Quotas in time windows (`rate_limit`): every one must have room for a call to run.
     pub rate_limits: Vec<RateLimit>,
+    /// `credential_mode` (issue 33): the upstream credential modes a call may go out with (one
+    /// of [`CREDENTIAL_MODES`], or a list). The tool's server must be registered with one of
+    /// them, or the tool is neither listed nor callable (`credential_mode_mismatch`); a local
+    /// tool never is. Empty: any mode.
+    pub credential_modes: Vec<String>,
 }
 
-pub const POLICY_KEYS: [&str; 15] = [
+/// How the gateway authenticates to an upstream server (`ctxguard.mcp_servers.credential_mode`).
+pub const CREDENTIAL_MODES: [&str; 4] = ["static", "tenant_secret", "user_oauth", "token_exchange"];
+
+/// `credential_mode` as a policy gives it (a mode, or a non-empty list of modes), in the order
+/// given, without repeats.
+pub fn parse_credential_modes(v: Option<&Value>) -> Result<Vec<String>, PolicyError> {
+    let shape = "credential_mode must be static, tenant_secret, user_oauth or token_exchange, or a list of them";
+    let items: Vec<&Value> = match v {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(s @ Value::String(_)) => vec![s],
+        Some(Value::Array(a)) if !a.is_empty() && a.len() <= CREDENTIAL_MODES.len() => {
+            a.iter().collect()
+        }
+        Some(_) => return err(shape),
+    };
+    let mut out: Vec<String> = Vec::new();
+    for item in items {
+        match item.as_str() {
+            Some(m) if CREDENTIAL_MODES.contains(&m) => {
+                if !out.iter().any(|o| o == m) {
+                    out.push(m.to_string());
+                }
+            }
+            _ => return err(shape),
+        }
+    }
+    Ok(out)
+}
+
+pub const POLICY_KEYS: [&str; 16] = [
     "page_types",
     "requires_entity",
     "entity_type",
@@ -77,6 +111,7 @@ pub const POLICY_KEYS: [&str; 15] = [
     "mode",
     "approver_roles",
     "rate_limit",
+    "credential_mode",
 ];
 
 /// Whose calls a quota counts: each user's of a tenant, or the whole tenant's.
@@ -379,6 +414,7 @@ pub fn parse_policy(
         log_only,
         approver_roles: labels(obj, "approver_roles")?,
         rate_limits: parse_rate_limits(obj.get("rate_limit"))?,
+        credential_modes: parse_credential_modes(obj.get("credential_mode"))?,
         requires_entity,
         roles: labels(obj, "roles")?,
         required_states: labels(obj, "required_states")?,
@@ -479,6 +515,9 @@ pub enum Reason {
     ToolAbsent,
     /// An upstream MCP tool whose name, description or schema changed since the DBA accepted it.
     DefinitionChanged,
+    /// A tool whose policy requires a credential mode (`credential_mode`) its server is not
+    /// registered with, or a local tool with such a policy.
+    CredentialModeMismatch,
 }
 
 impl Reason {
@@ -496,6 +535,7 @@ impl Reason {
             Reason::ServerNotAllowed => "server_not_allowed",
             Reason::ToolAbsent => "tool_absent",
             Reason::DefinitionChanged => "definition_changed",
+            Reason::CredentialModeMismatch => "credential_mode_mismatch",
         }
     }
 }
@@ -892,5 +932,42 @@ mod tests {
             evaluate_shadowed(Some(&disabled), Some(&detail)),
             (Reason::Disabled, None)
         );
+    }
+
+    #[test]
+    fn credential_mode_is_a_mode_or_a_list_of_modes() {
+        let parse = |v: Value| parse_policy(&v, &schema(), lookup);
+        let one = parse(json!({"page_types": "*", "credential_mode": "user_oauth"})).unwrap();
+        assert_eq!(one.credential_modes, vec!["user_oauth"]);
+        let two = parse(json!({"page_types": "*",
+            "credential_mode": ["tenant_secret", "token_exchange", "tenant_secret"]}))
+        .unwrap();
+        assert_eq!(
+            two.credential_modes,
+            vec!["tenant_secret", "token_exchange"]
+        );
+        assert!(get_policy().credential_modes.is_empty());
+        assert!(parse(json!({"page_types": "*", "credential_mode": null}))
+            .unwrap()
+            .credential_modes
+            .is_empty());
+        for bad in [
+            json!("oauth"),
+            json!(""),
+            json!([]),
+            json!(["user_oauth", 1]),
+            json!([
+                "static",
+                "tenant_secret",
+                "user_oauth",
+                "token_exchange",
+                "static"
+            ]),
+            json!({"mode": "static"}),
+            json!(true),
+        ] {
+            let e = parse(json!({"page_types": "*", "credential_mode": bad})).unwrap_err();
+            assert!(e.0.starts_with("credential_mode must be"), "{e}");
+        }
     }
 }

@@ -51,6 +51,7 @@ CREATE TABLE ctxguard.tool_policies (
     mode              text NOT NULL DEFAULT 'enforce' CHECK (mode IN ('enforce', 'log_only')),
     approver_roles    text[] NOT NULL DEFAULT '{}',
     rate_limits       jsonb,
+    credential_modes  text[] NOT NULL DEFAULT '{}' CHECK (credential_modes OPERATOR(pg_catalog.<@) ARRAY['static', 'tenant_secret', 'user_oauth', 'token_exchange']::pg_catalog.text[]),
     CHECK (entity_param IS NULL OR entity_type IS NOT NULL),
     CHECK (NOT requires_entity OR entity_type IS NOT NULL),
     CHECK (NOT (read_only AND danger = 'destructive'))
@@ -62,6 +63,7 @@ COMMENT ON COLUMN ctxguard.tool_policies.when_fn IS 'Policy "when": a STABLE fun
 COMMENT ON COLUMN ctxguard.tool_policies.approval_when_fn IS 'Policy "approval_when": a STABLE function (args jsonb) RETURNS boolean; true: the call needs an approval.';
 COMMENT ON COLUMN ctxguard.tool_policies.mode IS 'enforce, or log_only (shadow mode): a would-be denial by the page, role or state conditions or by "when" is audited as would_deny and the call runs.';
 COMMENT ON COLUMN ctxguard.tool_policies.rate_limits IS 'Policy "rate_limit": quotas in fixed UTC windows, [{"per": "user" | "tenant", "calls": n, "window": "1m" | "1h" | "1d"}], counted in the shared-memory ledger (NULL: none).';
+COMMENT ON COLUMN ctxguard.tool_policies.credential_modes IS 'Policy "credential_mode" (issue 33): the upstream credential modes a call may go out with; the tool''s server must be registered with one of them, or the tool is neither listed nor callable (credential_mode_mismatch). Empty: any.';
 
 CREATE TABLE ctxguard.generations (
     id              uuid PRIMARY KEY,

@@ -272,6 +272,23 @@ AS $$
       FROM ctxguard.tool_policies p
      WHERE p.mode = 'log_only'
     UNION ALL
+    -- Policy credential_mode (issue 33): a tool whose server is registered with another mode (or
+    -- a local tool) is neither listed nor callable.
+    SELECT 'tool_credential_mode_mismatch', p.tool,
+           'policy credential_mode ' || array_to_string(p.credential_modes, ', ') || ' does not include '
+           || coalesce('its server''s mode ' || s.credential_mode, 'any mode of a local tool') || ': neither listed nor callable'
+      FROM ctxguard.tool_policies p
+      JOIN ctxguard.tools t ON t.name = p.tool
+      LEFT JOIN ctxguard.mcp_servers s ON s.name = t.server
+     WHERE p.credential_modes <> '{}' AND (s.credential_mode IS NULL OR NOT s.credential_mode = ANY (p.credential_modes))
+    UNION ALL
+    SELECT 'server_credential_mode_mismatch', s.name::pg_catalog.text,
+           'default policy credential_mode does not include the server''s mode ' || s.credential_mode
+           || ': its tools without a policy of their own are neither listed nor callable'
+      FROM ctxguard.mcp_servers s
+     WHERE s.default_policy ? 'credential_mode' AND jsonb_typeof(s.default_policy -> 'credential_mode') <> 'null'
+       AND NOT (s.default_policy -> 'credential_mode') @> to_jsonb(s.credential_mode)
+    UNION ALL
     SELECT 'upstream_tool_changed', t.name, 'upstream definition changed since it was accepted: disabled until ctxguard.accept_mcp_tool'
       FROM ctxguard.tools t
      WHERE t.kind = 'external' AND t.present AND t.accepted_hash IS DISTINCT FROM t.definition_hash
@@ -1205,3 +1222,7 @@ COMMENT ON FUNCTION ctxguard.put_tenant_secret(text, text, bytea, bytea) IS 'Set
 COMMENT ON FUNCTION ctxguard.delete_tenant_secret(text) IS 'Delete the context tenant''s secret for a server: only a holder of ctxguard.tenant_admin_role. Audited (credential_deleted).';
 COMMENT ON FUNCTION ctxguard.upstream_credential(uuid) IS 'The credential ciphertext for one upstream call Gate B authorized for the context user and not yet completed: the user''s connection or the tenant''s secret for that call''s server.';
 COMMENT ON FUNCTION ctxguard.upstream_connections() IS 'The servers the context user may use that take a credential: mode, whether one is stored for this user or tenant, expiry. No ciphertext.';
+
+-- A policy can require the upstream credential mode of its tool's server (issue 33).
+ALTER TABLE ctxguard.tool_policies ADD COLUMN credential_modes text[] NOT NULL DEFAULT '{}' CHECK (credential_modes OPERATOR(pg_catalog.<@) ARRAY['static', 'tenant_secret', 'user_oauth', 'token_exchange']::pg_catalog.text[]);
+COMMENT ON COLUMN ctxguard.tool_policies.credential_modes IS 'Policy "credential_mode" (issue 33): the upstream credential modes a call may go out with; the tool''s server must be registered with one of them, or the tool is neither listed nor callable (credential_mode_mismatch). Empty: any.';

@@ -157,6 +157,23 @@ AS $$
       FROM ctxguard.tool_policies p
      WHERE p.mode = 'log_only'
     UNION ALL
+    -- Policy credential_mode (issue 33): a tool whose server is registered with another mode (or
+    -- a local tool) is neither listed nor callable.
+    SELECT 'tool_credential_mode_mismatch', p.tool,
+           'policy credential_mode ' || array_to_string(p.credential_modes, ', ') || ' does not include '
+           || coalesce('its server''s mode ' || s.credential_mode, 'any mode of a local tool') || ': neither listed nor callable'
+      FROM ctxguard.tool_policies p
+      JOIN ctxguard.tools t ON t.name = p.tool
+      LEFT JOIN ctxguard.mcp_servers s ON s.name = t.server
+     WHERE p.credential_modes <> '{}' AND (s.credential_mode IS NULL OR NOT s.credential_mode = ANY (p.credential_modes))
+    UNION ALL
+    SELECT 'server_credential_mode_mismatch', s.name::pg_catalog.text,
+           'default policy credential_mode does not include the server''s mode ' || s.credential_mode
+           || ': its tools without a policy of their own are neither listed nor callable'
+      FROM ctxguard.mcp_servers s
+     WHERE s.default_policy ? 'credential_mode' AND jsonb_typeof(s.default_policy -> 'credential_mode') <> 'null'
+       AND NOT (s.default_policy -> 'credential_mode') @> to_jsonb(s.credential_mode)
+    UNION ALL
     SELECT 'upstream_tool_changed', t.name, 'upstream definition changed since it was accepted: disabled until ctxguard.accept_mcp_tool'
       FROM ctxguard.tools t
      WHERE t.kind = 'external' AND t.present AND t.accepted_hash IS DISTINCT FROM t.definition_hash

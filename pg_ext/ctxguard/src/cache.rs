@@ -24,6 +24,7 @@ use ctxguard_core::mcp::{Caller, Grant, Principal, ServerAccess};
 use ctxguard_core::page::PageTypeInfo;
 use ctxguard_core::policy::{
     evaluate_shadowed, parse_policy, parse_rate_limits, split_run_as, Danger, Policy, Reason,
+    CREDENTIAL_MODES,
 };
 use pgrx::prelude::*;
 use pgrx::spi::SpiHeapTupleData;
@@ -141,6 +142,8 @@ struct Server {
     user_connection: bool,
     /// `requires_connection`: Gate A hides its tools from a user without a connection.
     requires_connection: bool,
+    /// `credential_mode` as registered (`static`, `tenant_secret`, `user_oauth`, `token_exchange`).
+    credential_mode: String,
 }
 
 impl Server {
@@ -191,7 +194,8 @@ const TOOL_COLUMNS: &str = "t.name, t.description, t.input_schema, t.handler::pg
     t.server, t.upstream_name, NULL::pg_catalog.jsonb, p.run_as::pg_catalog.oid, NOT t.present,
     (t.kind OPERATOR(pg_catalog.=) 'external' AND t.accepted_hash IS DISTINCT FROM t.definition_hash),
     p.when_fn::pg_catalog.oid, p.approval_when_fn::pg_catalog.oid,
-    p.when_fn::pg_catalog.text, p.approval_when_fn::pg_catalog.text, p.mode, p.approver_roles, p.rate_limits";
+    p.when_fn::pg_catalog.text, p.approval_when_fn::pg_catalog.text, p.mode, p.approver_roles, p.rate_limits,
+    p.credential_modes";
 const TOOL_FROM: &str = "ctxguard.tools t
     LEFT JOIN ctxguard.tool_policies p ON p.tool OPERATOR(pg_catalog.=) t.name";
 
@@ -747,8 +751,35 @@ impl Catalog {
             (Reason::Visible, _) if !ctx.is_some_and(|c| self.tool_server_allows(tool, c)) => {
                 (Reason::ServerNotAllowed, None)
             }
+            (Reason::Visible, _) if !self.mode_allowed(tool) => {
+                (Reason::CredentialModeMismatch, None)
+            }
             r => r,
         }
+    }
+
+    /// Is `tool`'s server registered with a credential mode its policy allows (`credential_mode`,
+    /// issue 33)? A policy without one allows any; a local tool has no mode to allow.
+    fn mode_allowed(&self, tool: &ToolEntry) -> bool {
+        let Some(modes) = tool
+            .policy
+            .as_ref()
+            .map(|p| &p.credential_modes)
+            .filter(|m| !m.is_empty())
+        else {
+            return true;
+        };
+        tool.server
+            .as_deref()
+            .and_then(|s| self.servers().get(s))
+            .is_some_and(|s| modes.contains(&s.credential_mode))
+    }
+
+    /// The credential mode upstream server `server` is registered with (`None`: no such server).
+    pub fn credential_mode(&self, server: &str) -> Option<&str> {
+        self.servers()
+            .get(server)
+            .map(|s| s.credential_mode.as_str())
     }
 
     /// Does a call to upstream server `server` need the user's own connection (`user_oauth`), and
@@ -984,6 +1015,11 @@ fn policy_from_row(row: &SpiHeapTupleData) -> Result<Option<Policy>, pgrx::spi::
     }
     // Quotas that no longer parse (edited by hand) disable the tool: closed.
     let rate_limits = parse_rate_limits(row.get::<JsonB>(29)?.map(|j| j.0).as_ref());
+    // So do credential modes that are not modes.
+    let credential_modes = row.get::<Vec<String>>(30)?.unwrap_or_default();
+    let modes_ok = credential_modes
+        .iter()
+        .all(|m| CREDENTIAL_MODES.contains(&m.as_str()));
     // Missing values fall back to the most restrictive choice.
     Ok(Some(Policy {
         page_types: row.get::<Vec<String>>(6)?.unwrap_or_default(),
@@ -998,8 +1034,9 @@ fn policy_from_row(row: &SpiHeapTupleData) -> Result<Option<Policy>, pgrx::spi::
             .and_then(|d| Danger::parse(&d))
             .unwrap_or(Danger::Destructive),
         requires_approval: row.get::<bool>(14)?.unwrap_or(true),
-        enabled: row.get::<bool>(15)?.unwrap_or(false) && rate_limits.is_ok(),
+        enabled: row.get::<bool>(15)?.unwrap_or(false) && rate_limits.is_ok() && modes_ok,
         rate_limits: rate_limits.unwrap_or_default(),
+        credential_modes,
         when: row.get::<String>(25)?,
         approval_when: row.get::<String>(26)?,
         // Only an explicit log_only shadows anything.
@@ -1097,7 +1134,7 @@ fn load_servers() -> Result<HashMap<String, Server>, pgrx::spi::Error> {
         let mut servers: HashMap<String, Server> = HashMap::new();
         for row in c.select(
             "SELECT name, enabled, default_access OPERATOR(pg_catalog.=) 'allow', default_policy, description,
-                    credential_mode OPERATOR(pg_catalog.=) 'user_oauth', requires_connection
+                    credential_mode OPERATOR(pg_catalog.=) 'user_oauth', requires_connection, credential_mode
                FROM ctxguard.mcp_servers",
             None,
             &[],
@@ -1115,6 +1152,7 @@ fn load_servers() -> Result<HashMap<String, Server>, pgrx::spi::Error> {
                     default_pages: HashMap::new(),
                     user_connection: row.get::<bool>(6)?.unwrap_or(false),
                     requires_connection: row.get::<bool>(7)?.unwrap_or(false),
+                    credential_mode: row.get::<String>(8)?.unwrap_or_default(),
                 },
             );
         }

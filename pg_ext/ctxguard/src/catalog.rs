@@ -586,6 +586,7 @@ fn policy_row(
         "mode": if p.log_only { "log_only" } else { "enforce" },
         "approver_roles": p.approver_roles,
         "rate_limits": ctxguard_core::policy::rate_limits_json(&p.rate_limits),
+        "credential_modes": p.credential_modes,
         "tool": name, "page_types": p.page_types, "requires_entity": p.requires_entity,
         "entity_type": p.entity_type, "entity_param": p.entity_param, "roles": p.roles,
         "required_states": p.required_states, "read_only": p.read_only,
@@ -602,18 +603,20 @@ fn write_policies(
     c.update(
             "INSERT INTO ctxguard.tool_policies (tool, page_types, requires_entity, entity_type, entity_param,
                  roles, required_states, read_only, danger, requires_approval, enabled, policy, run_as,
-                 when_fn, approval_when_fn, mode, approver_roles, rate_limits)
+                 when_fn, approval_when_fn, mode, approver_roles, rate_limits, credential_modes)
              SELECT r.tool, r.page_types, r.requires_entity, r.entity_type, r.entity_param, r.roles,
                     r.required_states, r.read_only, r.danger, r.requires_approval, r.enabled, r.policy,
                     r.run_as::pg_catalog.regrole, r.when_fn::pg_catalog.regprocedure,
-                    r.approval_when_fn::pg_catalog.regprocedure, r.mode, r.approver_roles, r.rate_limits
+                    r.approval_when_fn::pg_catalog.regprocedure, r.mode, r.approver_roles, r.rate_limits,
+                    r.credential_modes
                FROM pg_catalog.jsonb_to_recordset($1::pg_catalog.jsonb) AS r(tool pg_catalog.text,
                     page_types pg_catalog.text[], requires_entity pg_catalog.bool, entity_type pg_catalog.text,
                     entity_param pg_catalog.text, roles pg_catalog.text[], required_states pg_catalog.text[],
                     read_only pg_catalog.bool, danger pg_catalog.text, requires_approval pg_catalog.bool,
                     enabled pg_catalog.bool, policy pg_catalog.jsonb, run_as pg_catalog.oid,
                     when_fn pg_catalog.oid, approval_when_fn pg_catalog.oid, mode pg_catalog.text,
-                    approver_roles pg_catalog.text[], rate_limits pg_catalog.jsonb)
+                    approver_roles pg_catalog.text[], rate_limits pg_catalog.jsonb,
+                    credential_modes pg_catalog.text[])
              ON CONFLICT (tool) DO UPDATE SET page_types = EXCLUDED.page_types,
                  requires_entity = EXCLUDED.requires_entity, entity_type = EXCLUDED.entity_type,
                  entity_param = EXCLUDED.entity_param, roles = EXCLUDED.roles,
@@ -622,7 +625,7 @@ fn write_policies(
                  enabled = EXCLUDED.enabled, policy = EXCLUDED.policy, run_as = EXCLUDED.run_as,
                  when_fn = EXCLUDED.when_fn, approval_when_fn = EXCLUDED.approval_when_fn, mode = EXCLUDED.mode,
                  approver_roles = EXCLUDED.approver_roles,
-                 rate_limits = EXCLUDED.rate_limits,
+                 rate_limits = EXCLUDED.rate_limits, credential_modes = EXCLUDED.credential_modes,
                  updated_at = pg_catalog.now()",
             None,
         &[JsonB(serde_json::Value::Array(rows)).into()],

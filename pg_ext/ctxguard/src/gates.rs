@@ -466,6 +466,8 @@ pub(crate) enum Outcome {
         server: String,
         upstream_name: String,
         args: Value,
+        /// The server's credential mode now (the gateway refuses to forward with another).
+        credential_mode: String,
     },
     /// Four eyes: an approver granted (`granted`) or rejected (`rejected`) another user's call.
     Decided {
@@ -828,10 +830,15 @@ pub(crate) fn gate_b(
     if let Some((server, upstream_name)) = upstream {
         record_external_call(ctx, &tool.name, call_id);
         call.budget = Some(budget.state(None));
+        let credential_mode = catalog
+            .credential_mode(&server)
+            .unwrap_or_default()
+            .to_string();
         call.outcome = Outcome::Authorized {
             server,
             upstream_name,
             args: bound,
+            credential_mode,
         };
         return call;
     }
@@ -1119,8 +1126,10 @@ pub(crate) fn envelope(call: Call) -> JsonB {
             server,
             upstream_name,
             args,
+            credential_mode,
         } => {
-            json!({"status": "authorized", "call_id": id, "server": server, "tool": upstream_name, "args": args})
+            json!({"status": "authorized", "call_id": id, "server": server, "tool": upstream_name, "args": args,
+                   "credential_mode": credential_mode})
         }
         Outcome::Decided {
             status,
