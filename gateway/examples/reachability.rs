@@ -19,8 +19,8 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use ctxguard_core::ranking::{self, Candidate, Placement, Tier};
-use ctxguard_gateway::compact::{self, Budget, FindArgs, Namespace, Overview};
-use ctxguard_gateway::disclosure::{Embeddings, Ranker};
+use ctxguard_gateway::catalog::compact::{self, Budget, FindArgs, Namespace, Overview};
+use ctxguard_gateway::catalog::disclosure::{Embeddings, Ranker};
 use ctxguard_gateway::llm::ToolSpec;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};

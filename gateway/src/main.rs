@@ -5,7 +5,8 @@
 use std::sync::Arc;
 
 use ctxguard_gateway::config::Config;
-use ctxguard_gateway::{secrets, serve, telemetry, AppState};
+use ctxguard_gateway::http::{serve, AppState};
+use ctxguard_gateway::{secrets, telemetry};
 
 fn main() {
     // `ctxguard-gateway jwks-sync …`: keep ctxguard.jwks_file current (gateway/src/jwks_sync.rs).

@@ -153,20 +153,20 @@ pub const CHANNEL: &str = "ctxguard_pages";
 fn listen_statement() -> String {
     format!(
         "{}; {}; {}",
-        crate::sql::begin(
-            crate::sql::Access::ReadWrite,
-            crate::sql::Commit::Durable,
-            &crate::sql::Limits::default()
+        crate::db::sql::begin(
+            crate::db::sql::Access::ReadWrite,
+            crate::db::sql::Commit::Durable,
+            &crate::db::sql::Limits::default()
         ),
-        crate::sql::LISTEN_PAGES,
-        crate::sql::COMMIT
+        crate::db::sql::LISTEN_PAGES,
+        crate::db::sql::COMMIT
     )
 }
 
 /// Where the gateway's one listening connection goes: `CTXGUARD_NOTIFY_DATABASE_URL`, else the
 /// database URL when it reaches PostgreSQL itself. Never through a transaction-mode pooler: a
 /// `LISTEN` there stays on a server connection that other clients then get.
-pub async fn notify_url(state: &crate::AppState) -> Option<String> {
+pub async fn notify_url(state: &crate::http::AppState) -> Option<String> {
     if let Some(url) = state.config.notify_url() {
         return Some(url.to_string());
     }

@@ -213,7 +213,7 @@ pub fn gate_b_span() -> Span {
 }
 
 /// One model call (GenAI `chat`).
-pub fn model_span(state: &crate::AppState) -> Span {
+pub fn model_span(state: &crate::http::AppState) -> Span {
     otel_span!(
         "chat",
         otel.name = format!("chat {}", state.config.model),

@@ -6,12 +6,12 @@ use serde_json::{json, Value};
 use tracing::Instrument;
 use uuid::Uuid;
 
-use crate::compact;
+use crate::catalog::compact;
 use crate::db::{Scope, ToolName};
 use crate::error::ApiError;
+use crate::http::AppState;
 use crate::llm::ToolSpec;
 use crate::pages::View;
-use crate::AppState;
 
 /// Gate B for one call; upstream tools are forwarded and completed.
 pub async fn call(
@@ -55,8 +55,8 @@ async fn settle(state: &AppState, view: &mut View, envelope: Value) -> Result<Va
     // user's own connection, or an exchanged token. Without one the call is completed as failed
     // (audited) and answered with why.
     let auth = match state.upstreams.config(&state.db, server).await {
-        Some(cfg) => crate::credentials::for_call(state, view, &cfg, call_id).await,
-        None => Err(crate::credentials::CredError::Unavailable),
+        Some(cfg) => crate::upstream::credentials::for_call(state, view, &cfg, call_id).await,
+        None => Err(crate::upstream::credentials::CredError::Unavailable),
     };
     let auth = match auth {
         Ok(auth) => auth,
@@ -68,7 +68,7 @@ async fn settle(state: &AppState, view: &mut View, envelope: Value) -> Result<Va
                 state.db.complete_call(&s, call_id, failed, true).await
             })
             .await?;
-            return Ok(crate::credentials::refusal(&e, call_id, server));
+            return Ok(crate::upstream::credentials::refusal(&e, call_id, server));
         }
     };
     let (result, is_error) = match state

@@ -19,8 +19,8 @@ use axum::routing::post;
 use axum::{Json, Router};
 use clap::Parser;
 use ctxguard_gateway::config::Config;
+use ctxguard_gateway::http::AppState;
 use ctxguard_gateway::llm::{ChatModel, Completion, LlmError, Message, ToolSpec};
-use ctxguard_gateway::AppState;
 use serde_json::{json, Value};
 use support::*;
 
@@ -121,7 +121,11 @@ async fn gateway_with(args: &[&str], deferred: Option<&'static [&'static str]>) 
     let state = Arc::new(state);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { ctxguard_gateway::serve(listener, state).await.unwrap() });
+    tokio::spawn(async move {
+        ctxguard_gateway::http::serve(listener, state)
+            .await
+            .unwrap()
+    });
     addr
 }
 

@@ -359,7 +359,7 @@ pub fn candidates(visible: Vec<ToolSpec>, lexical: &[String], args: &FindArgs) -
 /// tie-break: `disclosure::fusion`); without, the lexical matches alone. Only ever tools of
 /// `candidates`.
 pub async fn found(
-    ranker: &crate::disclosure::Ranker,
+    ranker: &crate::catalog::disclosure::Ranker,
     query: &str,
     candidates: Vec<ToolSpec>,
     lexical: &[String],
@@ -661,7 +661,10 @@ mod tests {
             ["crm.c", "hr.b", "crm.a", "crm.d"]
         );
         // Without embeddings, what is found is the lexical matches alone, in their order.
-        let ranker = crate::disclosure::Ranker::new(crate::disclosure::Embeddings::None, 8);
+        let ranker = crate::catalog::disclosure::Ranker::new(
+            crate::catalog::disclosure::Embeddings::None,
+            8,
+        );
         let got = futures::executor::block_on(found(&ranker, "x", everything, &lexical, 5));
         assert_eq!(names(got), ["crm.c", "hr.b"]);
         let envelope = found_envelope(&[tool("crm.a", None, 1)]);

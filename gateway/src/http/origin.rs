@@ -12,7 +12,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use crate::error::ApiError;
-use crate::AppState;
+use crate::http::AppState;
 
 /// An allowed origin: `null`, or (scheme, host, port) where port `None` is any port (`:*`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -108,7 +108,10 @@ pub struct Guard {
 }
 
 impl Guard {
-    pub fn new(config: &crate::config::Config, public: &crate::public_url::PublicUrl) -> Guard {
+    pub fn new(
+        config: &crate::config::Config,
+        public: &crate::config::public_url::PublicUrl,
+    ) -> Guard {
         let mut hosts = config.mcp_allowed_hosts();
         hosts.push(public.authority().to_string());
         Guard {
@@ -132,7 +135,7 @@ impl Guard {
             .get(header::HOST)
             .and_then(|h| h.to_str().ok())
             .unwrap_or_default();
-        if !crate::demo::host_allowed(host, &self.hosts) {
+        if !crate::http::demo::host_allowed(host, &self.hosts) {
             return Some(ApiError::HostNotAllowed);
         }
         let mut origins = headers.get_all(header::ORIGIN).iter();

@@ -26,6 +26,9 @@
 //!   tool errors carrying the ctxguard code). Without a page nothing is listed and nothing runs.
 //!   Each page view gets its own generation, so byte and document budgets apply per page view.
 
+pub mod jsonrpc;
+pub mod sessions;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -52,13 +55,13 @@ use serde_json::{json, Map, Value};
 use tracing::Instrument;
 use uuid::Uuid;
 
-use crate::compact;
+use crate::catalog::compact;
 use crate::db::{Scope, ToolName};
 use crate::error::ApiError;
+use crate::http::{bearer, AppState};
 use crate::llm::{wire_name, ToolSpec};
-use crate::mcp_sessions::{BoundSessions, SessionKey, SessionStore, Who};
+use crate::mcp::sessions::{BoundSessions, SessionKey, SessionStore, Who};
 use crate::pages::{Lease, View};
-use crate::{bearer, AppState};
 
 /// The header carrying the page context on MCP requests.
 pub const PAGE_HEADER: &str = "x-ctxguard-page";
@@ -509,7 +512,7 @@ pub async fn authenticate(
         .map(str::to_string);
     // A request in a session is a use of it, recorded in the database (at most once per
     // touch_after), so that no gateway's idle timeout ends a session used through another.
-    let touch_after = crate::mcp_sessions::touch_after(state.config.mcp_session_idle_timeout());
+    let touch_after = crate::mcp::sessions::touch_after(state.config.mcp_session_idle_timeout());
     let touch_after_ms = i32::try_from(touch_after.as_millis()).unwrap_or(i32::MAX);
     let identity = match state
         .db
@@ -556,7 +559,7 @@ pub async fn authenticate(
 pub async fn put_context(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
-    crate::ApiJson(page): crate::ApiJson<Value>,
+    crate::http::ApiJson(page): crate::http::ApiJson<Value>,
 ) -> Result<Json<Value>, ApiError> {
     let token = bearer(&headers)?;
     if !page.is_object() {
@@ -642,14 +645,14 @@ fn millis(d: std::time::Duration) -> i32 {
 }
 
 #[async_trait::async_trait]
-impl crate::mcp_sessions::SessionRecords for DbSessionRecords {
+impl crate::mcp::sessions::SessionRecords for DbSessionRecords {
     async fn expire(
         &self,
         id: &str,
         token: &str,
         idle: std::time::Duration,
-    ) -> crate::mcp_sessions::Expiry {
-        use crate::mcp_sessions::Expiry;
+    ) -> crate::mcp::sessions::Expiry {
+        use crate::mcp::sessions::Expiry;
         match self.db.mcp_session_expire(token, id, millis(idle)).await {
             Ok(None) => Expiry::Gone,
             Ok(Some(v)) if v["ended"] == true => Expiry::Ended,
@@ -1025,8 +1028,12 @@ impl Server {
             extra,
         );
         // A connection the user has not made: the connect URL, as the client's revision asks.
-        if let Some(hint) = crate::credentials::connect_hint(state, &view.scope, &envelope).await {
-            let r = crate::credentials::mcp::missing_connection(context, hint, refused, retried);
+        if let Some(hint) =
+            crate::upstream::credentials::connect_hint(state, &view.scope, &envelope).await
+        {
+            let r = crate::upstream::credentials::mcp::missing_connection(
+                context, hint, refused, retried,
+            );
             return Ok(r.await);
         }
         Ok(refused.into())

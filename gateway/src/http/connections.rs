@@ -23,7 +23,8 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::error::ApiError;
-use crate::{ApiJson, AppState, PageRequest};
+use crate::http::{ApiJson, AppState, PageRequest};
+use crate::upstream::credentials;
 
 /// Most bytes of a tenant secret.
 pub const MAX_SECRET_BYTES: usize = 16 * 1024;
@@ -85,7 +86,7 @@ pub(crate) async fn start(
         .config(&state.db, &server)
         .await
         .ok_or_else(|| ApiError::Unprocessable("no such upstream server".into()))?;
-    let url = super::connect_url(&state, &scope, &cfg)
+    let url = credentials::connect_url(&state, &scope, &cfg)
         .await
         .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
     Ok(Json(json!({"server": server, "authorizeUrl": url})))
@@ -126,7 +127,7 @@ pub(crate) async fn callback(
     let (Some(code), Some(st)) = (valid(&q.code), valid(&q.state)) else {
         return page(StatusCode::BAD_REQUEST, "The connection was not made.");
     };
-    match super::complete_connection(&state, &st, &code).await {
+    match credentials::complete_connection(&state, &st, &code).await {
         Ok(_) => page(
             StatusCode::OK,
             "Connected. You can close this window and retry.",
@@ -143,7 +144,7 @@ pub(crate) async fn disconnect(
 ) -> Result<Json<Value>, ApiError> {
     check_server(&server)?;
     let scope = req.scope(&headers)?;
-    let disconnected = super::disconnect(&state, &scope, &server).await?;
+    let disconnected = credentials::disconnect(&state, &scope, &server).await?;
     Ok(Json(
         json!({"server": server, "disconnected": disconnected}),
     ))
@@ -176,7 +177,7 @@ pub(crate) async fn put_secret(
     }
     .scope(&headers)?;
     Ok(Json(
-        super::set_tenant_secret(&state, &scope, &server, &req.secret)
+        credentials::set_tenant_secret(&state, &scope, &server, &req.secret)
             .await
             .map_err(admin_only)?,
     ))

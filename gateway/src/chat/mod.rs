@@ -2,6 +2,10 @@
 //! open), run each tool call through `ctxguard.call_tool` in its own transaction, feed results
 //! back, stop at the step limit, persist the turn. Every decision is the database's.
 
+pub mod hygiene;
+pub mod hygiene_stream;
+pub mod legacy;
+
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -10,13 +14,12 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tracing::Instrument;
 
-use crate::compact;
+use crate::catalog::compact;
+use crate::chat::hygiene_stream::StreamCleaner;
 use crate::db::Scope;
 use crate::error::{ApiError, Refusal};
-use crate::hygiene;
-use crate::hygiene_stream::StreamCleaner;
+use crate::http::AppState;
 use crate::llm::{LlmError, Message, StreamLimits, ToolCall, ToolSpec};
-use crate::AppState;
 
 pub const MAX_MESSAGE_CHARS: usize = 8000;
 /// A tool call whose id or tool name is longer than this is refused (TOOL_CALL_TOO_LARGE); reports
@@ -669,7 +672,11 @@ pub async fn run_turn(
                     .instrument(span.clone())
                     .await?;
                     if events.is_some() {
-                        let hint = crate::credentials::connect_hint(&state, &view.scope, &envelope);
+                        let hint = crate::upstream::credentials::connect_hint(
+                            &state,
+                            &view.scope,
+                            &envelope,
+                        );
                         if let Some(hint) = hint.await {
                             emit(&events, Event::ConnectionRequired(hint)).await;
                         }

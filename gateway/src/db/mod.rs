@@ -14,15 +14,17 @@
 //! ctxguard's context lives in transaction-local settings, and so do the settings the gateway pins.
 //!
 //! A server connection is hostile ground (a pooler's previous client, role defaults): every SQL
-//! text is in [`crate::sql`], fully schema-qualified, and every statement runs inside a transaction
+//! text is in [`crate::db::sql`], fully schema-qualified, and every statement runs inside a transaction
 //! that starts `BEGIN ISOLATION LEVEL READ COMMITTED READ WRITE` (or `READ ONLY`) with the
-//! settings of [`crate::sql::PINS`] pinned for the transaction in the same message ([`crate::sql::begin`]):
+//! settings of [`crate::db::sql::PINS`] pinned for the transaction in the same message ([`crate::db::sql::begin`]):
 //! the statements without a context ([`Db::verify_token`], the MCP session records, discovery),
 //! the probe, and in prepared mode the Parse of a named statement too.
 //!
 //! A `Db` is one pool, connected as one role. The gateway holds up to three: the gateway role's
 //! (model calls: EXECUTE on ctxguard's API only), the discovery role's (`sync_mcp_tools` only) and,
 //! in demo mode, the demo screens' role (`demo_page`). Each method says which pool it is for.
+
+pub mod sql;
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -38,14 +40,14 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{NoTls, Row};
 use uuid::Uuid;
 
-use crate::compact::{Namespace, Overview};
-use crate::credentials::seal::Sealed;
+use crate::catalog::compact::{Namespace, Overview};
+use crate::db::sql::{Access, Limits};
 use crate::error::ApiError;
 use crate::llm::ToolSpec;
-use crate::sql::{self, Access, Limits};
+use crate::seal::Sealed;
 use crate::upstream::ServerConfig;
 
-pub use crate::sql::Commit;
+pub use crate::db::sql::Commit;
 
 /// Who and where: the caller's token and page, plus the turn's generation and trace id.
 #[derive(Debug, Clone)]
@@ -815,7 +817,7 @@ impl Db {
         scope: &Scope,
         query: &str,
     ) -> Result<SearchCandidates, ApiError> {
-        let lexical_k = crate::compact::FIND_NAMESPACE_CANDIDATES;
+        let lexical_k = crate::catalog::compact::FIND_NAMESPACE_CANDIDATES;
         let none: (Option<&str>, Option<i32>) = (None, None);
         let (_, mut results) = self
             .transaction(

@@ -1,5 +1,8 @@
 //! Configuration: environment variables (optionally loaded from a file), validated at startup.
 
+pub mod oauth;
+pub mod public_url;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -173,7 +176,7 @@ pub struct Config {
     /// (the page's own tools, `find_tools` naming the page's namespaces) instead of every tool:
     /// a number of tools (`30`), or of estimated tokens of their definitions (`4000t`).
     #[arg(long, env = "CTXGUARD_TOOL_BUDGET", default_value = "30")]
-    pub tool_budget: crate::compact::Budget,
+    pub tool_budget: crate::catalog::compact::Budget,
     /// Comma-separated hosts whose links and images may appear in answers.
     #[arg(long, env = "CTXGUARD_LINK_ALLOWLIST", default_value = "")]
     pub link_allowlist: String,
@@ -448,12 +451,12 @@ impl Config {
         if !(1024..=256 * 1024).contains(&self.max_answer_bytes) {
             return bad("CTXGUARD_MAX_ANSWER_BYTES must be 1024..262144");
         }
-        crate::oauth::OAuth::from_config(self).map_err(ConfigError::Invalid)?;
+        crate::config::oauth::OAuth::from_config(self).map_err(ConfigError::Invalid)?;
         if let Some(h) = self
             .link_allowlist
             .split(',')
             .map(str::trim)
-            .find(|h| !h.is_empty() && crate::hygiene::normalise_host(h).is_none())
+            .find(|h| !h.is_empty() && crate::chat::hygiene::normalise_host(h).is_none())
         {
             return Err(ConfigError::Invalid(format!(
                 "CTXGUARD_LINK_ALLOWLIST: {h:?} is not a host name"
@@ -473,7 +476,7 @@ impl Config {
                 )));
             }
         }
-        crate::public_url::PublicUrl::new(
+        crate::config::public_url::PublicUrl::new(
             self.public_url.as_deref(),
             self.listen,
             self.mcp_documentation_url.as_deref(),
@@ -482,7 +485,7 @@ impl Config {
         if let Some(o) = self
             .mcp_allowed_origins()
             .iter()
-            .find(|o| crate::origin::parse_allowed(o).is_none())
+            .find(|o| crate::http::origin::parse_allowed(o).is_none())
         {
             return Err(ConfigError::Invalid(format!(
                 "CTXGUARD_MCP_ALLOWED_ORIGINS: {o:?} is not scheme://host[:port|:*] or null"
@@ -571,8 +574,8 @@ impl Config {
     }
 
     /// The timeouts every database transaction pins.
-    pub fn db_limits(&self) -> crate::sql::Limits {
-        crate::sql::Limits {
+    pub fn db_limits(&self) -> crate::db::sql::Limits {
+        crate::db::sql::Limits {
             statement_timeout_ms: self.db_statement_timeout_ms,
             lock_timeout_ms: self.db_lock_timeout_ms,
             idle_in_transaction_timeout_ms: self.db_idle_in_transaction_timeout_ms,

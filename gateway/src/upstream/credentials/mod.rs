@@ -18,10 +18,8 @@
 //! elicitation), never into the model's messages. No credential is logged, audited, returned or
 //! put in an error.
 
-pub mod http;
 pub mod mcp;
 pub mod oauth;
-pub mod seal;
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -32,11 +30,11 @@ use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 use crate::db::Scope;
+use crate::http::AppState;
 use crate::pages::View;
+use crate::seal::{self, Binding, KeyRing, SealError};
 use crate::upstream::ServerConfig;
-use crate::AppState;
 use oauth::{Endpoints, ModeConfig, OAuthError};
-use seal::{Binding, KeyRing, SealError};
 
 /// How long a connect request (`state`) stays valid.
 const CONNECT_TTL: Duration = Duration::from_secs(600);

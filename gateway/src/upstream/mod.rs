@@ -14,6 +14,8 @@
 //! `SIGKILL` as their parent-death signal, optionally as another OS user
 //! (`CTXGUARD_MCP_STDIO_USER`); [`Upstreams::shutdown`] ends their groups with the gateway.
 
+pub mod credentials;
+
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -250,7 +252,7 @@ impl Upstreams {
     /// Open a connection with `auth` and record the server's tools from it (once per gateway
     /// start for a per-user server: its tools are not discovered at start-up, no one's
     /// credential being there).
-    pub async fn prime(&self, cfg: &ServerConfig, auth: &crate::credentials::Auth) {
+    pub async fn prime(&self, cfg: &ServerConfig, auth: &crate::upstream::credentials::Auth) {
         if self.primed.lock().await.contains(&cfg.name) {
             return;
         }
@@ -270,10 +272,10 @@ impl Upstreams {
     async fn user_client(
         &self,
         cfg: &ServerConfig,
-        auth: &crate::credentials::Auth,
+        auth: &crate::upstream::credentials::Auth,
     ) -> Result<Arc<Client>, ForwardError> {
         use sha2::Digest as _;
-        let crate::credentials::Auth::Bearer { token, owner } = auth else {
+        let crate::upstream::credentials::Auth::Bearer { token, owner } = auth else {
             return Err(ForwardError::Unavailable);
         };
         let key: UserKey = (
@@ -317,10 +319,10 @@ impl Upstreams {
         server: &str,
         tool: &str,
         args: Value,
-        auth: &crate::credentials::Auth,
+        auth: &crate::upstream::credentials::Auth,
         trace_id: &str,
     ) -> Result<Value, ForwardError> {
-        if *auth == crate::credentials::Auth::Static {
+        if *auth == crate::upstream::credentials::Auth::Static {
             return self.forward(server, tool, args, trace_id).await;
         }
         let span = call_span(server, tool);
@@ -339,7 +341,7 @@ impl Upstreams {
         server: &str,
         tool: &str,
         args: Value,
-        auth: &crate::credentials::Auth,
+        auth: &crate::upstream::credentials::Auth,
         traceparent: Option<String>,
     ) -> Result<Value, ForwardError> {
         let cfg = self

@@ -1,0 +1,4 @@
+//! The tool catalog as the gateway sees it.
+
+pub mod compact;
+pub mod disclosure;
