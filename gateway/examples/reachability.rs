@@ -19,9 +19,10 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use ctxguard_core::ranking::{self, Candidate, Placement, Tier};
-use ctxguard_gateway::catalog::compact::{self, Budget, FindArgs, Namespace, Overview};
+use ctxguard_gateway::catalog::compact::{self, FindArgs, Namespace, Overview};
 use ctxguard_gateway::catalog::disclosure::{Embeddings, Ranker};
-use ctxguard_gateway::llm::ToolSpec;
+use ctxguard_gateway::catalog::ToolSpec;
+use ctxguard_gateway::config::budget::Budget;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 

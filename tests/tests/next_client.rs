@@ -15,7 +15,8 @@ mod support;
 
 use std::time::Duration;
 
-use ctxguard_gateway::db::{Db, Scope, StatementMode, ToolName};
+use ctxguard_gateway::config::database::StatementMode;
+use ctxguard_gateway::db::{Db, Scope, ToolName};
 use futures::FutureExt;
 use serde_json::{json, Value};
 use support::*;

@@ -18,9 +18,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use clap::Parser;
+use ctxguard_gateway::catalog::ToolSpec;
 use ctxguard_gateway::config::Config;
 use ctxguard_gateway::http::AppState;
-use ctxguard_gateway::llm::{ChatModel, Completion, LlmError, Message, ToolSpec};
+use ctxguard_gateway::llm::{ChatModel, Completion, LlmError, Message};
 use serde_json::{json, Value};
 use support::*;
 
@@ -113,8 +114,9 @@ async fn gateway_with(args: &[&str], deferred: Option<&'static [&'static str]>) 
     config.validate().unwrap();
     let mut state = AppState::from_config(config).unwrap();
     if let Some(deferred) = deferred {
-        state.model = Arc::new(Deferring {
-            inner: state.model.clone(),
+        let core = Arc::get_mut(&mut state.core).expect("the services are not shared yet");
+        core.model = Arc::new(Deferring {
+            inner: core.model.clone(),
             deferred,
         });
     }

@@ -1,3 +1,6 @@
+//! **Room `db/`**: the only SQL (`sql.rs`) and the pool that sends it (this file). It may use
+//! `catalog` (the rows it returns), `config` (database settings), `seal`, `error`; nothing above.
+//!
 //! Database access. Every step is one short transaction that starts with `ctxguard.set_context`;
 //! no transaction is held while the model thinks. The gateway decides nothing: the database does.
 //! A transaction goes out in one round trip: `BEGIN`, `set_context`, its statements and `COMMIT`,
@@ -26,7 +29,7 @@
 
 pub mod sql;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -41,13 +44,29 @@ use tokio_postgres::{NoTls, Row};
 use uuid::Uuid;
 
 use crate::catalog::compact::{Namespace, Overview};
-use crate::db::sql::{Access, Limits};
+use crate::catalog::ToolSpec;
+use crate::config::database::{Commit, Limits, StatementMode};
+use crate::db::sql::Access;
 use crate::error::ApiError;
-use crate::llm::ToolSpec;
 use crate::seal::Sealed;
-use crate::upstream::ServerConfig;
 
-pub use crate::db::sql::Commit;
+/// One row of `ctxguard.mcp_servers`.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub name: String,
+    pub transport: String,
+    pub url: Option<String>,
+    pub command: Option<String>,
+    pub args: Vec<String>,
+    pub env: HashMap<String, String>,
+    pub cwd: Option<String>,
+    pub headers: HashMap<String, String>,
+    pub bearer_token_env: Option<String>,
+    /// `static`, `tenant_secret`, `user_oauth` or `token_exchange` (`credentials/`).
+    pub credential_mode: String,
+    /// The mode's settings (`credentials::oauth::ModeConfig`).
+    pub credential_config: Value,
+}
 
 /// Who and where: the caller's token and page, plus the turn's generation and trace id.
 #[derive(Debug, Clone)]
@@ -59,7 +78,7 @@ pub struct Scope {
 }
 
 /// A tool as a caller names it: by its catalog name (`invoice.get`), or by the name MCP and model
-/// clients see (`invoice__get`: `llm::wire_name`), which the database maps back.
+/// clients see (`invoice__get`: `catalog::wire_name`), which the database maps back.
 #[derive(Debug, Clone, Copy)]
 pub enum ToolName<'a> {
     Catalog(&'a str),
@@ -78,19 +97,6 @@ pub struct TurnStart {
     /// The page's namespaces, for the tool budget (`compact.rs`).
     pub overview: Overview,
     pub history: Vec<(String, String)>,
-}
-
-/// How statements are sent (`CTXGUARD_DB_STATEMENTS`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum StatementMode {
-    /// `prepared` when the gateway is connected to PostgreSQL itself, `unnamed` otherwise
-    /// (a pooler, a proxy, or when it cannot tell).
-    Auto,
-    /// Named prepared statements, cached per connection: PostgreSQL directly, or pgbouncer 1.21+
-    /// with `max_prepared_statements` set, or pgbouncer in session mode.
-    Prepared,
-    /// Unnamed statements only: any pgbouncer pool mode and version.
-    Unnamed,
 }
 
 /// A statement's parameters with their types (so that an unnamed statement needs no Describe).

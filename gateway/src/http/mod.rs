@@ -1,5 +1,11 @@
-//! ctxguard gateway: authenticates the caller (by handing the bearer token to the database), sets
-//! the context for each short transaction, runs the LLM loop and reports. Every decision stays in
+//! **Room `http/`** (top): where a request enters. Owns the router and the `/v1` handlers
+//! (this file), [`AppState`] and its construction from the config, `/mcp`'s host and origin guard
+//! (`origin.rs`) and body cap, the demo routes (`demo.rs`), the upstream connection routes
+//! (`connections.rs`), the OAuth resource metadata routes, and [`serve`]. It may use every room
+//! below; no room may use it (`mcp` gets [`mcp::McpState`] from [`AppState::mcp_state`]).
+//!
+//! The gateway authenticates the caller (by handing the bearer token to the database), sets the
+//! context for each short transaction, runs the LLM loop and reports. Every decision stays in
 //! PostgreSQL. `app(state)` builds the router; `main.rs` only wires config, tracing, pool and serve.
 
 use std::sync::Arc;
@@ -29,12 +35,14 @@ use crate::config::{oauth, public_url};
 use crate::upstream::credentials;
 use crate::{chat, db, limits, llm, mcp, pages, secrets, telemetry, tools, upstream};
 
+use crate::auth::bearer;
 use crate::chat::{ChatRequest, UserClaim};
 use crate::config::{Config, Provider};
 use crate::db::{Db, Scope};
 use crate::error::ApiError;
 use crate::llm::ChatModel;
 use crate::metrics::Metrics;
+use crate::services::Services;
 
 /// The default of `CTXGUARD_MAX_BODY_BYTES`, the largest request body on every route (larger: 413
 /// before any database work).
@@ -44,31 +52,22 @@ pub const UNMATCHED_ROUTE: &str = "unmatched";
 const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 pub struct AppState {
-    pub db: Db,
-    pub model: Arc<dyn ChatModel>,
-    pub config: Arc<Config>,
-    pub metrics: Arc<Metrics>,
-    /// Connections to upstream MCP servers.
-    pub upstreams: Arc<upstream::Upstreams>,
+    /// What chat, tool calls and MCP share: database, model, settings, metrics, upstreams,
+    /// credentials, tool search, public URL (`services.rs`).
+    pub core: Arc<Services>,
     /// Each user's shared page and page views, and who to tell when a page changes (MCP).
     pub pages: Arc<mcp::PageHub>,
-    /// MCP session records: owner, own page, use (`mcp_sessions.rs`).
+    /// MCP session records: owner, own page, use (`mcp/sessions.rs`).
     pub mcp_sessions: Arc<mcp::sessions::SessionStore>,
     pub mcp_session_metrics: mcp::sessions::SessionMetrics,
     /// Demo mode's token minting and screens' pool (`None` unless `CTXGUARD_DEMO=true`).
     pub demo: Option<demo::Demo>,
     /// HTTP timeouts, the connection cap and each user's open event streams.
     pub limits: Arc<limits::Limits>,
-    /// Authorization servers and scopes advertised to MCP clients (`oauth.rs`).
+    /// Authorization servers and scopes advertised to MCP clients (`config/oauth.rs`).
     pub oauth: oauth::OAuth,
-    /// Where clients reach the gateway (`CTXGUARD_PUBLIC_URL`): what it advertises.
-    pub public: public_url::PublicUrl,
     /// Hosts and origins `/mcp` accepts.
     pub mcp_guard: origin::Guard,
-    /// Tool search: the visible tools ranked for a request (`disclosure/`).
-    pub tool_search: Arc<disclosure::Ranker>,
-    /// Upstream credentials: the sealing keys, connect requests, exchanged tokens (`credentials/`).
-    pub credentials: Arc<credentials::Credentials>,
 }
 
 impl AppState {
@@ -142,30 +141,48 @@ impl AppState {
             keys,
             config.mcp_call_timeout(),
         ));
+        let config = Arc::new(config);
+        let upstreams = Arc::new(
+            upstream::Upstreams::new(
+                config.mcp_connect_timeout(),
+                config.mcp_call_timeout(),
+                discovery,
+            )
+            .with_stdio_user(stdio_user),
+        );
         Ok(AppState {
-            credentials,
-            tool_search,
+            core: Arc::new(Services {
+                db,
+                model,
+                config,
+                metrics,
+                upstreams,
+                public,
+                tool_search,
+                credentials,
+            }),
             oauth,
             pages,
             mcp_sessions,
             mcp_session_metrics,
-            public,
             mcp_guard,
             demo,
-            db,
-            model,
-            config: Arc::new(config.clone()),
-            metrics,
             limits,
-            upstreams: Arc::new(
-                upstream::Upstreams::new(
-                    config.mcp_connect_timeout(),
-                    config.mcp_call_timeout(),
-                    discovery,
-                )
-                .with_stdio_user(stdio_user),
-            ),
         })
+    }
+
+    /// What the MCP server needs of this state (`mcp::McpState`): the shared services, the page
+    /// hub and sessions, the stream limits, the OAuth metadata and the hosts `/mcp` answers to.
+    pub fn mcp_state(&self) -> mcp::McpState {
+        mcp::McpState {
+            core: self.core.clone(),
+            pages: self.pages.clone(),
+            mcp_sessions: self.mcp_sessions.clone(),
+            mcp_session_metrics: self.mcp_session_metrics.clone(),
+            limits: self.limits.clone(),
+            oauth: self.oauth.clone(),
+            hosts: self.mcp_guard.hosts().to_vec(),
+        }
     }
 }
 
@@ -191,20 +208,6 @@ impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequest<S> for ApiJson<
                 e.body_text().chars().take(200).collect::<String>()
             ))),
         }
-    }
-}
-
-/// The bearer token, required before any database work.
-pub(crate) fn bearer(headers: &HeaderMap) -> Result<String, ApiError> {
-    let value = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default();
-    match value.strip_prefix("Bearer ").map(str::trim) {
-        Some(t) if !t.is_empty() && t.len() <= 8192 && t.bytes().all(|b| b.is_ascii_graphic()) => {
-            Ok(t.to_string())
-        }
-        _ => Err(ApiError::Unauthorized("a bearer token is required".into())),
     }
 }
 
@@ -234,10 +237,10 @@ async fn health() -> Json<Value> {
 
 async fn ready(State(state): State<Arc<AppState>>) -> Response {
     let want = env!("CARGO_PKG_VERSION");
-    let (status, body) = match state.db.extension_version().await {
+    let (status, body) = match state.core.db.extension_version().await {
         Ok(Some(v)) if v == want => (
             StatusCode::OK,
-            json!({"status": "ready", "extension": v, "statements": state.db.statements(),
+            json!({"status": "ready", "extension": v, "statements": state.core.db.statements(),
                    "pageNotifications": state.pages.following()}),
         ),
         Ok(Some(v)) => (
@@ -254,12 +257,12 @@ async fn ready(State(state): State<Arc<AppState>>) -> Response {
 }
 
 async fn metrics_endpoint(State(state): State<Arc<AppState>>) -> impl IntoResponse {
-    let (size, available) = state.db.status();
-    state.metrics.pool_size.set(size as i64);
-    state.metrics.pool_available.set(available as i64);
+    let (size, available) = state.core.db.status();
+    state.core.metrics.pool_size.set(size as i64);
+    state.core.metrics.pool_available.set(available as i64);
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        state.metrics.render(),
+        state.core.metrics.render(),
     )
 }
 
@@ -337,8 +340,8 @@ fn turn_span(state: &AppState) -> tracing::Span {
         otel.status_code = tracing::field::Empty,
         "gen_ai.operation.name" = "invoke_agent",
         "gen_ai.agent.name" = "ctxguard",
-        "gen_ai.provider.name" = telemetry::provider_name(state.model.provider()),
-        "gen_ai.request.model" = state.config.model.as_str(),
+        "gen_ai.provider.name" = telemetry::provider_name(state.core.model.provider()),
+        "gen_ai.request.model" = state.core.config.model.as_str(),
         "gen_ai.conversation.id" = tracing::field::Empty,
         "ctxguard.steps" = tracing::field::Empty,
         "ctxguard.tool_calls" = tracing::field::Empty,
@@ -389,14 +392,14 @@ async fn chat_turn(
         .is_some_and(|a| a.contains("text/event-stream"));
     let span = turn_span(&state);
     if !wants_stream {
-        let resp = chat::run_turn(state, token, trace, req, page, question, None)
+        let resp = chat::run_turn(state.core.clone(), token, trace, req, page, question, None)
             .instrument(span.clone())
             .await;
         record_turn(&span, &resp);
         return Ok(Json(resp?).into_response());
     }
     // A stream counts against its user's open event streams (the database says who that is).
-    let identity = state.db.verify_token(&token).await?;
+    let identity = state.core.db.verify_token(&token).await?;
     let who = (
         identity["tenantId"]
             .as_str()
@@ -410,9 +413,17 @@ async fn chat_turn(
     let (tx, rx) = tokio::sync::mpsc::channel::<chat::Event>(32);
     let (etx, erx) = tokio::sync::oneshot::channel::<ApiError>();
     tokio::spawn(async move {
-        let turn = chat::run_turn(state, token, trace, req, page, question, Some(tx))
-            .instrument(span.clone())
-            .await;
+        let turn = chat::run_turn(
+            state.core.clone(),
+            token,
+            trace,
+            req,
+            page,
+            question,
+            Some(tx),
+        )
+        .instrument(span.clone())
+        .await;
         record_turn(&span, &turn);
         if let Err(e) = turn {
             let _ = etx.send(e);
@@ -500,13 +511,14 @@ async fn tools_endpoint(
     }
     let scope = PageRequest::of(req.page_context).scope(&headers)?;
     let (explained, ranked, overview) = state
+        .core
         .db
-        .explain_page(&scope, req.message.as_deref(), state.config.max_tools)
+        .explain_page(&scope, req.message.as_deref(), state.core.config.max_tools)
         .await?;
     Ok(Json(with_budget(
         explained,
-        &compact::offer(state.config.tool_budget, ranked, &overview),
-        state.config.tool_budget,
+        &compact::offer(state.core.config.tool_budget, ranked, &overview),
+        state.core.config.tool_budget,
         &overview,
     )))
 }
@@ -519,7 +531,7 @@ async fn tools_endpoint(
 fn with_budget(
     mut explained: Value,
     offer: &compact::Offer,
-    budget: compact::Budget,
+    budget: crate::config::budget::Budget,
     overview: &compact::Overview,
 ) -> Value {
     if let Some(tools) = explained["tools"].as_array_mut() {
@@ -584,7 +596,9 @@ async fn explain_endpoint(
     }
     let args = req.arguments.unwrap_or_else(|| serde_json::json!({}));
     let scope = PageRequest::of(req.page_context).scope(&headers)?;
-    Ok(Json(state.db.explain_call(&scope, &req.tool, &args).await?))
+    Ok(Json(
+        state.core.db.explain_call(&scope, &req.tool, &args).await?,
+    ))
 }
 
 /// `POST /v1/approvals`: the pending calls the caller may approve or reject (four eyes), with
@@ -595,7 +609,7 @@ async fn approvals_endpoint(
     ApiJson(req): ApiJson<PageRequest>,
 ) -> Result<Json<Value>, ApiError> {
     let scope = req.scope(&headers)?;
-    Ok(Json(state.db.pending_approvals(&scope).await?))
+    Ok(Json(state.core.db.pending_approvals(&scope).await?))
 }
 
 /// `POST /v1/approvals/{call_id}/reject` body: the page, and an optional reason (at most 500 bytes).
@@ -618,6 +632,7 @@ async fn reject_endpoint(
     let scope = PageRequest::of(req.page_context).scope(&headers)?;
     Ok(Json(
         state
+            .core
             .db
             .reject(&scope, call_id, req.reason.as_deref())
             .await?,
@@ -633,7 +648,7 @@ async fn approve_endpoint(
     let scope = req.scope(&headers)?;
     let call_id = uuid::Uuid::parse_str(&call_id)
         .map_err(|_| ApiError::BadRequest("call_id must be a UUID".into()))?;
-    let envelope = tools::approve(&state, &scope, call_id).await?;
+    let envelope = tools::approve(&state.core, &scope, call_id).await?;
     Ok(Json(envelope))
 }
 
@@ -676,7 +691,7 @@ async fn execute_endpoint(
     // and the new id returned (pages.rs).
     let mut view = pages::View::named(scope, &trace);
     // Identity comes from the token only: a disagreeing `user` in the body is refused.
-    let db = &state.db;
+    let db = &state.core.db;
     let context = view
         .run(db, |s| async move { db.context(&s).await })
         .await?;
@@ -690,7 +705,7 @@ async fn execute_endpoint(
         req.arguments
     };
     let envelope = tools::call(
-        &state,
+        &state.core,
         &mut view,
         db::ToolName::Catalog(&req.tool_name),
         &arguments,
@@ -701,6 +716,7 @@ async fn execute_endpoint(
         .and_then(Value::as_str)
         .unwrap_or("OK");
     state
+        .core
         .metrics
         .tool_decisions
         .with_label_values(&[code])
@@ -718,6 +734,38 @@ async fn execute_endpoint(
     Ok(Json(out))
 }
 
+/// `PUT /v1/context`: set the caller's current page for their MCP sessions (body: a page context).
+pub async fn put_context(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    ApiJson(page): ApiJson<Value>,
+) -> Result<Json<Value>, ApiError> {
+    let token = bearer(&headers)?;
+    if !page.is_object() {
+        return Err(ApiError::Unprocessable(
+            "the page context must be an object".into(),
+        ));
+    }
+    // Validate the page (and the token) in the database before anyone is notified.
+    let scope = Scope {
+        token,
+        page: page.clone(),
+        generation: None,
+        trace_id: uuid::Uuid::new_v4().to_string(),
+    };
+    let (context, put) = state.core.db.put_user_page(&scope).await?;
+    let who = (
+        context["tenantId"].as_str().unwrap_or_default().to_string(),
+        context["userId"].as_str().unwrap_or_default().to_string(),
+    );
+    let key = put["key"].as_str().unwrap_or_default().to_string();
+    let changed = put["changed"].as_bool().unwrap_or(true);
+    state.pages.set_shared(who, key, page, changed);
+    Ok(Json(
+        json!({"status": "ok", "pageType": context["pageType"]}),
+    ))
+}
+
 /// Count each request under its route's template (`/v1/approvals/{call_id}`), so that the label
 /// set is the router's; requests no route matched share [`UNMATCHED_ROUTE`].
 async fn count_requests(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
@@ -732,6 +780,7 @@ async fn count_requests(State(state): State<Arc<AppState>>, req: Request, next: 
     let route = route.to_string();
     let resp = next.run(req).await;
     state
+        .core
         .metrics
         .requests
         .with_label_values(&[&route, resp.status().as_str()])
@@ -744,7 +793,7 @@ async fn count_requests(State(state): State<Arc<AppState>>, req: Request, next: 
 /// before the service or the database sees the request.
 async fn limit_body(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     use futures::StreamExt;
-    let max = state.config.max_body_bytes;
+    let max = state.core.config.max_body_bytes;
     let declared = req
         .headers()
         .get(header::CONTENT_LENGTH)
@@ -776,19 +825,20 @@ async fn not_found() -> ApiError {
 
 /// RFC 9728 metadata at each well-known path the public URL derives (`public_url.rs`).
 fn metadata_routes(state: &Arc<AppState>) -> Router<Arc<AppState>> {
-    state
-        .public
-        .metadata_routes()
-        .into_iter()
-        .fold(Router::new(), |router, (path, resource)| {
+    state.core.public.metadata_routes().into_iter().fold(
+        Router::new(),
+        |router, (path, resource)| {
             // The authorization servers and scopes of `CTXGUARD_OAUTH_ISSUER`/`_SCOPES` (`oauth.rs`).
-            let body = state.oauth.metadata(state.public.metadata(&resource));
+            let body = state.oauth.metadata(state.core.public.metadata(&resource));
             router.route(&path, get(move || async move { Json(body) }))
-        })
+        },
+    )
 }
 
 /// The router, with request ids (propagated to audit rows as trace ids), tracing and body limits.
 pub fn app(state: Arc<AppState>) -> Router {
+    // The MCP room's own state, provided by this one (`AppState::mcp_state`).
+    let mcp = Arc::new(state.mcp_state());
     let demo = if state.demo.is_some() {
         demo::routes(state.clone())
     } else {
@@ -821,7 +871,7 @@ pub fn app(state: Arc<AppState>) -> Router {
             "/v1/tenant-secrets/{server}/delete",
             post(connections::delete_secret),
         )
-        .route("/v1/context", axum::routing::put(mcp::put_context))
+        .route("/v1/context", axum::routing::put(put_context))
         .merge(metadata_routes(&state))
         .nest_service(
             "/mcp",
@@ -829,18 +879,18 @@ pub fn app(state: Arc<AppState>) -> Router {
                 .layer(middleware::from_fn_with_state(state.clone(), origin::guard))
                 .layer(middleware::from_fn_with_state(state.clone(), limit_body))
                 .layer(middleware::from_fn_with_state(
-                    state.clone(),
+                    mcp.clone(),
                     mcp::authenticate,
                 ))
                 .layer(middleware::from_fn(mcp::jsonrpc::validate))
-                .service(mcp::service(state.clone())),
+                .service(mcp::service(mcp)),
         )
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(
             state.clone(),
             count_requests,
         ))
-        .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
+        .layer(DefaultBodyLimit::max(state.core.config.max_body_bytes))
         .layer(PropagateRequestIdLayer::new(REQUEST_ID))
         .layer(TraceLayer::new_for_http())
         .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))
@@ -857,8 +907,8 @@ pub async fn serve(listener: tokio::net::TcpListener, state: Arc<AppState>) -> s
         let state = state.clone();
         tokio::spawn(async move {
             state.pages.wanted().await;
-            if let Some(url) = pages::notify_url(&state).await {
-                pages::follow(url, state.pages.clone()).await;
+            if let Some(url) = mcp::follow::notify_url(&state.core).await {
+                mcp::follow::follow(url, state.pages.clone()).await;
             }
         })
     };

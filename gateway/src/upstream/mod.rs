@@ -1,3 +1,8 @@
+//! **Room `upstream/`**: owns the registry of connections to upstream MCP servers (this file:
+//! per credential mode, stdio isolation) and their credentials (`credentials/`). It may use `db`,
+//! `pages`, `telemetry`, `seal`, `secrets`, `config`, `error`; it may not touch `services`, `tools`,
+//! `chat`, `mcp` or `http` (what it needs of the gateway's state comes lent, `credentials::Deps`).
+//!
 //! Upstream MCP servers (seed 002), as an MCP client.
 //!
 //! The registry and the per-server access rules live in the database (`ctxguard.mcp_servers`,
@@ -30,27 +35,9 @@ use serde_json::Value;
 use tokio::sync::Mutex;
 use tracing::Instrument;
 
-use crate::db::Db;
+use crate::db::{Db, ServerConfig};
 use crate::secrets::StdioUser;
 use process_wrap::tokio::{CommandWrap, KillOnDrop, ProcessGroup};
-
-/// One row of `ctxguard.mcp_servers`.
-#[derive(Debug, Clone)]
-pub struct ServerConfig {
-    pub name: String,
-    pub transport: String,
-    pub url: Option<String>,
-    pub command: Option<String>,
-    pub args: Vec<String>,
-    pub env: HashMap<String, String>,
-    pub cwd: Option<String>,
-    pub headers: HashMap<String, String>,
-    pub bearer_token_env: Option<String>,
-    /// `static`, `tenant_secret`, `user_oauth` or `token_exchange` (`credentials/`).
-    pub credential_mode: String,
-    /// The mode's settings (`credentials::oauth::ModeConfig`).
-    pub credential_config: Value,
-}
 
 type Client = RunningService<RoleClient, ()>;
 
