@@ -8,7 +8,7 @@
 //! The requests are split in two halves by their tool's kind (a hash of the tool name less its
 //! record kind for the DBA's per-kind tools, `invoice.history` and `vendor.history` being one kind;
 //! of the whole name for app-wide and upstream tools): half A tuned the ranker's thresholds
-//! (gateway/src/disclosure/fusion.rs), half B was held out. Both are reported.
+//! (gateway/src/catalog/disclosure/fusion.rs), half B was held out. Both are reported.
 //!
 //! `reachability CATALOG.json REQUESTS.jsonl LEXICAL.tsv [MODEL_DIR]`: the catalog as
 //! bench/reachability_catalog.py writes it, the requests (with `paraphrase` marked), and each

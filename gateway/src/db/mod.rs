@@ -94,7 +94,7 @@ pub struct TurnStart {
     pub generation_ttl: Duration,
     pub page_description: String,
     pub tools: Vec<ToolSpec>,
-    /// The page's namespaces, for the tool budget (`compact.rs`).
+    /// The page's namespaces, for the tool budget (`catalog/compact.rs`).
     pub overview: Overview,
     pub history: Vec<(String, String)>,
 }
@@ -779,7 +779,7 @@ impl Db {
     /// verdict (`explain_tools`), for the visible ones their policy flags, and whether each is in
     /// the model's list for `query` and `top_k` (and if not, why). Offered first, then visible.
     /// With it, in the same transaction, the model's ranked list (`visible_tools(query, top_k)`)
-    /// and the page's namespaces, from which the tool budget's decision follows (`compact.rs`).
+    /// and the page's namespaces, from which the tool budget's decision follows (`catalog/compact.rs`).
     pub async fn explain_page(
         &self,
         scope: &Scope,

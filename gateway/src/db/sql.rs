@@ -335,7 +335,7 @@ pub const PAGE_TOOLS: &str =
 
 /// The page's namespaces (`visible_namespaces`, in name order) with the bytes of their visible
 /// tools' definitions (name, description, schema): what the tool budget is judged on
-/// (`compact.rs`).
+/// (`catalog/compact.rs`).
 pub const NAMESPACES: &str = "SELECT n.namespace, n.title, n.description, n.tools, n.server,
         coalesce(b.bytes, 0)::pg_catalog.int8
    FROM ctxguard.visible_namespaces() n
@@ -349,7 +349,7 @@ pub const NAMESPACES: &str = "SELECT n.namespace, n.title, n.description, n.tool
 
 /// The gateway's `find_tools`: the names of Gate A's tools matching `$1` lexically, best first,
 /// at most `$2` (`ctxguard.find_tools`); the gateway's ranker orders them with the page's other
-/// visible tools (`compact.rs`).
+/// visible tools (`catalog/compact.rs`).
 pub const FIND_TOOL_NAMES: &str = "SELECT f.name
    FROM ctxguard.find_tools($1, $2) WITH ORDINALITY f
   ORDER BY f.ordinality";

@@ -823,12 +823,12 @@ async fn not_found() -> ApiError {
     ApiError::NotFound("no such endpoint".into())
 }
 
-/// RFC 9728 metadata at each well-known path the public URL derives (`public_url.rs`).
+/// RFC 9728 metadata at each well-known path the public URL derives (`config/public_url.rs`).
 fn metadata_routes(state: &Arc<AppState>) -> Router<Arc<AppState>> {
     state.core.public.metadata_routes().into_iter().fold(
         Router::new(),
         |router, (path, resource)| {
-            // The authorization servers and scopes of `CTXGUARD_OAUTH_ISSUER`/`_SCOPES` (`oauth.rs`).
+            // The authorization servers and scopes of `CTXGUARD_OAUTH_ISSUER`/`_SCOPES` (`config/oauth.rs`).
             let body = state.oauth.metadata(state.core.public.metadata(&resource));
             router.route(&path, get(move || async move { Json(body) }))
         },

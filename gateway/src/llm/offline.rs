@@ -281,7 +281,7 @@ impl ChatModel for Offline {
                 _ => {}
             }
         }
-        // The compact list's search (`compact.rs`): asked once, with the message, when no offered
+        // The compact list's search (`catalog/compact.rs`): asked once, with the message, when no offered
         // tool fits; what it finds joins `tools` at the next step.
         let searched = results.iter().any(|(n, _)| n == FIND_TOOLS);
         results.retain(|(n, _)| n != FIND_TOOLS);

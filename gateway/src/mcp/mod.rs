@@ -21,7 +21,7 @@
 //!   other gateway, which re-reads that session's page; the shared page through `NOTIFY
 //!   ctxguard_pages` (the user's opaque key) on every gateway (pages.rs `follow`; here directly
 //!   while this gateway does not follow the channel).
-//! - **Sessions** (`mcp_sessions.rs`) are bound to their user and live in the database too
+//! - **Sessions** (`sessions.rs`) are bound to their user and live in the database too
 //!   (`ctxguard.mcp_sessions`: a hash of the client-facing id, the tenant and user, the initialize
 //!   parameters, the own page, the expiry): a session opened through one gateway is restored on any
 //!   other ([`DbSessionStore`], `BoundSessions::restore_session`), a session that is not the
@@ -490,10 +490,10 @@ pub fn parse_page_header(headers: &HeaderMap) -> Result<Option<Value>, String> {
     }
 }
 
-/// 401 with a bearer challenge pointing at the metadata (`public_url.rs`).
+/// 401 with a bearer challenge pointing at the metadata (`config/public_url.rs`).
 fn unauthorized(state: &McpState, message: &str, token_sent: bool) -> Response {
     let mut resp = ApiError::Unauthorized(message.into()).into_response();
-    // The configured scopes (`oauth.rs`) join the challenge (RFC 6750 §3 `scope`).
+    // The configured scopes (`config/oauth.rs`) join the challenge (RFC 6750 §3 `scope`).
     let challenge = format!(
         "{}{}",
         state.core.public.challenge(token_sent),
@@ -584,7 +584,7 @@ pub async fn authenticate(
     state.limits.hold_stream(&user, response)
 }
 
-/// The rmcp service at `/mcp`, on sessions bound to their users (`mcp_sessions.rs`).
+/// The rmcp service at `/mcp`, on sessions bound to their users (`sessions.rs`).
 pub fn service(state: Arc<McpState>) -> StreamableHttpService<Server, BoundSessions> {
     let mut config = StreamableHttpServerConfig::default()
         .with_legacy_session_mode(true)
@@ -630,7 +630,7 @@ struct DbSessionStore {
     ttl_secs: i32,
 }
 
-/// The sessions' records as the idle reaper keeps them (`mcp_sessions.rs`): their use by open
+/// The sessions' records as the idle reaper keeps them (`sessions.rs`): their use by open
 /// streams, their expiry. Each call runs with the token kept for the session.
 struct DbSessionRecords {
     db: crate::db::Db,
@@ -1098,7 +1098,7 @@ fn record_rpc<T>(span: &tracing::Span, result: &Result<T, McpError>) {
 }
 
 /// The protocol revisions offered: all rmcp knows but 2025-03-26, the one whose clients may send
-/// JSON-RPC batches (`mcp_jsonrpc.rs` refuses batches).
+/// JSON-RPC batches (`jsonrpc.rs` refuses batches).
 const OFFERED_VERSIONS: &[ProtocolVersion] = &[
     ProtocolVersion::V_2024_11_05,
     ProtocolVersion::V_2025_06_18,
@@ -1248,7 +1248,7 @@ impl Server {
                     .await
                     .map_err(api_error)?;
                 let specs = crate::tools::reachable(&self.state.core, specs).await;
-                // Over the budget: the page's own tools and find_tools (compact.rs), decided by
+                // Over the budget: the page's own tools and find_tools (catalog/compact.rs), decided by
                 // the token and page alone (nothing of a session or connection), so a 2026-07-28
                 // client gets the same list for the same token and page on every request.
                 compact::offer(self.state.core.config.tool_budget, specs, &overview)
