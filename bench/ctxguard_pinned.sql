@@ -1,4 +1,4 @@
--- ctxguard_pipelined.sql with the gateway's transaction start (gateway/src/sql.rs `begin`, issue 29):
+-- ctxguard_pipelined.sql with the gateway's transaction start (gateway/src/db/sql.rs `begin`, issue 29):
 -- BEGIN with its isolation and access mode, SET LOCAL statement_timeout, then every other pinned
 -- setting by set_config(..., true) in one SELECT, pipelined with the rest as the gateway sends it.
 \startpipeline

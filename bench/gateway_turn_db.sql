@@ -1,6 +1,6 @@
 -- The database work of one gateway turn with one tool call (page vendor_table, tool vendor.list),
--- statement for statement as gateway/src/db.rs sends it: open_turn, call_tool and save_turn, each
--- its own transaction (keep the two in step when db.rs changes). Diagnostic for bench/gateway_bench.sh: what the turn's database round trips
+-- statement for statement as gateway/src/db/mod.rs sends it: open_turn, call_tool and save_turn, each
+-- its own transaction (keep the two in step when gateway/src/db/mod.rs changes). Diagnostic for bench/gateway_bench.sh: what the turn's database round trips
 -- cost without HTTP, JSON or the model.
 -- The gateway sends each transaction in one round trip (pipelined) and commits open_turn and
 -- save_turn without waiting for the WAL flush (CTXGUARD_TURN_COMMIT=lazy). So does this script,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install the offline embedding model for tool search (gateway/src/disclosure/) into the cache
+# Install the offline embedding model for tool search (gateway/src/catalog/disclosure/) into the cache
 # outside the checkout: $PG_CACHE/embed/all-MiniLM-L6-v2 (lib.sh's cache: /var/cache/ctxguard as
 # root, else $XDG_CACHE_HOME/ctxguard). Idempotent: a second run only checks.
 #

@@ -8,7 +8,7 @@
 //! The requests are split in two halves by their tool's kind (a hash of the tool name less its
 //! record kind for the DBA's per-kind tools, `invoice.history` and `vendor.history` being one kind;
 //! of the whole name for app-wide and upstream tools): half A tuned the ranker's thresholds
-//! (gateway/src/disclosure/fusion.rs), half B was held out. Both are reported.
+//! (gateway/src/catalog/disclosure/fusion.rs), half B was held out. Both are reported.
 //!
 //! `reachability CATALOG.json REQUESTS.jsonl LEXICAL.tsv [MODEL_DIR]`: the catalog as
 //! bench/reachability_catalog.py writes it, the requests (with `paraphrase` marked), and each
@@ -19,9 +19,10 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use ctxguard_core::ranking::{self, Candidate, Placement, Tier};
-use ctxguard_gateway::compact::{self, Budget, FindArgs, Namespace, Overview};
-use ctxguard_gateway::disclosure::{Embeddings, Ranker};
-use ctxguard_gateway::llm::ToolSpec;
+use ctxguard_gateway::catalog::compact::{self, FindArgs, Namespace, Overview};
+use ctxguard_gateway::catalog::disclosure::{Embeddings, Ranker};
+use ctxguard_gateway::catalog::ToolSpec;
+use ctxguard_gateway::config::budget::Budget;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 

@@ -1,3 +1,5 @@
+//! **Floor** (uses no other room).
+//!
 //! One error type for every endpoint: `{"error": {"code", "message"}}` with a fitting status.
 //! Internal details are logged, never returned.
 

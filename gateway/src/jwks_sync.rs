@@ -1,3 +1,5 @@
+//! **Floor** (uses no other room): a command of its own, run by `main.rs`.
+//!
 //! `ctxguard-gateway jwks-sync`: keep the file named by `ctxguard.jwks_file` current from an
 //! identity provider's `jwks_uri`.
 //!

@@ -1,3 +1,5 @@
+//! **Floor** (uses `config`, `metrics`): shared by `http` (the server) and `mcp` (its streams).
+//!
 //! HTTP limits: how long a client may take to send a request's head and its body, how long a
 //! kept-alive connection may sit idle, how many connections may be open at once, and how many event
 //! streams (SSE) one user may hold open.

@@ -5,7 +5,8 @@
 use std::sync::Arc;
 
 use ctxguard_gateway::config::Config;
-use ctxguard_gateway::{secrets, serve, telemetry, AppState};
+use ctxguard_gateway::http::{serve, AppState};
+use ctxguard_gateway::{secrets, telemetry};
 
 fn main() {
     // `ctxguard-gateway jwks-sync …`: keep ctxguard.jwks_file current (gateway/src/jwks_sync.rs).
@@ -85,17 +86,17 @@ async fn run(config: Config) {
         }
     };
     tracing::info!(%listen, ?provider, "ctxguard gateway listening");
-    if state.config.mcp_discover {
+    if state.core.config.mcp_discover {
         // In the background: a slow or dead upstream server never delays serving.
         let state = state.clone();
         tokio::spawn(async move {
-            let up = state.upstreams.discover(&state.db).await;
+            let up = state.core.upstreams.discover(&state.core.db).await;
             tracing::info!(servers = ?up, "upstream MCP discovery done");
         });
     }
     let served = serve(listener, state.clone()).await;
     // Stdio servers end with the gateway.
-    state.upstreams.shutdown().await;
+    state.core.upstreams.shutdown().await;
     if let Err(e) = served {
         eprintln!("ctxguard-gateway: {e}");
         std::process::exit(1);

@@ -1,3 +1,5 @@
+//! **Floor** (uses no other room).
+//!
 //! Prometheus metrics: requests, tool decisions by code, LLM latency, pool usage.
 
 use prometheus::{

@@ -1,3 +1,5 @@
+//! **Floor** (uses no other room).
+//!
 //! Secrets stay in the gateway.
 //!
 //! The gateway holds the database URLs (with their passwords), the model provider's key and every

@@ -1,3 +1,5 @@
+//! **Floor** (uses `llm` for a model call's outcome): every room above may open spans.
+//!
 //! OpenTelemetry traces: the W3C trace context of a request, the spans the gateway opens, and the
 //! OTLP exporter.
 //!
@@ -213,15 +215,15 @@ pub fn gate_b_span() -> Span {
 }
 
 /// One model call (GenAI `chat`).
-pub fn model_span(state: &crate::AppState) -> Span {
+pub fn model_span(provider: &str, model: &str) -> Span {
     otel_span!(
         "chat",
-        otel.name = format!("chat {}", state.config.model),
+        otel.name = format!("chat {}", model),
         otel.kind = "client",
         otel.status_code = tracing::field::Empty,
         "gen_ai.operation.name" = "chat",
-        "gen_ai.provider.name" = provider_name(state.model.provider()),
-        "gen_ai.request.model" = state.config.model.as_str(),
+        "gen_ai.provider.name" = provider_name(provider),
+        "gen_ai.request.model" = model,
         "ctxguard.tool_calls" = tracing::field::Empty,
         "error.type" = tracing::field::Empty,
     )

@@ -1,3 +1,6 @@
+//! **Floor** (uses `services`, `upstream`, `pages`, `db`, `catalog`, `telemetry`, `error`): shared
+//! by `chat`, `mcp` and `http`; it may not touch them.
+//!
 //! Tool calls as the gateway runs them: Gate B in the database, and for upstream MCP tools the
 //! forward between `call_tool` (which answers `authorized`) and `complete_call`. Each database
 //! step runs under the page view's live generation (`pages::View::run`).
@@ -6,16 +9,16 @@ use serde_json::{json, Value};
 use tracing::Instrument;
 use uuid::Uuid;
 
-use crate::compact;
+use crate::catalog::compact;
+use crate::catalog::ToolSpec;
 use crate::db::{Scope, ToolName};
 use crate::error::ApiError;
-use crate::llm::ToolSpec;
 use crate::pages::View;
-use crate::AppState;
+use crate::services::Services;
 
 /// Gate B for one call; upstream tools are forwarded and completed.
 pub async fn call(
-    state: &AppState,
+    state: &Services,
     view: &mut View,
     name: ToolName<'_>,
     args: &Value,
@@ -30,12 +33,12 @@ pub async fn call(
 }
 
 /// Run a pending approval once; an approved upstream call is forwarded and completed.
-pub async fn approve(state: &AppState, scope: &Scope, call_id: Uuid) -> Result<Value, ApiError> {
+pub async fn approve(state: &Services, scope: &Scope, call_id: Uuid) -> Result<Value, ApiError> {
     let envelope = state.db.approve(scope, call_id).await?;
     settle(state, &mut View::without(scope.clone()), envelope).await
 }
 
-async fn settle(state: &AppState, view: &mut View, envelope: Value) -> Result<Value, ApiError> {
+async fn settle(state: &Services, view: &mut View, envelope: Value) -> Result<Value, ApiError> {
     if envelope["status"] != "authorized" {
         return Ok(envelope);
     }
@@ -55,8 +58,11 @@ async fn settle(state: &AppState, view: &mut View, envelope: Value) -> Result<Va
     // user's own connection, or an exchanged token. Without one the call is completed as failed
     // (audited) and answered with why.
     let auth = match state.upstreams.config(&state.db, server).await {
-        Some(cfg) => crate::credentials::for_call(state, view, &cfg, call_id).await,
-        None => Err(crate::credentials::CredError::Unavailable),
+        Some(cfg) => {
+            crate::upstream::credentials::for_call(&state.credential_deps(), view, &cfg, call_id)
+                .await
+        }
+        None => Err(crate::upstream::credentials::CredError::Unavailable),
     };
     let auth = match auth {
         Ok(auth) => auth,
@@ -68,7 +74,7 @@ async fn settle(state: &AppState, view: &mut View, envelope: Value) -> Result<Va
                 state.db.complete_call(&s, call_id, failed, true).await
             })
             .await?;
-            return Ok(crate::credentials::refusal(&e, call_id, server));
+            return Ok(crate::upstream::credentials::refusal(&e, call_id, server));
         }
     };
     let (result, is_error) = match state
@@ -104,7 +110,7 @@ async fn settle(state: &AppState, view: &mut View, envelope: Value) -> Result<Va
 /// ([`compact::found`]), without the tools of servers that cannot be reached now, at most
 /// [`compact::FIND_TOP_K`].
 pub async fn find(
-    state: &AppState,
+    state: &Services,
     args: &compact::FindArgs,
     read: crate::db::SearchCandidates,
 ) -> Vec<ToolSpec> {
@@ -125,7 +131,7 @@ pub async fn find(
 }
 
 /// Drop upstream tools whose server is not reachable now (with a warning, once per failure).
-pub async fn reachable(state: &AppState, tools: Vec<ToolSpec>) -> Vec<ToolSpec> {
+pub async fn reachable(state: &Services, tools: Vec<ToolSpec>) -> Vec<ToolSpec> {
     let mut servers: Vec<String> = tools.iter().filter_map(|t| t.server.clone()).collect();
     if servers.is_empty() {
         return tools;

@@ -1,4 +1,4 @@
-//! Every SQL text the gateway sends (`ctxguard_gateway::sql::all_statements`) names every type,
+//! Every SQL text the gateway sends (`ctxguard_gateway::db::sql::all_statements`) names every type,
 //! function, operator, table and collation by schema, checked with PostgreSQL's own parser
 //! (libpg_query, the `pg_query` crate).
 //!
@@ -124,7 +124,7 @@ fn unqualified(sql: &str) -> Result<Vec<String>, String> {
 
 #[test]
 fn every_statement_the_gateway_sends_is_schema_qualified() {
-    let all = ctxguard_gateway::sql::all_statements();
+    let all = ctxguard_gateway::db::sql::all_statements();
     assert!(all.len() > 25, "{} statements", all.len());
     let mut bad = Vec::new();
     for (name, sql) in &all {
@@ -143,7 +143,7 @@ fn every_statement_the_gateway_sends_is_schema_qualified() {
 
 #[test]
 fn every_transaction_frame_pins_its_settings_and_nothing_else() {
-    for (name, sql) in ctxguard_gateway::sql::all_statements() {
+    for (name, sql) in ctxguard_gateway::db::sql::all_statements() {
         if !name.starts_with("begin(") {
             continue;
         }
@@ -163,7 +163,7 @@ fn every_transaction_frame_pins_its_settings_and_nothing_else() {
         let select = stmts[2]["stmt"]["node"]["SelectStmt"].to_string();
         assert!(select.contains("set_config"), "{name}: {select}");
         // Every other pin is in the SELECT, set for the transaction only (is_local true).
-        for (pin, _, _) in ctxguard_gateway::sql::PINS.iter().skip(1) {
+        for (pin, _, _) in ctxguard_gateway::db::sql::PINS.iter().skip(1) {
             assert!(
                 sql.contains(&format!("('{pin}', ")),
                 "{name}: {pin} is pinned"

@@ -512,10 +512,14 @@ async fn a_turn_over_the_database_size_limit_is_turn_too_large() {
     ])
     .unwrap();
     config.validate().unwrap();
-    let state = std::sync::Arc::new(ctxguard_gateway::AppState::from_config(config).unwrap());
+    let state = std::sync::Arc::new(ctxguard_gateway::http::AppState::from_config(config).unwrap());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let gw = listener.local_addr().unwrap();
-    tokio::spawn(async move { ctxguard_gateway::serve(listener, state).await.unwrap() });
+    tokio::spawn(async move {
+        ctxguard_gateway::http::serve(listener, state)
+            .await
+            .unwrap()
+    });
     let (status, body) = chat(gw, &format!("small-turns-{}", uuid::Uuid::new_v4()), "hi").await;
     assert_eq!(
         (status, body["error"]["code"].as_str()),

@@ -136,7 +136,7 @@ fn demo_mode_does_not_start_without_the_screens_role() {
         secret.path(),
     ])
     .unwrap();
-    let err = ctxguard_gateway::AppState::from_config(config)
+    let err = ctxguard_gateway::http::AppState::from_config(config)
         .err()
         .expect("demo mode without CTXGUARD_DEMO_DATABASE_URL must not start");
     assert!(err.contains("CTXGUARD_DEMO_DATABASE_URL"), "{err}");

@@ -545,6 +545,7 @@ async fn a_failed_step_of_a_pipelined_transaction_answers_with_its_own_error() {
 
     // set_context fails: 401, though every statement after it failed too.
     let e = state
+        .core
         .db
         .save_turn(&scope("forged.token.value"), &conv(1), "q", "a", &json!([]))
         .await
@@ -552,6 +553,7 @@ async fn a_failed_step_of_a_pipelined_transaction_answers_with_its_own_error() {
     assert!(matches!(e, ApiError::Unauthorized(_)), "{e:?}");
     // A statement after set_context fails (a message over save_turn's 32 KiB): its own error.
     let e = state
+        .core
         .db
         .save_turn(
             &scope(&alice),
@@ -567,12 +569,13 @@ async fn a_failed_step_of_a_pipelined_transaction_answers_with_its_own_error() {
     // (inside an aborted transaction its set_context would fail with 25P02), in which the
     // context holds.
     let n = state
+        .core
         .db
         .save_turn(&scope(&alice), &conv(3), "q", "a", &json!([]))
         .await
         .unwrap();
     assert_eq!(n, 1);
-    let context = state.db.context(&scope(&alice)).await.unwrap();
+    let context = state.core.db.context(&scope(&alice)).await.unwrap();
     assert_eq!(context["userId"], "alice");
     assert_eq!(context["pageType"], "vendor_table");
     let saved: Vec<String> = db

@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ctxguard_gateway::AppState;
+use ctxguard_gateway::http::AppState;
 use futures::StreamExt;
 use serde_json::{json, Value};
 use support::*;

@@ -15,7 +15,8 @@ mod support;
 
 use std::time::Duration;
 
-use ctxguard_gateway::db::{Db, Scope, StatementMode, ToolName};
+use ctxguard_gateway::config::database::StatementMode;
+use ctxguard_gateway::db::{Db, Scope, ToolName};
 use futures::FutureExt;
 use serde_json::{json, Value};
 use support::*;
@@ -542,7 +543,7 @@ async fn a_connection_a_previous_client_used_serves_the_next_as_a_fresh_one_unna
 
 #[test]
 fn every_pinned_setting_is_attacked() {
-    for (name, _, _) in ctxguard_gateway::sql::PINS {
+    for (name, _, _) in ctxguard_gateway::db::sql::PINS {
         assert!(
             SETTINGS.iter().any(|(n, _)| n == name),
             "no scenario leaves {name} set"
@@ -564,10 +565,10 @@ async fn every_user_settable_setting_is_pinned_or_deliberately_not() {
     let mut missing = Vec::new();
     for r in rows {
         let name: String = r.get(0);
-        let pinned = ctxguard_gateway::sql::PINS
+        let pinned = ctxguard_gateway::db::sql::PINS
             .iter()
             .any(|(n, _, _)| n.eq_ignore_ascii_case(&name));
-        let unpinned = ctxguard_gateway::sql::UNPINNED
+        let unpinned = ctxguard_gateway::db::sql::UNPINNED
             .iter()
             .any(|(names, _)| names.iter().any(|n| n.eq_ignore_ascii_case(&name)));
         if !pinned && !unpinned {

@@ -89,12 +89,12 @@ async fn auto_statements_are_unnamed_behind_pgbouncer_and_prepared_on_postgres_i
     assert_eq!(ctxguard_gateway::db::probe_direct(&tcp).await, Ok(true));
 
     let (_, state) = gateway_at(&pooled, &[]).await;
-    assert_eq!(state.db.statements(), "auto");
-    assert!(state.db.unnamed().await);
-    assert_eq!(state.db.statements(), "unnamed");
+    assert_eq!(state.core.db.statements(), "auto");
+    assert!(state.core.db.unnamed().await);
+    assert_eq!(state.core.db.statements(), "unnamed");
     let (_, state) = gateway_at(&direct, &[]).await;
-    assert!(!state.db.unnamed().await);
-    assert_eq!(state.db.statements(), "prepared");
+    assert!(!state.core.db.unnamed().await);
+    assert_eq!(state.core.db.statements(), "prepared");
 }
 
 fn host_of(url: &str) -> &str {
@@ -156,8 +156,8 @@ async fn ten_thousand_interleaved_requests_of_two_tenants_through_two_gateways_s
         .await;
 
     // Through the pool: both gateways' clients share at most 2 server connections.
-    assert_eq!(a.db.statements(), "unnamed");
-    assert_eq!(b.db.statements(), "unnamed");
+    assert_eq!(a.core.db.statements(), "unnamed");
+    assert_eq!(b.core.db.statements(), "unnamed");
     let pools = pgbouncer_show("POOLS").await;
     let ours: Vec<_> = pools
         .iter()

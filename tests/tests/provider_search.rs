@@ -18,9 +18,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use clap::Parser;
+use ctxguard_gateway::catalog::ToolSpec;
 use ctxguard_gateway::config::Config;
-use ctxguard_gateway::llm::{ChatModel, Completion, LlmError, Message, ToolSpec};
-use ctxguard_gateway::AppState;
+use ctxguard_gateway::http::AppState;
+use ctxguard_gateway::llm::{ChatModel, Completion, LlmError, Message};
 use serde_json::{json, Value};
 use support::*;
 
@@ -113,15 +114,20 @@ async fn gateway_with(args: &[&str], deferred: Option<&'static [&'static str]>) 
     config.validate().unwrap();
     let mut state = AppState::from_config(config).unwrap();
     if let Some(deferred) = deferred {
-        state.model = Arc::new(Deferring {
-            inner: state.model.clone(),
+        let core = Arc::get_mut(&mut state.core).expect("the services are not shared yet");
+        core.model = Arc::new(Deferring {
+            inner: core.model.clone(),
             deferred,
         });
     }
     let state = Arc::new(state);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { ctxguard_gateway::serve(listener, state).await.unwrap() });
+    tokio::spawn(async move {
+        ctxguard_gateway::http::serve(listener, state)
+            .await
+            .unwrap()
+    });
     addr
 }
 

@@ -449,8 +449,9 @@ async fn discovery_records_tools_through_the_discovery_role_only() {
     let discovery = discovery_url();
     let (_, state) = gateway_with_state(&["--discovery-database-url", &discovery]).await;
     let up_now = state
+        .core
         .upstreams
-        .ensure(&state.db, &["rt_found".to_string()])
+        .ensure(&state.core.db, &["rt_found".to_string()])
         .await;
     assert!(up_now.contains("rt_found"), "{up_now:?}");
     assert_eq!(server_tools("rt_found").await, vec!["rt_found.read_scan"]);
@@ -459,8 +460,9 @@ async fn discovery_records_tools_through_the_discovery_role_only() {
     register_server("rt_unrecorded", &url, None).await;
     let (_, state) = gateway_with_state(&[]).await;
     let up_now = state
+        .core
         .upstreams
-        .ensure(&state.db, &["rt_unrecorded".to_string()])
+        .ensure(&state.core.db, &["rt_unrecorded".to_string()])
         .await;
     assert!(up_now.contains("rt_unrecorded"), "{up_now:?}");
     assert_eq!(server_tools("rt_unrecorded").await, Vec::<String>::new());

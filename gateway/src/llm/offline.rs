@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use serde_json::{json, Map, Value};
 
 use super::{ChatModel, Completion, LlmError, Message, StreamLimits, ToolCall, ToolSpec};
-use crate::compact::FIND_TOOLS;
+use crate::catalog::compact::FIND_TOOLS;
 
 pub struct Offline;
 
@@ -281,7 +281,7 @@ impl ChatModel for Offline {
                 _ => {}
             }
         }
-        // The compact list's search (`compact.rs`): asked once, with the message, when no offered
+        // The compact list's search (`catalog/compact.rs`): asked once, with the message, when no offered
         // tool fits; what it finds joins `tools` at the next step.
         let searched = results.iter().any(|(n, _)| n == FIND_TOOLS);
         results.retain(|(n, _)| n != FIND_TOOLS);
@@ -439,7 +439,10 @@ mod tests {
 
     #[test]
     fn searches_once_when_no_offered_tool_fits_then_uses_what_it_found() {
-        let find = crate::compact::find_tools_spec(&crate::compact::Overview::default(), 9);
+        let find = crate::catalog::compact::find_tools_spec(
+            &crate::catalog::compact::Overview::default(),
+            9,
+        );
         let offered = vec![demo_tools()[1].clone(), find.clone()];
         let question = "the country of each supplier";
         let c = run(vec![Message::User(question.into())], &offered);

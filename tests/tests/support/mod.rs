@@ -15,7 +15,7 @@ use axum::routing::post;
 use axum::{Json, Router};
 use clap::Parser;
 use ctxguard_gateway::config::Config;
-use ctxguard_gateway::AppState;
+use ctxguard_gateway::http::AppState;
 use jsonwebtoken::{encode, EncodingKey, Header};
 use serde_json::{json, Value};
 
@@ -215,7 +215,11 @@ pub async fn gateway_on(url: &str, extra: &[&str]) -> (SocketAddr, Arc<AppState>
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let served = state.clone();
-    tokio::spawn(async move { ctxguard_gateway::serve(listener, served).await.unwrap() });
+    tokio::spawn(async move {
+        ctxguard_gateway::http::serve(listener, served)
+            .await
+            .unwrap()
+    });
     (addr, state)
 }
 

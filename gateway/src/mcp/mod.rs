@@ -1,3 +1,9 @@
+//! **Room `mcp/`** (below `http`): owns the MCP server at `/mcp` (this file), its sessions
+//! (`sessions.rs`), the JSON-RPC edge (`jsonrpc.rs`) and the page notifications from other gateways
+//! (`follow.rs`). It works on [`McpState`], which `http` provides; it may use `chat`, `tools`,
+//! `services`, `upstream`, `pages`, `db`, `catalog`, `telemetry`, `limits`, `auth`, `config`,
+//! `metrics`, `error`; it may not touch `http` (routes, `AppState`).
+//!
 //! ctxguard as an MCP server (Streamable HTTP at `/mcp`, via `rmcp`).
 //!
 //! - **Auth**: every request carries `Authorization: Bearer <context token>`; the database verifies
@@ -15,7 +21,7 @@
 //!   other gateway, which re-reads that session's page; the shared page through `NOTIFY
 //!   ctxguard_pages` (the user's opaque key) on every gateway (pages.rs `follow`; here directly
 //!   while this gateway does not follow the channel).
-//! - **Sessions** (`mcp_sessions.rs`) are bound to their user and live in the database too
+//! - **Sessions** (`sessions.rs`) are bound to their user and live in the database too
 //!   (`ctxguard.mcp_sessions`: a hash of the client-facing id, the tenant and user, the initialize
 //!   parameters, the own page, the expiry): a session opened through one gateway is restored on any
 //!   other ([`DbSessionStore`], `BoundSessions::restore_session`), a session that is not the
@@ -25,6 +31,10 @@
 //! - **tools/list** is Gate A for the current page; **tools/call** is Gate B (denials come back as
 //!   tool errors carrying the ctxguard code). Without a page nothing is listed and nothing runs.
 //!   Each page view gets its own generation, so byte and document budgets apply per page view.
+
+pub mod follow;
+pub mod jsonrpc;
+pub mod sessions;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -50,15 +60,35 @@ use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, Stream
 use rmcp::{ErrorData as McpError, Peer, RoleServer, ServerHandler};
 use serde_json::{json, Map, Value};
 use tracing::Instrument;
-use uuid::Uuid;
 
-use crate::compact;
+use crate::auth::bearer;
+use crate::catalog::compact;
+use crate::catalog::{wire_name, ToolSpec};
+use crate::config::oauth::OAuth;
 use crate::db::{Scope, ToolName};
 use crate::error::ApiError;
-use crate::llm::{wire_name, ToolSpec};
-use crate::mcp_sessions::{BoundSessions, SessionKey, SessionStore, Who};
+use crate::limits::Limits;
+use crate::mcp::sessions::{BoundSessions, SessionKey, SessionMetrics, SessionStore, Who};
 use crate::pages::{Lease, View};
-use crate::{bearer, AppState};
+use crate::services::Services;
+
+/// What the MCP server needs of the gateway's state; `http` provides it
+/// (`http::McpState::mcp_state`), this room never reaches up for the rest.
+pub struct McpState {
+    /// The services chat, tool calls and MCP share (`services.rs`).
+    pub core: Arc<Services>,
+    /// Each user's shared page and page views, and who to tell when a page changes.
+    pub pages: Arc<PageHub>,
+    /// MCP session records: owner, own page, use (`sessions.rs`).
+    pub mcp_sessions: Arc<SessionStore>,
+    pub mcp_session_metrics: SessionMetrics,
+    /// Each user's open event streams count against `CTXGUARD_HTTP_MAX_STREAMS_PER_USER`.
+    pub limits: Arc<Limits>,
+    /// Authorization servers and scopes, for the bearer challenge (`config/oauth.rs`).
+    pub oauth: OAuth,
+    /// The hosts `/mcp` answers to (`http::origin::Guard`).
+    pub hosts: Vec<String>,
+}
 
 /// The header carrying the page context on MCP requests.
 pub const PAGE_HEADER: &str = "x-ctxguard-page";
@@ -460,13 +490,13 @@ pub fn parse_page_header(headers: &HeaderMap) -> Result<Option<Value>, String> {
     }
 }
 
-/// 401 with a bearer challenge pointing at the metadata (`public_url.rs`).
-fn unauthorized(state: &AppState, message: &str, token_sent: bool) -> Response {
+/// 401 with a bearer challenge pointing at the metadata (`config/public_url.rs`).
+fn unauthorized(state: &McpState, message: &str, token_sent: bool) -> Response {
     let mut resp = ApiError::Unauthorized(message.into()).into_response();
-    // The configured scopes (`oauth.rs`) join the challenge (RFC 6750 §3 `scope`).
+    // The configured scopes (`config/oauth.rs`) join the challenge (RFC 6750 §3 `scope`).
     let challenge = format!(
         "{}{}",
-        state.public.challenge(token_sent),
+        state.core.public.challenge(token_sent),
         state.oauth.challenge_scope()
     );
     if let Ok(v) = HeaderValue::from_str(&challenge) {
@@ -494,7 +524,7 @@ fn session_not_found() -> Response {
 
 /// Middleware on `/mcp`: verify the bearer token in the database, then hand the caller to rmcp.
 pub async fn authenticate(
-    State(state): State<Arc<AppState>>,
+    State(state): State<Arc<McpState>>,
     mut req: Request,
     next: Next,
 ) -> Response {
@@ -509,9 +539,11 @@ pub async fn authenticate(
         .map(str::to_string);
     // A request in a session is a use of it, recorded in the database (at most once per
     // touch_after), so that no gateway's idle timeout ends a session used through another.
-    let touch_after = crate::mcp_sessions::touch_after(state.config.mcp_session_idle_timeout());
+    let touch_after =
+        crate::mcp::sessions::touch_after(state.core.config.mcp_session_idle_timeout());
     let touch_after_ms = i32::try_from(touch_after.as_millis()).unwrap_or(i32::MAX);
     let identity = match state
+        .core
         .db
         .mcp_identity(&token, session.as_deref(), Some(touch_after_ms))
         .await
@@ -552,49 +584,17 @@ pub async fn authenticate(
     state.limits.hold_stream(&user, response)
 }
 
-/// `PUT /v1/context`: set the caller's current page for their MCP sessions (body: a page context).
-pub async fn put_context(
-    State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
-    crate::ApiJson(page): crate::ApiJson<Value>,
-) -> Result<Json<Value>, ApiError> {
-    let token = bearer(&headers)?;
-    if !page.is_object() {
-        return Err(ApiError::Unprocessable(
-            "the page context must be an object".into(),
-        ));
-    }
-    // Validate the page (and the token) in the database before anyone is notified.
-    let scope = Scope {
-        token,
-        page: page.clone(),
-        generation: None,
-        trace_id: Uuid::new_v4().to_string(),
-    };
-    let (context, put) = state.db.put_user_page(&scope).await?;
-    let who = (
-        context["tenantId"].as_str().unwrap_or_default().to_string(),
-        context["userId"].as_str().unwrap_or_default().to_string(),
-    );
-    let key = put["key"].as_str().unwrap_or_default().to_string();
-    let changed = put["changed"].as_bool().unwrap_or(true);
-    state.pages.set_shared(who, key, page, changed);
-    Ok(Json(
-        json!({"status": "ok", "pageType": context["pageType"]}),
-    ))
-}
-
-/// The rmcp service at `/mcp`, on sessions bound to their users (`mcp_sessions.rs`).
-pub fn service(state: Arc<AppState>) -> StreamableHttpService<Server, BoundSessions> {
+/// The rmcp service at `/mcp`, on sessions bound to their users (`sessions.rs`).
+pub fn service(state: Arc<McpState>) -> StreamableHttpService<Server, BoundSessions> {
     let mut config = StreamableHttpServerConfig::default()
         .with_legacy_session_mode(true)
-        .with_sse_keep_alive(Some(state.config.mcp_keepalive()))
-        .with_allowed_hosts(state.mcp_guard.hosts().to_vec())
-        .with_allowed_origins(state.config.mcp_allowed_origins())
+        .with_sse_keep_alive(Some(state.core.config.mcp_keepalive()))
+        .with_allowed_hosts(state.hosts.clone())
+        .with_allowed_origins(state.core.config.mcp_allowed_origins())
         .enforce_origin_validation();
     config.session_store = Some(Arc::new(DbSessionStore {
-        db: state.db.clone(),
-        ttl_secs: state.config.mcp_session_ttl_secs,
+        db: state.core.db.clone(),
+        ttl_secs: state.core.config.mcp_session_ttl_secs,
     }));
     let pages = state.pages.clone();
     let sessions = Arc::new(
@@ -606,10 +606,10 @@ pub fn service(state: Arc<AppState>) -> StreamableHttpService<Server, BoundSessi
         // A session ends when it is idle in the database (no gateway used it), and there too: no
         // gateway restores it (its id gets 404).
         .with_records(Arc::new(DbSessionRecords {
-            db: state.db.clone(),
+            db: state.core.db.clone(),
         })),
     );
-    BoundSessions::spawn_reaper(&sessions, state.config.mcp_session_idle_timeout());
+    BoundSessions::spawn_reaper(&sessions, state.core.config.mcp_session_idle_timeout());
     StreamableHttpService::new(
         move || {
             Ok(Server {
@@ -630,7 +630,7 @@ struct DbSessionStore {
     ttl_secs: i32,
 }
 
-/// The sessions' records as the idle reaper keeps them (`mcp_sessions.rs`): their use by open
+/// The sessions' records as the idle reaper keeps them (`sessions.rs`): their use by open
 /// streams, their expiry. Each call runs with the token kept for the session.
 struct DbSessionRecords {
     db: crate::db::Db,
@@ -642,14 +642,14 @@ fn millis(d: std::time::Duration) -> i32 {
 }
 
 #[async_trait::async_trait]
-impl crate::mcp_sessions::SessionRecords for DbSessionRecords {
+impl crate::mcp::sessions::SessionRecords for DbSessionRecords {
     async fn expire(
         &self,
         id: &str,
         token: &str,
         idle: std::time::Duration,
-    ) -> crate::mcp_sessions::Expiry {
-        use crate::mcp_sessions::Expiry;
+    ) -> crate::mcp::sessions::Expiry {
+        use crate::mcp::sessions::Expiry;
         match self.db.mcp_session_expire(token, id, millis(idle)).await {
             Ok(None) => Expiry::Gone,
             Ok(Some(v)) if v["ended"] == true => Expiry::Ended,
@@ -744,7 +744,7 @@ impl RmcpSessionStore for DbSessionStore {
 
 #[derive(Clone)]
 pub struct Server {
-    state: Arc<AppState>,
+    state: Arc<McpState>,
 }
 
 const INSTRUCTIONS: &str = "ctxguard tools follow the page the user is on: the list changes with \
@@ -891,12 +891,14 @@ impl Server {
                     // (so the database's announcement finds it no longer following the shared
                     // page), then in the database for every gateway.
                     self.state
+                        .core
                         .db
                         .context(&scope_for(p.clone()))
                         .await
                         .map_err(api_error)?;
                     pages.set_session_page(&caller.who, &session, p.clone());
                     self.state
+                        .core
                         .db
                         .put_session_page(&scope_for(p.clone()), &session.0)
                         .await
@@ -926,22 +928,27 @@ impl Server {
         request: &CallToolRequestParams,
     ) -> Result<Option<CallToolResult>, ApiError> {
         let args = Value::Object(request.arguments.clone().unwrap_or_default());
-        let budget = self.state.config.tool_budget;
+        let budget = self.state.core.config.tool_budget;
         let args = match compact::find_args(&args) {
             Ok(a) => a,
             // Refused before the search, over the budget only (within it the name is Gate B's).
             Err(m) => {
-                let overview = self.state.db.overview(scope).await?;
+                let overview = self.state.core.db.overview(scope).await?;
                 return Ok(budget
                     .exceeded_by(&overview)
                     .then(|| tool_error("INVALID_ARGUMENT", m, json!({}))));
             }
         };
-        let read = self.state.db.search_candidates(scope, &args.query).await?;
+        let read = self
+            .state
+            .core
+            .db
+            .search_candidates(scope, &args.query)
+            .await?;
         if !budget.exceeded_by(&read.overview) {
             return Ok(None);
         }
-        let found = crate::tools::find(&self.state, &args, read).await;
+        let found = crate::tools::find(&self.state.core, &args, read).await;
         let tools: Vec<Value> = found
             .iter()
             .map(|t| serde_json::to_value(to_tool(t)).unwrap_or(Value::Null))
@@ -964,7 +971,7 @@ impl Server {
         // lifetime for it runs out, and once more if the database refuses it (pages.rs).
         let mut view = match state.pages.generation(&caller.who, &scope.page) {
             Some(lease) => View::leased(scope, "mcp", lease),
-            None => View::fresh(&state.db, scope, "mcp").await?,
+            None => View::fresh(&state.core.db, scope, "mcp").await?,
         };
         // The name it was listed under (`invoice__get`, `vendor__report__daily`): the database maps
         // it back to the catalog's; a catalog name (`invoice.get`) is its own.
@@ -978,7 +985,7 @@ impl Server {
         } else {
             ToolName::Wire(&request.name)
         };
-        let envelope = crate::tools::call(state, &mut view, name, &args).await;
+        let envelope = crate::tools::call(&state.core, &mut view, name, &args).await;
         if let Some(lease) = view.lease() {
             state
                 .pages
@@ -989,6 +996,7 @@ impl Server {
         crate::telemetry::record_decision(&tracing::Span::current(), &decision, code.as_deref());
         let code = envelope.pointer("/error/code").and_then(Value::as_str);
         state
+            .core
             .metrics
             .tool_decisions
             .with_label_values(&[code.unwrap_or("OK")])
@@ -1025,8 +1033,16 @@ impl Server {
             extra,
         );
         // A connection the user has not made: the connect URL, as the client's revision asks.
-        if let Some(hint) = crate::credentials::connect_hint(state, &view.scope, &envelope).await {
-            let r = crate::credentials::mcp::missing_connection(context, hint, refused, retried);
+        if let Some(hint) = crate::upstream::credentials::connect_hint(
+            &state.core.credential_deps(),
+            &view.scope,
+            &envelope,
+        )
+        .await
+        {
+            let r = crate::upstream::credentials::mcp::missing_connection(
+                context, hint, refused, retried,
+            );
             return Ok(r.await);
         }
         Ok(refused.into())
@@ -1082,7 +1098,7 @@ fn record_rpc<T>(span: &tracing::Span, result: &Result<T, McpError>) {
 }
 
 /// The protocol revisions offered: all rmcp knows but 2025-03-26, the one whose clients may send
-/// JSON-RPC batches (`mcp_jsonrpc.rs` refuses batches).
+/// JSON-RPC batches (`jsonrpc.rs` refuses batches).
 const OFFERED_VERSIONS: &[ProtocolVersion] = &[
     ProtocolVersion::V_2024_11_05,
     ProtocolVersion::V_2025_06_18,
@@ -1192,7 +1208,8 @@ impl Server {
         let mut result = self.negotiate_initialize(&request)?;
         // Name the page in the instructions when the client already says where the user is.
         if let Ok((_, Some(scope))) = self.scope(&context.extensions, trace).await {
-            if let Ok((_, description)) = self.state.db.page_tools(&scope, None, Some(0)).await {
+            if let Ok((_, description)) = self.state.core.db.page_tools(&scope, None, Some(0)).await
+            {
                 let page = scope.page["pageType"]
                     .as_str()
                     .unwrap_or_default()
@@ -1225,15 +1242,16 @@ impl Server {
             Some(scope) => {
                 let (specs, _, overview) = self
                     .state
+                    .core
                     .db
                     .page_listing(&scope)
                     .await
                     .map_err(api_error)?;
-                let specs = crate::tools::reachable(&self.state, specs).await;
-                // Over the budget: the page's own tools and find_tools (compact.rs), decided by
+                let specs = crate::tools::reachable(&self.state.core, specs).await;
+                // Over the budget: the page's own tools and find_tools (catalog/compact.rs), decided by
                 // the token and page alone (nothing of a session or connection), so a 2026-07-28
                 // client gets the same list for the same token and page on every request.
-                compact::offer(self.state.config.tool_budget, specs, &overview)
+                compact::offer(self.state.core.config.tool_budget, specs, &overview)
                     .tools
                     .iter()
                     .map(to_tool)

@@ -1,6 +1,15 @@
+//! **Room `chat/`**: owns the model loop of `POST /v1/chat` (this file), answer hygiene
+//! (`hygiene.rs`, `hygiene_stream.rs`) and the legacy `[CONTEXT]` message (`legacy.rs`). It runs on
+//! [`Services`]; it may use `tools`, `services`, `upstream`, `pages`, `db`, `llm`, `catalog`,
+//! `telemetry`, `config`, `error`; it may not touch `http` or `mcp`.
+//!
 //! The chat/tool loop. Per turn: mint a generation, read Gate A, call the model (no transaction
 //! open), run each tool call through `ctxguard.call_tool` in its own transaction, feed results
 //! back, stop at the step limit, persist the turn. Every decision is the database's.
+
+pub mod hygiene;
+pub mod hygiene_stream;
+pub mod legacy;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -10,13 +19,13 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tracing::Instrument;
 
-use crate::compact;
+use crate::catalog::compact;
+use crate::catalog::ToolSpec;
+use crate::chat::hygiene_stream::StreamCleaner;
 use crate::db::Scope;
 use crate::error::{ApiError, Refusal};
-use crate::hygiene;
-use crate::hygiene_stream::StreamCleaner;
-use crate::llm::{LlmError, Message, StreamLimits, ToolCall, ToolSpec};
-use crate::AppState;
+use crate::llm::{LlmError, Message, StreamLimits, ToolCall};
+use crate::services::Services;
 
 pub const MAX_MESSAGE_CHARS: usize = 8000;
 /// A tool call whose id or tool name is longer than this is refused (TOOL_CALL_TOO_LARGE); reports
@@ -412,7 +421,7 @@ fn stored_reports(reports: &[ToolCallReport]) -> Value {
 /// read under the turn's context (and generation) and ranked ([`crate::tools::find`]). The
 /// envelope the model is told, and the tools found (which join its list at the next step).
 async fn search(
-    state: &AppState,
+    state: &Services,
     view: &mut crate::pages::View,
     args: &Value,
 ) -> Result<(Value, Vec<ToolSpec>), ApiError> {
@@ -432,7 +441,7 @@ async fn search(
 
 /// Run one turn.
 pub async fn run_turn(
-    state: Arc<AppState>,
+    state: Arc<Services>,
     token: String,
     trace_id: String,
     req: ChatRequest,
@@ -543,7 +552,7 @@ pub async fn run_turn(
         // The step's text is cleaned as it streams; what the cleaner releases goes out at once.
         let mut stream = StreamCleaner::new(&cleaner, max_answer);
         let (mut shown, mut raw) = (String::new(), 0usize);
-        let span = crate::telemetry::model_span(&state);
+        let span = crate::telemetry::model_span(state.model.provider(), &state.config.model);
         let completion = {
             let (tx, mut rx) = mpsc::channel::<String>(64);
             let call = state
@@ -669,7 +678,12 @@ pub async fn run_turn(
                     .instrument(span.clone())
                     .await?;
                     if events.is_some() {
-                        let hint = crate::credentials::connect_hint(&state, &view.scope, &envelope);
+                        let deps = state.credential_deps();
+                        let hint = crate::upstream::credentials::connect_hint(
+                            &deps,
+                            &view.scope,
+                            &envelope,
+                        );
                         if let Some(hint) = hint.await {
                             emit(&events, Event::ConnectionRequired(hint)).await;
                         }

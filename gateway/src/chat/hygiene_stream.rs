@@ -27,7 +27,7 @@
 
 use pulldown_cmark::{Event, Options, Parser, Tag};
 
-use crate::hygiene::Cleaner;
+use crate::chat::hygiene::Cleaner;
 
 /// The longest stretch of model text held back while waiting for a settled point.
 pub const HOLD_MAX: usize = 1024;
@@ -387,8 +387,8 @@ fn options() -> Options {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hygiene::tests::{cleaner, rendered};
-    use crate::hygiene::LINK_REMOVED;
+    use crate::chat::hygiene::tests::{cleaner, rendered};
+    use crate::chat::hygiene::LINK_REMOVED;
 
     const MAX: usize = 64 * 1024;
 
@@ -411,7 +411,7 @@ mod tests {
     }
 
     /// What has been released renders nothing a browser would fetch or link outside the
-    /// allow-list (the cleaner's own promise, [`crate::hygiene`]).
+    /// allow-list (the cleaner's own promise, [`crate::chat::hygiene`]).
     fn assert_safe_so_far(c: &Cleaner, out: &str) {
         let (urls, _) = rendered(out);
         for u in &urls {

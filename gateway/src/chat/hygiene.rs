@@ -34,6 +34,8 @@ use pulldown_cmark::{Event, LinkType, Options, Parser, Tag, TagEnd};
 use regex::Regex;
 use url::Url;
 
+use crate::config::hosts::normalise_host;
+
 /// What a neutralised link's text is followed by.
 pub const LINK_REMOVED: &str = "(link removed)";
 /// How many times an edited answer is parsed again before it is given up as plain text.
@@ -105,19 +107,6 @@ const TAGS: &[&str] = &[
 #[derive(Debug, Clone, Default)]
 pub struct AllowList {
     hosts: Vec<String>,
-}
-
-/// The host a browser would use for `entry` (IDNA-mapped, lower-cased, without a trailing dot), or
-/// `None` if it is not a host name or address.
-pub fn normalise_host(entry: &str) -> Option<String> {
-    let entry = entry.trim();
-    if entry.is_empty() || entry.contains(['/', '\\', '@', '?', '#']) {
-        return None;
-    }
-    let url = Url::parse(&format!("http://{entry}/")).ok()?;
-    url.host_str()
-        .map(|h| h.trim_end_matches('.').to_string())
-        .filter(|h| !h.is_empty())
 }
 
 impl AllowList {

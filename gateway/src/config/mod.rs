@@ -1,4 +1,15 @@
+//! **Room `config/`** (bottom floor): the settings (this file) and the values parsed from them:
+//! the public URL (`public_url.rs`), the OAuth metadata (`oauth.rs`), host and origin entries
+//! (`hosts.rs`), the tool budget (`budget.rs`), the database settings (`database.rs`). It may use
+//! `secrets` only; every other room may read it.
+//!
 //! Configuration: environment variables (optionally loaded from a file), validated at startup.
+
+pub mod budget;
+pub mod database;
+pub mod hosts;
+pub mod oauth;
+pub mod public_url;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -129,13 +140,13 @@ pub struct Config {
         value_enum,
         default_value = "auto"
     )]
-    pub db_statements: crate::db::StatementMode,
+    pub db_statements: database::StatementMode,
     /// How the transactions that mint a turn's generation and save the turn commit: `lazy`
     /// (default) does not wait for their WAL flush, so a crash may lose the last fraction of a
     /// second of saved turns (never an audit record, a charge or a tool's effect: those commit
     /// durably); `durable` waits, one flush more per turn and per generation.
     #[arg(long, env = "CTXGUARD_TURN_COMMIT", value_enum, default_value = "lazy")]
-    pub turn_commit: crate::db::Commit,
+    pub turn_commit: database::Commit,
     /// Database connection pool size.
     #[arg(long, env = "CTXGUARD_POOL_SIZE", default_value_t = 16)]
     pub pool_size: usize,
@@ -173,7 +184,7 @@ pub struct Config {
     /// (the page's own tools, `find_tools` naming the page's namespaces) instead of every tool:
     /// a number of tools (`30`), or of estimated tokens of their definitions (`4000t`).
     #[arg(long, env = "CTXGUARD_TOOL_BUDGET", default_value = "30")]
-    pub tool_budget: crate::compact::Budget,
+    pub tool_budget: budget::Budget,
     /// Comma-separated hosts whose links and images may appear in answers.
     #[arg(long, env = "CTXGUARD_LINK_ALLOWLIST", default_value = "")]
     pub link_allowlist: String,
@@ -448,12 +459,12 @@ impl Config {
         if !(1024..=256 * 1024).contains(&self.max_answer_bytes) {
             return bad("CTXGUARD_MAX_ANSWER_BYTES must be 1024..262144");
         }
-        crate::oauth::OAuth::from_config(self).map_err(ConfigError::Invalid)?;
+        oauth::OAuth::from_config(self).map_err(ConfigError::Invalid)?;
         if let Some(h) = self
             .link_allowlist
             .split(',')
             .map(str::trim)
-            .find(|h| !h.is_empty() && crate::hygiene::normalise_host(h).is_none())
+            .find(|h| !h.is_empty() && hosts::normalise_host(h).is_none())
         {
             return Err(ConfigError::Invalid(format!(
                 "CTXGUARD_LINK_ALLOWLIST: {h:?} is not a host name"
@@ -473,7 +484,7 @@ impl Config {
                 )));
             }
         }
-        crate::public_url::PublicUrl::new(
+        public_url::PublicUrl::new(
             self.public_url.as_deref(),
             self.listen,
             self.mcp_documentation_url.as_deref(),
@@ -482,7 +493,7 @@ impl Config {
         if let Some(o) = self
             .mcp_allowed_origins()
             .iter()
-            .find(|o| crate::origin::parse_allowed(o).is_none())
+            .find(|o| hosts::parse_allowed(o).is_none())
         {
             return Err(ConfigError::Invalid(format!(
                 "CTXGUARD_MCP_ALLOWED_ORIGINS: {o:?} is not scheme://host[:port|:*] or null"
@@ -571,8 +582,8 @@ impl Config {
     }
 
     /// The timeouts every database transaction pins.
-    pub fn db_limits(&self) -> crate::sql::Limits {
-        crate::sql::Limits {
+    pub fn db_limits(&self) -> database::Limits {
+        database::Limits {
             statement_timeout_ms: self.db_statement_timeout_ms,
             lock_timeout_ms: self.db_lock_timeout_ms,
             idle_in_transaction_timeout_ms: self.db_idle_in_transaction_timeout_ms,

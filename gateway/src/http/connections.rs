@@ -23,7 +23,8 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::error::ApiError;
-use crate::{ApiJson, AppState, PageRequest};
+use crate::http::{ApiJson, AppState, PageRequest};
+use crate::upstream::credentials;
 
 /// Most bytes of a tenant secret.
 pub const MAX_SECRET_BYTES: usize = 16 * 1024;
@@ -57,7 +58,7 @@ pub(crate) async fn list(
     ApiJson(req): ApiJson<PageRequest>,
 ) -> Result<Json<Value>, ApiError> {
     let scope = req.scope(&headers)?;
-    let connections = state.db.upstream_connections(&scope).await?;
+    let connections = state.core.db.upstream_connections(&scope).await?;
     Ok(Json(json!({"connections": connections})))
 }
 
@@ -70,7 +71,7 @@ pub(crate) async fn start(
     check_server(&server)?;
     let scope = req.scope(&headers)?;
     // The server must be one this user may use (the database says which).
-    let connections = state.db.upstream_connections(&scope).await?;
+    let connections = state.core.db.upstream_connections(&scope).await?;
     let usable = connections.as_array().is_some_and(|a| {
         a.iter()
             .any(|c| c["server"] == server.as_str() && c["mode"] == "user_oauth")
@@ -81,11 +82,12 @@ pub(crate) async fn start(
         ));
     }
     let cfg = state
+        .core
         .upstreams
-        .config(&state.db, &server)
+        .config(&state.core.db, &server)
         .await
         .ok_or_else(|| ApiError::Unprocessable("no such upstream server".into()))?;
-    let url = super::connect_url(&state, &scope, &cfg)
+    let url = credentials::connect_url(&state.core.credential_deps(), &scope, &cfg)
         .await
         .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
     Ok(Json(json!({"server": server, "authorizeUrl": url})))
@@ -126,7 +128,7 @@ pub(crate) async fn callback(
     let (Some(code), Some(st)) = (valid(&q.code), valid(&q.state)) else {
         return page(StatusCode::BAD_REQUEST, "The connection was not made.");
     };
-    match super::complete_connection(&state, &st, &code).await {
+    match credentials::complete_connection(&state.core.credential_deps(), &st, &code).await {
         Ok(_) => page(
             StatusCode::OK,
             "Connected. You can close this window and retry.",
@@ -143,7 +145,8 @@ pub(crate) async fn disconnect(
 ) -> Result<Json<Value>, ApiError> {
     check_server(&server)?;
     let scope = req.scope(&headers)?;
-    let disconnected = super::disconnect(&state, &scope, &server).await?;
+    let disconnected =
+        credentials::disconnect(&state.core.credential_deps(), &scope, &server).await?;
     Ok(Json(
         json!({"server": server, "disconnected": disconnected}),
     ))
@@ -176,7 +179,7 @@ pub(crate) async fn put_secret(
     }
     .scope(&headers)?;
     Ok(Json(
-        super::set_tenant_secret(&state, &scope, &server, &req.secret)
+        credentials::set_tenant_secret(&state.core.credential_deps(), &scope, &server, &req.secret)
             .await
             .map_err(admin_only)?,
     ))
@@ -191,10 +194,11 @@ pub(crate) async fn delete_secret(
     check_server(&server)?;
     let scope = req.scope(&headers)?;
     let out = state
+        .core
         .db
         .delete_tenant_secret(&scope, &server)
         .await
         .map_err(admin_only)?;
-    state.upstreams.forget(&server).await;
+    state.core.upstreams.forget(&server).await;
     Ok(Json(out))
 }

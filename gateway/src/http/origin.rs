@@ -11,95 +11,9 @@ use axum::http::{header, HeaderMap};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
+use crate::config::hosts::{origin_allowed, parse_allowed, Allowed};
 use crate::error::ApiError;
-use crate::AppState;
-
-/// An allowed origin: `null`, or (scheme, host, port) where port `None` is any port (`:*`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Allowed {
-    Null,
-    Tuple {
-        scheme: String,
-        host: String,
-        port: Option<u16>,
-    },
-}
-
-fn default_port(scheme: &str) -> Option<u16> {
-    match scheme {
-        "http" => Some(80),
-        "https" => Some(443),
-        _ => None,
-    }
-}
-
-/// `(scheme, host, port)` of an origin serialization (RFC 6454), the port filled in from the scheme.
-fn parse_origin(value: &str) -> Option<(String, String, Option<u16>)> {
-    let uri: axum::http::Uri = value.trim().parse().ok()?;
-    // An origin has no path beyond `/`, no query.
-    if uri.path_and_query().is_some_and(|p| p.as_str() != "/") {
-        return None;
-    }
-    let scheme = uri.scheme_str()?.to_ascii_lowercase();
-    let authority = uri.authority()?;
-    if authority.as_str().contains('@') {
-        return None;
-    }
-    let host = authority
-        .host()
-        .trim_start_matches('[')
-        .trim_end_matches(']')
-        .to_ascii_lowercase();
-    if host.is_empty() {
-        return None;
-    }
-    let port = authority.port_u16().or_else(|| default_port(&scheme));
-    Some((scheme, host, port))
-}
-
-/// Parse an entry of `CTXGUARD_MCP_ALLOWED_ORIGINS`: `null`, `scheme://host:*`, or
-/// `scheme://host[:port]` (without a port: the scheme's default port).
-pub fn parse_allowed(entry: &str) -> Option<Allowed> {
-    let entry = entry.trim();
-    if entry.eq_ignore_ascii_case("null") {
-        return Some(Allowed::Null);
-    }
-    if let Some(base) = entry.strip_suffix(":*") {
-        let (scheme, host, _) = parse_origin(base)?;
-        if base
-            .rsplit_once(':')
-            .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
-        {
-            return None;
-        }
-        return Some(Allowed::Tuple {
-            scheme,
-            host,
-            port: None,
-        });
-    }
-    let (scheme, host, port) = parse_origin(entry)?;
-    port?;
-    Some(Allowed::Tuple { scheme, host, port })
-}
-
-/// Whether an `Origin` header value is one of `allowed`.
-pub fn origin_allowed(value: &str, allowed: &[Allowed]) -> bool {
-    if value.trim().eq_ignore_ascii_case("null") {
-        return allowed.contains(&Allowed::Null);
-    }
-    let Some((scheme, host, port)) = parse_origin(value) else {
-        return false;
-    };
-    allowed.iter().any(|a| match a {
-        Allowed::Null => false,
-        Allowed::Tuple {
-            scheme: s,
-            host: h,
-            port: p,
-        } => *s == scheme && *h == host && (p.is_none() || *p == port),
-    })
-}
+use crate::http::AppState;
 
 /// What `/mcp` accepts: hosts and origins, parsed once.
 pub struct Guard {
@@ -108,7 +22,10 @@ pub struct Guard {
 }
 
 impl Guard {
-    pub fn new(config: &crate::config::Config, public: &crate::public_url::PublicUrl) -> Guard {
+    pub fn new(
+        config: &crate::config::Config,
+        public: &crate::config::public_url::PublicUrl,
+    ) -> Guard {
         let mut hosts = config.mcp_allowed_hosts();
         hosts.push(public.authority().to_string());
         Guard {
@@ -132,7 +49,7 @@ impl Guard {
             .get(header::HOST)
             .and_then(|h| h.to_str().ok())
             .unwrap_or_default();
-        if !crate::demo::host_allowed(host, &self.hosts) {
+        if !crate::http::demo::host_allowed(host, &self.hosts) {
             return Some(ApiError::HostNotAllowed);
         }
         let mut origins = headers.get_all(header::ORIGIN).iter();

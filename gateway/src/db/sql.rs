@@ -25,42 +25,13 @@
 
 use std::fmt::Write as _;
 
+use crate::config::database::{Commit, Limits};
+
 /// Whether a transaction writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Access {
     ReadWrite,
     ReadOnly,
-}
-
-/// How a transaction commits (`CTXGUARD_TURN_COMMIT` for the turn's transactions).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Commit {
-    /// Wait for the WAL flush (`synchronous_commit = on`, pinned: a client's `off` does not
-    /// carry over).
-    Durable,
-    /// Do not wait for it (`SET LOCAL synchronous_commit = off`): a crash may lose the last
-    /// fraction of a second of such commits, never a later commit and never half of one.
-    Lazy,
-}
-
-/// The bounds the gateway puts on each of its transactions (gateway configuration:
-/// `CTXGUARD_DB_STATEMENT_TIMEOUT_MS`, `CTXGUARD_DB_LOCK_TIMEOUT_MS`,
-/// `CTXGUARD_DB_IDLE_IN_TRANSACTION_TIMEOUT_MS`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
-    pub statement_timeout_ms: u64,
-    pub lock_timeout_ms: u64,
-    pub idle_in_transaction_timeout_ms: u64,
-}
-
-impl Default for Limits {
-    fn default() -> Limits {
-        Limits {
-            statement_timeout_ms: 15_000,
-            lock_timeout_ms: 5_000,
-            idle_in_transaction_timeout_ms: 15_000,
-        }
-    }
 }
 
 /// A pinned setting's value.
@@ -364,7 +335,7 @@ pub const PAGE_TOOLS: &str =
 
 /// The page's namespaces (`visible_namespaces`, in name order) with the bytes of their visible
 /// tools' definitions (name, description, schema): what the tool budget is judged on
-/// (`compact.rs`).
+/// (`catalog/compact.rs`).
 pub const NAMESPACES: &str = "SELECT n.namespace, n.title, n.description, n.tools, n.server,
         coalesce(b.bytes, 0)::pg_catalog.int8
    FROM ctxguard.visible_namespaces() n
@@ -378,7 +349,7 @@ pub const NAMESPACES: &str = "SELECT n.namespace, n.title, n.description, n.tool
 
 /// The gateway's `find_tools`: the names of Gate A's tools matching `$1` lexically, best first,
 /// at most `$2` (`ctxguard.find_tools`); the gateway's ranker orders them with the page's other
-/// visible tools (`compact.rs`).
+/// visible tools (`catalog/compact.rs`).
 pub const FIND_TOOL_NAMES: &str = "SELECT f.name
    FROM ctxguard.find_tools($1, $2) WITH ORDINALITY f
   ORDER BY f.ordinality";
@@ -497,7 +468,11 @@ pub const EXTENSION_VERSION: &str = "SELECT x.extversion FROM pg_catalog.pg_exte
 pub const PROBE: &str = "SELECT pg_catalog.inet_client_port(), pg_catalog.inet_server_port(),
         pg_catalog.current_setting('port')::pg_catalog.int4";
 
-/// The page-change listener's statement (`pages.rs`), on its own connection.
+/// The channel `ctxguard.put_user_page` announces a user's key on, and `put_session_page` a
+/// session's (`s:<key>`).
+pub const CHANNEL: &str = "ctxguard_pages";
+
+/// The page-change listener's statement (`mcp/follow.rs`), on its own connection.
 pub const LISTEN_PAGES: &str = "LISTEN ctxguard_pages";
 
 /// Every SQL text the gateway sends, named: the statements, and the transaction frames as sent
@@ -593,7 +568,7 @@ mod tests {
 
     #[test]
     fn the_listen_statement_names_the_pages_channel() {
-        assert_eq!(LISTEN_PAGES, format!("LISTEN {}", crate::pages::CHANNEL));
+        assert_eq!(LISTEN_PAGES, format!("LISTEN {}", CHANNEL));
     }
 
     #[test]

@@ -18,12 +18,10 @@
 //! Everything in this file is pure (no database, no network): the database's answers come in, the
 //! lists go out.
 
-use std::fmt;
-use std::str::FromStr;
-
 use serde_json::{json, Value};
 
-use crate::llm::{wire_name, ToolSpec};
+use crate::catalog::{wire_name, ToolSpec};
+use crate::config::budget::Budget;
 
 /// The gateway's own search tool, in the compact list (its wire name too).
 pub const FIND_TOOLS: &str = "find_tools";
@@ -44,56 +42,6 @@ pub const BYTES_PER_TOKEN: usize = 4;
 /// A definition's bytes beyond its name, description and schema (the keys and wrapper a provider
 /// adds around them), for the estimate.
 pub const FRAMING_BYTES: usize = 48;
-
-/// `CTXGUARD_TOOL_BUDGET`: the most tools, or (`4000t`) the most estimated tokens of tool
-/// definitions, a page may show before the compact list replaces the full one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Budget {
-    Tools(usize),
-    Tokens(usize),
-}
-
-impl Default for Budget {
-    /// 30 tools: a page with more goes compact.
-    fn default() -> Budget {
-        Budget::Tools(30)
-    }
-}
-
-impl FromStr for Budget {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Budget, String> {
-        let s = s.trim();
-        let (digits, tokens) = match s.strip_suffix('t') {
-            Some(d) => (d, true),
-            None => (s, false),
-        };
-        let n: usize = digits
-            .parse()
-            .map_err(|_| format!("{s:?}: a number of tools (30) or of tokens (4000t)"))?;
-        if tokens {
-            if !(100..=1_000_000).contains(&n) {
-                return Err("a token budget must be 100t..1000000t".into());
-            }
-            Ok(Budget::Tokens(n))
-        } else {
-            if !(1..=10_000).contains(&n) {
-                return Err("a tool budget must be 1..10000".into());
-            }
-            Ok(Budget::Tools(n))
-        }
-    }
-}
-
-impl fmt::Display for Budget {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Budget::Tools(n) => write!(f, "{n}"),
-            Budget::Tokens(n) => write!(f, "{n}t"),
-        }
-    }
-}
 
 /// One namespace of the page (`ctxguard.visible_namespaces`), with the bytes of its visible tools'
 /// definitions (name, description, schema as the database renders them).
@@ -359,7 +307,7 @@ pub fn candidates(visible: Vec<ToolSpec>, lexical: &[String], args: &FindArgs) -
 /// tie-break: `disclosure::fusion`); without, the lexical matches alone. Only ever tools of
 /// `candidates`.
 pub async fn found(
-    ranker: &crate::disclosure::Ranker,
+    ranker: &crate::catalog::disclosure::Ranker,
     query: &str,
     candidates: Vec<ToolSpec>,
     lexical: &[String],
@@ -661,7 +609,10 @@ mod tests {
             ["crm.c", "hr.b", "crm.a", "crm.d"]
         );
         // Without embeddings, what is found is the lexical matches alone, in their order.
-        let ranker = crate::disclosure::Ranker::new(crate::disclosure::Embeddings::None, 8);
+        let ranker = crate::catalog::disclosure::Ranker::new(
+            crate::catalog::disclosure::Embeddings::None,
+            8,
+        );
         let got = futures::executor::block_on(found(&ranker, "x", everything, &lexical, 5));
         assert_eq!(names(got), ["crm.c", "hr.b"]);
         let envelope = found_envelope(&[tool("crm.a", None, 1)]);

@@ -4,7 +4,7 @@
 //! - [`SessionStore`] holds what this gateway knows of each session: owner, own page, last use
 //!   here, open event streams, the caller's latest token. The database holds the truth every
 //!   gateway shares (`ctxguard.mcp_sessions`: owner, own page, last use through any gateway,
-//!   expiry), reached through `mcp.rs`.
+//!   expiry), reached through `mod.rs`.
 //! - [`BoundSessions`] is the session manager rmcp runs on: it wraps rmcp's in-memory manager,
 //!   records the owner at `initialize` (from the verified caller), hands each message the session's
 //!   key ([`SessionKey`]) and keeps the store in step. The id clients see is not the one rmcp knows

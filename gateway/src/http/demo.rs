@@ -20,7 +20,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::error::ApiError;
-use crate::{ApiJson, AppState, PageRequest};
+use crate::http::{ApiJson, AppState, PageRequest};
 
 /// Lifetime of a minted demo token.
 const TOKEN_TTL_SECS: u64 = 3600;
@@ -166,9 +166,9 @@ async fn page(
     Ok(Json(demo.db.demo_page(&req.scope(&headers)?).await?))
 }
 
-const INDEX_HTML: &str = include_str!("../demo/index.html");
-const APP_JS: &str = include_str!("../demo/app.js");
-const APP_CSS: &str = include_str!("../demo/app.css");
+const INDEX_HTML: &str = include_str!("../../demo/index.html");
+const APP_JS: &str = include_str!("../../demo/app.js");
+const APP_CSS: &str = include_str!("../../demo/app.css");
 
 /// Static responses: no caching (the binary is the version), a strict CSP (the app renders every
 /// answer as text, and nothing may load from elsewhere), no sniffing, no framing.

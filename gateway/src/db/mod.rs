@@ -1,3 +1,6 @@
+//! **Room `db/`**: the only SQL (`sql.rs`) and the pool that sends it (this file). It may use
+//! `catalog` (the rows it returns), `config` (database settings), `seal`, `error`; nothing above.
+//!
 //! Database access. Every step is one short transaction that starts with `ctxguard.set_context`;
 //! no transaction is held while the model thinks. The gateway decides nothing: the database does.
 //! A transaction goes out in one round trip: `BEGIN`, `set_context`, its statements and `COMMIT`,
@@ -14,9 +17,9 @@
 //! ctxguard's context lives in transaction-local settings, and so do the settings the gateway pins.
 //!
 //! A server connection is hostile ground (a pooler's previous client, role defaults): every SQL
-//! text is in [`crate::sql`], fully schema-qualified, and every statement runs inside a transaction
+//! text is in [`crate::db::sql`], fully schema-qualified, and every statement runs inside a transaction
 //! that starts `BEGIN ISOLATION LEVEL READ COMMITTED READ WRITE` (or `READ ONLY`) with the
-//! settings of [`crate::sql::PINS`] pinned for the transaction in the same message ([`crate::sql::begin`]):
+//! settings of [`crate::db::sql::PINS`] pinned for the transaction in the same message ([`crate::db::sql::begin`]):
 //! the statements without a context ([`Db::verify_token`], the MCP session records, discovery),
 //! the probe, and in prepared mode the Parse of a named statement too.
 //!
@@ -24,7 +27,9 @@
 //! (model calls: EXECUTE on ctxguard's API only), the discovery role's (`sync_mcp_tools` only) and,
 //! in demo mode, the demo screens' role (`demo_page`). Each method says which pool it is for.
 
-use std::collections::HashSet;
+pub mod sql;
+
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -38,14 +43,30 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{NoTls, Row};
 use uuid::Uuid;
 
-use crate::compact::{Namespace, Overview};
-use crate::credentials::seal::Sealed;
+use crate::catalog::compact::{Namespace, Overview};
+use crate::catalog::ToolSpec;
+use crate::config::database::{Commit, Limits, StatementMode};
+use crate::db::sql::Access;
 use crate::error::ApiError;
-use crate::llm::ToolSpec;
-use crate::sql::{self, Access, Limits};
-use crate::upstream::ServerConfig;
+use crate::seal::Sealed;
 
-pub use crate::sql::Commit;
+/// One row of `ctxguard.mcp_servers`.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub name: String,
+    pub transport: String,
+    pub url: Option<String>,
+    pub command: Option<String>,
+    pub args: Vec<String>,
+    pub env: HashMap<String, String>,
+    pub cwd: Option<String>,
+    pub headers: HashMap<String, String>,
+    pub bearer_token_env: Option<String>,
+    /// `static`, `tenant_secret`, `user_oauth` or `token_exchange` (`credentials/`).
+    pub credential_mode: String,
+    /// The mode's settings (`credentials::oauth::ModeConfig`).
+    pub credential_config: Value,
+}
 
 /// Who and where: the caller's token and page, plus the turn's generation and trace id.
 #[derive(Debug, Clone)]
@@ -57,7 +78,7 @@ pub struct Scope {
 }
 
 /// A tool as a caller names it: by its catalog name (`invoice.get`), or by the name MCP and model
-/// clients see (`invoice__get`: `llm::wire_name`), which the database maps back.
+/// clients see (`invoice__get`: `catalog::wire_name`), which the database maps back.
 #[derive(Debug, Clone, Copy)]
 pub enum ToolName<'a> {
     Catalog(&'a str),
@@ -73,22 +94,9 @@ pub struct TurnStart {
     pub generation_ttl: Duration,
     pub page_description: String,
     pub tools: Vec<ToolSpec>,
-    /// The page's namespaces, for the tool budget (`compact.rs`).
+    /// The page's namespaces, for the tool budget (`catalog/compact.rs`).
     pub overview: Overview,
     pub history: Vec<(String, String)>,
-}
-
-/// How statements are sent (`CTXGUARD_DB_STATEMENTS`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum StatementMode {
-    /// `prepared` when the gateway is connected to PostgreSQL itself, `unnamed` otherwise
-    /// (a pooler, a proxy, or when it cannot tell).
-    Auto,
-    /// Named prepared statements, cached per connection: PostgreSQL directly, or pgbouncer 1.21+
-    /// with `max_prepared_statements` set, or pgbouncer in session mode.
-    Prepared,
-    /// Unnamed statements only: any pgbouncer pool mode and version.
-    Unnamed,
 }
 
 /// A statement's parameters with their types (so that an unnamed statement needs no Describe).
@@ -771,7 +779,7 @@ impl Db {
     /// verdict (`explain_tools`), for the visible ones their policy flags, and whether each is in
     /// the model's list for `query` and `top_k` (and if not, why). Offered first, then visible.
     /// With it, in the same transaction, the model's ranked list (`visible_tools(query, top_k)`)
-    /// and the page's namespaces, from which the tool budget's decision follows (`compact.rs`).
+    /// and the page's namespaces, from which the tool budget's decision follows (`catalog/compact.rs`).
     pub async fn explain_page(
         &self,
         scope: &Scope,
@@ -815,7 +823,7 @@ impl Db {
         scope: &Scope,
         query: &str,
     ) -> Result<SearchCandidates, ApiError> {
-        let lexical_k = crate::compact::FIND_NAMESPACE_CANDIDATES;
+        let lexical_k = crate::catalog::compact::FIND_NAMESPACE_CANDIDATES;
         let none: (Option<&str>, Option<i32>) = (None, None);
         let (_, mut results) = self
             .transaction(

@@ -1,3 +1,8 @@
+//! **Room `upstream/`**: owns the registry of connections to upstream MCP servers (this file:
+//! per credential mode, stdio isolation) and their credentials (`credentials/`). It may use `db`,
+//! `pages`, `telemetry`, `seal`, `secrets`, `config`, `error`; it may not touch `services`, `tools`,
+//! `chat`, `mcp` or `http` (what it needs of the gateway's state comes lent, `credentials::Deps`).
+//!
 //! Upstream MCP servers (seed 002), as an MCP client.
 //!
 //! The registry and the per-server access rules live in the database (`ctxguard.mcp_servers`,
@@ -14,6 +19,8 @@
 //! `SIGKILL` as their parent-death signal, optionally as another OS user
 //! (`CTXGUARD_MCP_STDIO_USER`); [`Upstreams::shutdown`] ends their groups with the gateway.
 
+pub mod credentials;
+
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -28,27 +35,9 @@ use serde_json::Value;
 use tokio::sync::Mutex;
 use tracing::Instrument;
 
-use crate::db::Db;
+use crate::db::{Db, ServerConfig};
 use crate::secrets::StdioUser;
 use process_wrap::tokio::{CommandWrap, KillOnDrop, ProcessGroup};
-
-/// One row of `ctxguard.mcp_servers`.
-#[derive(Debug, Clone)]
-pub struct ServerConfig {
-    pub name: String,
-    pub transport: String,
-    pub url: Option<String>,
-    pub command: Option<String>,
-    pub args: Vec<String>,
-    pub env: HashMap<String, String>,
-    pub cwd: Option<String>,
-    pub headers: HashMap<String, String>,
-    pub bearer_token_env: Option<String>,
-    /// `static`, `tenant_secret`, `user_oauth` or `token_exchange` (`credentials/`).
-    pub credential_mode: String,
-    /// The mode's settings (`credentials::oauth::ModeConfig`).
-    pub credential_config: Value,
-}
 
 type Client = RunningService<RoleClient, ()>;
 
@@ -250,7 +239,7 @@ impl Upstreams {
     /// Open a connection with `auth` and record the server's tools from it (once per gateway
     /// start for a per-user server: its tools are not discovered at start-up, no one's
     /// credential being there).
-    pub async fn prime(&self, cfg: &ServerConfig, auth: &crate::credentials::Auth) {
+    pub async fn prime(&self, cfg: &ServerConfig, auth: &crate::upstream::credentials::Auth) {
         if self.primed.lock().await.contains(&cfg.name) {
             return;
         }
@@ -270,10 +259,10 @@ impl Upstreams {
     async fn user_client(
         &self,
         cfg: &ServerConfig,
-        auth: &crate::credentials::Auth,
+        auth: &crate::upstream::credentials::Auth,
     ) -> Result<Arc<Client>, ForwardError> {
         use sha2::Digest as _;
-        let crate::credentials::Auth::Bearer { token, owner } = auth else {
+        let crate::upstream::credentials::Auth::Bearer { token, owner } = auth else {
             return Err(ForwardError::Unavailable);
         };
         let key: UserKey = (
@@ -317,10 +306,10 @@ impl Upstreams {
         server: &str,
         tool: &str,
         args: Value,
-        auth: &crate::credentials::Auth,
+        auth: &crate::upstream::credentials::Auth,
         trace_id: &str,
     ) -> Result<Value, ForwardError> {
-        if *auth == crate::credentials::Auth::Static {
+        if *auth == crate::upstream::credentials::Auth::Static {
             return self.forward(server, tool, args, trace_id).await;
         }
         let span = call_span(server, tool);
@@ -339,7 +328,7 @@ impl Upstreams {
         server: &str,
         tool: &str,
         args: Value,
-        auth: &crate::credentials::Auth,
+        auth: &crate::upstream::credentials::Auth,
         traceparent: Option<String>,
     ) -> Result<Value, ForwardError> {
         let cfg = self

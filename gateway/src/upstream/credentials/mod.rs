@@ -18,10 +18,8 @@
 //! elicitation), never into the model's messages. No credential is logged, audited, returned or
 //! put in an error.
 
-pub mod http;
 pub mod mcp;
 pub mod oauth;
-pub mod seal;
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -31,12 +29,14 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
+use crate::config::public_url::PublicUrl;
+use crate::db::Db;
 use crate::db::Scope;
+use crate::db::ServerConfig;
 use crate::pages::View;
-use crate::upstream::ServerConfig;
-use crate::AppState;
+use crate::seal::{self, Binding, KeyRing, SealError};
+use crate::upstream::Upstreams;
 use oauth::{Endpoints, ModeConfig, OAuthError};
-use seal::{Binding, KeyRing, SealError};
 
 /// How long a connect request (`state`) stays valid.
 const CONNECT_TTL: Duration = Duration::from_secs(600);
@@ -91,6 +91,15 @@ struct Pending {
     resource: String,
     token_endpoint: String,
     created: Instant,
+}
+
+/// What the credential modes use of the gateway's services (`services.rs`, which
+/// lends them for one call): this room may not reach above itself for them.
+pub struct Deps<'a> {
+    pub db: &'a Db,
+    pub upstreams: &'a Upstreams,
+    pub credentials: &'a Credentials,
+    pub public: &'a PublicUrl,
 }
 
 pub struct Credentials {
@@ -156,7 +165,7 @@ fn resource(cfg: &ServerConfig, mode: &ModeConfig) -> String {
 
 /// The credential of authorized upstream call `call_id` to server `cfg`.
 pub async fn for_call(
-    state: &AppState,
+    state: &Deps<'_>,
     view: &mut View,
     cfg: &ServerConfig,
     call_id: Uuid,
@@ -305,7 +314,7 @@ fn open(
 
 /// Refresh a user's connection and store the new tokens; the new access token.
 async fn refresh(
-    state: &AppState,
+    state: &Deps<'_>,
     view: &mut View,
     cfg: &ServerConfig,
     tenant: &str,
@@ -359,7 +368,7 @@ async fn refresh(
 /// Seal and store a user's connection under the view's verified context.
 #[expect(clippy::too_many_arguments, reason = "the parts of one connection")]
 async fn store(
-    state: &AppState,
+    state: &Deps<'_>,
     view: &mut View,
     cfg: &ServerConfig,
     tenant: &str,
@@ -407,7 +416,7 @@ async fn store(
 /// connect request bound to the user (as the database verified them) and the server, single use,
 /// valid for 10 minutes.
 pub async fn connect_url(
-    state: &AppState,
+    state: &Deps<'_>,
     scope: &Scope,
     cfg: &ServerConfig,
 ) -> Result<String, CredError> {
@@ -488,7 +497,7 @@ fn identity_of(v: &Value) -> Option<(String, String)> {
 /// The callback of a connect request: redeem the code (PKCE) and store the connection under the
 /// verified context of the user who asked. The request is used up whatever happens.
 pub async fn complete_connection(
-    state: &AppState,
+    state: &Deps<'_>,
     state_id: &str,
     code: &str,
 ) -> Result<String, CredError> {
@@ -505,7 +514,7 @@ pub async fn complete_connection(
         .ok_or(CredError::Unavailable)?;
     let cfg = state
         .upstreams
-        .config(&state.db, &p.server)
+        .config(state.db, &p.server)
         .await
         .filter(|c| c.credential_mode == "user_oauth")
         .ok_or(CredError::Unavailable)?;
@@ -560,7 +569,7 @@ pub async fn complete_connection(
 /// Disconnect the scope's user from `server`: delete the stored connection and revoke its tokens
 /// at the authorization server (best effort). Whether there was one.
 pub async fn disconnect(
-    state: &AppState,
+    state: &Deps<'_>,
     scope: &Scope,
     server: &str,
 ) -> Result<bool, crate::error::ApiError> {
@@ -571,7 +580,7 @@ pub async fn disconnect(
     state.upstreams.forget(server).await;
     let (Some((tenant, user)), Some(cfg)) = (
         identity(&context),
-        state.upstreams.config(&state.db, server).await,
+        state.upstreams.config(state.db, server).await,
     ) else {
         return Ok(true);
     };
@@ -620,7 +629,7 @@ pub async fn disconnect(
 
 /// Set the scope's tenant's secret for `server` (its tenant admin; the database checks).
 pub async fn set_tenant_secret(
-    state: &AppState,
+    state: &Deps<'_>,
     scope: &Scope,
     server: &str,
     secret: &str,
@@ -675,9 +684,9 @@ pub fn refusal(e: &CredError, call_id: Uuid, server: &str) -> Value {
 
 /// For the user's client (never the model): what to open to connect, if the envelope is a
 /// `CONNECTION_REQUIRED` refusal of a server that can be connected.
-pub async fn connect_hint(state: &AppState, scope: &Scope, envelope: &Value) -> Option<Value> {
+pub async fn connect_hint(state: &Deps<'_>, scope: &Scope, envelope: &Value) -> Option<Value> {
     let server = connection_required(envelope)?;
-    let cfg = state.upstreams.config(&state.db, server).await?;
+    let cfg = state.upstreams.config(state.db, server).await?;
     let url = connect_url(state, scope, &cfg).await.ok();
     Some(json!({"server": server, "connectUrl": url}))
 }

@@ -1,3 +1,5 @@
+//! **Floor** (uses no other room): `db` stores what it seals, `upstream` opens it.
+//!
 //! Sealing credentials for storage: XChaCha20-Poly1305 under a key the database never sees.
 //!
 //! The key file (`CTXGUARD_CREDENTIAL_KEY_FILE`) holds one key per line, `key_id:base64` (32 bytes,

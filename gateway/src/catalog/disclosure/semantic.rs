@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
 use super::fusion::{fuse, Fused, FIND_COSINE};
-use crate::llm::ToolSpec;
+use crate::catalog::ToolSpec;
 
 /// Longest query embedded, in bytes (the model then cuts at its token limit).
 pub const MAX_QUERY_BYTES: usize = 2048;
