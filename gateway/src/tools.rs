@@ -48,6 +48,13 @@ async fn settle(state: &Services, view: &mut View, envelope: Value) -> Result<Va
         .ok_or_else(|| ApiError::Internal("authorized call without call_id".into()))?;
     let server = envelope["server"].as_str().unwrap_or_default();
     let tool = envelope["tool"].as_str().unwrap_or_default();
+    // The registration as Gate B authorized the call: its credential mode now (an envelope
+    // without one names none, and fails closed below).
+    let mode = envelope["credential_mode"].as_str().unwrap_or_default();
+    let cfg = state
+        .upstreams
+        .config_for_mode(&state.db, server, mode)
+        .await;
     // Connect first if needed (a call need not follow a listing: /internal/mcp/execute, or a
     // connection dropped after a failure); a server in its back-off stays unavailable.
     state
@@ -57,7 +64,7 @@ async fn settle(state: &Services, view: &mut View, envelope: Value) -> Result<Va
     // The credential the verified context chose (issue 33): static, the tenant's secret, the
     // user's own connection, or an exchanged token. Without one the call is completed as failed
     // (audited) and answered with why.
-    let auth = match state.upstreams.config(&state.db, server).await {
+    let auth = match cfg {
         Some(cfg) => {
             crate::upstream::credentials::for_call(&state.credential_deps(), view, &cfg, call_id)
                 .await

@@ -9,6 +9,8 @@
 mod support;
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -346,6 +348,22 @@ async fn sync_mcp_tools_belongs_to_the_discovery_role_alone() {
 /// A minimal upstream MCP server (Streamable HTTP, stateless JSON responses, protocol 2025-11-25)
 /// with one tool that echoes the invoice id it was called with.
 async fn mock_upstream() -> SocketAddr {
+    mock_upstream_counting().await.0
+}
+
+/// [`mock_upstream`], and how many `tools/call` requests reached it.
+async fn mock_upstream_counting() -> (SocketAddr, Arc<AtomicUsize>) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = calls.clone();
+    let handler = move |Json(msg): Json<Value>| {
+        let calls = counted.clone();
+        async move {
+            if msg["method"] == "tools/call" {
+                calls.fetch_add(1, Ordering::SeqCst);
+            }
+            rpc(Json(msg)).await
+        }
+    };
     async fn rpc(Json(msg): Json<Value>) -> Response {
         let Some(id) = msg.get("id").cloned() else {
             return StatusCode::ACCEPTED.into_response(); // a notification
@@ -372,14 +390,14 @@ async fn mock_upstream() -> SocketAddr {
     }
     let app = Router::new().route(
         "/mcp",
-        post(rpc)
+        post(handler)
             .get(|| async { StatusCode::METHOD_NOT_ALLOWED })
             .delete(|| async { StatusCode::METHOD_NOT_ALLOWED }),
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    addr
+    (addr, calls)
 }
 
 fn scan_tool() -> Value {
@@ -522,4 +540,81 @@ async fn catalogued_upstream_tools_work_without_the_discovery_role() {
     // Still nothing new was recorded by this gateway.
     assert_eq!(server_tools("rt_known").await, vec!["rt_known.read_scan"]);
     drop_server("rt_known").await;
+}
+
+/// Issue 33: the DBA moves a server from `static` to `tenant_secret` while a gateway runs. Gate B's
+/// authorization names the new mode; the gateway, whose copy of the registry still says static,
+/// must read it again instead of forwarding the call over its shared, static connection (one
+/// account for everyone). Without the tenant's secret the call fails closed, audited, and the
+/// upstream never sees it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_moved_to_another_credential_mode_is_never_called_with_the_old_one() {
+    let (up, calls) = mock_upstream_counting().await;
+    let server = "rt_moved";
+    register_server(
+        server,
+        &format!("http://{up}/mcp"),
+        Some(binds_the_invoice()),
+    )
+    .await;
+    admin()
+        .await
+        .query_one(
+            "SELECT ctxguard.sync_mcp_tools($1, $2)",
+            &[&server, &json!([scan_tool()])],
+        )
+        .await
+        .unwrap();
+    let gw = gateway(&[]).await;
+    let alice = token("alice", "acme", &["ap_clerk"]);
+    let execute = |trace: String| {
+        let alice = alice.clone();
+        async move {
+            post_json(
+                gw,
+                "/internal/mcp/execute",
+                Some(&alice),
+                &trace,
+                &json!({"tool_name": "rt_moved.read_scan", "arguments": {},
+                        "pageContext": invoice_page("acme_inv3")}),
+            )
+            .await
+        }
+    };
+    let (status, body) = execute(format!("rt-moved-{}", uuid::Uuid::new_v4().simple())).await;
+    assert_eq!(
+        (status, body["status"].as_str()),
+        (200, Some("ok")),
+        "{body}"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "static: the call went out");
+
+    admin()
+        .await
+        .execute(
+            "UPDATE ctxguard.mcp_servers SET credential_mode = 'tenant_secret' WHERE name = $1",
+            &[&server],
+        )
+        .await
+        .unwrap();
+    let trace = format!("rt-moved-{}", uuid::Uuid::new_v4().simple());
+    let (status, body) = execute(trace.clone()).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["status"], "error", "{body}");
+    assert_eq!(body["error"]["code"], "TOOL_ERROR", "{body}");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "the upstream never saw the call made under the new mode: {body}"
+    );
+    assert_eq!(
+        audit(&trace)
+            .await
+            .iter()
+            .map(|(d, _, _)| d.as_str())
+            .collect::<Vec<_>>(),
+        vec!["authorized", "error"],
+        "Gate B authorized it under tenant_secret, and it was completed as failed"
+    );
+    drop_server(server).await;
 }

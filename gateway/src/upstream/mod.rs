@@ -231,6 +231,40 @@ impl Upstreams {
         Some(cfg)
     }
 
+    /// The registry row of `server` for a call Gate B authorized under credential mode `mode`
+    /// (the `authorized` envelope's `credential_mode`: the server's mode at that moment). A kept
+    /// row with another mode is read again and the server's connections, opened under the old
+    /// mode's credential, are dropped. `None` when the registry still disagrees, or has no such
+    /// server: the call must not go out (issue 33; never a shared static connection for a server
+    /// the DBA moved to a per-user or per-tenant mode).
+    pub async fn config_for_mode(&self, db: &Db, server: &str, mode: &str) -> Option<ServerConfig> {
+        if let Some(cfg) = self.config(db, server).await {
+            if cfg.credential_mode == mode {
+                return Some(cfg);
+            }
+        }
+        let rows = db.mcp_servers(Some(&[server.to_string()])).await.ok()?;
+        let cfg = rows.into_iter().find(|c| c.name == server)?;
+        tracing::info!(
+            server,
+            mode = %cfg.credential_mode,
+            "the server's credential mode changed: its registration was read again"
+        );
+        self.configs
+            .lock()
+            .await
+            .insert(cfg.name.clone(), cfg.clone());
+        if let Some(slot) = self.slots.lock().await.get_mut(server) {
+            // An http server's shared connection (a stdio server is always static, so its
+            // process is never left behind here).
+            if slot.pgid.is_none() {
+                slot.client = None;
+            }
+        }
+        self.forget(server).await;
+        (cfg.credential_mode == mode).then_some(cfg)
+    }
+
     /// Close the per-user connections to `server` (a credential was deleted or replaced).
     pub async fn forget(&self, server: &str) {
         self.users.lock().await.retain(|(s, _, _), _| s != server);
