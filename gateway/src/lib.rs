@@ -23,13 +23,14 @@
 //! | | [`catalog`] | what a tool is, the tool budget (compact lists), tool search |
 //! | | [`limits`], [`auth`] | HTTP limits (timeouts, connections, streams per user); the bearer token |
 //! | bottom | [`config`] | settings and the values parsed from them (public URL, OAuth metadata, hosts) |
-//! | | [`error`], [`metrics`], [`secrets`], [`seal`], [`jwks_sync`] | the API's errors, Prometheus metrics, process hygiene, sealed credentials, the `jwks-sync` command |
+//! | | [`error`], [`metrics`], [`secrets`], [`seal`], [`jwks_sync`], [`bounded`] | the API's errors, Prometheus metrics, process hygiene, sealed credentials, the `jwks-sync` command, bounded reads of peers' HTTP bodies |
 //!
 //! A request enters in `http` (`http::app`); `POST /v1/chat` goes to `chat`, `/mcp` to `mcp`; both
 //! call tools through `tools` and read the database through `db`. `main.rs` only wires config,
 //! tracing, state and [`http::serve`].
 
 pub mod auth;
+pub mod bounded;
 pub mod catalog;
 pub mod chat;
 pub mod config;

@@ -18,13 +18,14 @@ const FLOORS: &[(&str, &[&str])] = &[
     ("secrets", &[]),
     ("seal", &[]),
     ("jwks_sync", &[]),
+    ("bounded", &[]),
     // Settings and the values parsed from them.
     ("config", &["secrets"]),
     ("auth", &["error"]),
     ("limits", &["config", "metrics"]),
     // What a tool is, the tool budget, tool search.
-    ("catalog", &["config"]),
-    ("llm", &["catalog", "config"]),
+    ("catalog", &["bounded", "config"]),
+    ("llm", &["bounded", "catalog", "config"]),
     ("telemetry", &["llm"]),
     // The only SQL.
     ("db", &["catalog", "config", "error", "seal"]),
@@ -33,6 +34,7 @@ const FLOORS: &[(&str, &[&str])] = &[
     (
         "upstream",
         &[
+            "bounded",
             "config",
             "db",
             "error",

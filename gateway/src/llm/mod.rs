@@ -1,5 +1,5 @@
 //! **Room `llm/`**: model providers behind one trait ([`ChatModel`]): OpenAI-compatible,
-//! Anthropic, offline. It may use `catalog` (the tools it offers) and `config`; it may not touch
+//! Anthropic, offline. It may use `catalog` (the tools it offers), `config` and `bounded`; it may not touch
 //! the database, the loop (`chat`) or HTTP routes.
 //!
 //! Model providers behind one trait. The gateway never trusts a model: every tool call it asks for
@@ -9,6 +9,8 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use async_trait::async_trait;
+
+use crate::bounded::BodyError as BoundedError;
 use eventsource_stream::{EventStreamError, Eventsource};
 use futures::{Stream, StreamExt};
 use serde::{Deserialize, Serialize};
@@ -194,14 +196,30 @@ fn transport(e: reqwest::Error) -> LlmError {
     }
 }
 
+/// Most bytes of an error body read (a 400's message; only its start is kept).
+pub const MAX_ERROR_BODY_BYTES: usize = 64 * 1024;
+
+/// A response's body, at most `max` bytes ([`crate::bounded::body`]).
+async fn body_capped(resp: reqwest::Response, max: usize) -> Result<Vec<u8>, LlmError> {
+    crate::bounded::body(resp, max).await.map_err(|e| match e {
+        BoundedError::TooLarge => LlmError::BadResponse("the response is too large".into()),
+        BoundedError::Timeout => LlmError::Timeout,
+        BoundedError::Transport => LlmError::Transport("the response could not be read".into()),
+    })
+}
+
 /// A response that is not a success, on attempt `try_no`: a `400` is the endpoint's refusal; a
 /// `429` or `5xx` on the first attempt is retried after the wait returned (`Retry-After`, capped
 /// at 10 s); anything else is the upstream's failure.
 async fn not_ok(resp: reqwest::Response, try_no: u32) -> Result<Duration, LlmError> {
     let status = resp.status();
     if status == reqwest::StatusCode::BAD_REQUEST {
-        let body = resp.text().await.unwrap_or_default();
-        return Err(LlmError::Refused(refusal_message(&body)));
+        // Only the start of the message is kept (`refusal_message`): a larger body is not read.
+        let message = match body_capped(resp, MAX_ERROR_BODY_BYTES).await {
+            Ok(body) => refusal_message(&String::from_utf8_lossy(&body)),
+            Err(_) => "a refusal too large to read".into(),
+        };
+        return Err(LlmError::Refused(message));
     }
     let retryable = status.as_u16() == 429 || status.is_server_error();
     if try_no == 0 && retryable {
@@ -352,10 +370,9 @@ pub async fn send_with_retry(
             })?;
             let status = resp.status();
             if status.is_success() {
-                return resp
-                    .json::<Value>()
-                    .await
-                    .map_err(|e| LlmError::BadResponse(e.without_url().to_string()));
+                let body = body_capped(resp, MAX_RESPONSE_BYTES).await?;
+                return serde_json::from_slice(&body)
+                    .map_err(|_| LlmError::BadResponse("the body is not JSON".into()));
             }
             let wait = not_ok(resp, try_no).await?;
             tokio::time::sleep(wait).await;
@@ -469,6 +486,51 @@ pub(crate) mod tests {
     /// The head of an event stream that runs until the connection closes.
     pub(crate) fn sse_head() -> String {
         "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n".into()
+    }
+
+    #[tokio::test]
+    async fn bodies_past_their_limit_are_refused_unread() {
+        let send = |url: String| {
+            send_with_retry(
+                move || reqwest::Client::new().post(&url),
+                Duration::from_secs(10),
+            )
+        };
+        // A whole response past MAX_RESPONSE_BYTES: declared, or only streamed (no length).
+        let big = vec![b' '; MAX_RESPONSE_BYTES + 1];
+        let declared = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+            big.len()
+        );
+        let err = send(raw_server(declared, big.clone()).await)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, LlmError::BadResponse(m) if m.contains("too large")),
+            "{err:?}"
+        );
+        let undeclared =
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n\r\n";
+        let err = send(raw_server(undeclared.into(), big).await)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, LlmError::BadResponse(m) if m.contains("too large")),
+            "{err:?}"
+        );
+        // A JSON body within it is read.
+        let ok = send(raw_server(undeclared.into(), br#"{"ok": true}"#.to_vec()).await)
+            .await
+            .unwrap();
+        assert_eq!(ok["ok"], true);
+        // A 400 whose body is past MAX_ERROR_BODY_BYTES: refused without its message.
+        let mut body = br#"{"error": {"message": "#.to_vec();
+        body.extend(std::iter::repeat_n(b'x', MAX_ERROR_BODY_BYTES));
+        let head = "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\nconnection: close\r\n\r\n";
+        match send(raw_server(head.into(), body).await).await.unwrap_err() {
+            LlmError::Refused(m) => assert_eq!(m, "a refusal too large to read"),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -20,6 +20,8 @@ use crate::catalog::ToolSpec;
 
 /// Longest query embedded, in bytes (the model then cuts at its token limit).
 pub const MAX_QUERY_BYTES: usize = 2048;
+/// Most bytes of an embeddings endpoint's answer read.
+const MAX_EMBEDDINGS_BODY_BYTES: usize = 32 * 1024 * 1024;
 /// Tool vectors kept (about 1.5 kB each with MiniLM: 24 MB at most).
 const CACHE_ENTRIES: usize = 16_384;
 
@@ -430,7 +432,11 @@ impl Ranker {
         if !resp.status().is_success() {
             return Err(format!("HTTP {}", resp.status()));
         }
-        let body: Value = resp.json().await.map_err(|e| e.to_string())?;
+        // A query and up to a batch of tool texts: a few MB of floats at most.
+        let body = crate::bounded::body(resp, MAX_EMBEDDINGS_BODY_BYTES)
+            .await
+            .map_err(|e| e.to_string())?;
+        let body: Value = serde_json::from_slice(&body).map_err(|_| "the answer is not JSON")?;
         let data = body
             .get("data")
             .and_then(Value::as_array)

@@ -119,10 +119,12 @@ async fn read_json(resp: reqwest::Response) -> Result<Value, OAuthError> {
     {
         return Err(OAuthError::Malformed);
     }
-    let bytes = resp.bytes().await.map_err(|_| OAuthError::Unreachable)?;
-    if bytes.len() > MAX_ANSWER_BYTES {
-        return Err(OAuthError::Malformed);
-    }
+    let bytes = crate::bounded::body(resp, MAX_ANSWER_BYTES)
+        .await
+        .map_err(|e| match e {
+            crate::bounded::BodyError::TooLarge => OAuthError::Malformed,
+            _ => OAuthError::Unreachable,
+        })?;
     serde_json::from_slice(&bytes).map_err(|_| OAuthError::Malformed)
 }
 
