@@ -346,3 +346,58 @@ gateway_user() {
     GW_USER=$(id -un)
   fi
 }
+
+# Demo Notes (demo-upstream/): the demo's upstream MCP server that needs each user's own connection,
+# with the small OAuth 2.1 authorization server it trusts, in one process. Built together with the
+# gateway (`cargo build -p ctxguard-gateway -p ctxguard-demo-upstream`: one feature set, so the crates
+# they share are built once); $1: release or debug. Prints the binary's path.
+demo_upstream_bin() {
+  local flag=()
+  [ "$1" = release ] && flag=(--release)
+  cargo build --locked "${flag[@]}" -p ctxguard-gateway -p ctxguard-demo-upstream >/dev/null
+  echo "$CARGO_TARGET_DIR/$1/ctxguard-demo-upstream"
+}
+
+# Start Demo Notes (binary $1) on 127.0.0.1:$2 for the gateway at URL $3 (its callback is the one
+# redirect URI the authorization server accepts), logging to $4; its pid in DEMO_UPSTREAM_PID.
+# Runs as the caller ("${GW_AS[@]}" in front to run it as the gateway's user).
+start_demo_upstream() {
+  local bin=$1 port=$2 gw=$3 logfile=$4
+  require_free_ports "$port"
+  DEMO_UPSTREAM_LISTEN="127.0.0.1:$port" DEMO_UPSTREAM_REDIRECT_URI="$gw/v1/connections/callback" \
+    nohup "$bin" >"$logfile" 2>&1 &
+  DEMO_UPSTREAM_PID=$!
+  local i
+  for i in $(seq 100); do
+    curl -sf "http://127.0.0.1:$port/.well-known/oauth-authorization-server" >/dev/null && return 0
+    sleep 0.1
+  done
+  cat "$logfile" >&2
+  return 1
+}
+
+# Register Demo Notes (listening on 127.0.0.1:$2; binary $3 prints its tools) in database $1, as the
+# DBA: server `notes`, each user's own connection (`user_oauth`: the gateway is a public client of
+# its authorization server, PKCE), open to every demo user on every page, read-only, and its tools
+# recorded now (the gateway's discovery cannot list them before someone connects: without them in
+# the catalog, nobody would ever be asked to connect). Same definitions as its tools/list, so the
+# first connection's discovery changes nothing.
+register_demo_upstream() {
+  local db=$1 up="http://127.0.0.1:$2" tools
+  tools=$("$3" --print-tools)
+  psql_su -d "$db" -o /dev/null -v url="$up/mcp" -v issuer="$up" -v tools="$tools" <<'SQL'
+INSERT INTO ctxguard.mcp_servers (name, transport, url, description, default_access, credential_mode, credential_config)
+VALUES ('notes', 'http', :'url', 'Demo Notes: your own notes, from your own Demo Notes account (connect it once)',
+        'allow', 'user_oauth',
+        jsonb_build_object('issuer', :'issuer', 'client_id', 'ctxguard-demo', 'scopes', jsonb_build_array('notes.read')));
+SELECT ctxguard.set_server_policy('notes', '{"page_types": ["*"], "read_only": true}');
+SELECT ctxguard.sync_mcp_tools('notes', :'tools');
+SQL
+}
+
+# The key file that seals stored upstream credentials (README "Upstream credentials"): made once,
+# `k1:<32 random bytes, base64>`, readable by its owner only.
+credential_key_file() {
+  local file=$1
+  [ -s "$file" ] || ( umask 077; echo "k1:$(head -c 32 /dev/urandom | base64)" >"$file" )
+}

@@ -762,6 +762,11 @@ async function main() {
     navigate(a.getAttribute("href"));
   });
   window.addEventListener("popstate", load);
+  // Connecting happens in another tab (the upstream's sign-in, then the gateway's callback page):
+  // coming back to this one shows the connections as they are now.
+  document.addEventListener("visibilitychange", () => {
+    if (document.visibilityState === "visible" && store.route?.pageType) renderConnections(store.loadSeq);
+  });
   $("chat-form").addEventListener("submit", (e) => {
     e.preventDefault();
     send($("chat-input").value);

@@ -3,12 +3,15 @@
 // mode, and passes CTXGUARD_UI_URL. Every test opens a fresh browser context (its own session).
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { mkdirSync } from "node:fs";
+import { mkdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { chromium } from "playwright-core";
 
 const BASE = process.env.CTXGUARD_UI_URL ?? "http://127.0.0.1:31920";
 const SHOTS = process.env.CTXGUARD_UI_SCREENSHOTS;
+// Demo Notes, the upstream that needs each user's own connection (run.sh starts it), and its log.
+const UPSTREAM = process.env.CTXGUARD_UI_UPSTREAM_URL ?? "http://127.0.0.1:31921";
+const UPSTREAM_LOG = process.env.CTXGUARD_UI_UPSTREAM_LOG;
 const TIMEOUT = 15_000;
 
 let browser;
@@ -70,6 +73,26 @@ const pageContext = async (page) => JSON.parse(await page.textContent("#page-con
 
 async function shot(page, name) {
   if (SHOTS) await page.screenshot({ path: join(SHOTS, `${name}.png`), fullPage: true });
+}
+
+// One element, cropped (small pictures for the README).
+async function shotOf(locator, name) {
+  if (SHOTS) await locator.screenshot({ path: join(SHOTS, `${name}.png`) });
+}
+
+// Click a Connect link (it opens the upstream's sign-in in a new tab), sign in there as `account`,
+// allow, and wait for the gateway's callback page to say it is done; back to the app's tab.
+async function connectAs(page, link, account) {
+  const [signIn] = await Promise.all([page.context().waitForEvent("page"), link.click()]);
+  signIn.setDefaultTimeout(TIMEOUT);
+  await signIn.waitForLoadState();
+  assert.equal(new URL(signIn.url()).origin, UPSTREAM);
+  assert.match(await signIn.textContent("h1"), /Sign in to Demo Notes/);
+  await signIn.selectOption("#user", account);
+  await Promise.all([signIn.waitForURL((u) => u.href.startsWith(`${BASE}/v1/connections/callback?`)), signIn.click("#allow")]);
+  assert.match(await signIn.textContent("body"), /Connected/);
+  await signIn.close();
+  await page.bringToFront();
 }
 
 // Requests made from inside the page (same origin), as a given demo user.
@@ -461,15 +484,86 @@ describe("security", () => {
     await shot(page, "four-eyes-rejected");
   });
 
-  // Issue 33. The demo has no upstream that needs the user's own account (one would need its own
-  // authorization server), so the gateway's answers are stubbed here: the chat stream's
-  // connection_required event and the connections list; the real list is checked first.
-  test("a server needing the user's own account: a Connect button, and connections with Disconnect", async (t) => {
-    const page = await open(t);
-    await go(page, "/invoices");
-    await page.waitForSelector("#connections-list li.empty");
+  // Issue 33, for real: Demo Notes (demo-upstream/, started by run.sh as server `notes`,
+  // user_oauth) has its own authorization server; its tools answer for the user the access token
+  // was issued to. Connecting goes through its sign-in page in another tab and the gateway's callback.
+  test("a server needing the user's own account: Connect, sign in upstream, answers of that account, Disconnect", async (t) => {
+    const alice = await open(t, "alice");
+    await go(alice, "/vendors");
+    await alice.waitForSelector("#connections-list li[data-server=notes][data-connected=false]");
+    assert.equal(await alice.locator("#connections-list li[data-server=notes] button.connect-start").textContent(), "Connect notes");
 
-    const connectUrl = "http://127.0.0.1:9/authorize?state=alices-own";
+    // Not connected: the call is refused before anything is forwarded, and the chat offers Connect.
+    let r = await ask(alice, "what are my notes?");
+    assert.equal(r.state, "done");
+    assert.deepEqual(r.calls, [{ tool: "notes.my_notes", decision: "deny", code: "CONNECTION_REQUIRED" }]);
+    let button = r.turn.locator(".connect[data-server=notes] a.connect-button");
+    assert.equal(await button.textContent(), "Connect notes");
+    assert.equal(await button.getAttribute("target"), "_blank");
+    const href = new URL(await button.getAttribute("href"));
+    assert.equal(href.origin + href.pathname, `${UPSTREAM}/authorize`);
+    assert.equal(href.searchParams.get("code_challenge_method"), "S256");
+    assert.equal(href.searchParams.get("redirect_uri"), `${BASE}/v1/connections/callback`);
+    assert.ok(!r.answer.includes(href.searchParams.get("state")), "the model never sees the connect URL");
+    await shotOf(r.turn, "connect-required");
+
+    await connectAs(alice, button, "alice");
+    await alice.waitForSelector("#connections-list li[data-server=notes][data-connected=true]");
+    assert.equal(await alice.textContent("#connections-list li[data-server=notes] .connection-status"), "connected");
+    await shotOf(alice.locator("#connections-box"), "connections-panel");
+
+    r = await ask(alice, "what are my notes?");
+    assert.deepEqual(r.calls, [{ tool: "notes.my_notes", decision: "allow", code: "" }]);
+    assert.match(r.answer, /Notes of alice \(3 in Demo Notes\)/);
+    assert.ok(r.answer.includes("Contoso Paper") && !r.answer.includes("Globex"), r.answer);
+    // No token in the answer (Demo Notes' tokens are 43 base64url characters).
+    assert.ok(!/[A-Za-z0-9_-]{40,}/.test(r.answer), r.answer);
+
+    // Carol of Globex: alice's connection is not hers; she connects her own and gets her own notes.
+    const carol = await open(t, "carol");
+    await go(carol, "/vendors");
+    await carol.waitForSelector("#connections-list li[data-server=notes][data-connected=false]");
+    r = await ask(carol, "what are my notes?");
+    assert.deepEqual(r.calls, [{ tool: "notes.my_notes", decision: "deny", code: "CONNECTION_REQUIRED" }]);
+    await connectAs(carol, r.turn.locator(".connect[data-server=notes] a.connect-button"), "carol");
+    await carol.waitForSelector("#connections-list li[data-server=notes][data-connected=true]");
+    r = await ask(carol, "what are my notes?");
+    assert.deepEqual(r.calls, [{ tool: "notes.my_notes", decision: "allow", code: "" }]);
+    assert.match(r.answer, /Notes of carol \(2 in Demo Notes\)/);
+    assert.ok(r.answer.includes("Globex offsite") && !r.answer.includes("Contoso") && !r.answer.includes("alice"), r.answer);
+    // And alice still gets hers.
+    r = await ask(alice, "what are my notes?");
+    assert.match(r.answer, /Notes of alice/);
+    assert.ok(!r.answer.includes("Globex"), r.answer);
+
+    // Disconnect: deleted here, revoked at Demo Notes; the next call needs a connection again.
+    await go(alice, "/vendors");
+    await alice.locator("#connections-list li[data-server=notes] button.disconnect").click();
+    await alice.waitForSelector("#connections-list li[data-server=notes][data-connected=false]");
+    assert.equal(await alice.textContent("#connections-list li[data-server=notes] .connection-status"), "disconnected");
+    if (UPSTREAM_LOG) assert.match(readFileSync(UPSTREAM_LOG, "utf8"), /revoke: refresh_token/);
+    r = await ask(alice, "what are my notes?");
+    assert.deepEqual(r.calls, [{ tool: "notes.my_notes", decision: "deny", code: "CONNECTION_REQUIRED" }]);
+    assert.equal(await r.turn.locator(".connect[data-server=notes] a.connect-button").count(), 1);
+    await go(alice, "/vendors");
+    await alice.waitForSelector("#connections-list li[data-server=notes][data-connected=false]");
+    // Carol's connection is untouched.
+    r = await ask(carol, "what are my notes?");
+    assert.deepEqual(r.calls, [{ tool: "notes.my_notes", decision: "allow", code: "" }]);
+    assert.match(r.answer, /Notes of carol/);
+    await go(carol, "/vendors");
+    await carol.locator("#connections-list li[data-server=notes] button.disconnect").click();
+    await carol.waitForSelector("#connections-list li[data-server=notes][data-connected=false]");
+
+    // The upstream's log names users, never a code or a token.
+    if (UPSTREAM_LOG) assert.ok(!/[A-Za-z0-9_-]{40,}/.test(readFileSync(UPSTREAM_LOG, "utf8")), "a token in the upstream's log");
+  });
+
+  // What the real flow cannot show: only the user's own (user_oauth) connections are listed (a
+  // tenant's shared secret is not the user's to connect), each with its state, and a Connect from
+  // the panel asks the gateway for a connect URL. The gateway's answers are stubbed here.
+  test("the connections panel lists only the user's own connections", async (t) => {
+    const page = await open(t);
     await page.route("**/v1/connections", (route) => route.fulfill({
       status: 200, contentType: "application/json",
       body: JSON.stringify({ connections: [
@@ -478,37 +572,18 @@ describe("security", () => {
         { server: "ledgerapi", mode: "tenant_secret", connected: true, expiresAt: null },
       ] }),
     }));
-    let disconnected = null;
-    await page.route("**/v1/connections/*/disconnect", (route) => {
-      disconnected = route.request().url();
-      route.fulfill({ status: 200, contentType: "application/json", body: JSON.stringify({ server: "drive", disconnected: true }) });
+    let started = null;
+    await page.route("**/v1/connections/crm", (route) => {
+      started = route.request().url();
+      route.fulfill({ status: 422, contentType: "application/json", body: JSON.stringify({ error: { code: "UNPROCESSABLE", message: "stub" } }) });
     });
-    await page.route("**/v1/chat", (route) => route.fulfill({
-      status: 200, headers: { "content-type": "text/event-stream" },
-      body: [
-        ["tool_call", { tool: "drive.whoami", decision: "deny", code: "CONNECTION_REQUIRED" }],
-        ["connection_required", { server: "drive", connectUrl }],
-        ["answer", { text: "drive needs your own account: connect it, then ask again." }],
-        ["done", {}],
-      ].map(([e, d]) => `event: ${e}\ndata: ${JSON.stringify(d)}\n\n`).join(""),
-    }));
     await go(page, "/invoices");
     const items = page.locator("#connections-list li.connection");
     assert.deepEqual(await items.evaluateAll((l) => l.map((i) => [i.dataset.server, i.dataset.connected])),
       [["drive", "true"], ["crm", "false"]], "only the user's own (user_oauth) connections, with their state");
-    assert.equal(await page.locator("#connections-list li[data-server=crm] button.connect-start").textContent(), "Connect crm");
-
-    const r = await ask(page, "who am I on drive?");
-    assert.equal(r.state, "done");
-    const button = r.turn.locator(".connect[data-server=drive] a.connect-button");
-    assert.equal(await button.textContent(), "Connect drive");
-    assert.equal(await button.getAttribute("href"), connectUrl);
-    assert.equal(await button.getAttribute("target"), "_blank");
-    await shot(page, "connect-required");
-
-    await page.locator("#connections-list li[data-server=drive] button.disconnect").click();
-    await page.waitForSelector("#connections-list li[data-server=drive][data-connected=false]");
-    assert.ok(disconnected?.endsWith("/v1/connections/drive/disconnect"), disconnected);
-    assert.equal(await page.locator("#connections-list li[data-server=drive] .connection-status").textContent(), "disconnected");
+    assert.equal(await page.locator("#connections-list li[data-server=drive] button.disconnect").count(), 1);
+    await page.locator("#connections-list li[data-server=crm] button.connect-start").click();
+    await page.waitForFunction(() => /refused/.test(document.querySelector("#connections-list li[data-server=crm] .connection-status").textContent));
+    assert.ok(started?.endsWith("/v1/connections/crm"), started);
   });
 });
