@@ -368,8 +368,13 @@ start_demo_upstream() {
     nohup "$bin" >"$logfile" 2>&1 &
   DEMO_UPSTREAM_PID=$!
   local i
+  # Ready only while the process started here is alive (not some other listener on the port).
   for i in $(seq 100); do
-    curl -sf "http://127.0.0.1:$port/.well-known/oauth-authorization-server" >/dev/null && return 0
+    kill -0 "$DEMO_UPSTREAM_PID" 2>/dev/null || break
+    if curl -sf "http://127.0.0.1:$port/.well-known/oauth-authorization-server" >/dev/null; then
+      kill -0 "$DEMO_UPSTREAM_PID" 2>/dev/null && return 0
+      break
+    fi
     sleep 0.1
   done
   cat "$logfile" >&2

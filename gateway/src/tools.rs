@@ -56,23 +56,27 @@ async fn settle(state: &Services, view: &mut View, envelope: Value) -> Result<Va
         .config_for_mode(&state.db, server, mode)
         .await;
     // Connect first if needed (a call need not follow a listing: /internal/mcp/execute, or a
-    // connection dropped after a failure); a server in its back-off stays unavailable.
-    state
-        .upstreams
-        .ensure(&state.db, &[server.to_string()])
-        .await;
+    // connection dropped after a failure); a server in its back-off stays unavailable. Not for a
+    // call that will not go out.
+    if cfg.is_some() {
+        state
+            .upstreams
+            .ensure(&state.db, &[server.to_string()])
+            .await;
+    }
     // The credential the verified context chose (issue 33): static, the tenant's secret, the
     // user's own connection, or an exchanged token. Without one the call is completed as failed
     // (audited) and answered with why.
-    let auth = match cfg {
+    let checked = match cfg {
         Some(cfg) => {
             crate::upstream::credentials::for_call(&state.credential_deps(), view, &cfg, call_id)
                 .await
+                .map(|auth| (cfg, auth))
         }
         None => Err(crate::upstream::credentials::CredError::Unavailable),
     };
-    let auth = match auth {
-        Ok(auth) => auth,
+    let (cfg, auth) = match checked {
+        Ok(checked) => checked,
         Err(e) => {
             let failed =
                 json!({"content": [{"type": "text", "text": e.to_string()}], "isError": true});
@@ -84,11 +88,11 @@ async fn settle(state: &Services, view: &mut View, envelope: Value) -> Result<Va
             return Ok(crate::upstream::credentials::refusal(&e, call_id, server));
         }
     };
+    // Forwarded under the registration just checked against Gate B's authorization.
     let (result, is_error) = match state
         .upstreams
         .forward_as(
-            &state.db,
-            server,
+            &cfg,
             tool,
             envelope["args"].clone(),
             &auth,

@@ -75,9 +75,9 @@ SELECT is(ctxguard.call_tool('test.reenter', jsonb_build_object('fn', 'set_conte
 SELECT is(ctxguard.tenant_id() || '/' || ctxguard.user_id() || '/' || ctxguard.page_type(), 'acme/alice/invoice_table', 'the context is still the caller''s');
 SELECT is(ctxguard.generation()::text, :'gen', 'the generation is unchanged');
 SELECT is((SELECT count(*)::int FROM ctxguard.conversation_turns WHERE conversation_id = 'from-a-handler'), 0, 'no turn was saved');
-SELECT is(pg_temp.reenter('readers')->'result',
+SELECT is(pg_temp.reenter('readers', jsonb_build_object('gen', :'gen'))->'result',
           jsonb_build_object('tenant', 'acme', 'user', 'alice', 'roles', '["ap_clerk"]'::jsonb, 'page', 'invoice_table', 'entity', NULL,
-                             'generation', :'gen', 'context', true, 'has_role', true,
+                             'generation', true, 'context', true, 'has_role', true,
                              'visible', (SELECT count(*) FROM ctxguard.visible_tools()), 'explained', (SELECT count(*) FROM ctxguard.explain_tools())),
           'the readers keep working inside a handler');
 COMMIT;

@@ -110,7 +110,9 @@ BEGIN
         WHEN 'sync_mcp_tools' THEN PERFORM ctxguard.sync_mcp_tools('up', '[]');
         WHEN 'readers' THEN
             RETURN jsonb_build_object('tenant', ctxguard.tenant_id(), 'user', ctxguard.user_id(), 'roles', ctxguard.roles(),
-                                      'page', ctxguard.page_type(), 'entity', ctxguard.entity_id(), 'generation', ctxguard.generation(),
+                                      'page', ctxguard.page_type(), 'entity', ctxguard.entity_id(),
+                                      -- Compared, not returned: results are masked, and a random uuid can look like an IBAN.
+                                      'generation', ctxguard.generation()::text = args->>'gen',
                                       'context', ctxguard.context() IS NOT NULL, 'has_role', ctxguard.has_role('ap_clerk'),
                                       'visible', (SELECT count(*) FROM ctxguard.visible_tools()),
                                       'explained', (SELECT count(*) FROM ctxguard.explain_tools()));
@@ -217,7 +219,7 @@ SELECT ctxguard.register_tool('test.injector', 'Returns a prompt injection.', '{
 SELECT ctxguard.register_tool('test.huge', 'Returns more bytes than a generation may.',
     '{"type": "object", "properties": {}}', 't.huge(jsonb)', '{"page_types": "*"}');
 SELECT ctxguard.register_tool('test.reenter', 'Calls back into ctxguard from a handler.',
-    '{"type": "object", "properties": {"fn": {"type": "string"}, "token": {"type": "string"}, "call_id": {"type": "string"}, "catch": {"type": "boolean"}}}',
+    '{"type": "object", "properties": {"fn": {"type": "string"}, "token": {"type": "string"}, "call_id": {"type": "string"}, "catch": {"type": "boolean"}, "gen": {"type": "string"}}}',
     't.reenter(jsonb)', '{"page_types": "*", "read_only": false}');
 SELECT ctxguard.register_tool('test.twice', 'Calls call_tool twice, with a catalog change in between.', '{"type": "object"}', 't.twice(jsonb)',
     '{"page_types": "*", "read_only": false}');

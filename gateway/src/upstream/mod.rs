@@ -53,6 +53,9 @@ struct Slot {
 /// owner) and a hash of the token itself (a refreshed token opens a new connection).
 type UserKey = (String, [u8; 32], [u8; 32]);
 
+/// The credential modes a registration can name (`ctxguard.mcp_servers.credential_mode`).
+const CREDENTIAL_MODES: [&str; 4] = ["static", "tenant_secret", "user_oauth", "token_exchange"];
+
 /// Most per-user connections kept open (least recently used closed first).
 pub const MAX_USER_CONNECTIONS: usize = 256;
 
@@ -238,6 +241,10 @@ impl Upstreams {
     /// server: the call must not go out (issue 33; never a shared static connection for a server
     /// the DBA moved to a per-user or per-tenant mode).
     pub async fn config_for_mode(&self, db: &Db, server: &str, mode: &str) -> Option<ServerConfig> {
+        // An envelope naming no mode (an extension older than this gateway) touches nothing.
+        if !CREDENTIAL_MODES.contains(&mode) {
+            return None;
+        }
         if let Some(cfg) = self.config(db, server).await {
             if cfg.credential_mode == mode {
                 return Some(cfg);
@@ -254,12 +261,15 @@ impl Upstreams {
             .lock()
             .await
             .insert(cfg.name.clone(), cfg.clone());
-        if let Some(slot) = self.slots.lock().await.get_mut(server) {
-            // An http server's shared connection (a stdio server is always static, so its
-            // process is never left behind here).
-            if slot.pgid.is_none() {
-                slot.client = None;
-            }
+        // The shared connection was opened under the old registration: closed, and a stdio
+        // server's process group ended (a stdio server is always static, so a mode that moved
+        // means its transport moved too).
+        let group = self.slots.lock().await.get_mut(server).and_then(|slot| {
+            slot.client = None;
+            slot.pgid.take()
+        });
+        if let Some(pgid) = group {
+            crate::secrets::end_group(pgid, Duration::from_secs(3)).await;
         }
         self.forget(server).await;
         (cfg.credential_mode == mode).then_some(cfg)
@@ -336,40 +346,38 @@ impl Upstreams {
     /// server's static configuration, or the caller's own (a connection of its own).
     pub async fn forward_as(
         &self,
-        db: &Db,
-        server: &str,
+        cfg: &ServerConfig,
         tool: &str,
         args: Value,
         auth: &crate::upstream::credentials::Auth,
         trace_id: &str,
     ) -> Result<Value, ForwardError> {
+        let server = cfg.name.as_str();
         if *auth == crate::upstream::credentials::Auth::Static {
             return self.forward(server, tool, args, trace_id).await;
         }
         let span = call_span(server, tool);
         let traceparent = crate::telemetry::traceparent(&span, trace_id);
         let result = self
-            .forward_user(db, server, tool, args, auth, traceparent)
+            .forward_user(cfg, tool, args, auth, traceparent)
             .instrument(span.clone())
             .await;
         record_outcome(&span, &result);
         result
     }
 
+    /// A call with a per-user or per-tenant credential, under the registration `settle` checked
+    /// against Gate B's authorization (never one read again in between).
     async fn forward_user(
         &self,
-        db: &Db,
-        server: &str,
+        cfg: &ServerConfig,
         tool: &str,
         args: Value,
         auth: &crate::upstream::credentials::Auth,
         traceparent: Option<String>,
     ) -> Result<Value, ForwardError> {
-        let cfg = self
-            .config(db, server)
-            .await
-            .ok_or(ForwardError::Unavailable)?;
-        let client = self.user_client(&cfg, auth).await?;
+        let server = cfg.name.as_str();
+        let client = self.user_client(cfg, auth).await?;
         if !self.primed.lock().await.contains(server) {
             if let Ok(Ok(tools)) =
                 tokio::time::timeout(self.call_timeout, client.list_all_tools()).await

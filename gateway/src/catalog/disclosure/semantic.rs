@@ -22,6 +22,8 @@ use crate::catalog::ToolSpec;
 pub const MAX_QUERY_BYTES: usize = 2048;
 /// Most bytes of an embeddings endpoint's answer read.
 const MAX_EMBEDDINGS_BODY_BYTES: usize = 32 * 1024 * 1024;
+/// Most dimensions of an endpoint's vector (OpenAI's largest model has 3,072).
+const MAX_EMBEDDING_DIMS: usize = 8192;
 /// Tool vectors kept (about 1.5 kB each with MiniLM: 24 MB at most).
 const CACHE_ENTRIES: usize = 16_384;
 
@@ -436,24 +438,34 @@ impl Ranker {
         let body = crate::bounded::body(resp, MAX_EMBEDDINGS_BODY_BYTES)
             .await
             .map_err(|e| e.to_string())?;
-        let body: Value = serde_json::from_slice(&body).map_err(|_| "the answer is not JSON")?;
-        let data = body
-            .get("data")
-            .and_then(Value::as_array)
-            .ok_or("no data in the answer")?;
+        // Read typed (no generic JSON tree of a large answer), one vector per input at most, all
+        // of one length within MAX_EMBEDDING_DIMS: a hostile endpoint cannot grow the cache.
+        #[derive(serde::Deserialize)]
+        struct Answer {
+            data: Vec<Item>,
+        }
+        #[derive(serde::Deserialize)]
+        struct Item {
+            index: usize,
+            embedding: Vec<f32>,
+        }
+        let answer: Answer =
+            serde_json::from_slice(&body).map_err(|_| "the answer is not an embeddings list")?;
+        if answer.data.len() > inputs.len() {
+            return Err("more vectors than inputs".into());
+        }
+        let dims = answer.data.first().map_or(0, |d| d.embedding.len());
+        if dims == 0
+            || dims > MAX_EMBEDDING_DIMS
+            || answer.data.iter().any(|d| d.embedding.len() != dims)
+        {
+            return Err("vectors of no, mixed or too many dimensions".into());
+        }
         let mut vectors: Vec<Option<Vec<f32>>> = vec![None; inputs.len()];
-        for d in data {
-            let i = d.get("index").and_then(Value::as_u64).ok_or("no index")? as usize;
-            let v: Vec<f32> = d
-                .get("embedding")
-                .and_then(Value::as_array)
-                .ok_or("no embedding")?
-                .iter()
-                .map(|x| x.as_f64().unwrap_or(0.0) as f32)
-                .collect();
-            let mut v = v;
+        for d in answer.data {
+            let mut v = d.embedding;
             ctxguard_embed::normalize(&mut v);
-            *vectors.get_mut(i).ok_or("index out of range")? = Some(v);
+            *vectors.get_mut(d.index).ok_or("index out of range")? = Some(v);
         }
         let mut vectors = vectors.into_iter();
         let query = vectors.next().flatten().ok_or("no query vector")?;
@@ -775,6 +787,42 @@ mod tests {
             },
             8,
         )
+    }
+
+    /// An endpoint answering every request with `answer`.
+    async fn answering(answer: Value) -> (String, tokio::task::JoinHandle<()>) {
+        let app = axum::Router::new().route(
+            "/v1/embeddings",
+            axum::routing::post(move || {
+                let answer = answer.clone();
+                async move { axum::Json(answer) }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}/v1", listener.local_addr().unwrap());
+        let server = tokio::spawn(async move {
+            axum::serve(listener, app).await.unwrap();
+        });
+        (base, server)
+    }
+
+    #[tokio::test]
+    async fn a_hostile_embeddings_endpoint_cannot_grow_the_cache() {
+        let tools = vec![tool("invoice.get", "Get this bill.", None)];
+        let item = |i: usize, dims: usize| json!({"index": i, "embedding": vec![0.5_f32; dims]});
+        for (answer, what) in [
+            (json!({"data": [item(0, MAX_EMBEDDING_DIMS + 1), item(1, MAX_EMBEDDING_DIMS + 1)]}), "too many dimensions"),
+            (json!({"data": [item(0, 3), item(1, 4)]}), "mixed dimensions"),
+            (json!({"data": [item(0, 3), item(1, 3), item(1, 3)]}), "more vectors than inputs"),
+            (json!({"data": [item(0, 0), item(1, 0)]}), "no dimensions"),
+            (json!({"data": "nope"}), "not a list"),
+        ] {
+            let (base, server) = answering(answer).await;
+            let r = provider(base);
+            assert!(r.provider_vectors("pay the bill", &tools).await.is_err(), "{what}");
+            assert!(r.cache.lock().unwrap().is_empty(), "{what}: nothing cached");
+            server.abort();
+        }
     }
 
     #[tokio::test]
