@@ -465,10 +465,11 @@ async fn token(
 ) -> Response {
     let client = client_id(&headers, p.client_id.as_deref());
     // Only the two grants it serves are named in the log (the value is the caller's).
-    let grant = match p.grant_type.as_deref() {
-        Some(g @ ("authorization_code" | "refresh_token")) => g,
-        _ => "other",
-    };
+    let grant = p
+        .grant_type
+        .as_deref()
+        .filter(|g| matches!(*g, "authorization_code" | "refresh_token"))
+        .unwrap_or("other");
     match app.auth.token(&p, client.as_deref()) {
         Ok(t) => {
             log(format!("token: {grant} grant for {}", t.user));

@@ -811,15 +811,27 @@ mod tests {
         let tools = vec![tool("invoice.get", "Get this bill.", None)];
         let item = |i: usize, dims: usize| json!({"index": i, "embedding": vec![0.5_f32; dims]});
         for (answer, what) in [
-            (json!({"data": [item(0, MAX_EMBEDDING_DIMS + 1), item(1, MAX_EMBEDDING_DIMS + 1)]}), "too many dimensions"),
-            (json!({"data": [item(0, 3), item(1, 4)]}), "mixed dimensions"),
-            (json!({"data": [item(0, 3), item(1, 3), item(1, 3)]}), "more vectors than inputs"),
+            (
+                json!({"data": [item(0, MAX_EMBEDDING_DIMS + 1), item(1, MAX_EMBEDDING_DIMS + 1)]}),
+                "too many dimensions",
+            ),
+            (
+                json!({"data": [item(0, 3), item(1, 4)]}),
+                "mixed dimensions",
+            ),
+            (
+                json!({"data": [item(0, 3), item(1, 3), item(1, 3)]}),
+                "more vectors than inputs",
+            ),
             (json!({"data": [item(0, 0), item(1, 0)]}), "no dimensions"),
             (json!({"data": "nope"}), "not a list"),
         ] {
             let (base, server) = answering(answer).await;
             let r = provider(base);
-            assert!(r.provider_vectors("pay the bill", &tools).await.is_err(), "{what}");
+            assert!(
+                r.provider_vectors("pay the bill", &tools).await.is_err(),
+                "{what}"
+            );
             assert!(r.cache.lock().unwrap().is_empty(), "{what}: nothing cached");
             server.abort();
         }
