@@ -249,5 +249,5 @@ if [[ " ${tested[*]} " == *" 15 "* ]]; then
 fi
 log "PostgreSQL majors: tested ${tested[*]}${untested[*]:+; NOT TESTED ${untested[*]}}"
 printf '  %s\n' "${timings[@]}"
-# Disk: what the build left (the CI machine's disk is finite; a full run's peak is in BENCHMARKS.md).
+# Disk: what the build left (the CI machine's disk is finite; BENCHMARKS.md, "Build footprint").
 echo "  build directory: $(du -sh "$CARGO_TARGET_DIR" 2>/dev/null | cut -f1); free on its disk: $(df -h --output=avail "$CARGO_TARGET_DIR" | tail -1 | tr -d ' ')"
