@@ -53,9 +53,6 @@ struct Slot {
 /// owner) and a hash of the token itself (a refreshed token opens a new connection).
 type UserKey = (String, [u8; 32], [u8; 32]);
 
-/// The credential modes a registration can name (`ctxguard.mcp_servers.credential_mode`).
-const CREDENTIAL_MODES: [&str; 4] = ["static", "tenant_secret", "user_oauth", "token_exchange"];
-
 /// Most per-user connections kept open (least recently used closed first).
 pub const MAX_USER_CONNECTIONS: usize = 256;
 
@@ -242,7 +239,7 @@ impl Upstreams {
     /// the DBA moved to a per-user or per-tenant mode).
     pub async fn config_for_mode(&self, db: &Db, server: &str, mode: &str) -> Option<ServerConfig> {
         // An envelope naming no mode (an extension older than this gateway) touches nothing.
-        if !CREDENTIAL_MODES.contains(&mode) {
+        if !ctxguard_core::policy::CREDENTIAL_MODES.contains(&mode) {
             return None;
         }
         if let Some(cfg) = self.config(db, server).await {

@@ -138,8 +138,6 @@ struct Server {
     /// The default policy (without `run_as`) for its tools without one, and the page types it names.
     default_policy: Option<Value>,
     default_pages: HashMap<String, Option<String>>,
-    /// `credential_mode = 'user_oauth'`: a call needs the user's own connection.
-    user_connection: bool,
     /// `requires_connection`: Gate A hides its tools from a user without a connection.
     requires_connection: bool,
     /// `credential_mode` as registered (`static`, `tenant_secret`, `user_oauth`, `token_exchange`).
@@ -147,6 +145,11 @@ struct Server {
 }
 
 impl Server {
+    /// `credential_mode = 'user_oauth'`: a call needs the user's own connection.
+    fn user_connection(&self) -> bool {
+        self.credential_mode == "user_oauth"
+    }
+
     /// Does the default policy name page type `page` (or `*`)?
     fn covers(&self, page: &str) -> bool {
         self.default_policy
@@ -787,7 +790,7 @@ impl Catalog {
     pub fn user_connection(&self, server: &str) -> Option<bool> {
         self.servers()
             .get(server)
-            .filter(|s| s.user_connection)
+            .filter(|s| s.user_connection())
             .map(|s| s.requires_connection)
     }
 
@@ -795,7 +798,7 @@ impl Catalog {
     pub fn any_requires_connection(&self) -> bool {
         self.servers()
             .values()
-            .any(|s| s.user_connection && s.requires_connection)
+            .any(|s| s.user_connection() && s.requires_connection)
     }
 
     /// Names of the enabled upstream servers the caller of `ctx` may use.
@@ -1134,7 +1137,7 @@ fn load_servers() -> Result<HashMap<String, Server>, pgrx::spi::Error> {
         let mut servers: HashMap<String, Server> = HashMap::new();
         for row in c.select(
             "SELECT name, enabled, default_access OPERATOR(pg_catalog.=) 'allow', default_policy, description,
-                    credential_mode OPERATOR(pg_catalog.=) 'user_oauth', requires_connection, credential_mode
+                    requires_connection, credential_mode
                FROM ctxguard.mcp_servers",
             None,
             &[],
@@ -1150,9 +1153,8 @@ fn load_servers() -> Result<HashMap<String, Server>, pgrx::spi::Error> {
                     default_allow: row.get::<bool>(3)?.unwrap_or(false),
                     default_policy,
                     default_pages: HashMap::new(),
-                    user_connection: row.get::<bool>(6)?.unwrap_or(false),
-                    requires_connection: row.get::<bool>(7)?.unwrap_or(false),
-                    credential_mode: row.get::<String>(8)?.unwrap_or_default(),
+                    requires_connection: row.get::<bool>(6)?.unwrap_or(false),
+                    credential_mode: row.get::<String>(7)?.unwrap_or_default(),
                 },
             );
         }

@@ -769,12 +769,18 @@ mod tests {
                 }
             }),
         );
+        let (base, server) = serve(app).await;
+        (base, seen, server)
+    }
+
+    /// Serve `app` on a loopback port: its `/v1` base URL, and the task to abort.
+    async fn serve(app: axum::Router) -> (String, tokio::task::JoinHandle<()>) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}/v1", listener.local_addr().unwrap());
         let server = tokio::spawn(async move {
             axum::serve(listener, app).await.unwrap();
         });
-        (base, seen, server)
+        (base, server)
     }
 
     fn provider(base_url: String) -> Ranker {
@@ -798,12 +804,7 @@ mod tests {
                 async move { axum::Json(answer) }
             }),
         );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let base = format!("http://{}/v1", listener.local_addr().unwrap());
-        let server = tokio::spawn(async move {
-            axum::serve(listener, app).await.unwrap();
-        });
-        (base, server)
+        serve(app).await
     }
 
     #[tokio::test]
