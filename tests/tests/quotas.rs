@@ -253,3 +253,109 @@ fn the_window_rolls_over() {
     let after = call(&mut c, &tok, "quota.minute", true);
     assert_eq!(code(&after), "ok", "the next window has room: {after}");
 }
+
+/// `ctxguard.ledger_stats()`'s count of counter rows the writer wrote without a statement.
+fn counter_rows_direct(a: &mut Client) -> i64 {
+    let stats: Value = a
+        .query_one("SELECT ctxguard.ledger_stats()", &[])
+        .unwrap()
+        .get(0);
+    stats["counter_rows_direct"].as_i64().unwrap_or(-1)
+}
+
+/// What the writer persisted for `tenant`: its quota rows `(user, tool, window, calls)` and its
+/// users' bytes of today, against the bytes its audit rows record.
+fn persisted(a: &mut Client, tenant: &str) -> (Vec<(String, String, String, i32)>, i64, i64) {
+    let quotas = a
+        .query(
+            "SELECT user_id, tool, win, calls FROM ctxguard.quota_usage WHERE tenant_id = $1 ORDER BY 1, 2, 3",
+            &[&tenant],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+        .collect();
+    let day: i64 = a
+        .query_one(
+            "SELECT coalesce(sum(bytes), 0)::int8 FROM ctxguard.user_day_usage WHERE tenant_id = $1",
+            &[&tenant],
+        )
+        .unwrap()
+        .get(0);
+    let audited: i64 = a
+        .query_one(
+            "SELECT coalesce(sum(result_bytes), 0)::int8 FROM ctxguard.audit_log WHERE tenant_id = $1",
+            &[&tenant],
+        )
+        .unwrap()
+        .get(0);
+    (quotas, day, audited)
+}
+
+/// The writer keeps a user's day and a quota window's count without a statement (issue 30: the
+/// quota's upsert was most of what a quota added to a call): each call's batch updates the rows
+/// in place, a new window is inserted and its quota's older windows deleted, and what it
+/// persists is exactly what the calls used. When the tables are not as ctxguard creates them (a
+/// DBA's extra column) the statement writes the same values.
+#[test]
+fn the_writer_persists_quota_and_day_counters_exactly() {
+    let mut a = admin();
+    let mut c = connect();
+    for altered in [false, true] {
+        if altered {
+            a.batch_execute(
+                "ALTER TABLE ctxguard.quota_usage ADD COLUMN dba_note text;
+                 ALTER TABLE ctxguard.user_day_usage ADD COLUMN dba_note text",
+            )
+            .unwrap();
+        }
+        let tenant = unique("counters");
+        let user = unique("counter-user");
+        let tok = token(&user, &tenant, &[]);
+        let before = counter_rows_direct(&mut a);
+        // An older window of the same quota: deleted when the new window's row is written.
+        a.execute(
+            "INSERT INTO ctxguard.quota_usage (tenant_id, user_id, tool, win, window_start, calls)
+             VALUES ($1, $2, 'quota.per_user', '1h', pg_catalog.date_trunc('hour', pg_catalog.now()) - interval '3 hours', 2)",
+            &[&tenant, &user],
+        )
+        .unwrap();
+        let first = call(&mut c, &tok, "quota.per_user", true);
+        assert_eq!(code(&first), "ok", "{first}");
+        let (quotas, day, audited) = persisted(&mut a, &tenant);
+        assert_eq!(quotas.len(), 1, "the older window is gone: {quotas:?}");
+        assert_eq!(quotas[0].3, 1, "{quotas:?}");
+        assert!(
+            audited > 0 && day == audited,
+            "day {day} against audited {audited}"
+        );
+        let second = call(&mut c, &tok, "quota.per_user", true);
+        assert_eq!(code(&second), "ok", "{second}");
+        let third = call(&mut c, &tok, "quota.per_user", true);
+        assert_eq!(code(&third), "RATE_LIMIT_EXCEEDED", "{third}");
+        let (quotas, day, audited) = persisted(&mut a, &tenant);
+        assert_eq!(
+            quotas
+                .iter()
+                .map(|q| (q.1.as_str(), q.2.as_str(), q.3))
+                .collect::<Vec<_>>(),
+            [("quota.per_user", "1h", 2)],
+            "one row, the window's two calls"
+        );
+        assert_eq!(day, audited, "the day's bytes are the audited calls' bytes");
+        let direct = counter_rows_direct(&mut a) - before;
+        if altered {
+            a.batch_execute(
+                "ALTER TABLE ctxguard.quota_usage DROP COLUMN dba_note;
+                 ALTER TABLE ctxguard.user_day_usage DROP COLUMN dba_note",
+            )
+            .unwrap();
+        } else {
+            // This tenant's own: its user's new day row, then the day and the window updated.
+            assert!(
+                direct >= 3,
+                "counter rows written without a statement: {direct}"
+            );
+        }
+    }
+}

@@ -50,3 +50,16 @@ pub unsafe fn init_range_table(estate: *mut pg_sys::EState, rte: *mut pg_sys::Ra
         pg_sys::ExecInitRangeTable(estate, list, perminfos, pg_sys::bms_make_singleton(1));
     }
 }
+
+/// The primary key index of `rel` (`InvalidOid` if none). PostgreSQL 18 added `deferrable_ok`
+/// (false here: a deferrable key may hold duplicates until commit).
+///
+/// # Safety
+/// `rel` is open.
+pub unsafe fn primary_key_index(rel: pg_sys::Relation) -> pg_sys::Oid {
+    #[cfg(not(feature = "pg18"))]
+    let oid = pg_sys::RelationGetPrimaryKeyIndex(rel);
+    #[cfg(feature = "pg18")]
+    let oid = pg_sys::RelationGetPrimaryKeyIndex(rel, false);
+    oid
+}

@@ -221,3 +221,188 @@ unsafe fn insert_into(rel: pg_sys::Relation, rows: &[Value]) -> bool {
     pg_sys::FreeExecutorState(estate);
     true
 }
+
+/// A column of a counter table: its name, type, and each row's value.
+pub struct CounterColumn {
+    pub name: &'static CStr,
+    pub type_oid: pg_sys::Oid,
+}
+
+/// Rows of a counter table (`user_day_usage`, `quota_usage`) as the writer's statement would
+/// upsert them (`INSERT … ON CONFLICT (key) DO UPDATE SET counter = GREATEST(old, new)`), without
+/// a statement: each row's key looked up in the primary key (`RelationFindReplTupleByIndex`, as
+/// logical replication's apply worker finds a row), then updated when the new counter is larger
+/// (`ExecSimpleRelationUpdate`) or inserted when the key is new. `columns` are the primary key's
+/// columns in its order, then the counter (an `int4` or `int8`); each row's datums in that order.
+///
+/// `None`: nothing was written, because the table is not as ctxguard creates it (other columns, a
+/// trigger, a rule, another primary key, not a plain table); the caller uses the statement, which
+/// honours all of it. `Some(flags)`: every row written, each flag true when its key was new.
+/// Errors (a constraint, a full disk) are raised as the statement's would be. The writer is the
+/// only process writing these tables (no role is granted them), so the lookup never races another
+/// writer; a DBA's concurrent change is waited for by the row lock, as the statement would.
+pub fn upsert_counters(
+    table: &CStr,
+    columns: &[CounterColumn],
+    rows: &[Vec<pg_sys::Datum>],
+) -> Option<Vec<bool>> {
+    unsafe {
+        let schema = pg_sys::get_namespace_oid(c"ctxguard".as_ptr(), false);
+        let relid = pg_sys::get_relname_relid(table.as_ptr(), schema);
+        if relid == pg_sys::InvalidOid {
+            return None;
+        }
+        let rel = pg_sys::table_open(relid, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE);
+        let done = upsert_into(rel, columns, rows);
+        pg_sys::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
+        done
+    }
+}
+
+/// Each column's attribute number (1-based) when `rel` is exactly `columns` (no other live
+/// column) with the first `columns.len() - 1` as its primary key, in order; and the key's index.
+unsafe fn counter_layout(
+    rel: pg_sys::Relation,
+    columns: &[CounterColumn],
+) -> Option<(Vec<usize>, pg_sys::Oid)> {
+    let plain = (*(*rel).rd_rel).relkind == pg_sys::RELKIND_RELATION as std::ffi::c_char;
+    if !plain || !(*rel).trigdesc.is_null() || !(*rel).rd_rules.is_null() {
+        return None;
+    }
+    let tupdesc = pgrx::PgTupleDesc::from_pg_unchecked((*rel).rd_att);
+    let attrs: Vec<&pg_sys::FormData_pg_attribute> = tupdesc.iter().collect();
+    if attrs.iter().filter(|a| !a.attisdropped).count() != columns.len() {
+        return None;
+    }
+    let mut at = Vec::with_capacity(columns.len());
+    for c in columns {
+        let n = attrs
+            .iter()
+            .position(|a| !a.attisdropped && CStr::from_ptr(a.attname.data.as_ptr()) == c.name)?;
+        if attrs[n].atttypid != c.type_oid || attrs[n].attgenerated != 0 {
+            return None;
+        }
+        at.push(n + 1);
+    }
+    let pk = crate::compat::primary_key_index(rel);
+    if pk == pg_sys::InvalidOid {
+        return None;
+    }
+    let idx = pg_sys::index_open(pk, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+    let form = (*idx).rd_index;
+    let nkeys = columns.len() - 1;
+    let same = !form.is_null()
+        && (*idx).rd_indexprs.is_null()
+        && (*form).indnatts as usize == nkeys
+        && (*form).indnkeyatts as usize == nkeys
+        && (*form)
+            .indkey
+            .values
+            .as_slice(nkeys)
+            .iter()
+            .zip(&at[..nkeys])
+            .all(|(k, a)| *k as usize == *a);
+    pg_sys::index_close(idx, pg_sys::NoLock as pg_sys::LOCKMODE);
+    same.then_some((at, pk))
+}
+
+unsafe fn upsert_into(
+    rel: pg_sys::Relation,
+    columns: &[CounterColumn],
+    rows: &[Vec<pg_sys::Datum>],
+) -> Option<Vec<bool>> {
+    let (at, pk) = counter_layout(rel, columns)?;
+    let counter = columns.len() - 1;
+    let wide = match columns[counter].type_oid {
+        pg_sys::INT8OID => true,
+        pg_sys::INT4OID => false,
+        _ => return None,
+    };
+    let desc = (*rel).rd_att;
+    let natts = (*desc).natts as usize;
+
+    let estate = pg_sys::CreateExecutorState();
+    let rte = pgrx::PgBox::<pg_sys::RangeTblEntry>::alloc_node(pg_sys::NodeTag::T_RangeTblEntry)
+        .into_pg();
+    (*rte).rtekind = pg_sys::RTEKind::RTE_RELATION;
+    (*rte).relid = (*rel).rd_id;
+    (*rte).relkind = (*(*rel).rd_rel).relkind;
+    (*rte).rellockmode = pg_sys::RowExclusiveLock as i32;
+    crate::compat::init_range_table(estate, rte);
+    let rri = pgrx::PgBox::<pg_sys::ResultRelInfo>::alloc_node(pg_sys::NodeTag::T_ResultRelInfo)
+        .into_pg();
+    pg_sys::InitResultRelInfo(rri, rel, 1, std::ptr::null_mut(), 0);
+    (*estate).es_opened_result_relations =
+        pg_sys::lappend((*estate).es_opened_result_relations, rri.cast());
+    (*estate).es_output_cid = pg_sys::GetCurrentCommandId(true);
+    pg_sys::ExecOpenIndices(rri, false);
+
+    let search = pg_sys::ExecInitExtraTupleSlot(estate, desc, &pg_sys::TTSOpsVirtual);
+    let found_slot = pg_sys::table_slot_create(rel, &mut (*estate).es_tupleTable);
+    let new = pg_sys::ExecInitExtraTupleSlot(estate, desc, &pg_sys::TTSOpsVirtual);
+    let value = |d: pg_sys::Datum| {
+        if wide {
+            d.value() as i64
+        } else {
+            i64::from(d.value() as i32)
+        }
+    };
+    let mut inserted = Vec::with_capacity(rows.len());
+    for row in rows {
+        pgrx::check_for_interrupts!();
+        // The key alone (the counter NULL: the lookup reads only the key's columns).
+        pg_sys::ExecClearTuple(search);
+        {
+            let datums = std::slice::from_raw_parts_mut((*search).tts_values, natts);
+            let nulls = std::slice::from_raw_parts_mut((*search).tts_isnull, natts);
+            nulls.fill(true);
+            for (i, &a) in at[..counter].iter().enumerate() {
+                datums[a - 1] = row[i];
+                nulls[a - 1] = false;
+            }
+        }
+        pg_sys::ExecStoreVirtualTuple(search);
+        let found = pg_sys::RelationFindReplTupleByIndex(
+            rel,
+            pk,
+            pg_sys::LockTupleMode::LockTupleExclusive,
+            search,
+            found_slot,
+        );
+        pg_sys::ExecClearTuple(new);
+        let datums = std::slice::from_raw_parts_mut((*new).tts_values, natts);
+        let nulls = std::slice::from_raw_parts_mut((*new).tts_isnull, natts);
+        if found {
+            pg_sys::slot_getallattrs(found_slot);
+            let old = std::slice::from_raw_parts((*found_slot).tts_values, natts);
+            let old_nulls = std::slice::from_raw_parts((*found_slot).tts_isnull, natts);
+            let c = at[counter] - 1;
+            // GREATEST(old, new): a NULL old counter (NOT NULL forbids it) is replaced.
+            if !old_nulls[c] && value(old[c]) >= value(row[counter]) {
+                inserted.push(false);
+                continue;
+            }
+            datums.copy_from_slice(old);
+            nulls.copy_from_slice(old_nulls);
+            datums[c] = row[counter];
+            nulls[c] = false;
+            pg_sys::ExecStoreVirtualTuple(new);
+            pg_sys::ExecSimpleRelationUpdate(rri, estate, std::ptr::null_mut(), found_slot, new);
+            inserted.push(false);
+        } else {
+            nulls.fill(true);
+            for (i, &a) in at.iter().enumerate() {
+                datums[a - 1] = row[i];
+                nulls[a - 1] = false;
+            }
+            pg_sys::ExecStoreVirtualTuple(new);
+            pg_sys::ExecSimpleRelationInsert(rri, estate, new);
+            inserted.push(true);
+        }
+    }
+
+    pg_sys::ExecCloseIndices(rri);
+    pg_sys::ExecResetTupleTable((*estate).es_tupleTable, false);
+    pg_sys::FreeExecutorState(estate);
+    Some(inserted)
+}

@@ -930,7 +930,7 @@ pub fn tables() -> Option<Value> {
 
 /// This database's writer: pid, last durable sequence number, batches, records, last and largest
 /// batch (for `ctxguard.ledger_stats()`).
-pub fn stats() -> Option<(i32, u64, u64, u64, u32, u32, u64)> {
+pub fn stats() -> Option<(i32, u64, u64, u64, u32, u32, u64, u64)> {
     if !shmem::attached() {
         return None;
     }
@@ -944,6 +944,7 @@ pub fn stats() -> Option<(i32, u64, u64, u64, u32, u32, u64)> {
             q.last_batch,
             q.max_batch,
             q.audit_direct,
+            q.counters_direct,
         )
     })
 }

@@ -213,6 +213,8 @@ pub struct Queue {
     pub max_batch: u32,
     /// Audit rows written without a statement (`direct.rs`).
     pub audit_direct: u64,
+    /// Counter rows (a user's day, a quota window) written without a statement (`direct.rs`).
+    pub counters_direct: u64,
     /// The last records the writer could not write (their calls fail), a ring.
     pub failed: [u64; FAILED],
     pub failed_next: u32,

@@ -325,12 +325,12 @@ fn take(i: usize) -> Vec<(u64, String)> {
 /// Write a batch in subtransactions: whole, or (if that fails) record by record, so that one
 /// record the tables refuse fails its own call only. Record by record, audit rows go through the
 /// statement (never `direct`), so a fault of the direct path costs a batch's speed, not its calls.
-/// Returns the records not written, and how many audit rows were written without a statement.
+/// Returns the records not written, and how many rows were written without a statement.
 fn write(
     batch: &[(u64, String)],
     chains: &mut HashMap<Option<String>, String>,
     unsaved: &mut Unsaved,
-) -> (Vec<u64>, usize) {
+) -> (Vec<u64>, Direct) {
     if let Ok((heads, u, direct)) = in_subtransaction(false, || apply(batch, chains, true)) {
         chains.extend(heads);
         unsaved.merge(u);
@@ -353,10 +353,17 @@ fn write(
             }
         }
     }
-    (failed, 0)
+    (failed, Direct::default())
 }
 
-fn publish(i: usize, last: u64, n: usize, failed: &[u64], direct: usize, lsn: u64) {
+/// Rows a batch wrote without a statement (`direct.rs`): audit rows, counter rows.
+#[derive(Clone, Copy, Default)]
+struct Direct {
+    audits: usize,
+    counters: usize,
+}
+
+fn publish(i: usize, last: u64, n: usize, failed: &[u64], direct: Direct, lsn: u64) {
     let mut woken = [0usize; shmem::WAITERS];
     let mut n_woken = 0;
     {
@@ -371,7 +378,8 @@ fn publish(i: usize, last: u64, n: usize, failed: &[u64], direct: usize, lsn: u6
         q.durable = q.durable.max(last);
         q.batches += 1;
         q.records += n as u64;
-        q.audit_direct += direct as u64;
+        q.audit_direct += direct.audits as u64;
+        q.counters_direct += direct.counters as u64;
         q.last_batch = n as u32;
         q.max_batch = q.max_batch.max(n as u32);
         // Only the callers whose record this made durable.
@@ -392,6 +400,122 @@ fn publish(i: usize, last: u64, n: usize, failed: &[u64], direct: usize, lsn: u6
     unsafe { pg_sys::ConditionVariableBroadcast(shmem::durable_cv(i)) };
 }
 
+/// A user's UTC day (days since 2000-01-01) and its bytes, by (tenant, user, day).
+type Days = HashMap<(String, String, i64), i64>;
+/// A quota's latest window (start in Unix seconds) and its calls, by (tenant, user, tool, window).
+type Quotas = HashMap<(String, String, String, String), (i64, i64)>;
+
+/// Write `days` to `user_day_usage` without the statement; what is left for the statement (all
+/// of it when the table is not as ctxguard creates it, or a value is out of its type's range).
+fn direct_days(days: Days) -> Days {
+    use super::direct::{upsert_counters, CounterColumn};
+    let cols = [
+        CounterColumn {
+            name: c"tenant_id",
+            type_oid: pg_sys::TEXTOID,
+        },
+        CounterColumn {
+            name: c"user_id",
+            type_oid: pg_sys::TEXTOID,
+        },
+        CounterColumn {
+            name: c"day",
+            type_oid: pg_sys::DATEOID,
+        },
+        CounterColumn {
+            name: c"bytes",
+            type_oid: pg_sys::INT8OID,
+        },
+    ];
+    if days.is_empty() || days.keys().any(|(_, _, d)| i32::try_from(*d).is_err()) {
+        return days;
+    }
+    // `'2000-01-01'::date + day` is the date whose DateADT is `day`.
+    let rows: Vec<Vec<pg_sys::Datum>> = days
+        .iter()
+        .map(|((t, u, d), b)| {
+            vec![
+                t.as_str().into_datum().expect("text"),
+                u.as_str().into_datum().expect("text"),
+                pg_sys::Datum::from(*d as i32),
+                pg_sys::Datum::from(*b),
+            ]
+        })
+        .collect();
+    match upsert_counters(c"user_day_usage", &cols, &rows) {
+        Some(_) => Days::new(),
+        None => days,
+    }
+}
+
+/// Write `quotas` to `quota_usage` without the statement; what is left for the statement: the
+/// windows new to the table (the statement deletes the quota's older ones), or all of them when
+/// the table is not as ctxguard creates it or a value is out of its type's range.
+fn direct_quotas(quotas: Quotas) -> Quotas {
+    use super::direct::{upsert_counters, CounterColumn};
+    /// Seconds from 1970-01-01 to 2000-01-01 (PostgreSQL's epoch for `timestamptz`).
+    const PG_EPOCH_S: i64 = 946_684_800;
+    let cols = [
+        CounterColumn {
+            name: c"tenant_id",
+            type_oid: pg_sys::TEXTOID,
+        },
+        CounterColumn {
+            name: c"user_id",
+            type_oid: pg_sys::TEXTOID,
+        },
+        CounterColumn {
+            name: c"tool",
+            type_oid: pg_sys::TEXTOID,
+        },
+        CounterColumn {
+            name: c"win",
+            type_oid: pg_sys::TEXTOID,
+        },
+        CounterColumn {
+            name: c"window_start",
+            type_oid: pg_sys::TIMESTAMPTZOID,
+        },
+        CounterColumn {
+            name: c"calls",
+            type_oid: pg_sys::INT4OID,
+        },
+    ];
+    // `to_timestamp(s)`: microseconds since 2000-01-01, exact for whole seconds in this range.
+    let in_range =
+        |(s, n): &(i64, i64)| (0..=4_102_444_800).contains(s) && i32::try_from(*n).is_ok();
+    if quotas.is_empty() || !quotas.values().all(in_range) {
+        return quotas;
+    }
+    let keys: Vec<_> = quotas.keys().cloned().collect();
+    let rows: Vec<Vec<pg_sys::Datum>> = keys
+        .iter()
+        .map(|k| {
+            let (start, n) = quotas[k];
+            vec![
+                k.0.as_str().into_datum().expect("text"),
+                k.1.as_str().into_datum().expect("text"),
+                k.2.as_str().into_datum().expect("text"),
+                k.3.as_str().into_datum().expect("text"),
+                pg_sys::Datum::from((start - PG_EPOCH_S) * 1_000_000),
+                pg_sys::Datum::from(n as i32),
+            ]
+        })
+        .collect();
+    match upsert_counters(c"quota_usage", &cols, &rows) {
+        Some(new) => {
+            let mut quotas = quotas;
+            for (k, is_new) in keys.iter().zip(new) {
+                if !is_new {
+                    quotas.remove(k);
+                }
+            }
+            quotas
+        }
+        None => quotas,
+    }
+}
+
 fn s(v: &Value, i: usize) -> Value {
     v.get(i).cloned().unwrap_or(Value::Null)
 }
@@ -404,13 +528,13 @@ fn apply(
     batch: &[(u64, String)],
     chains: &HashMap<Option<String>, String>,
     direct: bool,
-) -> (HashMap<Option<String>, String>, Unsaved, usize) {
+) -> (HashMap<Option<String>, String>, Unsaved, Direct) {
     let mut audits = Vec::new();
     let mut gens: HashMap<String, (i64, i64)> = HashMap::new();
     let mut docs: HashMap<(String, String), (Value, i64, i64)> = HashMap::new();
-    let mut days: HashMap<(String, String, i64), i64> = HashMap::new();
+    let mut days = Days::new();
     // A quota's (tenant, user or "", tool, window): its latest window start and count there.
-    let mut quotas: HashMap<(String, String, String, String), (i64, i64)> = HashMap::new();
+    let mut quotas = Quotas::new();
     let mut pages = Vec::new();
     for (_, text) in batch {
         let Ok(rec) = serde_json::from_str::<Value>(text) else {
@@ -471,16 +595,29 @@ fn apply(
         }
     }
     let mut unsaved = Unsaved { gens, docs };
-    let days = days
-        .into_iter()
-        .map(|((t, u, day), b)| json!({"t": t, "u": u, "day": day, "b": b}))
-        .collect();
-    let quotas = quotas
-        .into_iter()
-        .map(|((t, u, tool, w), (start, n))| json!({"t": t, "u": u, "tool": tool, "w": w, "s": start, "n": n}))
-        .collect();
+    let (n_days, n_quotas) = (days.len(), quotas.len());
     let result = as_owner(|| {
         Spi::connect_mut(|c| {
+            // The counters every call moves (a user's day, a quota's window) without the
+            // statement when `direct` allows and their tables are as ctxguard creates them; a
+            // quota window seen for the first time still goes through the statement, which also
+            // deletes the quota's older windows (once per window, so not on every call).
+            let (days, quotas) = if direct {
+                (direct_days(days), direct_quotas(quotas))
+            } else {
+                (days, quotas)
+            };
+            // Counter rows left to the statement alone (a window new to the table is written
+            // directly and by the statement: not counted).
+            let counters = n_days - days.len() + n_quotas - quotas.len();
+            let days = days
+                .into_iter()
+                .map(|((t, u, day), b)| json!({"t": t, "u": u, "day": day, "b": b}))
+                .collect();
+            let quotas = quotas
+                .into_iter()
+                .map(|((t, u, tool, w), (start, n))| json!({"t": t, "u": u, "tool": tool, "w": w, "s": start, "n": n}))
+                .collect();
             let mut b = Batch {
                 days,
                 pages,
@@ -512,7 +649,11 @@ fn apply(
             };
             let w = b.write(c)?;
             unsaved.keep_missing(&w);
-            Ok::<_, pgrx::spi::Error>((heads, unsaved, n_direct))
+            let d = Direct {
+                audits: n_direct,
+                counters,
+            };
+            Ok::<_, pgrx::spi::Error>((heads, unsaved, d))
         })
     });
     result.unwrap_or_else(|e| statement_failed(e))
@@ -831,7 +972,7 @@ fn verify_audit(tenant: Option<&str>) -> JsonB {
 #[pg_extern(volatile, parallel_unsafe)]
 fn ledger_stats() -> JsonB {
     let mut stats = match super::stats() {
-        Some((pid, durable, batches, records, last, max, direct)) => json!({
+        Some((pid, durable, batches, records, last, max, direct, counters)) => json!({
             "writer_pid": (pid != 0).then_some(pid),
             "durable": durable,
             "batches": batches,
@@ -839,6 +980,7 @@ fn ledger_stats() -> JsonB {
             "last_batch": last,
             "max_batch": max,
             "audit_rows_direct": direct,
+            "counter_rows_direct": counters,
             "avg_batch": if batches > 0 { records as f64 / batches as f64 } else { 0.0 },
         }),
         None => json!({"writer_pid": null}),
