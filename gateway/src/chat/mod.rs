@@ -518,6 +518,7 @@ pub async fn run_turn(
     let max_answer = state.config.max_answer_bytes;
     let limits = StreamLimits {
         max_argument_bytes: state.config.max_tool_argument_bytes,
+        listener: events.is_some(),
         ..StreamLimits::default()
     };
     let (answer, truncated) = loop {

@@ -127,6 +127,9 @@ pub struct StreamLimits {
     /// Argument bytes kept of one call (`CTXGUARD_MAX_TOOL_ARGUMENT_BYTES`): a call past them
     /// keeps that many and one more, as a string, which the loop refuses as TOOL_CALL_TOO_LARGE.
     pub max_argument_bytes: usize,
+    /// Someone reads the answer as it is written (a client asked for `text/event-stream`): the
+    /// offline model then paces its words as a hosted model would; otherwise it answers at once.
+    pub listener: bool,
 }
 
 impl Default for StreamLimits {
@@ -135,6 +138,7 @@ impl Default for StreamLimits {
             max_bytes: MAX_RESPONSE_BYTES,
             max_tool_calls: MAX_STREAM_TOOL_CALLS,
             max_argument_bytes: 64 * 1024,
+            listener: false,
         }
     }
 }

@@ -236,17 +236,19 @@ impl ChatModel for Offline {
         "offline"
     }
 
-    /// The answer word by word (as a hosted model streams it), [`WORD_PAUSE`] apart.
+    /// The answer word by word (as a hosted model streams it), [`WORD_PAUSE`] apart when a client
+    /// reads it as it comes (`limits.listener`); at once otherwise (nobody would see the pace, and
+    /// a JSON client would wait for it: ~0.1 s a turn).
     async fn stream(
         &self,
         messages: &[Message],
         tools: &[ToolSpec],
-        _limits: StreamLimits,
+        limits: StreamLimits,
         text: tokio::sync::mpsc::Sender<String>,
     ) -> Result<Completion, LlmError> {
         let completion = self.complete(messages, tools).await?;
         for (i, word) in completion.text.split_inclusive(' ').enumerate() {
-            if i > 0 {
+            if i > 0 && limits.listener {
                 tokio::time::sleep(WORD_PAUSE).await;
             }
             if text.send(word.to_string()).await.is_err() {
@@ -380,6 +382,52 @@ mod tests {
             .unwrap()
             .block_on(Offline.complete(&messages, tools))
             .unwrap()
+    }
+
+    /// The answer's words as `stream` sends them, and how long it took.
+    fn streamed(listener: bool) -> (Vec<String>, std::time::Duration) {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let (tx, mut rx) = tokio::sync::mpsc::channel(1024);
+            let limits = StreamLimits {
+                listener,
+                ..StreamLimits::default()
+            };
+            let started = std::time::Instant::now();
+            // No tool fits: the offline model explains in a sentence of many words.
+            Offline
+                .stream(
+                    &[Message::User("what vendors do I have?".into())],
+                    &[],
+                    limits,
+                    tx,
+                )
+                .await
+                .unwrap();
+            let took = started.elapsed();
+            let mut words = Vec::new();
+            while let Some(w) = rx.recv().await {
+                words.push(w);
+            }
+            (words, took)
+        })
+    }
+
+    #[test]
+    fn the_answer_is_paced_only_for_a_client_reading_it_as_it_comes() {
+        let (paced, took_paced) = streamed(true);
+        let (at_once, took_at_once) = streamed(false);
+        assert_eq!(paced, at_once, "the same words either way");
+        assert!(paced.len() > 3, "{paced:?}");
+        let pauses = WORD_PAUSE * u32::try_from(paced.len() - 1).unwrap();
+        assert!(took_paced >= pauses, "{took_paced:?} < {pauses:?}");
+        assert!(
+            took_at_once < took_paced,
+            "{took_at_once:?} against {took_paced:?}"
+        );
     }
 
     #[test]
