@@ -581,6 +581,11 @@ pub fn init(settings: Option<&Settings>) -> Result<Telemetry, String> {
         .with_level(false)
         .with_threads(false)
         .with_tracked_inactivity(false)
+        // Not made the OpenTelemetry context of the thread at each poll of an instrumented future
+        // (nothing here reads `opentelemetry::Context::current()`: parents come from the span
+        // tree, upstream `traceparent`s from `span.context()`): a turn's futures are polled
+        // hundreds of times, and each activation cloned and attached the span's context.
+        .with_context_activation(false)
         .with_filter(Targets::new().with_target(TARGET, tracing::Level::TRACE));
     tracing_subscriber::registry().with(log).with(layer).init();
     Ok(Telemetry {
