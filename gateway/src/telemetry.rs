@@ -53,6 +53,9 @@ pub const SERVICE_NAME: &str = "ctxguard-gateway";
 /// A span for OpenTelemetry: `tracing`'s span macro under [`TARGET`] at `INFO`.
 #[macro_export]
 macro_rules! otel_span {
+    (parent: $parent:expr, $name:expr, $($fields:tt)*) => {
+        ::tracing::info_span!(target: $crate::telemetry::TARGET, parent: $parent, $name, $($fields)*)
+    };
     ($name:expr, $($fields:tt)*) => {
         ::tracing::info_span!(target: $crate::telemetry::TARGET, $name, $($fields)*)
     };
@@ -586,7 +589,10 @@ pub fn init(settings: Option<&Settings>) -> Result<Telemetry, String> {
         // tree, upstream `traceparent`s from `span.context()`): a turn's futures are polled
         // hundreds of times, and each activation cloned and attached the span's context.
         .with_context_activation(false)
-        .with_filter(Targets::new().with_target(TARGET, tracing::Level::TRACE));
+        // INFO, the level of every span here: a TRACE filter raised the subscriber's level hint,
+        // and every `log` record of the dependencies (tokio-postgres logs each message at
+        // trace) was then turned into an event to be judged and dropped.
+        .with_filter(Targets::new().with_target(TARGET, tracing::Level::INFO));
     tracing_subscriber::registry().with(log).with(layer).init();
     Ok(Telemetry {
         provider: Some(provider),

@@ -310,10 +310,9 @@ async fn chat_endpoint(
         traced
     };
     span.record("ctxguard.trace_id", trace.as_str());
-    let mut resp = match chat_turn(state, headers, req, trace.clone())
-        .instrument(span.clone())
-        .await
-    {
+    // Not entered while the turn runs (each poll of an entered span's future costs every layer an
+    // enter and an exit): the turn's span names it as its parent.
+    let mut resp = match chat_turn(state, headers, req, trace.clone(), &span).await {
         Ok(r) => r,
         Err(e) => {
             telemetry::record_error(&span, e.code());
@@ -333,8 +332,9 @@ async fn chat_endpoint(
 }
 
 /// The span of one turn (GenAI `invoke_agent`), a child of the request's.
-fn turn_span(state: &AppState) -> tracing::Span {
+fn turn_span(state: &AppState, request: &tracing::Span) -> tracing::Span {
     crate::otel_span!(
+        parent: request,
         "invoke_agent",
         otel.name = "invoke_agent ctxguard",
         otel.status_code = tracing::field::Empty,
@@ -367,6 +367,7 @@ async fn chat_turn(
     headers: HeaderMap,
     req: ChatRequest,
     trace: String,
+    request_span: &tracing::Span,
 ) -> Result<Response, ApiError> {
     let token = bearer(&headers)?;
     chat::validate(&req)?;
@@ -390,7 +391,7 @@ async fn chat_turn(
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|a| a.contains("text/event-stream"));
-    let span = turn_span(&state);
+    let span = turn_span(&state, request_span);
     if !wants_stream {
         let resp = chat::run_turn(state.core.clone(), token, trace, req, page, question, None)
             .instrument(span.clone())
