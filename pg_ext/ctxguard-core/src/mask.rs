@@ -7,12 +7,15 @@
 //! variants are caught; replacements are applied to the original text.
 //!
 //! **Cost.** Linear in the input: the text is normalised once (a byte search finds the forms to
-//! map; most text has none), then searched in chunks of about [`CHUNK_BYTES`] cut where no rule
-//! can match: each chunk once with all rules at once (a multi-pattern regex: a search that stops
-//! at the first match, and only if there is one, the rules that match), and a rule only over the
-//! chunks where it matches, from left to right (a search resumes where the previous match ended).
-//! A match is checked against the spans of earlier rules with a cursor (both are sorted), and the
-//! output is built in one pass. The built-in rules use ASCII word boundaries (`(?-u:\b)`), which the regex crate's
+//! map; most text has none). The built-in e-mail rule is searched by hand (a byte search for its
+//! `@`, then byte classes: exactly its regex's matches, see `email.rs`). The other rules are
+//! searched all at once, window by window (up to [`SEGMENT_BYTES`], cut where none can match), by
+//! a multi-pattern regex that stops at the first match of any: a window without one is passed
+//! over in that one search; at a match, the rules that match from there to the next cut (an
+//! overlapping search says which) are searched there, and the search of all resumes at that cut.
+//! A rule's search runs from left to right and resumes where its previous match ended. A match is
+//! checked against the spans of earlier rules with a cursor (both are sorted), and the output is
+//! built in one pass. The built-in rules use ASCII word boundaries (`(?-u:\b)`), which the regex crate's
 //! DFA handles on any text; a Unicode `\b` makes the regex crate fall back to a slower engine on
 //! non-ASCII text.
 //!
@@ -63,8 +66,8 @@ pub const CHECK_BYTES: usize = 64 * 1024;
 pub const MATCH_COST: usize = 64;
 /// Target length of the segments a long text is searched in.
 pub const SEGMENT_BYTES: usize = 64 * 1024;
-/// Target length of the chunks a text is prefiltered in with all the rules at once: most chunks
-/// of most text match no rule, and a rule runs only over the chunks it matches in.
+/// Target length of the chunks a text without a common cut for [`SEGMENT_BYTES`] / 2 is
+/// searched in with all the rules at once (a longer one: each rule alone, in segments).
 pub const CHUNK_BYTES: usize = 256;
 
 /// The bounds of one masking job (one tool result, one `mask_text` call): a size limit over all
@@ -138,14 +141,16 @@ pub struct Masker {
     /// The rules without a search by hand (indices into `rules`, in order): the patterns of
     /// `any`, and the rules searched chunk by chunk.
     chunked: Vec<usize>,
-    /// The patterns of `chunked` at once (`MatchKind::All`, as a `RegexSet`): a text of at most
-    /// [`SEGMENT_BYTES`] that none of them matches is passed over in one search that stops at the
-    /// first match (most text; the keys and numbers of a JSON result; a result whose text was
-    /// masked before); in a text where some rule matches, it tells which.
+    /// The patterns of `chunked` at once (`MatchKind::All`, as a `RegexSet`): in a chunk where
+    /// `first` finds a match, which rules match.
     any: Option<meta::Regex>,
+    /// The same patterns, leftmost-first: where the first match of any of them is. A window of
+    /// at most [`SEGMENT_BYTES`] that none of them matches (most text; the keys and numbers of a
+    /// JSON result; a result whose text was masked before) is passed over in one search. Built
+    /// iff `any` is.
+    first: Option<meta::Regex>,
     /// ASCII bytes at which every rule of `chunked` may be cut (the intersection of their
-    /// separators): the text is searched in chunks of about [`CHUNK_BYTES`] cut there, each first with `any`,
-    /// and a rule only in the chunks where `any` says it matches. `None`: one chunk.
+    /// separators): windows and chunks end there. `None`: one window.
     common: Option<Box<[bool; 128]>>,
 }
 
@@ -447,19 +452,21 @@ impl Masker {
         let chunked: Vec<usize> = (0..rules.len())
             .filter(|&i| rules[i].fast.is_none())
             .collect();
-        let any = meta::Regex::builder()
-            .configure(
-                meta::Regex::config()
-                    .match_kind(MatchKind::All)
-                    .nfa_size_limit(Some(8 << 20)),
-            )
-            .build_many(
-                &chunked
-                    .iter()
-                    .map(|&i| specs[i].pattern.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .ok();
+        let patterns: Vec<&str> = chunked.iter().map(|&i| specs[i].pattern.as_str()).collect();
+        let set = |kind| {
+            meta::Regex::builder()
+                .configure(
+                    meta::Regex::config()
+                        .match_kind(kind)
+                        .nfa_size_limit(Some(8 << 20)),
+                )
+                .build_many(&patterns)
+                .ok()
+        };
+        let (any, first) = match (set(MatchKind::All), set(MatchKind::LeftmostFirst)) {
+            (Some(any), Some(first)) => (Some(any), Some(first)),
+            _ => (None, None),
+        };
         let common = chunked
             .iter()
             .try_fold(Box::new([true; 128]), |mut acc, &i| {
@@ -474,6 +481,7 @@ impl Masker {
             rules,
             chunked,
             any,
+            first,
             common,
         })
     }
@@ -533,6 +541,19 @@ impl Masker {
         }
     }
 
+    /// Every rule of `chunked` over `from..to` (in segments).
+    fn find_all<F: FnMut()>(
+        &self,
+        view: &str,
+        range: (usize, usize),
+        scan: &mut Scan<F>,
+        found: &mut [Vec<(usize, usize)>],
+    ) {
+        for &idx in &self.chunked {
+            self.find(&self.rules[idx], view, range, scan, &mut found[idx]);
+        }
+    }
+
     /// The end of the chunk that starts at `pos`: the first common cut at least [`CHUNK_BYTES`]
     /// ahead, or the end of the text (also without common cuts, or for a text of one chunk).
     fn chunk_end<F: FnMut()>(&self, bytes: &[u8], pos: usize, scan: &mut Scan<F>) -> usize {
@@ -540,6 +561,22 @@ impl Masker {
         match &self.common {
             Some(cut) if n - pos > CHUNK_BYTES => {
                 let from = pos + CHUNK_BYTES;
+                let end = bytes[from..]
+                    .iter()
+                    .position(|&b| b < 128 && cut[b as usize])
+                    .map_or(n, |i| from + i);
+                scan.work(end - from);
+                end
+            }
+            _ => n,
+        }
+    }
+
+    /// The first common cut at or after `from`, or the end of the text (also without common cuts).
+    fn cut_from<F: FnMut()>(&self, bytes: &[u8], from: usize, scan: &mut Scan<F>) -> usize {
+        let n = bytes.len();
+        match &self.common {
+            Some(cut) if from < n => {
                 let end = bytes[from..]
                     .iter()
                     .position(|&b| b < 128 && cut[b as usize])
@@ -565,11 +602,12 @@ impl Masker {
         scan.work(text.len() / 8);
         let normalised = normalise(text);
         let view = normalised.as_ref().map_or(text, |n| n.text.as_str());
-        // Each rule's matches, in order, chunk by chunk: the rules `any` finds in a chunk are
-        // searched there (a match cannot cross a common cut, and each search sees the text before
-        // it, so the matches are those of one search over the whole text). Without common cuts
-        // the text is one chunk. A chunk longer than SEGMENT_BYTES is searched by every rule (in
-        // segments), never by all rules at once: that search would run without interrupt checks.
+        // Each rule's matches, in order, window by window and chunk by chunk: the rules `any`
+        // finds in a chunk are searched there (a match cannot cross a common cut, no rule matches
+        // between the chunks, and each search sees the text before it, so the matches are those of
+        // one search over the whole text). Without common cuts the text is one window. A window
+        // longer than SEGMENT_BYTES is searched by every rule (in segments), never by all rules at
+        // once: that search would run without interrupt checks.
         let mut found: Vec<Vec<(usize, usize)>> = vec![Vec::new(); self.rules.len()];
         // A rule with a search by hand: over the whole text, in segments (its matches are those
         // of its regex; the order in which rules are searched does not matter, spans are merged
@@ -581,29 +619,49 @@ impl Masker {
         }
         let mut hits = PatternSet::new(self.chunked.len().max(1));
         let bytes = view.as_bytes();
+        let n = view.len();
         let mut pos = 0;
-        while pos < view.len() && !self.chunked.is_empty() {
-            let end = self.chunk_end(bytes, pos, scan);
-            let filtered = match &self.any {
-                Some(any) if end - pos <= SEGMENT_BYTES => {
-                    // First whether any rule matches (a search that stops at the first match:
-                    // most chunks have none), then which.
-                    scan.work(end - pos);
-                    let chunk = Input::new(&view[..end]).range(pos..end);
-                    hits.clear();
-                    if any.is_match(chunk.clone()) {
-                        any.which_overlapping_matches(&chunk, &mut hits);
-                    }
-                    true
-                }
-                _ => false,
+        while pos < n && !self.chunked.is_empty() {
+            // A window of about SEGMENT_BYTES / 2 or more, up to a common cut; if that is longer
+            // than SEGMENT_BYTES, the chunk (of about CHUNK_BYTES) that starts here.
+            let mut end = self.cut_from(bytes, pos + SEGMENT_BYTES / 2, scan);
+            if end - pos > SEGMENT_BYTES {
+                end = self.chunk_end(bytes, pos, scan);
+            }
+            let (Some(any), Some(first)) = (&self.any, &self.first) else {
+                self.find_all(view, (pos, end), scan, &mut found);
+                pos = end;
+                continue;
             };
+            if end - pos > SEGMENT_BYTES {
+                self.find_all(view, (pos, end), scan, &mut found);
+                pos = end;
+                continue;
+            }
+            // Where the first match of any rule is (a search that stops there: most windows
+            // have none); no rule matches before its start.
+            let Some(m) = first.find(Input::new(&view[..end]).range(pos..end)) else {
+                scan.work(end - pos);
+                pos = end;
+                continue;
+            };
+            scan.work(m.end() - pos);
+            // The chunk from its start to the first common cut at or after its end (past its
+            // start at least: an empty match at a cut), searched by the rules that match there
+            // (which: the overlapping search of all rules). No rule matches in pos..from, so each
+            // rule's search from `from` finds what its search over the whole text finds.
+            let from = m.start();
+            let to = self.cut_from(bytes, m.end().max(from + 1), scan).min(end);
+            let chunk = Input::new(&view[..to]).range(from..to);
+            hits.clear();
+            any.which_overlapping_matches(&chunk, &mut hits);
+            scan.work(to - from);
             for (pid, &idx) in self.chunked.iter().enumerate() {
-                if !filtered || hits.contains(PatternID::new_unchecked(pid)) {
-                    self.find(&self.rules[idx], view, (pos, end), scan, &mut found[idx]);
+                if hits.contains(PatternID::new_unchecked(pid)) {
+                    self.find(&self.rules[idx], view, (from, to), scan, &mut found[idx]);
                 }
             }
-            pos = end;
+            pos = to;
         }
         // Accepted spans (view offsets, rule index): sorted and disjoint.
         let mut spans: Vec<(usize, usize, usize)> = Vec::new();
@@ -760,6 +818,7 @@ mod tests {
             chunked: (0..rules.len()).collect(),
             rules,
             any: None,
+            first: None,
             common: None,
         }
     }
