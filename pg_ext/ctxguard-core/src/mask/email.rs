@@ -29,8 +29,10 @@ const D: u8 = 2;
 const A: u8 = 4;
 const WORD: u8 = 8;
 
-static CLASS: [u8; 128] = {
-    let mut t = [0u8; 128];
+/// Class bits of every byte (none for the bytes of non-ASCII characters: the two non-ASCII class
+/// members are looked for where a run of ASCII members stops).
+static CLASS: [u8; 256] = {
+    let mut t = [0u8; 256];
     let mut b = 0;
     while b < 128 {
         let c = b as u8;
@@ -151,11 +153,16 @@ fn space(b: &[u8], i: usize) -> usize {
 #[inline]
 fn run(b: &[u8], mut i: usize, bits: u8) -> usize {
     loop {
-        let k = member_at(b, i, bits);
-        if k == 0 {
-            return i;
+        while let Some(&c) = b.get(i) {
+            if CLASS[c as usize] & bits == 0 {
+                break;
+            }
+            i += 1;
         }
-        i += k;
+        match folded_at(b, i) {
+            0 => return i,
+            k => i += k,
+        }
     }
 }
 
@@ -170,22 +177,13 @@ fn separator(b: &[u8], i: usize) -> Option<usize> {
 /// `␣? DOT ␣? A{2,} \b` at `i`: the end of the longest such match.
 fn tail(b: &[u8], i: usize) -> Option<usize> {
     let start = separator(b, i)?;
-    let mut end = start;
-    let mut chars = 0usize;
-    loop {
-        let k = member_at(b, end, A);
-        if k == 0 {
-            break;
-        }
-        end += k;
-        chars += 1;
-    }
-    while chars >= 2 {
+    let mut end = run(b, start, A);
+    // While start..end holds two characters or more (more bytes than its first character).
+    while end > start && end - start > member_at(b, start, A) {
         if boundary(b, end) {
             return Some(end);
         }
         end -= member_before(b, end, A);
-        chars -= 1;
     }
     None
 }
@@ -227,12 +225,14 @@ pub(super) fn find_at(hay: &str, at: usize) -> Option<(usize, usize)> {
         // The run of L characters before the AT (and its optional space), from `at` on.
         let r1 = if c > at && b[c - 1] == b' ' { c - 1 } else { c };
         let mut lo = r1;
-        while lo > at {
-            let k = member_before(b, lo, L);
-            if k == 0 || lo - k < at {
-                break;
+        loop {
+            while lo > at && CLASS[b[lo - 1] as usize] & L != 0 {
+                lo -= 1;
             }
-            lo -= k;
+            match folded_before(b, lo) {
+                k if k > 0 && lo - k >= at => lo -= k,
+                _ => break,
+            }
         }
         if lo == r1 {
             continue;
