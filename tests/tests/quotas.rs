@@ -263,9 +263,12 @@ fn counter_rows_direct(a: &mut Client) -> i64 {
     stats["counter_rows_direct"].as_i64().unwrap_or(-1)
 }
 
-/// What the writer persisted for `tenant`: its quota rows `(user, tool, window, calls)` and its
-/// users' bytes of today, against the bytes its audit rows record.
-fn persisted(a: &mut Client, tenant: &str) -> (Vec<(String, String, String, i32)>, i64, i64) {
+/// A persisted quota row: user, tool, window, calls.
+type QuotaRow = (String, String, String, i32);
+
+/// What the writer persisted for `tenant`: its quota rows and its users' bytes of today, against
+/// the bytes its audit rows record.
+fn persisted(a: &mut Client, tenant: &str) -> (Vec<QuotaRow>, i64, i64) {
     let quotas = a
         .query(
             "SELECT user_id, tool, win, calls FROM ctxguard.quota_usage WHERE tenant_id = $1 ORDER BY 1, 2, 3",

@@ -928,23 +928,33 @@ pub fn tables() -> Option<Value> {
     Some(Value::Object(out))
 }
 
-/// This database's writer: pid, last durable sequence number, batches, records, last and largest
-/// batch (for `ctxguard.ledger_stats()`).
-pub fn stats() -> Option<(i32, u64, u64, u64, u32, u32, u64, u64)> {
+/// This database's writer, for `ctxguard.ledger_stats()`.
+pub struct WriterStats {
+    pub pid: i32,
+    /// The last durable sequence number.
+    pub durable: u64,
+    pub batches: u64,
+    pub records: u64,
+    pub last_batch: u32,
+    pub max_batch: u32,
+    /// Audit rows and counter rows written without a statement.
+    pub audit_direct: u64,
+    pub counters_direct: u64,
+}
+
+pub fn stats() -> Option<WriterStats> {
     if !shmem::attached() {
         return None;
     }
     let qs = shmem::queues();
-    qs.iter().find(|q| q.db == db()).map(|q| {
-        (
-            q.writer_pid,
-            q.durable,
-            q.batches,
-            q.records,
-            q.last_batch,
-            q.max_batch,
-            q.audit_direct,
-            q.counters_direct,
-        )
+    qs.iter().find(|q| q.db == db()).map(|q| WriterStats {
+        pid: q.writer_pid,
+        durable: q.durable,
+        batches: q.batches,
+        records: q.records,
+        last_batch: q.last_batch,
+        max_batch: q.max_batch,
+        audit_direct: q.audit_direct,
+        counters_direct: q.counters_direct,
     })
 }

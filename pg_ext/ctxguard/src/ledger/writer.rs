@@ -972,16 +972,16 @@ fn verify_audit(tenant: Option<&str>) -> JsonB {
 #[pg_extern(volatile, parallel_unsafe)]
 fn ledger_stats() -> JsonB {
     let mut stats = match super::stats() {
-        Some((pid, durable, batches, records, last, max, direct, counters)) => json!({
-            "writer_pid": (pid != 0).then_some(pid),
-            "durable": durable,
-            "batches": batches,
-            "records": records,
-            "last_batch": last,
-            "max_batch": max,
-            "audit_rows_direct": direct,
-            "counter_rows_direct": counters,
-            "avg_batch": if batches > 0 { records as f64 / batches as f64 } else { 0.0 },
+        Some(w) => json!({
+            "writer_pid": (w.pid != 0).then_some(w.pid),
+            "durable": w.durable,
+            "batches": w.batches,
+            "records": w.records,
+            "last_batch": w.last_batch,
+            "max_batch": w.max_batch,
+            "audit_rows_direct": w.audit_direct,
+            "counter_rows_direct": w.counters_direct,
+            "avg_batch": if w.batches > 0 { w.records as f64 / w.batches as f64 } else { 0.0 },
         }),
         None => json!({"writer_pid": null}),
     };
