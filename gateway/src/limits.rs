@@ -439,6 +439,11 @@ impl Listener for LimitedListener {
                 tracing::debug!(%addr, "connection refused: too many open connections");
                 continue;
             };
+            // Events and answer deltas are small writes that must leave at once: without
+            // TCP_NODELAY, Nagle held one back until the client's delayed ACK (~40 ms on Linux).
+            if io.set_nodelay(true).is_err() {
+                tracing::debug!(%addr, "could not set TCP_NODELAY");
+            }
             let now = Instant::now();
             let conn = Arc::new(Conn {
                 state: Mutex::new(ConnState {
@@ -593,6 +598,22 @@ mod tests {
         ])
         .unwrap();
         Arc::new(Limits::new(&config, &Metrics::new()))
+    }
+
+    #[tokio::test]
+    async fn accepted_connections_send_small_writes_at_once() {
+        let inner = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = inner.local_addr().unwrap();
+        let mut listener = LimitedListener {
+            inner,
+            limits: limits("4"),
+        };
+        let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (io, _) = listener.accept().await;
+        assert!(
+            io.io.nodelay().unwrap(),
+            "TCP_NODELAY on the accepted connection"
+        );
     }
 
     #[test]
