@@ -802,6 +802,19 @@ fn unique_key(o: &Map<String, Value>, key: String) -> String {
         .unwrap_or(key)
 }
 
+/// xorshift64*: a fixed sequence of numbers below `n` from `seed`, no dependency (the tests'
+/// generated texts).
+#[cfg(test)]
+fn test_rng(seed: u64) -> impl FnMut(usize) -> usize {
+    let mut state = seed;
+    move |n| {
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        (state.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 33) as usize % n
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1114,14 +1127,7 @@ mod tests {
             ".",
             "-",
         ];
-        // xorshift64*: a fixed sequence, no dependency.
-        let mut state = 0x9E37_79B9_7F4A_7C15u64;
-        let mut next = |n: usize| {
-            state ^= state >> 12;
-            state ^= state << 25;
-            state ^= state >> 27;
-            (state.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 33) as usize % n
-        };
+        let mut next = test_rng(0x9E37_79B9_7F4A_7C15);
         let mut total = MaskCounts::new();
         for _ in 0..300 {
             let mut text = String::new();
@@ -1218,13 +1224,7 @@ mod tests {
         }];
         custom.extend(default_rules().into_iter().skip(4).take(2));
         let sets = [default_rules(), custom];
-        let mut state = 0x0123_4567_89AB_CDEFu64;
-        let mut next = |n: usize| {
-            state ^= state >> 12;
-            state ^= state << 25;
-            state ^= state >> 27;
-            (state.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 33) as usize % n
-        };
+        let mut next = test_rng(0x0123_4567_89AB_CDEF);
         for specs in &sets {
             let m = Masker::new(specs).unwrap();
             let plain = plain(specs);
@@ -1292,13 +1292,7 @@ mod tests {
             "z",
             "4111 1111 1111 1111",
         ];
-        let mut state = 0x5DEE_CE66_D1CE_4E5Bu64;
-        let mut next = |n: usize| {
-            state ^= state >> 12;
-            state ^= state << 25;
-            state ^= state >> 27;
-            (state.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 33) as usize % n
-        };
+        let mut next = test_rng(0x5DEE_CE66_D1CE_4E5B);
         for specs in &sets {
             let (m, plain) = (Masker::new(specs).unwrap(), plain(specs));
             for _ in 0..2_000 {

@@ -259,16 +259,7 @@ pub(super) fn find_at(hay: &str, at: usize) -> Option<(usize, usize)> {
 mod tests {
     use super::*;
 
-    /// xorshift64*: a fixed sequence of numbers below `n`, no dependency.
-    fn rng(seed: u64) -> impl FnMut(usize) -> usize {
-        let mut state = seed;
-        move |n| {
-            state ^= state >> 12;
-            state ^= state << 25;
-            state ^= state >> 27;
-            (state.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 33) as usize % n
-        }
-    }
+    use super::super::test_rng as rng;
 
     /// `find_at` against the regex at every character boundary of `text`.
     fn check(re: &regex::Regex, text: &str) {
