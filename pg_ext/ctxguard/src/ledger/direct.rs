@@ -142,6 +142,37 @@ unsafe fn layout(
     Some(at)
 }
 
+/// An executor state for single-row changes of `rel` (open, `RowExclusiveLock` held) outside a
+/// plan, as logical replication's apply worker makes one: its range table, its result relation
+/// with the indexes open, the current command id for what it writes.
+unsafe fn single_row_estate(
+    rel: pg_sys::Relation,
+) -> (*mut pg_sys::EState, *mut pg_sys::ResultRelInfo) {
+    let estate = pg_sys::CreateExecutorState();
+    let rte = pgrx::PgBox::<pg_sys::RangeTblEntry>::alloc_node(pg_sys::NodeTag::T_RangeTblEntry)
+        .into_pg();
+    (*rte).rtekind = pg_sys::RTEKind::RTE_RELATION;
+    (*rte).relid = (*rel).rd_id;
+    (*rte).relkind = (*(*rel).rd_rel).relkind;
+    (*rte).rellockmode = pg_sys::RowExclusiveLock as i32;
+    crate::compat::init_range_table(estate, rte);
+    let rri = pgrx::PgBox::<pg_sys::ResultRelInfo>::alloc_node(pg_sys::NodeTag::T_ResultRelInfo)
+        .into_pg();
+    pg_sys::InitResultRelInfo(rri, rel, 1, std::ptr::null_mut(), 0);
+    (*estate).es_opened_result_relations =
+        pg_sys::lappend((*estate).es_opened_result_relations, rri.cast());
+    (*estate).es_output_cid = pg_sys::GetCurrentCommandId(true);
+    pg_sys::ExecOpenIndices(rri, false);
+    (estate, rri)
+}
+
+/// Close the indexes, release the slots and free what [`single_row_estate`] made.
+unsafe fn end_single_row_estate(estate: *mut pg_sys::EState, rri: *mut pg_sys::ResultRelInfo) {
+    pg_sys::ExecCloseIndices(rri);
+    pg_sys::ExecResetTupleTable((*estate).es_tupleTable, false);
+    pg_sys::FreeExecutorState(estate);
+}
+
 unsafe fn insert_into(rel: pg_sys::Relation, rows: &[Value]) -> bool {
     let desc = (*rel).rd_att;
     let tupdesc = pgrx::PgTupleDesc::from_pg_unchecked(desc);
@@ -163,21 +194,7 @@ unsafe fn insert_into(rel: pg_sys::Relation, rows: &[Value]) -> bool {
     }
 
     let natts = attrs.len();
-    let estate = pg_sys::CreateExecutorState();
-    let rte = pgrx::PgBox::<pg_sys::RangeTblEntry>::alloc_node(pg_sys::NodeTag::T_RangeTblEntry)
-        .into_pg();
-    (*rte).rtekind = pg_sys::RTEKind::RTE_RELATION;
-    (*rte).relid = (*rel).rd_id;
-    (*rte).relkind = (*(*rel).rd_rel).relkind;
-    (*rte).rellockmode = pg_sys::RowExclusiveLock as i32;
-    crate::compat::init_range_table(estate, rte);
-    let rri = pgrx::PgBox::<pg_sys::ResultRelInfo>::alloc_node(pg_sys::NodeTag::T_ResultRelInfo)
-        .into_pg();
-    pg_sys::InitResultRelInfo(rri, rel, 1, std::ptr::null_mut(), 0);
-    (*estate).es_opened_result_relations =
-        pg_sys::lappend((*estate).es_opened_result_relations, rri.cast());
-    (*estate).es_output_cid = pg_sys::GetCurrentCommandId(true);
-    pg_sys::ExecOpenIndices(rri, false);
+    let (estate, rri) = single_row_estate(rel);
 
     // The defaults of the columns ctxguard does not write (the identity `id`, and any column a
     // DBA added with a default), as an INSERT naming only ctxguard's columns would fill them.
@@ -216,17 +233,12 @@ unsafe fn insert_into(rel: pg_sys::Relation, rows: &[Value]) -> bool {
         pg_sys::MemoryContextReset((*econtext).ecxt_per_tuple_memory);
     }
 
-    pg_sys::ExecCloseIndices(rri);
-    pg_sys::ExecResetTupleTable((*estate).es_tupleTable, false);
-    pg_sys::FreeExecutorState(estate);
+    end_single_row_estate(estate, rri);
     true
 }
 
-/// A column of a counter table: its name, type, and each row's value.
-pub struct CounterColumn {
-    pub name: &'static CStr,
-    pub type_oid: pg_sys::Oid,
-}
+/// A column of a counter table: its name and type.
+pub type CounterColumn = (&'static CStr, pg_sys::Oid);
 
 /// Rows of a counter table (`user_day_usage`, `quota_usage`) as the writer's statement would
 /// upsert them (`INSERT … ON CONFLICT (key) DO UPDATE SET counter = GREATEST(old, new)`), without
@@ -278,8 +290,8 @@ unsafe fn counter_layout(
     for c in columns {
         let n = attrs
             .iter()
-            .position(|a| !a.attisdropped && CStr::from_ptr(a.attname.data.as_ptr()) == c.name)?;
-        if attrs[n].atttypid != c.type_oid || attrs[n].attgenerated != 0 {
+            .position(|a| !a.attisdropped && CStr::from_ptr(a.attname.data.as_ptr()) == c.0)?;
+        if attrs[n].atttypid != c.1 || attrs[n].attgenerated != 0 {
             return None;
         }
         at.push(n + 1);
@@ -313,7 +325,7 @@ unsafe fn upsert_into(
 ) -> Option<Vec<bool>> {
     let (at, pk) = counter_layout(rel, columns)?;
     let counter = columns.len() - 1;
-    let wide = match columns[counter].type_oid {
+    let wide = match columns[counter].1 {
         pg_sys::INT8OID => true,
         pg_sys::INT4OID => false,
         _ => return None,
@@ -321,21 +333,7 @@ unsafe fn upsert_into(
     let desc = (*rel).rd_att;
     let natts = (*desc).natts as usize;
 
-    let estate = pg_sys::CreateExecutorState();
-    let rte = pgrx::PgBox::<pg_sys::RangeTblEntry>::alloc_node(pg_sys::NodeTag::T_RangeTblEntry)
-        .into_pg();
-    (*rte).rtekind = pg_sys::RTEKind::RTE_RELATION;
-    (*rte).relid = (*rel).rd_id;
-    (*rte).relkind = (*(*rel).rd_rel).relkind;
-    (*rte).rellockmode = pg_sys::RowExclusiveLock as i32;
-    crate::compat::init_range_table(estate, rte);
-    let rri = pgrx::PgBox::<pg_sys::ResultRelInfo>::alloc_node(pg_sys::NodeTag::T_ResultRelInfo)
-        .into_pg();
-    pg_sys::InitResultRelInfo(rri, rel, 1, std::ptr::null_mut(), 0);
-    (*estate).es_opened_result_relations =
-        pg_sys::lappend((*estate).es_opened_result_relations, rri.cast());
-    (*estate).es_output_cid = pg_sys::GetCurrentCommandId(true);
-    pg_sys::ExecOpenIndices(rri, false);
+    let (estate, rri) = single_row_estate(rel);
 
     let search = pg_sys::ExecInitExtraTupleSlot(estate, desc, &pg_sys::TTSOpsVirtual);
     let found_slot = pg_sys::table_slot_create(rel, &mut (*estate).es_tupleTable);
@@ -401,8 +399,6 @@ unsafe fn upsert_into(
         }
     }
 
-    pg_sys::ExecCloseIndices(rri);
-    pg_sys::ExecResetTupleTable((*estate).es_tupleTable, false);
-    pg_sys::FreeExecutorState(estate);
+    end_single_row_estate(estate, rri);
     Some(inserted)
 }

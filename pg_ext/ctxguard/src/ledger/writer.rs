@@ -409,23 +409,11 @@ type Quotas = HashMap<(String, String, String, String), (i64, i64)>;
 /// of it when the table is not as ctxguard creates it, or a value is out of its type's range).
 fn direct_days(days: Days) -> Days {
     use super::direct::{upsert_counters, CounterColumn};
-    let cols = [
-        CounterColumn {
-            name: c"tenant_id",
-            type_oid: pg_sys::TEXTOID,
-        },
-        CounterColumn {
-            name: c"user_id",
-            type_oid: pg_sys::TEXTOID,
-        },
-        CounterColumn {
-            name: c"day",
-            type_oid: pg_sys::DATEOID,
-        },
-        CounterColumn {
-            name: c"bytes",
-            type_oid: pg_sys::INT8OID,
-        },
+    let cols: [CounterColumn; 4] = [
+        (c"tenant_id", pg_sys::TEXTOID),
+        (c"user_id", pg_sys::TEXTOID),
+        (c"day", pg_sys::DATEOID),
+        (c"bytes", pg_sys::INT8OID),
     ];
     if days.is_empty() || days.keys().any(|(_, _, d)| i32::try_from(*d).is_err()) {
         return days;
@@ -455,31 +443,13 @@ fn direct_quotas(quotas: Quotas) -> Quotas {
     use super::direct::{upsert_counters, CounterColumn};
     /// Seconds from 1970-01-01 to 2000-01-01 (PostgreSQL's epoch for `timestamptz`).
     const PG_EPOCH_S: i64 = 946_684_800;
-    let cols = [
-        CounterColumn {
-            name: c"tenant_id",
-            type_oid: pg_sys::TEXTOID,
-        },
-        CounterColumn {
-            name: c"user_id",
-            type_oid: pg_sys::TEXTOID,
-        },
-        CounterColumn {
-            name: c"tool",
-            type_oid: pg_sys::TEXTOID,
-        },
-        CounterColumn {
-            name: c"win",
-            type_oid: pg_sys::TEXTOID,
-        },
-        CounterColumn {
-            name: c"window_start",
-            type_oid: pg_sys::TIMESTAMPTZOID,
-        },
-        CounterColumn {
-            name: c"calls",
-            type_oid: pg_sys::INT4OID,
-        },
+    let cols: [CounterColumn; 6] = [
+        (c"tenant_id", pg_sys::TEXTOID),
+        (c"user_id", pg_sys::TEXTOID),
+        (c"tool", pg_sys::TEXTOID),
+        (c"win", pg_sys::TEXTOID),
+        (c"window_start", pg_sys::TIMESTAMPTZOID),
+        (c"calls", pg_sys::INT4OID),
     ];
     // `to_timestamp(s)`: microseconds since 2000-01-01, exact for whole seconds in this range.
     let in_range =
