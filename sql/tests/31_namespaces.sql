@@ -85,6 +85,18 @@ SELECT ok('nslab.pay' NOT IN (SELECT name FROM ctxguard.find_tools('vendor', 100
 SELECT is((SELECT array_agg(name ORDER BY n) FROM ctxguard.find_tools('vendor who sent an invoice', 2) WITH ORDINALITY f(name, d, s, r, dg, a, sv, ns, score, n)),
           ARRAY['nslab.vendor_lookup', 'nslab.pay'], 'the better match first, though the other is bound to the page''s entity');
 SELECT ok((SELECT bool_and(score > 0) FROM ctxguard.find_tools('vendor who sent an invoice', 100)), 'every tool found has a score above 0');
+-- The scores are ts_rank of the query's words over each tool's search vector (name and description,
+-- as the catalog makes it), computed from the backend's cached copy of the vector.
+SELECT is((SELECT count(*)::int FROM ctxguard.find_tools('vendor who sent an invoice', 100) f
+            WHERE f.score <> ts_rank(to_tsvector('english', translate(f.name, '._-', '   ') || ' ' || f.description),
+                                     to_tsquery('english', 'vendor | who | sent | an | invoice'))), 0,
+          'find_tools'' scores are ts_rank over the catalogued name and description');
+SELECT is((SELECT count(*)::int FROM ctxguard.visible_tools() v
+            WHERE v.server IS NULL
+              AND ts_rank(to_tsvector('english', translate(v.name, '._-', '   ') || ' ' || v.description),
+                          to_tsquery('english', 'vendor | who | sent | an | invoice')) > 0),
+          (SELECT count(*)::int FROM ctxguard.find_tools('vendor who sent an invoice', 100) WHERE server IS NULL),
+          'find_tools returns every visible DBA tool that matches (fewer than top_k here)');
 
 -- The columns are Gate A's (the bound entity parameter stripped), with the namespace and the score.
 SELECT results_eq($$SELECT name, description, input_schema, read_only, danger, requires_approval, server, namespace

@@ -55,6 +55,9 @@ pub struct ToolEntry {
     /// The policy's `when` and `approval_when` predicates (`tool_policies.when_fn`, ...).
     pub when_fn: Option<pg_sys::Oid>,
     pub approval_when_fn: Option<pg_sys::Oid>,
+    /// The catalog's search vector (`tools.search`: name and description), which ranking and
+    /// `find_tools` match queries against without reading the row again.
+    pub search: Option<crate::pgutil::TsVector>,
     compiled: OnceCell<Result<Rc<Schema>, ArgError>>,
     /// The schema Gate A shows, as a `jsonb` datum's bytes: as catalogued, and with the bound
     /// entity parameter stripped (made on first use, then kept with the entry).
@@ -198,7 +201,7 @@ const TOOL_COLUMNS: &str = "t.name, t.description, t.input_schema, t.handler::pg
     (t.kind OPERATOR(pg_catalog.=) 'external' AND t.accepted_hash IS DISTINCT FROM t.definition_hash),
     p.when_fn::pg_catalog.oid, p.approval_when_fn::pg_catalog.oid,
     p.when_fn::pg_catalog.text, p.approval_when_fn::pg_catalog.text, p.mode, p.approver_roles, p.rate_limits,
-    p.credential_modes";
+    p.credential_modes, t.search";
 const TOOL_FROM: &str = "ctxguard.tools t
     LEFT JOIN ctxguard.tool_policies p ON p.tool OPERATOR(pg_catalog.=) t.name";
 
@@ -242,6 +245,7 @@ impl ToolEntry {
     fn bytes(&self) -> usize {
         256 + self.name.len()
             + self.description.len()
+            + self.search.as_ref().map_or(0, |v| v.len())
             + 2 * estimate(&self.input_schema)
             + self.policy.as_ref().map_or(0, |p| {
                 p.page_types
@@ -1084,6 +1088,7 @@ fn tool_from_row(
         changed: row.get::<bool>(22)?.unwrap_or(true),
         when_fn: row.get::<pg_sys::Oid>(23)?,
         approval_when_fn: row.get::<pg_sys::Oid>(24)?,
+        search: row.get::<crate::pgutil::TsVector>(31)?,
         compiled: OnceCell::new(),
         shown: [OnceCell::new(), OnceCell::new()],
     })

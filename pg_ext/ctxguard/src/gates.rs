@@ -26,7 +26,7 @@ use crate::handler;
 use crate::ledger;
 use crate::masking;
 use crate::owner::as_owner;
-use crate::pgutil::{self, raise, select_saved};
+use crate::pgutil::{self, raise};
 use crate::quota;
 
 /// A tool as Gate A shows it.
@@ -51,37 +51,23 @@ pub struct Visible {
 /// matches it (`ts_rank` over the catalog's search vector: the tool's name and description as
 /// catalogued, which for an upstream tool is the definition the DBA accepted, since a changed one
 /// is not visible). A tool that does not match has no entry (score 0).
+///
+/// The vectors are the cached entries' copies (`ToolEntry::search`), matched and ranked by the
+/// functions behind `@@` and `ts_rank` called directly: the same scores as the statement over
+/// `ctxguard.tools` they replace, without a lookup of every visible tool by name.
 fn scores(words: Option<&str>, tools: &[Rc<ToolEntry>]) -> HashMap<String, f32> {
-    let Some(tsq) = words else {
+    let Some(words) = words else {
         return HashMap::new();
     };
-    let names: Vec<String> = tools.iter().map(|t| t.name.clone()).collect();
-    as_owner(|| {
-        Spi::connect(|c| {
-            select_saved(
-                c,
-                "SELECT t.name, pg_catalog.ts_rank(t.search, q.q)
-               FROM ctxguard.tools t,
-                    pg_catalog.to_tsquery('pg_catalog.english'::pg_catalog.regconfig, $1) AS q(q)
-              WHERE t.name OPERATOR(pg_catalog.=) ANY($2) AND t.search OPERATOR(pg_catalog.@@) q.q",
-                None,
-                &[tsq.into(), names.into()],
-            )?
-            .map(|r| {
-                Ok((
-                    r.get::<String>(1)?.unwrap_or_default(),
-                    r.get::<f32>(2)?.unwrap_or(0.0),
-                ))
-            })
-            .collect::<Result<_, pgrx::spi::Error>>()
-        })
-    })
-    .unwrap_or_else(|e| {
-        raise(
-            PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
-            format!("ctxguard: {e}"),
-        )
-    })
+    let query = pgutil::english_tsquery(words);
+    let mut scores = HashMap::new();
+    for t in tools {
+        pg_sys::check_for_interrupts!();
+        if let Some(score) = t.search.as_ref().and_then(|v| v.matches_rank(query)) {
+            scores.insert(t.name.clone(), score);
+        }
+    }
+    scores
 }
 
 /// The tier a visible tool fills in the model's list: the page's own tools (DBA tools bound to

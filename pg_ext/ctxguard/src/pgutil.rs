@@ -321,6 +321,101 @@ unsafe impl pgrx::callconv::BoxRet for JsonbBytes {
     }
 }
 
+/// A `tsvector` value copied out of a row into memory of our own (8-byte aligned, with the 4-byte
+/// varlena header `pg_detoast_datum` gives it), so that a cached catalog entry can hand it to
+/// PostgreSQL's text-search functions ([`TsVector::matches_rank`]) without reading the row again.
+#[derive(Clone)]
+pub struct TsVector(std::rc::Rc<[u64]>);
+
+impl TsVector {
+    /// Size of the value in bytes.
+    pub fn len(&self) -> usize {
+        // SAFETY: the buffer holds a whole varlena (copied whole by `from_polymorphic_datum`).
+        unsafe { pgrx::varsize_any(self.0.as_ptr().cast()) }
+    }
+
+    /// `ts_rank(self, query)` where `self @@ query`, else `None`: the functions behind the SQL
+    /// operator and function (`ts_match_vq`, `ts_rank_tt`), called directly. `query` is a
+    /// `tsquery` datum valid for the call.
+    pub fn matches_rank(&self, query: pg_sys::Datum) -> Option<f32> {
+        let vector = pg_sys::Datum::from(self.0.as_ptr());
+        // SAFETY: both datums are whole values of the functions' argument types; neither
+        // function writes to its arguments (a detoasted copy would be its own).
+        unsafe {
+            let hit = pgrx::direct_function_call::<bool>(
+                pg_sys::ts_match_vq,
+                &[Some(vector), Some(query)],
+            );
+            if hit != Some(true) {
+                return None;
+            }
+            pgrx::direct_function_call::<f32>(pg_sys::ts_rank_tt, &[Some(vector), Some(query)])
+        }
+    }
+}
+
+impl FromDatum for TsVector {
+    unsafe fn from_polymorphic_datum(
+        datum: pg_sys::Datum,
+        is_null: bool,
+        _: pg_sys::Oid,
+    ) -> Option<TsVector> {
+        if is_null {
+            return None;
+        }
+        // SAFETY: the datum is a `tsvector` (the column's type); detoasted (a copy when it was
+        // toasted or had a short header), copied whole, and the copy freed.
+        unsafe {
+            let given = datum.cast_mut_ptr::<pg_sys::varlena>();
+            let whole = pg_sys::pg_detoast_datum(given);
+            let len = pgrx::varsize_any(whole);
+            let mut words = vec![0u64; len.div_ceil(8)];
+            std::ptr::copy_nonoverlapping(whole.cast::<u8>(), words.as_mut_ptr().cast::<u8>(), len);
+            if whole != given {
+                pg_sys::pfree(whole.cast());
+            }
+            Some(TsVector(words.into()))
+        }
+    }
+}
+
+impl IntoDatum for TsVector {
+    fn into_datum(self) -> Option<pg_sys::Datum> {
+        let len = self.len();
+        // SAFETY: a palloc'd copy of the whole value.
+        unsafe {
+            let ptr = pg_sys::palloc(len) as *mut u8;
+            std::ptr::copy_nonoverlapping(self.0.as_ptr().cast::<u8>(), ptr, len);
+            Some(pg_sys::Datum::from(ptr))
+        }
+    }
+
+    fn type_oid() -> pg_sys::Oid {
+        pg_sys::TSVECTOROID
+    }
+}
+
+/// `to_tsquery('pg_catalog.english', words)` as a datum of the current memory context: the
+/// configuration named with its schema (nothing on the caller's path can stand in for it).
+/// `words` must be valid `to_tsquery` input (`ctxguard_core::ranking::or_query` makes it).
+pub fn english_tsquery(words: &str) -> pg_sys::Datum {
+    // SAFETY: `regconfigin` takes a C string and returns the configuration's oid (an ERROR if
+    // it is missing); `to_tsquery_byid` takes that oid and a `text` datum, and returns a palloc'd
+    // `tsquery`.
+    unsafe {
+        let config = pgrx::direct_function_call::<pg_sys::Oid>(
+            pg_sys::regconfigin,
+            &[Some(pg_sys::Datum::from(c"pg_catalog.english".as_ptr()))],
+        )
+        .expect("regconfigin returns an oid");
+        pgrx::direct_function_call_as_datum(
+            pg_sys::to_tsquery_byid,
+            &[config.into_datum(), words.into_datum()],
+        )
+        .expect("to_tsquery returns a value")
+    }
+}
+
 /// The longest string a `jsonb` value can hold (`JENTRY_OFFLENMASK`, as `jsonb_in` checks).
 const JSONB_MAX_STRING: usize = 0x0FFF_FFFF;
 
