@@ -244,3 +244,22 @@ SELECT ctxguard.register_tool('invoice.get_checked', 'Get the invoice on this pa
     'demo.invoice_get(jsonb)',
     '{"page_types": ["invoice_detail"], "entity_type": "invoice", "entity_param": "invoice_id", "run_as": "ctxguard_tools",
       "when": "bench.invoice_exists", "rate_limit": {"per": "user", "calls": 1000000, "window": "1d"}}');
+
+-- 6. Issue 30's aim measured in one run (gate_bench.sh, bench/ctxguard_interleaved.sql): each
+--    transaction calls invoice.get or invoice.get_checked at random, and the call is timed inside
+--    the database (clock_timestamp() around call_tool), so both calls meet the same moments of the
+--    machine (its fsync latency, the CPU the hypervisor takes) and their medians compare.
+CREATE UNLOGGED TABLE bench.call_ms (tool text NOT NULL, ms float8 NOT NULL, status text);
+CREATE FUNCTION bench.timed_call(tool text) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    t0 timestamptz;
+    r  jsonb;
+BEGIN
+    t0 := pg_catalog.clock_timestamp();
+    r := ctxguard.call_tool(tool, '{}');
+    INSERT INTO bench.call_ms VALUES (tool, extract(epoch FROM pg_catalog.clock_timestamp() - t0) * 1000, r->>'status');
+    RETURN r->>'status';
+END
+$$;
+GRANT INSERT ON bench.call_ms TO ctxguard_gateway;
+GRANT EXECUTE ON FUNCTION bench.timed_call(text) TO ctxguard_gateway;
