@@ -362,3 +362,64 @@ fn the_writer_persists_quota_and_day_counters_exactly() {
         }
     }
 }
+
+/// A large quota's window is persisted ahead of its calls by a bounded margin (a sixty-fourth of
+/// the limit, at most 64: `ctxguard_core::ledger::margin`) instead of with every call's audit
+/// row, and its exact count follows within about a tenth of a second. Whenever it is read, what
+/// is persisted is never below the calls made (a crash then refuses early, never late), and never
+/// more than the margin above them.
+#[test]
+fn large_quotas_are_persisted_ahead_by_a_bounded_margin_then_exactly() {
+    let mut a = admin();
+    a.execute(
+        "SELECT ctxguard.register_tool('quota.large', 'Ping, with a large quota.', '{\"type\": \"object\"}',
+                't.quota_ping(jsonb)',
+                '{\"page_types\": [\"quota_lab\"], \"run_as\": \"ctxguard_tools\", \"rate_limit\": {\"per\": \"user\", \"calls\": 6400, \"window\": \"1h\"}}')",
+        &[],
+    )
+    .unwrap();
+    let mut c = connect();
+    let tenant = unique("margins");
+    let user = unique("margin-user");
+    let tok = token(&user, &tenant, &[]);
+    let persisted = |a: &mut Client| -> i32 {
+        a.query_opt(
+            "SELECT calls FROM ctxguard.quota_usage WHERE tenant_id = $1 AND tool = 'quota.large'",
+            &[&tenant],
+        )
+        .unwrap()
+        .map_or(0, |r| r.get(0))
+    };
+    let mut ahead = 0;
+    for made in 1..=5 {
+        let v = call(&mut c, &tok, "quota.large", true);
+        assert_eq!(code(&v), "ok", "{v}");
+        let p = persisted(&mut a);
+        assert!(
+            p >= made && p <= made + 64,
+            "after {made} calls, {p} persisted (bounds {made}..={})",
+            made + 64
+        );
+        ahead += i32::from(p > made);
+    }
+    // Read right after each call, before its exact count is due: written ahead, not per call.
+    assert!(
+        ahead > 0,
+        "every read found the exact count: no margin was used"
+    );
+    // The exact count follows.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let p = persisted(&mut a);
+        if p == 5 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "still {p} persisted for 5 calls");
+        thread::sleep(Duration::from_millis(50));
+    }
+    // And the window goes on counting from there.
+    let v = call(&mut c, &tok, "quota.large", true);
+    assert_eq!(code(&v), "ok", "{v}");
+    let p = persisted(&mut a);
+    assert!((6..=70).contains(&p), "after 6 calls, {p} persisted");
+}

@@ -6,6 +6,7 @@
 
 use std::collections::HashMap;
 use std::hash::Hash;
+use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 
@@ -713,9 +714,217 @@ impl Retry {
     }
 }
 
+/// A quota: (tenant, user or "" for the tenant's count, tool, window).
+pub type QuotaKey = (String, String, String, String);
+/// Each quota window of a batch with its state once the batch commits ([`Margins::committed`]).
+pub type Seen = Vec<(QuotaKey, Margin)>;
+
+/// What `quota_usage` holds for a quota's window against the calls counted there, for the windows
+/// this writer persisted ahead of their calls ([`margin`]).
+#[derive(Clone, Copy, PartialEq, Debug)]
+pub struct Margin {
+    pub start: i64,
+    pub persisted: i64,
+    pub counted: i64,
+}
+
+/// The quotas whose persisted count is ahead of their calls, by quota (this writer's memory).
+#[derive(Default)]
+pub struct Margins {
+    by_quota: HashMap<QuotaKey, Margin>,
+    /// Since when a window has been ahead without its exact count written (or a write failed).
+    pending_since: Option<Instant>,
+}
+
+/// How far ahead of a window's calls its persisted count may be for a quota of `limit` calls: a
+/// sixty-fourth of the limit, at most 64 (none below 64 calls). The writer then writes a busy
+/// window's row once every so many calls instead of with every call's audit row; the exact count
+/// follows within about [`MARGIN_FLUSH`] (and when the writer stops). What is persisted is never below
+/// the calls audited, so after a crash (when the ledger reloads the row) a window counts at most
+/// this many calls more than were made: it refuses early, never late.
+pub fn margin(limit: i64) -> i64 {
+    (limit / 64).clamp(0, 64)
+}
+
+/// How soon the exact counts follow a window persisted ahead of its calls.
+pub const MARGIN_FLUSH: Duration = Duration::from_millis(100);
+
+impl Margins {
+    /// Which of `quotas` (each window's latest count `n` in a batch, with its quota's limit) to
+    /// write, and with what count: a window new to this writer, or whose calls reached what was
+    /// persisted, is written `n` plus its [`margin`]; the others not at all. Also returned: each
+    /// window's state once the batch commits ([`Margins::committed`]).
+    pub fn plan(
+        &self,
+        quotas: HashMap<QuotaKey, (i64, i64, i64)>,
+    ) -> (HashMap<QuotaKey, (i64, i64)>, Seen) {
+        let mut write = HashMap::new();
+        let mut seen = Vec::with_capacity(quotas.len());
+        for (k, (start, n, limit)) in quotas {
+            let m = match self.by_quota.get(&k) {
+                Some(m) if m.start == start && n <= m.persisted => Margin {
+                    counted: n.max(m.counted),
+                    ..*m
+                },
+                _ => {
+                    let persisted = n.saturating_add(margin(limit)).min(n.max(limit));
+                    write.insert(k.clone(), (start, persisted));
+                    Margin {
+                        start,
+                        persisted,
+                        counted: n,
+                    }
+                }
+            };
+            seen.push((k, m));
+        }
+        (write, seen)
+    }
+
+    /// Record what a committed transaction wrote at `now` (`plan`'s second part, possibly several
+    /// times over for one quota when a batch was written record by record).
+    pub fn committed(&mut self, seen: Seen, now: Instant) {
+        if self.pending_since.is_none() && seen.iter().any(|(_, m)| m.persisted > m.counted) {
+            self.pending_since = Some(now);
+        }
+        for (k, m) in seen {
+            let e = self.by_quota.entry(k).or_insert(m);
+            if m.start > e.start {
+                *e = m;
+            } else if m.start == e.start {
+                e.persisted = e.persisted.max(m.persisted);
+                e.counted = e.counted.max(m.counted);
+            }
+        }
+    }
+
+    /// The windows whose persisted count is ahead of their calls.
+    pub fn ahead(&self) -> Vec<(QuotaKey, Margin)> {
+        self.by_quota
+            .iter()
+            .filter(|(_, m)| m.persisted > m.counted)
+            .map(|(k, m)| (k.clone(), *m))
+            .collect()
+    }
+
+    /// Is an exact write due: a window ahead for [`MARGIN_FLUSH`] (or any window at all when
+    /// `force`d)?
+    pub fn due(&self, now: Instant, force: bool) -> bool {
+        !self.by_quota.is_empty()
+            && (force
+                || self
+                    .pending_since
+                    .is_some_and(|t| now.duration_since(t) >= MARGIN_FLUSH))
+    }
+
+    /// After the exact counts were written: nothing is ahead any more, and every window is
+    /// forgotten (its next call is written ahead again).
+    pub fn flushed(&mut self) {
+        self.pending_since = None;
+        self.by_quota.clear();
+    }
+
+    /// A write was tried at `now` and failed: the margins stay (the counts persisted are larger
+    /// than the calls, which refuses early); the next try is due after [`MARGIN_FLUSH`].
+    pub fn tried(&mut self, now: Instant) {
+        self.pending_since = Some(now);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn quota(n: i64, limit: i64) -> HashMap<QuotaKey, (i64, i64, i64)> {
+        let k = ("t".into(), "u".into(), "tool".into(), "1h".into());
+        HashMap::from([(k, (3600, n, limit))])
+    }
+
+    #[test]
+    fn quota_windows_are_persisted_ahead_by_a_bounded_margin() {
+        assert_eq!(
+            (
+                margin(0),
+                margin(63),
+                margin(64),
+                margin(640),
+                margin(1_000_000)
+            ),
+            (0, 0, 1, 10, 64)
+        );
+        let t = Instant::now();
+        let mut m = Margins::default();
+        // A small quota: every count is written as it is, and nothing is left to write exactly.
+        for n in 1..=3 {
+            let (write, seen) = m.plan(quota(n, 20));
+            assert_eq!(write.values().copied().collect::<Vec<_>>(), [(3600, n)]);
+            m.committed(seen, t);
+        }
+        assert!(m.ahead().is_empty() && !m.due(t + MARGIN_FLUSH, false));
+        let mut m = Margins::default();
+        // A large one: written ahead by its margin, then not again until the calls reach it.
+        let (write, seen) = m.plan(quota(1, 6400));
+        assert_eq!(write.values().copied().collect::<Vec<_>>(), [(3600, 65)]);
+        // Not committed yet: the same count plans the same write again.
+        assert_eq!(m.plan(quota(1, 6400)).0.len(), 1);
+        m.committed(seen, t);
+        for n in 2..=65 {
+            let (write, seen) = m.plan(quota(n, 6400));
+            assert!(write.is_empty(), "count {n} is covered by the 65 persisted");
+            m.committed(seen, t);
+        }
+        let (write, seen) = m.plan(quota(66, 6400));
+        assert_eq!(write.values().copied().collect::<Vec<_>>(), [(3600, 130)]);
+        m.committed(seen, t);
+        // What is persisted is never below the calls, and ahead by at most the margin.
+        let ahead = m.ahead();
+        assert_eq!(ahead.len(), 1);
+        assert_eq!((ahead[0].1.persisted, ahead[0].1.counted), (130, 66));
+        // Near the limit the margin stops at the limit; past it (shadow mode counts on) the count.
+        let mut near = Margins::default();
+        assert_eq!(
+            near.plan(quota(6390, 6400))
+                .0
+                .values()
+                .copied()
+                .collect::<Vec<_>>(),
+            [(3600, 6400)]
+        );
+        near.committed(near.plan(quota(6390, 6400)).1, t);
+        assert_eq!(
+            near.plan(quota(6401, 6400))
+                .0
+                .values()
+                .copied()
+                .collect::<Vec<_>>(),
+            [(3600, 6401)]
+        );
+        // A new window is written at once.
+        let k = ("t".into(), "u".into(), "tool".into(), "1h".into());
+        let (write, _) = m.plan(HashMap::from([(k, (7200, 1, 6400))]));
+        assert_eq!(write.values().copied().collect::<Vec<_>>(), [(7200, 65)]);
+    }
+
+    #[test]
+    fn exact_counts_are_due_on_schedule_or_when_forced() {
+        let t0 = Instant::now();
+        let mut m = Margins::default();
+        assert!(!m.due(t0, true), "nothing to write");
+        m.committed(m.plan(quota(1, 6400)).1, t0);
+        assert!(!m.due(t0, false), "ahead since now: not due yet");
+        assert!(m.due(t0, true), "due when forced (the writer stopping)");
+        // Calls in between do not move the deadline.
+        m.committed(m.plan(quota(2, 6400)).1, t0 + Duration::from_millis(60));
+        assert!(!m.due(t0 + Duration::from_millis(99), false));
+        assert!(m.due(t0 + MARGIN_FLUSH, false));
+        m.tried(t0 + MARGIN_FLUSH);
+        assert_eq!(m.ahead().len(), 1, "a failed write keeps the margins");
+        assert!(!m.due(t0 + MARGIN_FLUSH, false) && m.due(t0 + MARGIN_FLUSH * 2, false));
+        m.flushed();
+        assert!(m.ahead().is_empty() && !m.due(t0 + MARGIN_FLUSH * 3, true));
+        // Forgotten once exact: the next call of the window is written ahead again.
+        assert_eq!(m.plan(quota(3, 6400)).0.len(), 1);
+    }
 
     #[test]
     fn waiting_counters_are_retried_on_schedule_whatever_the_load() {

@@ -63,3 +63,31 @@ pub unsafe fn primary_key_index(rel: pg_sys::Relation) -> pg_sys::Oid {
     let oid = pg_sys::RelationGetPrimaryKeyIndex(rel, false);
     oid
 }
+
+/// Whether the executor enforces a CHECK constraint (PostgreSQL 18 added `NOT ENFORCED`).
+pub fn check_enforced(check: &pg_sys::ConstrCheck) -> bool {
+    #[cfg(feature = "pg18")]
+    let enforced = check.ccenforced;
+    #[cfg(not(feature = "pg18"))]
+    let enforced = {
+        let _ = check;
+        true
+    };
+    enforced
+}
+
+/// Give a result relation its compiled CHECK constraints, one per `constr->check` entry (NULL for
+/// one not enforced), as `ExecRelCheck` would make them (PostgreSQL 18 renamed the field).
+///
+/// # Safety
+/// `exprs` has one entry per CHECK constraint of the relation, and lives as long as `rri` is used.
+pub unsafe fn set_check_exprs(rri: *mut pg_sys::ResultRelInfo, exprs: *mut *mut pg_sys::ExprState) {
+    #[cfg(feature = "pg18")]
+    {
+        (*rri).ri_CheckConstraintExprs = exprs;
+    }
+    #[cfg(not(feature = "pg18"))]
+    {
+        (*rri).ri_ConstraintExprs = exprs;
+    }
+}

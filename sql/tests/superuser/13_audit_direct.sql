@@ -70,6 +70,33 @@ ALTER TABLE ctxguard.audit_log DROP CONSTRAINT dba_no_invoice_get;
 SELECT is((:'refused'::jsonb)->'error'->>'code', 'AUDIT_UNAVAILABLE', 'a row the table refuses fails its call closed');
 SELECT is((SELECT count(*) FROM ctxguard.audit_log WHERE call_id = ((:'refused'::jsonb)->>'call_id')::uuid), 0::bigint, 'and is not there');
 
+-- The writer keeps a CHECK constraint compiled across batches only when it calls built-in functions:
+-- a DBA's function is read anew each batch, so redefining it changes what the next batch allows.
+CREATE FUNCTION public.dba_allows(t text) RETURNS boolean LANGUAGE sql IMMUTABLE AS $$ SELECT t <> 'invoice.get' $$;
+ALTER TABLE ctxguard.audit_log ADD CONSTRAINT dba_fn_check CHECK (public.dba_allows(tool)) NOT VALID;
+BEGIN;
+SELECT pg_temp.gateway_call(:'tok_alice', :'page') AS refused_fn \gset
+COMMIT;
+SELECT is((:'refused_fn'::jsonb)->'error'->>'code', 'AUDIT_UNAVAILABLE', 'a DBA''s function in a CHECK refuses the row: the call fails closed');
+CREATE OR REPLACE FUNCTION public.dba_allows(t text) RETURNS boolean LANGUAGE sql IMMUTABLE AS $$ SELECT true $$;
+BEGIN;
+SELECT pg_temp.call(:'tok_alice', :'page') AS c5 \gset
+COMMIT;
+SELECT is((SELECT decision FROM ctxguard.audit_log WHERE call_id = :'c5'), 'allow', 'the function redefined, the next call''s row is written');
+ALTER TABLE ctxguard.audit_log DROP CONSTRAINT dba_fn_check;
+DROP FUNCTION public.dba_allows(text);
+-- A built-in CHECK kept compiled is dropped with its constraint: the next row is not judged by it.
+ALTER TABLE ctxguard.audit_log ADD CONSTRAINT dba_no_invoice_get CHECK (tool <> 'invoice.get') NOT VALID;
+BEGIN;
+SELECT pg_temp.gateway_call(:'tok_alice', :'page') AS refused_again \gset
+COMMIT;
+ALTER TABLE ctxguard.audit_log DROP CONSTRAINT dba_no_invoice_get;
+BEGIN;
+SELECT pg_temp.call(:'tok_alice', :'page') AS c6 \gset
+COMMIT;
+SELECT is((:'refused_again'::jsonb)->'error'->>'code', 'AUDIT_UNAVAILABLE', 'the same built-in CHECK again: refused');
+SELECT is((SELECT decision FROM ctxguard.audit_log WHERE call_id = :'c6'), 'allow', 'and once dropped, no longer applied');
+
 SELECT is(ctxguard.verify_audit('acme')->>'intact', 'true', 'the chain holds across both ways');
 DROP TABLE public.audit_direct_copy;
 DROP FUNCTION public.audit_direct_copy();

@@ -159,11 +159,127 @@ unsafe fn single_row_estate(
     let rri = pgrx::PgBox::<pg_sys::ResultRelInfo>::alloc_node(pg_sys::NodeTag::T_ResultRelInfo)
         .into_pg();
     pg_sys::InitResultRelInfo(rri, rel, 1, std::ptr::null_mut(), 0);
+    install_checks(rel, rri, estate);
     (*estate).es_opened_result_relations =
         pg_sys::lappend((*estate).es_opened_result_relations, rri.cast());
     (*estate).es_output_cid = pg_sys::GetCurrentCommandId(true);
     pg_sys::ExecOpenIndices(rri, false);
     (estate, rri)
+}
+
+/// CHECK constraints compiled once per process, by their stored node text (`ccbin`): every batch
+/// has an executor state of its own, and the executor would parse and plan the table's CHECK
+/// constraints again for each (`ExecRelCheck`): about a twelfth of the writer's time per call.
+struct Checks {
+    cx: pg_sys::MemoryContext,
+    /// The compiled form's address, or 0 for a constraint not to keep ([`keepable`]).
+    by_text: std::collections::HashMap<Vec<u8>, usize>,
+}
+
+thread_local! {
+    static CHECKS: std::cell::RefCell<Checks> = std::cell::RefCell::new(Checks {
+        cx: std::ptr::null_mut(),
+        by_text: std::collections::HashMap::new(),
+    });
+}
+
+/// Compiled constraints kept at most (a DBA's changes add texts; past this all are dropped).
+const MAX_CHECKS: usize = 32;
+
+/// Whether a constraint's compiled form may be kept across transactions: it calls only built-in
+/// functions (every `funcid` of its node text below `FirstNormalObjectId`), all immutable. A
+/// DBA's function could be replaced under the same name; a built-in one cannot.
+///
+/// # Safety
+/// `node` is the constraint's node tree, `text` its node text.
+unsafe fn keepable(text: &[u8], node: *mut pg_sys::Node) -> bool {
+    let text = String::from_utf8_lossy(text);
+    let builtin = text.split("funcid ").skip(1).all(|rest| {
+        let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        digits
+            .parse::<u32>()
+            .is_ok_and(|oid| oid < pg_sys::FirstNormalObjectId)
+    });
+    builtin && !pg_sys::contain_mutable_functions(node)
+}
+
+/// Give `rri` the compiled forms of `rel`'s CHECK constraints, kept from an earlier batch or
+/// compiled now and kept (as the executor compiles them: `expression_planner`, then
+/// `ExecInitExpr`), so that `ExecConstraints` evaluates them without compiling them. Left to the
+/// executor (which compiles them per executor state): a table with a generated column (PostgreSQL
+/// 18 expands virtual ones into the constraints), and a constraint calling a function that is not
+/// built in and immutable ([`keepable`]).
+///
+/// # Safety
+/// `rel` is open and `rri` was just initialised for it in `estate`.
+unsafe fn install_checks(
+    rel: pg_sys::Relation,
+    rri: *mut pg_sys::ResultRelInfo,
+    estate: *mut pg_sys::EState,
+) {
+    let desc = (*rel).rd_att;
+    let constr = (*desc).constr;
+    if constr.is_null() || (*constr).num_check == 0 {
+        return;
+    }
+    let tupdesc = pgrx::PgTupleDesc::from_pg_unchecked(desc);
+    if tupdesc
+        .iter()
+        .any(|a| !a.attisdropped && a.attgenerated != 0)
+    {
+        return;
+    }
+    let n = (*constr).num_check as usize;
+    let checks = std::slice::from_raw_parts((*constr).check, n);
+    let exprs = pg_sys::MemoryContextAllocZero(
+        (*estate).es_query_cxt,
+        n * std::mem::size_of::<*mut pg_sys::ExprState>(),
+    ) as *mut *mut pg_sys::ExprState;
+    let installed = CHECKS.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.cx.is_null() {
+            c.cx = pg_sys::AllocSetContextCreateInternal(
+                pg_sys::TopMemoryContext,
+                c"ctxguard writer checks".as_ptr(),
+                pg_sys::ALLOCSET_SMALL_MINSIZE as usize,
+                pg_sys::ALLOCSET_SMALL_INITSIZE as usize,
+                pg_sys::ALLOCSET_DEFAULT_MAXSIZE as usize,
+            );
+        }
+        if c.by_text.len() + n > MAX_CHECKS {
+            pg_sys::MemoryContextReset(c.cx);
+            c.by_text.clear();
+        }
+        for (i, check) in checks.iter().enumerate() {
+            if !crate::compat::check_enforced(check) {
+                continue;
+            }
+            let text = CStr::from_ptr(check.ccbin).to_bytes();
+            let state = match c.by_text.get(text) {
+                Some(&s) => s as *mut pg_sys::ExprState,
+                None => {
+                    let cx = c.cx;
+                    let state = pgrx::PgMemoryContexts::For(cx).switch_to(|_| {
+                        let node = pg_sys::stringToNode(check.ccbin) as *mut pg_sys::Expr;
+                        if !keepable(text, node.cast()) {
+                            return std::ptr::null_mut();
+                        }
+                        pg_sys::ExecInitExpr(pg_sys::expression_planner(node), std::ptr::null_mut())
+                    });
+                    c.by_text.insert(text.to_vec(), state as usize);
+                    state
+                }
+            };
+            if state.is_null() {
+                return false;
+            }
+            *exprs.add(i) = state;
+        }
+        true
+    });
+    if installed {
+        crate::compat::set_check_exprs(rri, exprs);
+    }
 }
 
 /// Close the indexes, release the slots and free what [`single_row_estate`] made.

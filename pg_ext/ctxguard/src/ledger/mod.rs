@@ -644,7 +644,7 @@ pub fn quota(
         note(
             vec![
                 json!({"quota": [tenant, w.user.unwrap_or(""), tool, w.window, w.start],
-                        "calls": n, "exp": w.end}),
+                        "calls": n, "lim": w.limit, "exp": w.end}),
             ],
             Some(Undo::Quota { key: k }),
         );

@@ -14,7 +14,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use ctxguard_core::ledger::{first_broken, jsonb_text, link, Retry};
+use ctxguard_core::ledger::{first_broken, jsonb_text, link, Margins, QuotaKey, Retry, Seen};
 use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, SignalWakeFlags};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -161,6 +161,7 @@ pub extern "C-unwind" fn ctxguard_ledger_writer_main(arg: pg_sys::Datum) {
     let mut retry = Retry::new(Instant::now());
     let mut idle_since = Instant::now();
     let mut stats_due: Option<Instant> = None;
+    let mut margins = Margins::default();
     loop {
         if BackgroundWorker::sighup_received() {
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
@@ -173,6 +174,13 @@ pub extern "C-unwind" fn ctxguard_ledger_writer_main(arg: pg_sys::Datum) {
                 report_stats(&mut stats_due, true);
             }
             let stopping = BackgroundWorker::sigterm_received();
+            if margins.due(Instant::now(), stopping) {
+                unsafe { pg_sys::ConditionVariableCancelSleep() };
+                flush_margins(&mut margins, Instant::now(), stopping);
+                if !stopping {
+                    continue;
+                }
+            }
             if !unsaved.is_empty() && (stopping || retry.due(Instant::now())) {
                 unsafe { pg_sys::ConditionVariableCancelSleep() };
                 retry_in_transaction(&mut unsaved, &mut retry);
@@ -207,19 +215,22 @@ pub extern "C-unwind" fn ctxguard_ledger_writer_main(arg: pg_sys::Datum) {
         let last = batch.last().map_or(0, |(s, _)| *s);
         let n = batch.len();
         let waiting = unsaved.len();
-        let chains_ref = std::panic::AssertUnwindSafe((&mut chains, &mut unsaved));
-        let (failed, direct) =
+        let chains_ref = std::panic::AssertUnwindSafe((&mut chains, &mut unsaved, &margins));
+        let (failed, direct, quotas) =
             BackgroundWorker::transaction(std::panic::AssertUnwindSafe(move || {
                 let refs = chains_ref;
-                let (chains, unsaved) = refs.0;
-                write(&batch, chains, unsaved)
+                let (chains, unsaved, margins) = refs.0;
+                write(&batch, chains, unsaved, margins)
             }));
+        margins.committed(quotas, Instant::now());
         if unsaved.len() > waiting {
             retry.waiting_again();
         }
         let lsn = unsafe { pg_sys::XactLastCommitEnd };
         publish(i, last, n, &failed, direct, lsn);
         report_stats(&mut stats_due, false);
+        // After the batch's callers are woken: the exact counts of quota windows written ahead.
+        flush_margins(&mut margins, Instant::now(), false);
         // Under constant load the queue is never empty: waiting counters are retried when due
         // all the same (after the batch's callers are woken).
         if !unsaved.is_empty() && retry.due(Instant::now()) {
@@ -330,18 +341,23 @@ fn write(
     batch: &[(u64, String)],
     chains: &mut HashMap<Option<String>, String>,
     unsaved: &mut Unsaved,
-) -> (Vec<u64>, Direct) {
-    if let Ok((heads, u, direct)) = in_subtransaction(false, || apply(batch, chains, true)) {
-        chains.extend(heads);
-        unsaved.merge(u);
-        return (Vec::new(), direct);
+    margins: &Margins,
+) -> (Vec<u64>, Direct, Seen) {
+    if let Ok(a) = in_subtransaction(false, || apply(batch, chains, margins, true)) {
+        chains.extend(a.heads);
+        unsaved.merge(a.unsaved);
+        return (Vec::new(), a.direct, a.quotas);
     }
     let mut failed = Vec::new();
+    let mut quotas = Vec::new();
     for rec in batch {
-        match in_subtransaction(false, || apply(std::slice::from_ref(rec), chains, false)) {
-            Ok((heads, u, _)) => {
-                chains.extend(heads);
-                unsaved.merge(u);
+        match in_subtransaction(false, || {
+            apply(std::slice::from_ref(rec), chains, margins, false)
+        }) {
+            Ok(a) => {
+                chains.extend(a.heads);
+                unsaved.merge(a.unsaved);
+                quotas.extend(a.quotas);
             }
             Err(c) => {
                 pgrx::warning!(
@@ -353,7 +369,7 @@ fn write(
             }
         }
     }
-    (failed, Direct::default())
+    (failed, Direct::default(), quotas)
 }
 
 /// Rows a batch wrote without a statement (`direct.rs`): audit rows, counter rows.
@@ -402,8 +418,63 @@ fn publish(i: usize, last: u64, n: usize, failed: &[u64], direct: Direct, lsn: u
 
 /// A user's UTC day (days since 2000-01-01) and its bytes, by (tenant, user, day).
 type Days = HashMap<(String, String, i64), i64>;
-/// A quota's latest window (start in Unix seconds) and its calls, by (tenant, user, tool, window).
-type Quotas = HashMap<(String, String, String, String), (i64, i64)>;
+/// A quota's latest window (start in Unix seconds) and its calls, by quota.
+type Quotas = HashMap<QuotaKey, (i64, i64)>;
+
+/// Write the exact counts of the windows persisted ahead of their calls, in a transaction of its
+/// own (not waited for on disk: the next batch's commit or the WAL writer makes it durable; until
+/// then a crash leaves the larger count, which refuses early). Then forget every window: the next
+/// call of each is written with its margin again. A failure is logged and the margins kept.
+fn flush_margins(margins: &mut Margins, now: Instant, force: bool) {
+    if !margins.due(now, force) {
+        return;
+    }
+    let ahead = margins.ahead();
+    if ahead.is_empty() {
+        margins.flushed();
+        return;
+    }
+    let rows: Vec<Value> = ahead
+        .iter()
+        .map(|((t, u, tool, w), m)| json!({"t": t, "u": u, "tool": tool, "w": w, "s": m.start, "n": m.counted}))
+        .collect();
+    let written = BackgroundWorker::transaction(move || {
+        crate::pgutil::set_local(c"synchronous_commit", "off");
+        in_subtransaction(false, || {
+            as_owner(|| {
+                Spi::connect_mut(|c| {
+                    update_saved(
+                        c,
+                        "UPDATE ctxguard.quota_usage q SET calls = v.n
+                           FROM pg_catalog.jsonb_to_recordset($1) AS v(t pg_catalog.text, u pg_catalog.text,
+                                tool pg_catalog.text, w pg_catalog.text, s pg_catalog.int8, n pg_catalog.int4)
+                          WHERE q.tenant_id OPERATOR(pg_catalog.=) v.t AND q.user_id OPERATOR(pg_catalog.=) v.u
+                            AND q.tool OPERATOR(pg_catalog.=) v.tool AND q.win OPERATOR(pg_catalog.=) v.w
+                            AND q.window_start OPERATOR(pg_catalog.=) pg_catalog.to_timestamp(v.s::pg_catalog.float8)
+                            AND q.calls OPERATOR(pg_catalog.>) v.n",
+                        None,
+                        &[JsonB(Value::Array(rows)).into()],
+                    )
+                    .map(|_| ())
+                })
+            })
+        })
+    });
+    match written {
+        Ok(Ok(())) => margins.flushed(),
+        Ok(Err(e)) => {
+            margins.tried(now);
+            pgrx::warning!("ctxguard: ledger writer could not write exact quota counts: {e}");
+        }
+        Err(c) => {
+            margins.tried(now);
+            pgrx::warning!(
+                "ctxguard: ledger writer could not write exact quota counts (SQLSTATE {})",
+                c.sqlstate
+            );
+        }
+    }
+}
 
 /// Write `days` to `user_day_usage` without the statement; what is left for the statement (all
 /// of it when the table is not as ctxguard creates it, or a value is out of its type's range).
@@ -497,14 +568,15 @@ fn s(v: &Value, i: usize) -> Value {
 fn apply(
     batch: &[(u64, String)],
     chains: &HashMap<Option<String>, String>,
+    margins: &Margins,
     direct: bool,
-) -> (HashMap<Option<String>, String>, Unsaved, Direct) {
+) -> Applied {
     let mut audits = Vec::new();
     let mut gens: HashMap<String, (i64, i64)> = HashMap::new();
     let mut docs: HashMap<(String, String), (Value, i64, i64)> = HashMap::new();
     let mut days = Days::new();
-    // A quota's (tenant, user or "", tool, window): its latest window start and count there.
-    let mut quotas = Quotas::new();
+    // A quota's (tenant, user or "", tool, window): its latest window start, count there, limit.
+    let mut quotas: HashMap<QuotaKey, (i64, i64, i64)> = HashMap::new();
     let mut pages = Vec::new();
     for (_, text) in batch {
         let Ok(rec) = serde_json::from_str::<Value>(text) else {
@@ -542,13 +614,14 @@ fn apply(
                 let q = Value::Array(q.clone());
                 let text = |i| s(&q, i).as_str().unwrap_or_default().to_string();
                 let k = (text(0), text(1), text(2), text(3));
-                let (start, n) = (
+                let (start, n, limit) = (
                     s(&q, 4).as_i64().unwrap_or(0),
                     ch["calls"].as_i64().unwrap_or(0),
+                    ch["lim"].as_i64().unwrap_or(0),
                 );
-                let e = quotas.entry(k).or_insert((start, n));
+                let e = quotas.entry(k).or_insert((start, n, limit));
                 if start > e.0 {
-                    *e = (start, n);
+                    *e = (start, n, limit);
                 } else if start == e.0 {
                     e.1 = e.1.max(n);
                 }
@@ -565,6 +638,7 @@ fn apply(
         }
     }
     let mut unsaved = Unsaved { gens, docs };
+    let (quotas, seen) = margins.plan(quotas);
     let (n_days, n_quotas) = (days.len(), quotas.len());
     let result = as_owner(|| {
         Spi::connect_mut(|c| {
@@ -626,7 +700,22 @@ fn apply(
             Ok::<_, pgrx::spi::Error>((heads, unsaved, d))
         })
     });
-    result.unwrap_or_else(|e| statement_failed(e))
+    let (heads, unsaved, direct) = result.unwrap_or_else(|e| statement_failed(e));
+    Applied {
+        heads,
+        unsaved,
+        direct,
+        quotas: seen,
+    }
+}
+
+/// What [`apply`] wrote: the new chain heads, the generation counters not saved yet, the rows
+/// written without a statement, and the quota windows' state once the batch commits.
+struct Applied {
+    heads: HashMap<Option<String>, String>,
+    unsaved: Unsaved,
+    direct: Direct,
+    quotas: Seen,
 }
 
 /// A statement of the writer failed: raise it (its subtransaction rolls back: see `write`).
