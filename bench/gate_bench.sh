@@ -231,7 +231,7 @@ report() {
     "$(stmt "$g" '^ *[0-9.]+ +[0-9]+ +BEGIN')" "$(stmt "$g" 'set_context')" "$(stmt "$g" 'visible_tools')" \
     "$(stmt "$g" 'call_tool')" "$(stmt "$g" '^ *[0-9.]+ +[0-9]+ +COMMIT')"
   local k=$OUT/ctxguard_conditions-c1.txt
-  printf '\nConditions at 1 client in the single runs of the table (per statement, ms): `call_tool` with one `when` and one `rate_limit` %s, without %s: %s ms added per call (one pair of runs; the aim is judged on the paired rounds below).\n' \
+  printf '\nConditions at 1 client in the single runs of the table (per statement, ms): `call_tool` with one `when` and one `rate_limit` %s, without %s: %s ms added per call (one pair of runs; the aim is judged on the run below, which calls both in turn).\n' \
     "$(stmt "$k" 'call_tool')" "$(stmt "$g" 'call_tool')" \
     "$(awk -v a="$(stmt "$k" 'call_tool')" -v b="$(stmt "$g" 'call_tool')" 'BEGIN {printf "%+.3f", a - b}')"
   printf '\nConditions in one run at 1 client (%s s; each transaction calls one of the two tools at random; `call_tool` timed in the database, ms):\n\n' "$MIXED_SECONDS"
