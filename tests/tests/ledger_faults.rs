@@ -250,6 +250,7 @@ fn under_load(name: &str, fault: impl FnOnce()) {
 fn crashes_forget_no_charge_and_no_audit_row_of_a_returned_result() {
     // One test: each step restarts the shared cluster, so none may run beside another.
     generation_minted_with_its_calls();
+    large_quota_through_restarts();
     // kill -9 of the writer: the postmaster restarts every backend (shared memory may be
     // inconsistent), and restarts the writer; calls fail meanwhile.
     under_load("killwriter", || {
@@ -267,6 +268,72 @@ fn crashes_forget_no_charge_and_no_audit_row_of_a_returned_result() {
         thread::sleep(Duration::from_millis(500));
         pg_ctl(&["start"]);
     });
+}
+
+/// A large quota's window is persisted ahead of its calls by a margin (at most 64 calls): after a
+/// crash (`pg_ctl stop -m immediate`, which empties shared memory) the window counts no fewer
+/// calls than were made, and at most the margin more (it refuses early, never late); after a clean
+/// restart (the writer writes the exact counts when it stops) it counts exactly.
+fn large_quota_through_restarts() {
+    let mut admin = connect_retrying(&env("CTXGUARD_TEST_ADMIN_URL"), Duration::from_secs(30));
+    admin
+        .execute(
+            "SELECT ctxguard.register_tool('quota.crash', 'Ping, with a large quota.', '{\"type\": \"object\"}',
+                    't.quota_ping(jsonb)',
+                    '{\"page_types\": [\"quota_lab\"], \"run_as\": \"ctxguard_tools\", \"rate_limit\": {\"per\": \"user\", \"calls\": 6400, \"window\": \"1h\"}}')",
+            &[],
+        )
+        .unwrap();
+    drop(admin);
+    let tok = token(
+        &format!("quota-crash-{}", std::process::id()),
+        "acme",
+        &["viewer"],
+    );
+    // A call (`explain`: a dry run, which reads the window's count without counting).
+    let call = |explain: bool| -> Value {
+        let mut c = connect_retrying(&env("CTXGUARD_TEST_DATABASE_URL"), Duration::from_secs(30));
+        let mut tx = c.transaction().unwrap();
+        tx.execute(
+            "SELECT ctxguard.set_context($1, $2)",
+            &[&tok, &json!({"pageType": "quota_lab"})],
+        )
+        .unwrap();
+        let sql = if explain {
+            "SELECT ctxguard.explain_call('quota.crash', '{}')"
+        } else {
+            "SELECT ctxguard.call_tool('quota.crash')"
+        };
+        let r: Value = tx.query_one(sql, &[]).unwrap().get(0);
+        tx.commit().unwrap();
+        assert_eq!(r["status"], "ok", "{r}");
+        r
+    };
+    let counted = || -> i64 {
+        let r = call(true);
+        r["quotas"][0]["used"]
+            .as_i64()
+            .unwrap_or_else(|| panic!("the window's count: {r}"))
+    };
+    for _ in 0..5 {
+        call(false);
+    }
+    assert_eq!(counted(), 5, "while the server runs, the count is exact");
+    pg_ctl(&["-m", "immediate", "stop"]);
+    thread::sleep(Duration::from_millis(300));
+    pg_ctl(&["start"]);
+    let after_crash = counted();
+    assert!(
+        (5..=5 + 64).contains(&after_crash),
+        "after a crash the window counts {after_crash} for 5 calls: never fewer, at most the margin more"
+    );
+    call(false);
+    pg_ctl(&["-m", "fast", "restart"]);
+    assert_eq!(
+        counted(),
+        after_crash + 1,
+        "after a clean restart the window's count is exact"
+    );
 }
 
 /// A generation minted in the transaction of its own calls: when their records reach the writer,
