@@ -423,3 +423,109 @@ fn large_quotas_are_persisted_ahead_by_a_bounded_margin_then_exactly() {
     let p = persisted(&mut a);
     assert!((6..=70).contains(&p), "after 6 calls, {p} persisted");
 }
+
+/// Records reach the writer out of order: a call is counted before its handler runs and its
+/// record is queued after. A slow first call's record (count 1) arriving after later calls' were
+/// written, and their window's exact count with them, must not lower the persisted count below
+/// the window's audited calls (the exact count comes from the ledger's live count, which covers
+/// every counted call).
+#[test]
+fn a_late_record_never_lowers_a_large_quotas_persisted_count() {
+    let mut a = admin();
+    a.batch_execute(
+        "CREATE OR REPLACE FUNCTION t.quota_maybe_slow(args jsonb) RETURNS jsonb LANGUAGE sql AS $$
+             SELECT jsonb_build_object('waited', CASE WHEN (args->>'slow')::boolean
+                                                      THEN pg_advisory_xact_lock_shared(15150031) IS NULL END)
+         $$;
+         GRANT EXECUTE ON FUNCTION t.quota_maybe_slow(jsonb) TO ctxguard_tools;
+         SELECT ctxguard.register_tool('quota.large_slow', 'Ping, maybe slowly, with a large quota.',
+             '{\"type\": \"object\", \"properties\": {\"slow\": {\"type\": \"boolean\"}}}', 't.quota_maybe_slow(jsonb)',
+             '{\"page_types\": [\"quota_lab\"], \"run_as\": \"ctxguard_tools\", \"rate_limit\": {\"per\": \"user\", \"calls\": 6400, \"window\": \"1h\"}}');",
+    )
+    .unwrap();
+    let tenant = unique("late");
+    let user = unique("late-user");
+    let tok = token(&user, &tenant, &[]);
+    let slow_call = move |c: &mut Client, slow: bool| -> Value {
+        let mut tx = c.transaction().unwrap();
+        tx.execute("SELECT ctxguard.set_context($1, $2)", &[&tok, &lab()])
+            .unwrap();
+        let args = json!({"slow": slow}).to_string();
+        let v: Value = tx
+            .query_one(
+                "SELECT ctxguard.call_tool('quota.large_slow', $1::text::jsonb)",
+                &[&args],
+            )
+            .unwrap()
+            .get(0);
+        tx.commit().unwrap();
+        v
+    };
+    let mut lock = admin();
+    lock.execute("SELECT pg_advisory_lock(15150031)", &[])
+        .unwrap();
+    let mut victim = connect();
+    let pid: i32 = victim
+        .query_one("SELECT pg_backend_pid()", &[])
+        .unwrap()
+        .get(0);
+    let t = {
+        let slow_call = slow_call.clone();
+        thread::spawn(move || slow_call(&mut victim, true))
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let waiting: i64 = lock
+            .query_one(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND pid = $1",
+                &[&pid],
+            )
+            .unwrap()
+            .get(0);
+        if waiting > 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the slow call never reached its lock"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+    // Counted first, the slow call's record is still to come: three more calls, written, and their
+    // window's exact count after them.
+    let mut c = connect();
+    for _ in 0..3 {
+        let v = slow_call(&mut c, false);
+        assert_eq!(code(&v), "ok", "{v}");
+    }
+    thread::sleep(Duration::from_millis(400));
+    lock.execute("SELECT pg_advisory_unlock(15150031)", &[])
+        .unwrap();
+    let late = t.join().unwrap();
+    assert_eq!(code(&late), "ok", "{late}");
+    // The late record's batch, then its exact count.
+    thread::sleep(Duration::from_millis(600));
+    let (persisted, audited): (i32, i64) = {
+        let p: i32 = a
+            .query_one(
+                "SELECT calls FROM ctxguard.quota_usage WHERE tenant_id = $1 AND tool = 'quota.large_slow'",
+                &[&tenant],
+            )
+            .unwrap()
+            .get(0);
+        let n: i64 = a
+            .query_one(
+                "SELECT count(*) FROM ctxguard.audit_log WHERE tenant_id = $1 AND tool = 'quota.large_slow'",
+                &[&tenant],
+            )
+            .unwrap()
+            .get(0);
+        (p, n)
+    };
+    assert_eq!(audited, 4, "four calls audited");
+    assert_eq!(
+        i64::from(persisted),
+        audited,
+        "the window's persisted count after the late record"
+    );
+}

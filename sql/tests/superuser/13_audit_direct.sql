@@ -97,6 +97,22 @@ COMMIT;
 SELECT is((:'refused_again'::jsonb)->'error'->>'code', 'AUDIT_UNAVAILABLE', 'the same built-in CHECK again: refused');
 SELECT is((SELECT decision FROM ctxguard.audit_log WHERE call_id = :'c6'), 'allow', 'and once dropped, no longer applied');
 
+-- A CHECK on the whole row (the executor keeps per-query state for it): compiled for each batch, so
+-- every batch's rows are judged with state of its own.
+ALTER TABLE ctxguard.audit_log ADD CONSTRAINT dba_whole_row CHECK (audit_log IS DISTINCT FROM NULL) NOT VALID;
+BEGIN;
+SELECT pg_temp.call(:'tok_alice', :'page') AS w1 \gset
+COMMIT;
+BEGIN;
+SELECT pg_temp.call(:'tok_alice', :'page') AS w2 \gset
+COMMIT;
+BEGIN;
+SELECT pg_temp.call(:'tok_alice', :'page') AS w3 \gset
+COMMIT;
+ALTER TABLE ctxguard.audit_log DROP CONSTRAINT dba_whole_row;
+SELECT is((SELECT count(*) FROM ctxguard.audit_log WHERE call_id IN (:'w1', :'w2', :'w3') AND decision = 'allow'), 3::bigint,
+          'a whole-row CHECK passes batch after batch');
+
 SELECT is(ctxguard.verify_audit('acme')->>'intact', 'true', 'the chain holds across both ways');
 DROP TABLE public.audit_direct_copy;
 DROP FUNCTION public.audit_direct_copy();

@@ -167,12 +167,15 @@ unsafe fn single_row_estate(
     (estate, rri)
 }
 
-/// CHECK constraints compiled once per process, by their stored node text (`ccbin`): every batch
-/// has an executor state of its own, and the executor would parse and plan the table's CHECK
-/// constraints again for each (`ExecRelCheck`): about a twelfth of the writer's time per call.
+/// CHECK constraints parsed and planned once per process, by their stored node text (`ccbin`):
+/// every batch has an executor state of its own, and the executor would parse and plan the
+/// table's CHECK constraints again for each (`ExecRelCheck`: `stringToNode`, then
+/// `expression_planner`), about a twelfth of the writer's time per call. Only the planned tree is
+/// kept; each batch compiles it into its own executor state (`ExecInitExpr`), so nothing the
+/// executor allocates per query outlives its query, and a domain's constraints are read anew.
 struct Checks {
     cx: pg_sys::MemoryContext,
-    /// The compiled form's address, or 0 for a constraint not to keep ([`keepable`]).
+    /// The planned tree's address (in `cx`), or 0 for a constraint not to keep ([`keepable`]).
     by_text: std::collections::HashMap<Vec<u8>, usize>,
 }
 
@@ -183,12 +186,13 @@ thread_local! {
     });
 }
 
-/// Compiled constraints kept at most (a DBA's changes add texts; past this all are dropped).
+/// Planned constraints kept at most (a DBA's changes add texts; past this all are dropped).
 const MAX_CHECKS: usize = 32;
 
-/// Whether a constraint's compiled form may be kept across transactions: it calls only built-in
+/// Whether a constraint's planned tree may be kept across transactions: it calls only built-in
 /// functions (every `funcid` of its node text below `FirstNormalObjectId`), all immutable. A
-/// DBA's function could be replaced under the same name; a built-in one cannot.
+/// DBA's function could be replaced under the same name (and planning may inline it); a built-in
+/// one cannot.
 ///
 /// # Safety
 /// `node` is the constraint's node tree, `text` its node text.
@@ -203,12 +207,13 @@ unsafe fn keepable(text: &[u8], node: *mut pg_sys::Node) -> bool {
     builtin && !pg_sys::contain_mutable_functions(node)
 }
 
-/// Give `rri` the compiled forms of `rel`'s CHECK constraints, kept from an earlier batch or
-/// compiled now and kept (as the executor compiles them: `expression_planner`, then
-/// `ExecInitExpr`), so that `ExecConstraints` evaluates them without compiling them. Left to the
-/// executor (which compiles them per executor state): a table with a generated column (PostgreSQL
-/// 18 expands virtual ones into the constraints), and a constraint calling a function that is not
-/// built in and immutable ([`keepable`]).
+/// Give `rri` its CHECK constraints compiled for `estate` from planned trees kept from an earlier
+/// batch, or parsed and planned now and kept (as the executor does: `stringToNode`, then
+/// `expression_planner`; parsed and planned in the batch's memory and copied into the kept
+/// context only once that succeeded), so that `ExecConstraints` evaluates them without parsing and
+/// planning them. Left to the executor (which does all of it per executor state): a table with a
+/// generated column (PostgreSQL 18 expands virtual ones into the constraints), and a constraint
+/// calling a function that is not built in and immutable ([`keepable`]).
 ///
 /// # Safety
 /// `rel` is open and `rri` was just initialised for it in `estate`.
@@ -231,11 +236,8 @@ unsafe fn install_checks(
     }
     let n = (*constr).num_check as usize;
     let checks = std::slice::from_raw_parts((*constr).check, n);
-    let exprs = pg_sys::MemoryContextAllocZero(
-        (*estate).es_query_cxt,
-        n * std::mem::size_of::<*mut pg_sys::ExprState>(),
-    ) as *mut *mut pg_sys::ExprState;
-    let installed = CHECKS.with(|c| {
+    let query_cx = (*estate).es_query_cxt;
+    let trees: Option<Vec<*mut pg_sys::Expr>> = CHECKS.with(|c| {
         let mut c = c.borrow_mut();
         if c.cx.is_null() {
             c.cx = pg_sys::AllocSetContextCreateInternal(
@@ -250,36 +252,53 @@ unsafe fn install_checks(
             pg_sys::MemoryContextReset(c.cx);
             c.by_text.clear();
         }
-        for (i, check) in checks.iter().enumerate() {
+        let mut trees = Vec::with_capacity(n);
+        for check in checks {
             if !crate::compat::check_enforced(check) {
+                trees.push(std::ptr::null_mut());
                 continue;
             }
             let text = CStr::from_ptr(check.ccbin).to_bytes();
-            let state = match c.by_text.get(text) {
-                Some(&s) => s as *mut pg_sys::ExprState,
+            let tree = match c.by_text.get(text) {
+                Some(&t) => t as *mut pg_sys::Expr,
                 None => {
-                    let cx = c.cx;
-                    let state = pgrx::PgMemoryContexts::For(cx).switch_to(|_| {
+                    // Parsed and planned in the batch's memory (an error frees it with the
+                    // batch), then copied into the kept context.
+                    let kept = pgrx::PgMemoryContexts::For(query_cx).switch_to(|_| {
                         let node = pg_sys::stringToNode(check.ccbin) as *mut pg_sys::Expr;
                         if !keepable(text, node.cast()) {
                             return std::ptr::null_mut();
                         }
-                        pg_sys::ExecInitExpr(pg_sys::expression_planner(node), std::ptr::null_mut())
+                        let planned = pg_sys::expression_planner(node);
+                        pgrx::PgMemoryContexts::For(c.cx)
+                            .switch_to(|_| pg_sys::copyObjectImpl(planned.cast()))
+                            as *mut pg_sys::Expr
                     });
-                    c.by_text.insert(text.to_vec(), state as usize);
-                    state
+                    c.by_text.insert(text.to_vec(), kept as usize);
+                    kept
                 }
             };
-            if state.is_null() {
-                return false;
+            if tree.is_null() {
+                return None;
             }
-            *exprs.add(i) = state;
+            trees.push(tree);
         }
-        true
+        Some(trees)
     });
-    if installed {
-        crate::compat::set_check_exprs(rri, exprs);
-    }
+    let Some(trees) = trees else {
+        return;
+    };
+    let exprs = pgrx::PgMemoryContexts::For(query_cx).switch_to(|_| {
+        let exprs = pg_sys::palloc0(n * std::mem::size_of::<*mut pg_sys::ExprState>())
+            as *mut *mut pg_sys::ExprState;
+        for (i, tree) in trees.into_iter().enumerate() {
+            if !tree.is_null() {
+                *exprs.add(i) = pg_sys::ExecInitExpr(tree, std::ptr::null_mut());
+            }
+        }
+        exprs
+    });
+    crate::compat::set_check_exprs(rri, exprs);
 }
 
 /// Close the indexes, release the slots and free what [`single_row_estate`] made.

@@ -563,6 +563,21 @@ pub enum QuotaUse {
 /// Quota windows' entries outlive their window by this much (a call that began in it).
 const QUOTA_GRACE: i64 = 10;
 
+/// A quota window's count in the shared-memory ledger right now, if its entry is live: every call
+/// counted there, so never fewer than the window's audited calls (a count is given back only by a
+/// call that leaves no audit record). `None`: no live entry (the window expired or was never used
+/// since the start).
+pub fn quota_live(tenant: &str, user: &str, tool: &str, window: &str, start: i64) -> Option<i64> {
+    if !shmem::attached() {
+        return None;
+    }
+    let k = key("quota", &[tenant, user, tool, window, &start.to_string()]);
+    let t = now();
+    let mut l = shmem::ledger();
+    let mut q = l.quotas();
+    q.get(&k, t).map(|v| i64::from(*v))
+}
+
 /// The calls counted in each of `wins` (after this call, if it was counted), and which windows
 /// had no room for it, for `tool` of `tenant`. Check and count happen under one lock: no more calls
 /// than a window allows are counted however many race. A count is given back only if the call

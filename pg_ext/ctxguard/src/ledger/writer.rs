@@ -425,6 +425,13 @@ type Quotas = HashMap<QuotaKey, (i64, i64)>;
 /// own (not waited for on disk: the next batch's commit or the WAL writer makes it durable; until
 /// then a crash leaves the larger count, which refuses early). Then forget every window: the next
 /// call of each is written with its margin again. A failure is logged and the margins kept.
+///
+/// The exact count is the window's live count in the shared-memory ledger, not the largest count
+/// this writer saw in a record: records arrive out of order (a call is counted before its handler
+/// runs, its record queued after), and a writer that started after the window's first calls has
+/// not seen them. The ledger's count covers every counted call, so the row is only ever lowered to
+/// a value no smaller than the window's audited calls. A window without a live entry (expired) is
+/// left as persisted.
 fn flush_margins(margins: &mut Margins, now: Instant, force: bool) {
     if !margins.due(now, force) {
         return;
@@ -436,8 +443,15 @@ fn flush_margins(margins: &mut Margins, now: Instant, force: bool) {
     }
     let rows: Vec<Value> = ahead
         .iter()
-        .map(|((t, u, tool, w), m)| json!({"t": t, "u": u, "tool": tool, "w": w, "s": m.start, "n": m.counted}))
+        .filter_map(|((t, u, tool, w), m)| {
+            let live = super::quota_live(t, u, tool, w, m.start)?;
+            Some(json!({"t": t, "u": u, "tool": tool, "w": w, "s": m.start, "n": live}))
+        })
         .collect();
+    if rows.is_empty() {
+        margins.flushed();
+        return;
+    }
     let written = BackgroundWorker::transaction(move || {
         crate::pgutil::set_local(c"synchronous_commit", "off");
         in_subtransaction(false, || {
