@@ -146,6 +146,28 @@ fn racing_sessions_get_exactly_the_quota() {
 /// The advisory lock `t.quota_slow` (sql/tests/fixtures.sql) waits for.
 const QUOTA_SLOW_LOCK: i64 = 15_150_030;
 
+/// Wait (up to 30 s) until backend `pid` waits for an advisory lock: a slow call in its handler.
+fn wait_for_advisory_lock(lock: &mut Client, pid: i32) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let waiting: i64 = lock
+            .query_one(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND pid = $1",
+                &[&pid],
+            )
+            .unwrap()
+            .get(0);
+        if waiting > 0 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the slow call never reached its lock"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// A call cancelled in its handler (`pg_cancel_backend`) fails as `TOOL_ERROR` (SQLSTATE 57014)
 /// and is audited: it counts, once. With a quota of 3: one call, one cancelled, one more runs and
 /// the next is refused (a double charge would refuse the third call, a refund let a fourth through).
@@ -171,24 +193,7 @@ fn a_cancelled_call_counts_once() {
         let tok = tok.clone();
         thread::spawn(move || call(&mut victim, &tok, "quota.slow", true))
     };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let waiting: i64 = lock
-            .query_one(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND pid = $1",
-                &[&pid],
-            )
-            .unwrap()
-            .get(0);
-        if waiting > 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the slow call never reached its lock"
-        );
-        thread::sleep(Duration::from_millis(20));
-    }
+    wait_for_advisory_lock(&mut lock, pid);
     lock.execute("SELECT pg_cancel_backend($1)", &[&pid])
         .unwrap();
     let cancelled = t.join().unwrap();
@@ -473,24 +478,7 @@ fn a_late_record_never_lowers_a_large_quotas_persisted_count() {
         let slow_call = slow_call.clone();
         thread::spawn(move || slow_call(&mut victim, true))
     };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let waiting: i64 = lock
-            .query_one(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND pid = $1",
-                &[&pid],
-            )
-            .unwrap()
-            .get(0);
-        if waiting > 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the slow call never reached its lock"
-        );
-        thread::sleep(Duration::from_millis(20));
-    }
+    wait_for_advisory_lock(&mut lock, pid);
     // Counted first, the slow call's record is still to come: three more calls, written, and their
     // window's exact count after them.
     let mut c = connect();
