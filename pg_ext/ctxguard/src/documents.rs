@@ -553,9 +553,15 @@ fn search_pages(
 ) -> (Vec<(i32, f32, String)>, Vec<String>) {
     let sql = format!(
         "WITH c AS MATERIALIZED (
-             SELECT t.page_no FROM ctxguard.document_terms t
-              WHERE t.tenant_id = $1 AND t.doc_id = $2
-                AND t.lexeme = ANY (pg_catalog.tsvector_to_array(pg_catalog.to_tsvector($5::pg_catalog.regconfig, $3)))
+             SELECT t.page_no
+               FROM pg_catalog.unnest(pg_catalog.tsvector_to_array(
+                        pg_catalog.to_tsvector($5::pg_catalog.regconfig, $3))) AS w(lexeme)
+               CROSS JOIN LATERAL (
+                    -- One index range per word (OFFSET 0: not a join the planner may turn into
+                    -- one scan of the document's whole list filtered by the words, which it did
+                    -- with `lexeme = ANY (…)` before the table had statistics).
+                    SELECT t.page_no FROM ctxguard.document_terms t
+                     WHERE t.tenant_id = $1 AND t.doc_id = $2 AND t.lexeme = w.lexeme OFFSET 0) t
              UNION
              SELECT p.page_no FROM ctxguard.document_pages p, {q}
               WHERE p.tenant_id = $1 AND p.doc_id = $2
