@@ -1,14 +1,17 @@
 -- doc_local_search reads only its words' candidate lists (issue 34), also while
 -- ctxguard.document_terms has no statistics: the state between a document's put_document(..., 'ready')
 -- and autovacuum's next analyze. The lookup of the candidates once read the document's whole term
--- list and filtered it by the query's words in that state (13,166 index entries for 300 on the
--- 500-page guide, and more as the document grows). The work is counted in entries the search's
+-- list and filtered it by the query's words in that state (about 13,000 index entries for 300 on
+-- the 500-page guide, and more as the document grows). The work is counted in entries the search's
 -- scans of the table and its two indexes return (pg_stat_get_xact_tuples_returned), not timed.
 -- Runs as the superuser: it removes the table's statistics inside its transaction (rolled back).
 \set QUIET 1
 SET client_min_messages = warning;
 SELECT * FROM no_plan();
 \set viewer '{"pageType": "document_viewer", "entity": {"type": "document", "id": "acme_guide"}}'
+-- Scans return the index entries of dead rows too (a document made ready again replaces its lists,
+-- as the release-upgrade run does): gone first, so that what is counted is what the search needs.
+VACUUM (INDEX_CLEANUP ON) ctxguard.document_terms;
 
 BEGIN;
 DELETE FROM pg_catalog.pg_statistic WHERE starelid = 'ctxguard.document_terms'::pg_catalog.regclass;
