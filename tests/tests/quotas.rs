@@ -145,6 +145,29 @@ fn racing_sessions_get_exactly_the_quota() {
 
 /// The advisory lock `t.quota_slow` (sql/tests/fixtures.sql) waits for.
 const QUOTA_SLOW_LOCK: i64 = 15_150_030;
+/// The advisory lock `quota.large_slow` waits for when asked to be slow.
+const QUOTA_LARGE_SLOW_LOCK: i64 = 15_150_031;
+
+/// Start `call` on a connection of its own and hold it in its handler: take advisory lock `key`
+/// (as the superuser), start the call, and return once its backend waits for the lock (up to 30 s).
+/// Returns the lock's holder (`pg_advisory_unlock(key)` releases the call), the call's backend pid
+/// and its thread.
+fn call_held_at_lock(
+    key: i64,
+    call: impl FnOnce(&mut Client) -> Value + Send + 'static,
+) -> (Client, i32, thread::JoinHandle<Value>) {
+    let mut lock = admin();
+    lock.execute("SELECT pg_advisory_lock($1)", &[&key])
+        .unwrap();
+    let mut victim = connect();
+    let pid: i32 = victim
+        .query_one("SELECT pg_backend_pid()", &[])
+        .unwrap()
+        .get(0);
+    let t = thread::spawn(move || call(&mut victim));
+    wait_for_advisory_lock(&mut lock, pid);
+    (lock, pid, t)
+}
 
 /// Wait (up to 30 s) until backend `pid` waits for an advisory lock: a slow call in its handler.
 fn wait_for_advisory_lock(lock: &mut Client, pid: i32) {
@@ -181,19 +204,10 @@ fn a_cancelled_call_counts_once() {
         "ok",
         "call 1 of 3"
     );
-    let mut lock = admin();
-    lock.execute("SELECT pg_advisory_lock($1)", &[&QUOTA_SLOW_LOCK])
-        .unwrap();
-    let mut victim = connect();
-    let pid: i32 = victim
-        .query_one("SELECT pg_backend_pid()", &[])
-        .unwrap()
-        .get(0);
-    let t = {
+    let (mut lock, pid, t) = call_held_at_lock(QUOTA_SLOW_LOCK, {
         let tok = tok.clone();
-        thread::spawn(move || call(&mut victim, &tok, "quota.slow", true))
-    };
-    wait_for_advisory_lock(&mut lock, pid);
+        move |c| call(c, &tok, "quota.slow", true)
+    });
     lock.execute("SELECT pg_cancel_backend($1)", &[&pid])
         .unwrap();
     let cancelled = t.join().unwrap();
@@ -437,13 +451,16 @@ fn large_quotas_are_persisted_ahead_by_a_bounded_margin_then_exactly() {
 #[test]
 fn a_late_record_never_lowers_a_large_quotas_persisted_count() {
     let mut a = admin();
-    a.batch_execute(
+    a.batch_execute(&format!(
         "CREATE OR REPLACE FUNCTION t.quota_maybe_slow(args jsonb) RETURNS jsonb LANGUAGE sql AS $$
              SELECT jsonb_build_object('waited', CASE WHEN (args->>'slow')::boolean
-                                                      THEN pg_advisory_xact_lock_shared(15150031) IS NULL END)
+                                                      THEN pg_advisory_xact_lock_shared({QUOTA_LARGE_SLOW_LOCK}) IS NULL END)
          $$;
-         GRANT EXECUTE ON FUNCTION t.quota_maybe_slow(jsonb) TO ctxguard_tools;
-         SELECT ctxguard.register_tool('quota.large_slow', 'Ping, maybe slowly, with a large quota.',
+         GRANT EXECUTE ON FUNCTION t.quota_maybe_slow(jsonb) TO ctxguard_tools;"
+    ))
+    .unwrap();
+    a.batch_execute(
+        "SELECT ctxguard.register_tool('quota.large_slow', 'Ping, maybe slowly, with a large quota.',
              '{\"type\": \"object\", \"properties\": {\"slow\": {\"type\": \"boolean\"}}}', 't.quota_maybe_slow(jsonb)',
              '{\"page_types\": [\"quota_lab\"], \"run_as\": \"ctxguard_tools\", \"rate_limit\": {\"per\": \"user\", \"calls\": 6400, \"window\": \"1h\"}}');",
     )
@@ -466,19 +483,10 @@ fn a_late_record_never_lowers_a_large_quotas_persisted_count() {
         tx.commit().unwrap();
         v
     };
-    let mut lock = admin();
-    lock.execute("SELECT pg_advisory_lock(15150031)", &[])
-        .unwrap();
-    let mut victim = connect();
-    let pid: i32 = victim
-        .query_one("SELECT pg_backend_pid()", &[])
-        .unwrap()
-        .get(0);
-    let t = {
+    let (mut lock, _, t) = call_held_at_lock(QUOTA_LARGE_SLOW_LOCK, {
         let slow_call = slow_call.clone();
-        thread::spawn(move || slow_call(&mut victim, true))
-    };
-    wait_for_advisory_lock(&mut lock, pid);
+        move |c| slow_call(c, true)
+    });
     // Counted first, the slow call's record is still to come: three more calls, written, and their
     // window's exact count after them.
     let mut c = connect();
@@ -487,7 +495,7 @@ fn a_late_record_never_lowers_a_large_quotas_persisted_count() {
         assert_eq!(code(&v), "ok", "{v}");
     }
     thread::sleep(Duration::from_millis(400));
-    lock.execute("SELECT pg_advisory_unlock(15150031)", &[])
+    lock.execute("SELECT pg_advisory_unlock($1)", &[&QUOTA_LARGE_SLOW_LOCK])
         .unwrap();
     let late = t.join().unwrap();
     assert_eq!(code(&late), "ok", "{late}");
