@@ -840,6 +840,11 @@ mod tests {
         HashMap::from([(k, (3600, n, limit))])
     }
 
+    /// The (window start, count) writes of a plan.
+    fn writes(write: &HashMap<QuotaKey, (i64, i64)>) -> Vec<(i64, i64)> {
+        write.values().copied().collect()
+    }
+
     #[test]
     fn quota_windows_are_persisted_ahead_by_a_bounded_margin() {
         assert_eq!(
@@ -857,14 +862,14 @@ mod tests {
         // A small quota: every count is written as it is, and nothing is left to write exactly.
         for n in 1..=3 {
             let (write, seen) = m.plan(quota(n, 20));
-            assert_eq!(write.values().copied().collect::<Vec<_>>(), [(3600, n)]);
+            assert_eq!(writes(&write), [(3600, n)]);
             m.committed(seen, t);
         }
         assert!(m.ahead().is_empty() && !m.due(t + MARGIN_FLUSH, false));
         let mut m = Margins::default();
         // A large one: written ahead by its margin, then not again until the calls reach it.
         let (write, seen) = m.plan(quota(1, 6400));
-        assert_eq!(write.values().copied().collect::<Vec<_>>(), [(3600, 65)]);
+        assert_eq!(writes(&write), [(3600, 65)]);
         // Not committed yet: the same count plans the same write again.
         assert_eq!(m.plan(quota(1, 6400)).0.len(), 1);
         m.committed(seen, t);
@@ -874,7 +879,7 @@ mod tests {
             m.committed(seen, t);
         }
         let (write, seen) = m.plan(quota(66, 6400));
-        assert_eq!(write.values().copied().collect::<Vec<_>>(), [(3600, 130)]);
+        assert_eq!(writes(&write), [(3600, 130)]);
         m.committed(seen, t);
         // What is persisted is never below the calls, and ahead by at most the margin.
         let ahead = m.ahead();
@@ -882,27 +887,13 @@ mod tests {
         assert_eq!((ahead[0].1.persisted, ahead[0].1.counted), (130, 66));
         // Near the limit the margin stops at the limit; past it (shadow mode counts on) the count.
         let mut near = Margins::default();
-        assert_eq!(
-            near.plan(quota(6390, 6400))
-                .0
-                .values()
-                .copied()
-                .collect::<Vec<_>>(),
-            [(3600, 6400)]
-        );
+        assert_eq!(writes(&near.plan(quota(6390, 6400)).0), [(3600, 6400)]);
         near.committed(near.plan(quota(6390, 6400)).1, t);
-        assert_eq!(
-            near.plan(quota(6401, 6400))
-                .0
-                .values()
-                .copied()
-                .collect::<Vec<_>>(),
-            [(3600, 6401)]
-        );
+        assert_eq!(writes(&near.plan(quota(6401, 6400)).0), [(3600, 6401)]);
         // A new window is written at once.
         let k = ("t".into(), "u".into(), "tool".into(), "1h".into());
         let (write, _) = m.plan(HashMap::from([(k, (7200, 1, 6400))]));
-        assert_eq!(write.values().copied().collect::<Vec<_>>(), [(7200, 65)]);
+        assert_eq!(writes(&write), [(7200, 65)]);
     }
 
     #[test]
