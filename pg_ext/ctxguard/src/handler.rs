@@ -92,12 +92,10 @@ fn finfo(fn_oid: pg_sys::Oid) -> *mut pg_sys::FmgrInfo {
         }
         unsafe {
             if f.cx.is_null() {
-                f.cx = pg_sys::AllocSetContextCreateInternal(
+                f.cx = crate::pgutil::memory_context(
                     pg_sys::TopMemoryContext,
-                    c"ctxguard tool handlers".as_ptr(),
-                    pg_sys::ALLOCSET_DEFAULT_MINSIZE as usize,
-                    pg_sys::ALLOCSET_DEFAULT_INITSIZE as usize,
-                    pg_sys::ALLOCSET_DEFAULT_MAXSIZE as usize,
+                    c"ctxguard tool handlers",
+                    crate::pgutil::ContextSizes::Default,
                 );
             }
             let p = pg_sys::MemoryContextAllocZero(f.cx, std::mem::size_of::<pg_sys::FmgrInfo>())
@@ -247,12 +245,10 @@ unsafe fn body_plan(
         let read_only = form.provolatile != pg_sys::PROVOLATILE_VOLATILE as std::ffi::c_char;
         // Under the call's context until the plan is kept: an ERROR while preparing (a body its
         // role may not parse, a cancel) frees it with the aborted subtransaction.
-        let cx = pg_sys::AllocSetContextCreateInternal(
+        let cx = crate::pgutil::memory_context(
             pg_sys::CurrentMemoryContext,
-            c"ctxguard handler body".as_ptr(),
-            pg_sys::ALLOCSET_SMALL_MINSIZE as usize,
-            pg_sys::ALLOCSET_SMALL_INITSIZE as usize,
-            pg_sys::ALLOCSET_SMALL_MAXSIZE as usize,
+            c"ctxguard handler body",
+            crate::pgutil::ContextSizes::Small,
         );
         let mut plan = None;
         if let (true, Some(src)) = (eligible, src) {

@@ -8,6 +8,48 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::PgTryBuilder;
 
+/// Block sizes of a new memory context: PostgreSQL's `ALLOCSET_SMALL_SIZES` (a few small
+/// allocations) or `ALLOCSET_DEFAULT_SIZES`.
+#[derive(Clone, Copy)]
+pub enum ContextSizes {
+    Small,
+    Default,
+}
+
+/// A new memory context under `parent` (PostgreSQL's `AllocSetContextCreate`), named `name` in
+/// memory-context reports.
+///
+/// # Safety
+/// `parent` is a valid memory context.
+pub unsafe fn memory_context(
+    parent: pg_sys::MemoryContext,
+    name: &'static CStr,
+    sizes: ContextSizes,
+) -> pg_sys::MemoryContext {
+    let (min, init, max) = match sizes {
+        ContextSizes::Small => (
+            pg_sys::ALLOCSET_SMALL_MINSIZE,
+            pg_sys::ALLOCSET_SMALL_INITSIZE,
+            pg_sys::ALLOCSET_SMALL_MAXSIZE,
+        ),
+        ContextSizes::Default => (
+            pg_sys::ALLOCSET_DEFAULT_MINSIZE,
+            pg_sys::ALLOCSET_DEFAULT_INITSIZE,
+            pg_sys::ALLOCSET_DEFAULT_MAXSIZE,
+        ),
+    };
+    // SAFETY: the caller passes a valid parent; the name is static, as the context keeps it.
+    unsafe {
+        pg_sys::AllocSetContextCreateInternal(
+            parent,
+            name.as_ptr(),
+            min as usize,
+            init as usize,
+            max as usize,
+        )
+    }
+}
+
 /// `$t` is `jsonb` in SQL, as an argument and as a result.
 macro_rules! jsonb_in_sql {
     ($t:ty) => {

@@ -240,12 +240,10 @@ unsafe fn install_checks(
     let trees: Option<Vec<*mut pg_sys::Expr>> = CHECKS.with(|c| {
         let mut c = c.borrow_mut();
         if c.cx.is_null() {
-            c.cx = pg_sys::AllocSetContextCreateInternal(
+            c.cx = crate::pgutil::memory_context(
                 pg_sys::TopMemoryContext,
-                c"ctxguard writer checks".as_ptr(),
-                pg_sys::ALLOCSET_SMALL_MINSIZE as usize,
-                pg_sys::ALLOCSET_SMALL_INITSIZE as usize,
-                pg_sys::ALLOCSET_DEFAULT_MAXSIZE as usize,
+                c"ctxguard writer checks",
+                crate::pgutil::ContextSizes::Small,
             );
         }
         if c.by_text.len() + n > MAX_CHECKS {
