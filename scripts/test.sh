@@ -67,6 +67,7 @@ vars=(
   -S "tok_dup=$(mint --sub alice --tenant acme --roles ap_clerk --dup-tenant globex "${AUD[@]}")"
   -S "tok_ingest=$(mint --sub ingest-bot --tenant acme --roles doc_ingest "${AUD[@]}")"
   -S "tok_tadmin=$(mint --sub tina --tenant acme --roles tenant_admin "${AUD[@]}")"
+  -S "tok_ranker=$(mint --sub ranker --tenant acme --roles ap_clerk "${AUD[@]}")"
 )
 
 # Each directory runs as the role it is about (sql/tests/fixtures.sql): the gateway role (model calls,

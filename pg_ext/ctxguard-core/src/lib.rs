@@ -18,6 +18,8 @@
 //!   servers sharing what is left).
 //! - [`namespaces`]: a tool's namespace, namespace names, `find_tools`' request limits.
 //! - [`ledger`]: UTC days, keys, coverage bitmaps, slot tables and the audit chain of the ledger.
+//! - [`tsrank`]: `ts_rank_cd` of a page for a query of words, from the datums, without the
+//!   memory PostgreSQL zeroes per ranked page.
 
 pub mod args;
 pub mod binding;
@@ -36,5 +38,6 @@ pub mod policy;
 pub mod ranking;
 pub mod redact;
 pub mod token;
+pub mod tsrank;
 
 pub use codes::Code;

@@ -19,6 +19,7 @@ use std::borrow::Cow;
 use ctxguard_core::docs::{self, RangeError};
 use ctxguard_core::mask::TooLarge;
 use ctxguard_core::names::{is_valid_id, is_valid_label, is_valid_name};
+use ctxguard_core::tsrank;
 use ctxguard_core::Code;
 use pgrx::prelude::*;
 use serde_json::{json, Map, Value};
@@ -543,6 +544,11 @@ fn tsquery(any: bool, cfg: &str, query: &str) -> String {
 /// negations), and a document without candidates (its pages written other than by
 /// `put_document(..., 'ready')`), rank every page, as before.
 ///
+/// The rank is `ts_rank_cd`'s own value: computed here ([`ctxguard_core::tsrank`], from the
+/// datums) for a query of words, `&`, `|` and `!`, and by PostgreSQL for a query with a phrase
+/// (`<->`, as a hyphenated word makes). PostgreSQL's function zeroes 32 KiB per query item for
+/// every page it ranks, most of a search's cost. Only the best pages' text is read.
+///
 /// Also returned: the query's stems (for [`docs::snippet_window`]).
 fn search_pages(
     ctx: &Ctx,
@@ -567,48 +573,91 @@ fn search_pages(
               WHERE p.tenant_id = $1 AND p.doc_id = $2
                 AND (pg_catalog.querytree(q) = 'T'
                      OR (SELECT t.lexeme FROM ctxguard.document_terms t WHERE t.tenant_id = $1 AND t.doc_id = $2
-                          ORDER BY t.lexeme LIMIT 1) IS NULL))
-         SELECT p.page_no, pg_catalog.ts_rank_cd(p.tsv, q) AS score, p.clean,
+                          ORDER BY t.lexeme LIMIT 1) IS NULL)),
+              -- The query, once; ranked in SQL when it has a phrase (or $4: ranking here failed).
+              f AS MATERIALIZED (
+             SELECT q, $4 OR pg_catalog.strpos(q::pg_catalog.text, '<') > 0 AS in_sql FROM {q})
+         SELECT p.page_no, p.clean, f.q,
+                CASE WHEN f.in_sql THEN pg_catalog.ts_rank_cd(p.tsv, f.q) END AS score, p.tsv,
                 (SELECT pg_catalog.tsvector_to_array(pg_catalog.to_tsvector($5::pg_catalog.regconfig, $3))) AS stems
            FROM c CROSS JOIN LATERAL (
                     -- One primary-key lookup per candidate (OFFSET 0: not flattened into a join
                     -- that would read every matching page first).
                     SELECT p.page_no, p.tsv, p.clean FROM ctxguard.document_pages p
-                     WHERE p.tenant_id = $1 AND p.doc_id = $2 AND p.page_no = c.page_no OFFSET 0) p, {q}
-          WHERE p.tsv @@ q
-          ORDER BY score DESC, p.page_no LIMIT $4",
+                     WHERE p.tenant_id = $1 AND p.doc_id = $2 AND p.page_no = c.page_no OFFSET 0) p, f
+          WHERE p.tsv @@ f.q",
         q = tsquery(any, "$5", "$3")
     );
-    let rows = as_owner(|| {
-        Spi::connect(|c| {
-            select_saved(
-                c,
-                &sql,
-                None,
-                &[
-                    ctx.tenant_id.as_str().into(),
-                    doc.id.as_str().into(),
-                    query.into(),
-                    limit.into(),
-                    doc.language.as_str().into(),
-                ],
-            )?
-            .map(|r| {
-                Ok((
-                    (
-                        r.get::<i32>(1)?.unwrap_or(0),
-                        r.get::<f32>(2)?.unwrap_or(0.0),
-                        r.get::<String>(3)?.unwrap_or_default(),
-                    ),
-                    r.get::<Vec<String>>(4)?.unwrap_or_default(),
-                ))
+    let run = |in_sql: bool| {
+        as_owner(|| {
+            Spi::connect(|c| {
+                let mut table = select_saved(
+                    c,
+                    &sql,
+                    None,
+                    &[
+                        ctx.tenant_id.as_str().into(),
+                        doc.id.as_str().into(),
+                        query.into(),
+                        in_sql.into(),
+                        doc.language.as_str().into(),
+                    ],
+                )?;
+                let mut rows = Vec::with_capacity(table.len());
+                let mut ranked = Vec::with_capacity(table.len());
+                let mut parsed = None;
+                while let Some(row) = table.next() {
+                    pgrx::check_for_interrupts!();
+                    let score = match row.get::<f32>(4)? {
+                        Some(score) => score,
+                        None => {
+                            let (Some(q), Some(tsv)) = (
+                                table.get_datum_by_ordinal(3)?,
+                                table.get_datum_by_ordinal(5)?,
+                            ) else {
+                                return Ok(None);
+                            };
+                            // SAFETY: `tsquery` and `tsvector` datums of a row of this
+                            // connection's result, read before it ends.
+                            let (q, tsv) = unsafe {
+                                (
+                                    crate::pgutil::varlena_bytes(q),
+                                    crate::pgutil::varlena_bytes(tsv),
+                                )
+                            };
+                            let q = parsed.get_or_insert_with(|| tsrank::Query::parse(q));
+                            let Ok(q) = q else { return Ok(None) };
+                            let Some(score) = tsrank::rank_cd(tsv, q, &mut || {
+                                pgrx::check_for_interrupts!();
+                            }) else {
+                                return Ok(None);
+                            };
+                            score
+                        }
+                    };
+                    ranked.push((score, row.get::<i32>(1)?.unwrap_or(0), rows.len()));
+                    rows.push(row);
+                }
+                // ORDER BY score DESC, page_no LIMIT limit
+                ranked.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+                ranked.truncate(usize::try_from(limit).unwrap_or(0));
+                let mut hits = Vec::with_capacity(ranked.len());
+                for (score, page, at) in ranked {
+                    hits.push((page, score, rows[at].get::<String>(2)?.unwrap_or_default()));
+                }
+                let stems = match rows.first() {
+                    Some(row) => row.get::<Vec<String>>(6)?.unwrap_or_default(),
+                    None => Vec::new(),
+                };
+                Ok::<_, pgrx::spi::Error>(Some((hits, stems)))
             })
-            .collect::<Result<Vec<_>, pgrx::spi::Error>>()
         })
-    })
-    .unwrap_or_else(|e| internal(e));
-    let stems = rows.first().map(|(_, s)| s.clone()).unwrap_or_default();
-    (rows.into_iter().map(|(hit, _)| hit).collect(), stems)
+        .unwrap_or_else(|e| internal(e))
+    };
+    // A query or page this crate cannot read (not expected): ranked by PostgreSQL instead.
+    run(false)
+        .or_else(|| run(true))
+        .unwrap_or_else(|| internal("search rows without a rank"))
 }
 
 /// `ts_headline` snippets of `texts` (already masked) for the query, in order.

@@ -363,6 +363,20 @@ unsafe impl pgrx::callconv::BoxRet for JsonbBytes {
     }
 }
 
+/// The bytes of a varlena datum, `VARSIZE` of them from its 4-byte header: detoasted, which
+/// copies it into the current memory context when it was toasted, compressed or had a short
+/// header.
+///
+/// # Safety
+/// `datum` is a non-null varlena datum that, like the current memory context, lives for `'a`.
+pub unsafe fn varlena_bytes<'a>(datum: pg_sys::Datum) -> &'a [u8] {
+    // SAFETY: per the caller; `pg_detoast_datum` returns a whole value with a 4-byte header.
+    unsafe {
+        let whole = pg_sys::pg_detoast_datum(datum.cast_mut_ptr::<pg_sys::varlena>());
+        std::slice::from_raw_parts(whole.cast::<u8>(), pgrx::varsize_any(whole))
+    }
+}
+
 /// A `tsvector` value copied out of a row into memory of our own (8-byte aligned, with the 4-byte
 /// varlena header `pg_detoast_datum` gives it), so that a cached catalog entry can hand it to
 /// PostgreSQL's text-search functions ([`TsVector::matches_rank`]) without reading the row again.
