@@ -19,12 +19,21 @@
 
 use std::cmp::Ordering;
 
-/// A query [`rank_cd`] does not rank (a phrase operator, or not a well-formed `tsquery`).
+/// A query [`rank_cd`] does not rank.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Unsupported;
+pub enum Unsupported {
+    /// It has a phrase operator (`<->`, `<N>`): PostgreSQL ranks it.
+    Phrase,
+    /// Not a `tsquery` this reads (malformed, over [`MAX_ITEMS`] items, or a big-endian machine,
+    /// whose bit fields lie otherwise).
+    Malformed,
+}
 
 /// Most items of a query ranked here (a 200-character search has about 200).
-const MAX_ITEMS: usize = 4096;
+pub const MAX_ITEMS: usize = 4096;
+/// Most positions of query words in one vector ranked here (a page's `to_tsvector` keeps at most
+/// 255 positions per word): beyond, [`rank_cd`] says `None` rather than allocate without bound.
+const MAX_HITS: usize = 1 << 20;
 
 const HEADER: usize = 8;
 const ITEM: usize = 12;
@@ -33,6 +42,7 @@ const QI_OPR: u8 = 2;
 const OP_NOT: u8 = 1;
 const OP_AND: u8 = 2;
 const OP_OR: u8 = 3;
+const OP_PHRASE: u8 = 4;
 
 /// PostgreSQL's default weights of D, C, B and A (`float4`, used as `double`).
 const WEIGHTS: [f32; 4] = [0.1, 0.2, 0.4, 1.0];
@@ -73,13 +83,14 @@ fn count(datum: &[u8]) -> Option<usize> {
 impl<'a> Query<'a> {
     /// The query in `datum` (detoasted, from its 4-byte header).
     pub fn parse(datum: &'a [u8]) -> Result<Self, Unsupported> {
-        let size = count(datum).ok_or(Unsupported)?;
-        if size > MAX_ITEMS {
-            return Err(Unsupported);
+        const BAD: Unsupported = Unsupported::Malformed;
+        let size = count(datum).ok_or(BAD)?;
+        if size > MAX_ITEMS || cfg!(target_endian = "big") {
+            return Err(BAD);
         }
         let operands = HEADER + size * ITEM;
         if datum.len() < operands {
-            return Err(Unsupported);
+            return Err(BAD);
         }
         let mut items = Vec::with_capacity(size);
         for i in 0..size {
@@ -87,17 +98,17 @@ impl<'a> Query<'a> {
             let raw = &datum[at..at + ITEM];
             let item = match raw[0] {
                 QI_VAL => {
-                    let bits = u32_at(raw, 8).ok_or(Unsupported)?;
+                    let bits = u32_at(raw, 8).ok_or(BAD)?;
                     let (len, distance) = ((bits & 0xfff) as usize, (bits >> 12) as usize);
                     let start = operands + distance;
                     Item::Word {
-                        lexeme: datum.get(start..start + len).ok_or(Unsupported)?,
+                        lexeme: datum.get(start..start + len).ok_or(BAD)?,
                         weights: raw[1],
                         prefix: raw[2] != 0,
                     }
                 }
                 QI_OPR => {
-                    let left = u32_at(raw, 4).ok_or(Unsupported)? as usize;
+                    let left = u32_at(raw, 4).ok_or(BAD)? as usize;
                     // Arguments lie after their operator, inside the query: evaluation moves
                     // forward and ends.
                     let (right_ok, left_ok) = (i + 1 < size, left >= 1 && i + left < size);
@@ -105,10 +116,11 @@ impl<'a> Query<'a> {
                         OP_NOT if right_ok => Item::Not,
                         OP_AND if right_ok && left_ok => Item::And(left),
                         OP_OR if right_ok && left_ok => Item::Or(left),
-                        _ => return Err(Unsupported), // a phrase, or malformed
+                        OP_PHRASE if right_ok && left_ok => return Err(Unsupported::Phrase),
+                        _ => return Err(BAD),
                     }
                 }
-                _ => return Err(Unsupported),
+                _ => return Err(BAD),
             };
             items.push(item);
         }
@@ -228,12 +240,21 @@ struct Hit {
 }
 
 /// `ts_rank_cd(tsvector, query)` for the detoasted `tsvector` in `vector`, or `None` when that is
-/// not a well-formed `tsvector`. `interrupt` runs every 4,096 steps of the cover search.
+/// not a well-formed `tsvector` (or holds over a million positions of the query's words).
+/// `interrupt` runs every 4,096 steps (matching entries, cover steps).
 pub fn rank_cd(vector: &[u8], query: &Query<'_>, interrupt: &mut dyn FnMut()) -> Option<f32> {
     let v = Vector::parse(vector)?;
     // get_docrep: every position of every matching entry, in query order, then sorted by
     // position, weight and entry; one hit per (position, entry) with all the items it matches.
     let mut raw: Vec<(u16, usize, usize)> = Vec::new(); // (position, entry, item)
+    let mut steps = 0usize;
+    let mut step = |n: usize| {
+        steps += n;
+        if steps >= 4096 {
+            steps = 0;
+            interrupt();
+        }
+    };
     for (i, item) in query.items.iter().enumerate() {
         let Item::Word {
             lexeme,
@@ -244,6 +265,10 @@ pub fn rank_cd(vector: &[u8], query: &Query<'_>, interrupt: &mut dyn FnMut()) ->
             continue;
         };
         for e in entries(&v, lexeme, prefix)? {
+            step(1);
+            if raw.len() > MAX_HITS {
+                return None;
+            }
             for p in v.positions(e)? {
                 if weights == 0 || weights & (1 << weight(p)) != 0 {
                     raw.push((p, e, i));
@@ -276,14 +301,6 @@ pub fn rank_cd(vector: &[u8], query: &Query<'_>, interrupt: &mut dyn FnMut()) ->
 
     let inverse = WEIGHTS.map(|w| 1.0 / f64::from(w));
     let mut present = vec![false; query.items.len()];
-    let mut steps = 0usize;
-    let mut step = |n: usize| {
-        steps += n;
-        if steps >= 4096 {
-            steps = 0;
-            interrupt();
-        }
-    };
     let fill = |present: &mut [bool], hit: &Hit| {
         for &i in &items[hit.items.clone()] {
             present[i] = true;
@@ -542,7 +559,7 @@ mod tests {
     fn phrases_and_malformed_data_are_not_ranked_here() {
         assert_eq!(
             Query::parse(&query(&Q::Phrase(Box::new(w("a")), Box::new(w("b"))))).err(),
-            Some(Unsupported)
+            Some(Unsupported::Phrase)
         );
         let good = query(&and(w("a"), w("b")));
         // Truncated, a wrong length, an operand past the end, a left argument out of range.

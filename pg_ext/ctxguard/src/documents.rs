@@ -39,6 +39,8 @@ const MIN_USEFUL_BYTES: i64 = ENVELOPE_BYTES + 256;
 /// Search candidates kept per word of a document (`ctxguard.document_terms`): the pages where it
 /// occurs most often. The upgrade script fills the table with the same number.
 const TERM_PAGES: i64 = 100;
+/// Rows of a search's candidates read at a time (see [`search_pages`]).
+const BATCH: i64 = 256;
 
 /// A refusal: code, message, optional details (e.g. the documents available on this page).
 pub type Refusal = (Code, String, Option<Value>);
@@ -547,7 +549,11 @@ fn tsquery(any: bool, cfg: &str, query: &str) -> String {
 /// The rank is `ts_rank_cd`'s own value: computed here ([`ctxguard_core::tsrank`], from the
 /// datums) for a query of words, `&`, `|` and `!`, and by PostgreSQL for a query with a phrase
 /// (`<->`, as a hyphenated word makes). PostgreSQL's function zeroes 32 KiB per query item for
-/// every page it ranks, most of a search's cost. Only the best pages' text is read.
+/// every page it ranks, most of a search's cost. The rows are read through a cursor, [`BATCH`] at
+/// a time, and only the best `limit` are kept (with their text): memory does not grow with the
+/// candidates (every page, for a query of negations only). With `ctxguard.search_rank_check`
+/// (superuser; the tests') PostgreSQL also ranks every row, and the search fails unless the
+/// extension ranked each one it should have, to the same bits.
 ///
 /// Also returned: the query's stems (for [`docs::snippet_window`]).
 fn search_pages(
@@ -574,11 +580,13 @@ fn search_pages(
                 AND (pg_catalog.querytree(q) = 'T'
                      OR (SELECT t.lexeme FROM ctxguard.document_terms t WHERE t.tenant_id = $1 AND t.doc_id = $2
                           ORDER BY t.lexeme LIMIT 1) IS NULL)),
-              -- The query, once; ranked in SQL when it has a phrase (or $4: ranking here failed).
+              -- The query, once; ranked in SQL when it has a phrase, when the extension could not
+              -- rank it ($4), or to check the extension's rank ($6, ctxguard.search_rank_check).
               f AS MATERIALIZED (
-             SELECT q, $4 OR pg_catalog.strpos(q::pg_catalog.text, '<') > 0 AS in_sql FROM {q})
+             SELECT q, pg_catalog.strpos(q::pg_catalog.text, '<') > 0 AS phrase FROM {q})
          SELECT p.page_no, p.clean, f.q,
-                CASE WHEN f.in_sql THEN pg_catalog.ts_rank_cd(p.tsv, f.q) END AS score, p.tsv,
+                CASE WHEN f.phrase OR $4 OR $6 THEN pg_catalog.ts_rank_cd(p.tsv, f.q) END AS score,
+                CASE WHEN NOT (f.phrase OR $4) THEN p.tsv END AS tsv,
                 (SELECT pg_catalog.tsvector_to_array(pg_catalog.to_tsvector($5::pg_catalog.regconfig, $3))) AS stems
            FROM c CROSS JOIN LATERAL (
                     -- One primary-key lookup per candidate (OFFSET 0: not flattened into a join
@@ -588,67 +596,102 @@ fn search_pages(
           WHERE p.tsv @@ f.q",
         q = tsquery(any, "$5", "$3")
     );
+    let check = crate::gucs::SEARCH_RANK_CHECK.get();
+    let limit = usize::try_from(limit).unwrap_or(0);
     let run = |in_sql: bool| {
         as_owner(|| {
             Spi::connect(|c| {
-                let mut table = select_saved(
-                    c,
-                    &sql,
-                    None,
-                    &[
-                        ctx.tenant_id.as_str().into(),
-                        doc.id.as_str().into(),
-                        query.into(),
-                        in_sql.into(),
-                        doc.language.as_str().into(),
-                    ],
-                )?;
-                let mut rows = Vec::with_capacity(table.len());
-                let mut ranked = Vec::with_capacity(table.len());
-                let mut parsed = None;
-                while let Some(row) = table.next() {
-                    pgrx::check_for_interrupts!();
-                    let score = match row.get::<f32>(4)? {
-                        Some(score) => score,
-                        None => {
-                            let (Some(q), Some(tsv)) = (
-                                table.get_datum_by_ordinal(3)?,
-                                table.get_datum_by_ordinal(5)?,
-                            ) else {
-                                return Ok(None);
-                            };
-                            // SAFETY: `tsquery` and `tsvector` datums of a row of this
-                            // connection's result, read before it ends.
-                            let (q, tsv) = unsafe {
-                                (
-                                    crate::pgutil::varlena_bytes(q),
-                                    crate::pgutil::varlena_bytes(tsv),
-                                )
-                            };
-                            let q = parsed.get_or_insert_with(|| tsrank::Query::parse(q));
-                            let Ok(q) = q else { return Ok(None) };
-                            let Some(score) = tsrank::rank_cd(tsv, q, &mut || {
-                                pgrx::check_for_interrupts!();
-                            }) else {
-                                return Ok(None);
-                            };
-                            score
+                let args: [pgrx::datum::DatumWithOid<'_>; 6] = [
+                    ctx.tenant_id.as_str().into(),
+                    doc.id.as_str().into(),
+                    query.into(),
+                    in_sql.into(),
+                    doc.language.as_str().into(),
+                    check.into(),
+                ];
+                let types: Vec<pgrx::PgOid> =
+                    args.iter().map(|a| pgrx::PgOid::from(a.oid())).collect();
+                let plan = crate::pgutil::saved_plan(c, &sql, &types, false)?;
+                let mut cursor = c.try_open_cursor(&*plan, &args)?;
+                // The best `limit` rows so far: (score, page, text), best first (ORDER BY score
+                // DESC, page_no).
+                let mut best: Vec<(f32, i32, String)> = Vec::with_capacity(limit + 1);
+                let mut query_bytes: Option<Vec<u8>> = None;
+                let mut stems = Vec::new();
+                loop {
+                    let mut table = cursor.fetch(BATCH)?;
+                    if table.is_empty() {
+                        break;
+                    }
+                    if query_bytes.is_none() {
+                        let first = table.first();
+                        stems = first.get::<Vec<String>>(6)?.unwrap_or_default();
+                        query_bytes = Some(match first.get_datum_by_ordinal(3)? {
+                            // SAFETY: a `tsquery` datum of this batch's first row.
+                            Some(q) => unsafe {
+                                crate::pgutil::with_varlena_bytes(q, <[u8]>::to_vec)
+                            },
+                            None => Vec::new(),
+                        });
+                        table = first.rewind();
+                    }
+                    let parsed = tsrank::Query::parse(query_bytes.as_deref().unwrap_or_default());
+                    while let Some(row) = table.next() {
+                        pgrx::check_for_interrupts!();
+                        let theirs = row.get::<f32>(4)?;
+                        let ours = match (&parsed, table.get_datum_by_ordinal(5)?) {
+                            // SAFETY: a `tsvector` datum of the current row.
+                            (Ok(q), Some(tsv)) => unsafe {
+                                crate::pgutil::with_varlena_bytes(tsv, |v| {
+                                    tsrank::rank_cd(v, q, &mut || {
+                                        pgrx::check_for_interrupts!();
+                                    })
+                                })
+                            },
+                            _ => None,
+                        };
+                        let score = match (ours, theirs) {
+                            (Some(ours), Some(theirs)) if ours.to_bits() != theirs.to_bits() => {
+                                internal("the extension's rank differs from ts_rank_cd")
+                            }
+                            (Some(score), _) => score,
+                            // Not a query or page read here: a phrase (ranked in SQL), or, not
+                            // expected, one the extension could not read.
+                            (None, theirs) => {
+                                if check
+                                    && !matches!(parsed, Err(tsrank::Unsupported::Phrase))
+                                    && !in_sql
+                                {
+                                    internal("the extension could not rank a search's page");
+                                }
+                                match theirs {
+                                    Some(score) => score,
+                                    None => return Ok(None),
+                                }
+                            }
+                        };
+                        let page = row.get::<i32>(1)?.unwrap_or(0);
+                        let better = |b: &(f32, i32, String)| {
+                            score.total_cmp(&b.0).then(b.1.cmp(&page))
+                                == std::cmp::Ordering::Greater
+                        };
+                        if best.len() < limit || best.last().is_some_and(better) {
+                            let at = best.iter().position(better).unwrap_or(best.len());
+                            best.insert(
+                                at,
+                                (score, page, row.get::<String>(2)?.unwrap_or_default()),
+                            );
+                            best.truncate(limit);
                         }
-                    };
-                    ranked.push((score, row.get::<i32>(1)?.unwrap_or(0), rows.len()));
-                    rows.push(row);
+                    }
+                    // SAFETY: the batch just read (SPI_tuptable), no longer used; nothing of it is
+                    // kept (texts and the query are copies).
+                    unsafe { pg_sys::SPI_freetuptable(pg_sys::SPI_tuptable) };
                 }
-                // ORDER BY score DESC, page_no LIMIT limit
-                ranked.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-                ranked.truncate(usize::try_from(limit).unwrap_or(0));
-                let mut hits = Vec::with_capacity(ranked.len());
-                for (score, page, at) in ranked {
-                    hits.push((page, score, rows[at].get::<String>(2)?.unwrap_or_default()));
-                }
-                let stems = match rows.first() {
-                    Some(row) => row.get::<Vec<String>>(6)?.unwrap_or_default(),
-                    None => Vec::new(),
-                };
+                let hits = best
+                    .into_iter()
+                    .map(|(score, page, text)| (page, score, text))
+                    .collect();
                 Ok::<_, pgrx::spi::Error>(Some((hits, stems)))
             })
         })

@@ -64,6 +64,7 @@ pub static MAX_DOCUMENT_COVERAGE: GucSetting<f64> = GucSetting::<f64>::new(0.3);
 pub static MAX_BYTES_PER_USER_DAY: GucSetting<i32> = GucSetting::<i32>::new(64 * 1024 * 1024);
 pub static AUDIT_WAIT: GucSetting<bool> = GucSetting::<bool>::new(true);
 pub static AUDIT_WAIT_TIMEOUT: GucSetting<i32> = GucSetting::<i32>::new(10);
+pub static SEARCH_RANK_CHECK: GucSetting<bool> = GucSetting::<bool>::new(false);
 pub static AUDIT_WRITER_IDLE: GucSetting<i32> = GucSetting::<i32>::new(60);
 pub static LEDGER_GENERATIONS: GucSetting<i32> = GucSetting::<i32>::new(262_144);
 pub static LEDGER_DOCUMENT_CALLS: GucSetting<i32> = GucSetting::<i32>::new(262_144);
@@ -345,6 +346,14 @@ pub fn init() {
         c"call_tool, complete_call and approve_call return only once their audit record is durable.",
         c"off: they return at once; a crash may lose the audit records (and ledger changes) of the last moments.",
         &AUDIT_WAIT,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_bool_guc(
+        c"ctxguard.search_rank_check",
+        c"doc_local_search also ranks every candidate page with ts_rank_cd and fails if the extension's rank differs (a check for tests).",
+        c"",
+        &SEARCH_RANK_CHECK,
         GucContext::Suset,
         GucFlags::default(),
     );

@@ -363,17 +363,26 @@ unsafe impl pgrx::callconv::BoxRet for JsonbBytes {
     }
 }
 
-/// The bytes of a varlena datum, `VARSIZE` of them from its 4-byte header: detoasted, which
-/// copies it into the current memory context when it was toasted, compressed or had a short
-/// header.
+/// `read` of the bytes of a varlena datum, `VARSIZE` of them from its 4-byte header: detoasted
+/// (a copy in the current memory context when it was toasted, compressed or had a short header,
+/// freed after `read`).
 ///
 /// # Safety
-/// `datum` is a non-null varlena datum that, like the current memory context, lives for `'a`.
-pub unsafe fn varlena_bytes<'a>(datum: pg_sys::Datum) -> &'a [u8] {
-    // SAFETY: per the caller; `pg_detoast_datum` returns a whole value with a 4-byte header.
+/// `datum` is a non-null varlena datum valid for the call.
+pub unsafe fn with_varlena_bytes<R>(datum: pg_sys::Datum, read: impl FnOnce(&[u8]) -> R) -> R {
+    // SAFETY: per the caller; `pg_detoast_datum` returns a whole value with a 4-byte header, which
+    // lives until it is freed here (when it is a copy) after `read`, which cannot keep it.
     unsafe {
-        let whole = pg_sys::pg_detoast_datum(datum.cast_mut_ptr::<pg_sys::varlena>());
-        std::slice::from_raw_parts(whole.cast::<u8>(), pgrx::varsize_any(whole))
+        let given = datum.cast_mut_ptr::<pg_sys::varlena>();
+        let whole = pg_sys::pg_detoast_datum(given);
+        let r = read(std::slice::from_raw_parts(
+            whole.cast::<u8>(),
+            pgrx::varsize_any(whole),
+        ));
+        if whole != given {
+            pg_sys::pfree(whole.cast());
+        }
+        r
     }
 }
 

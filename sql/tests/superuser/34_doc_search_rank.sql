@@ -5,8 +5,12 @@
 -- list in ctxguard.document_terms; every page for a query of negations only), ORDER BY score DESC,
 -- page_no. Queries of one, two and three words, OR, negation, phrases (quoted, and a hyphenated word,
 -- which the parser makes a phrase), negations only, and the any-word retry.
--- Runs as the superuser (the reference reads the page vectors); the calls run as tok_ranker, a user
--- of its own, so the daily coverage of other tests' users is not this file's.
+-- With ctxguard.search_rank_check on, PostgreSQL also ranks every candidate of each search and the
+-- search fails unless the extension ranked every page of a query without a phrase to the same bits:
+-- so the searches below check the whole candidate lists, not only the five pages shown.
+-- Runs as the superuser (the reference reads the page vectors, the check is a superuser setting);
+-- the calls run as tok_ranker, a user of its own, so the daily coverage of other tests' users is
+-- not this file's.
 \set QUIET 1
 SET client_min_messages = warning;
 SELECT * FROM no_plan();
@@ -63,6 +67,7 @@ BEGIN
     RETURN ctxguard.call_tool('doc_local_search', pg_catalog.jsonb_build_object('query', query));
 END $$;
 BEGIN;
+SET LOCAL ctxguard.search_rank_check = on;
 INSERT INTO answers SELECT query, pg_temp.search(:'tok_ranker', query) FROM queries;
 COMMIT;
 
