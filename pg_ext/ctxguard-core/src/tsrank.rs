@@ -166,7 +166,7 @@ impl<'a> Vector<'a> {
     }
 
     /// The entry's positions (`weight:2, pos:14`); none for a lexeme stored without them.
-    fn positions(&self, i: usize) -> Option<impl Iterator<Item = u16> + 'a> {
+    fn positions(&self, i: usize) -> Option<impl ExactSizeIterator<Item = u16> + 'a> {
         let e = self.entry(i);
         let (len, pos) = (((e >> 1) & 0x7ff) as usize, (e >> 12) as usize);
         let at = self.strings() + ((pos + len + 1) & !1); // SHORTALIGN
@@ -265,11 +265,12 @@ pub fn rank_cd(vector: &[u8], query: &Query<'_>, interrupt: &mut dyn FnMut()) ->
             continue;
         };
         for e in entries(&v, lexeme, prefix)? {
-            step(1);
+            let positions = v.positions(e)?;
+            step(1 + positions.len());
             if raw.len() > MAX_HITS {
                 return None;
             }
-            for p in v.positions(e)? {
+            for p in positions {
                 if weights == 0 || weights & (1 << weight(p)) != 0 {
                     raw.push((p, e, i));
                 }
@@ -582,6 +583,29 @@ mod tests {
         v[HEADER..HEADER + 4].copy_from_slice(&((100u32 << 12) | (1 << 1) | 1).to_ne_bytes());
         assert_eq!(rank_cd(&v, &q, &mut || {}), None);
         assert_eq!(rank_cd(&v[..5], &q, &mut || {}), None);
+    }
+
+    #[test]
+    fn a_million_positions_are_not_gathered() {
+        // A vector's strings and positions fit in 1 MB (its 20-bit offsets): 8 words of 16,383
+        // positions. Each query item gathers the positions it matches: 9 prefix items matching
+        // all 8 words gather 1,179,576, past MAX_HITS; 7 gather 917,448, under it.
+        let many: Vec<u16> = (1..=16_383).collect();
+        let names: Vec<String> = (0..8).map(|i| format!("a{i}")).collect();
+        let entries: Vec<(&str, Option<&[u16]>)> = names
+            .iter()
+            .map(|n| (n.as_str(), Some(&many[..])))
+            .collect();
+        let v = vector(&entries);
+        let items = |n: usize| (1..n).fold(Q::W("a", 0, true), |q, _| or(Q::W("a", 0, true), q));
+        let q = query(&items(9));
+        let q = Query::parse(&q).expect("supported");
+        let mut calls = 0;
+        assert_eq!(rank_cd(&v, &q, &mut || calls += 1), None);
+        assert!(calls >= 1, "interrupts are checked while gathering");
+        let q = query(&items(7));
+        let q = Query::parse(&q).expect("supported");
+        assert!(rank_cd(&v, &q, &mut || {}).is_some_and(|r| r > 0.0));
     }
 
     #[test]

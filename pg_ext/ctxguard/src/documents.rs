@@ -581,12 +581,13 @@ fn search_pages(
                      OR (SELECT t.lexeme FROM ctxguard.document_terms t WHERE t.tenant_id = $1 AND t.doc_id = $2
                           ORDER BY t.lexeme LIMIT 1) IS NULL)),
               -- The query, once; ranked in SQL when it has a phrase, when the extension could not
-              -- rank it ($4), or to check the extension's rank ($6, ctxguard.search_rank_check).
+              -- rank it ($4), or to check the extension's rank ($6, ctxguard.search_rank_check:
+              -- then the extension ranks every page whose query it can read, phrase or not).
               f AS MATERIALIZED (
              SELECT q, pg_catalog.strpos(q::pg_catalog.text, '<') > 0 AS phrase FROM {q})
          SELECT p.page_no, p.clean, f.q,
                 CASE WHEN f.phrase OR $4 OR $6 THEN pg_catalog.ts_rank_cd(p.tsv, f.q) END AS score,
-                CASE WHEN NOT (f.phrase OR $4) THEN p.tsv END AS tsv,
+                CASE WHEN NOT (f.phrase OR $4) OR $6 THEN p.tsv END AS tsv,
                 (SELECT pg_catalog.tsvector_to_array(pg_catalog.to_tsvector($5::pg_catalog.regconfig, $3))) AS stems
            FROM c CROSS JOIN LATERAL (
                     -- One primary-key lookup per candidate (OFFSET 0: not flattened into a join
@@ -615,11 +616,14 @@ fn search_pages(
                 let mut cursor = c.try_open_cursor(&*plan, &args)?;
                 // The best `limit` rows so far: (score, page, text), best first (ORDER BY score
                 // DESC, page_no).
-                let mut best: Vec<(f32, i32, String)> = Vec::with_capacity(limit + 1);
+                let mut best: Vec<(f32, i32, String)> =
+                    Vec::with_capacity(limit.min(BATCH as usize) + 1);
                 let mut query_bytes: Option<Vec<u8>> = None;
                 let mut stems = Vec::new();
                 loop {
                     let mut table = cursor.fetch(BATCH)?;
+                    // SAFETY: the table just fetched (freed below, once its rows are read).
+                    let batch = unsafe { pg_sys::SPI_tuptable };
                     if table.is_empty() {
                         break;
                     }
@@ -661,6 +665,7 @@ fn search_pages(
                                 if check
                                     && !matches!(parsed, Err(tsrank::Unsupported::Phrase))
                                     && !in_sql
+                                    && cfg!(target_endian = "little")
                                 {
                                     internal("the extension could not rank a search's page");
                                 }
@@ -684,9 +689,10 @@ fn search_pages(
                             best.truncate(limit);
                         }
                     }
-                    // SAFETY: the batch just read (SPI_tuptable), no longer used; nothing of it is
+                    let _ = table;
+                    // SAFETY: the batch just read, whose table is no longer used; nothing of it is
                     // kept (texts and the query are copies).
-                    unsafe { pg_sys::SPI_freetuptable(pg_sys::SPI_tuptable) };
+                    unsafe { pg_sys::SPI_freetuptable(batch) };
                 }
                 let hits = best
                     .into_iter()
