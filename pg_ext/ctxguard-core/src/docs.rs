@@ -1,6 +1,7 @@
 //! Document text helpers: token estimates, trimming, repeated header/footer detection, page
 //! ranges, search-snippet markers.
 
+use std::cmp::Ordering;
 use std::collections::{HashMap, HashSet};
 use std::sync::OnceLock;
 
@@ -281,6 +282,43 @@ pub enum RangeError {
     TooManyPages,
 }
 
+/// The best `limit` search hits seen so far, best first: a higher score first, then a lower page
+/// (`ORDER BY score DESC, page_no LIMIT limit`; scores are finite, pages distinct).
+pub struct Best<T> {
+    limit: usize,
+    hits: Vec<(f32, i32, T)>,
+}
+
+impl<T> Best<T> {
+    pub fn new(limit: usize) -> Self {
+        Best {
+            limit,
+            hits: Vec::new(),
+        }
+    }
+
+    /// Where a hit of `score` on `page` goes, or `None` when it would not be kept (asked before
+    /// its item is made: a page's text is read only when it is kept).
+    pub fn place(&self, score: f32, page: i32) -> Option<usize> {
+        let at = self
+            .hits
+            .iter()
+            .position(|h| score.total_cmp(&h.0).then(h.1.cmp(&page)) == Ordering::Greater)
+            .unwrap_or(self.hits.len());
+        (at < self.limit).then_some(at)
+    }
+
+    /// Keep the hit at `at` (from [`Best::place`]), dropping the one that falls off the end.
+    pub fn insert(&mut self, at: usize, score: f32, page: i32, item: T) {
+        self.hits.insert(at, (score, page, item));
+        self.hits.truncate(self.limit);
+    }
+
+    pub fn into_hits(self) -> Vec<(f32, i32, T)> {
+        self.hits
+    }
+}
+
 /// Validate `[start, end]` (1-based, inclusive) against the document and the per-call page limit.
 pub fn check_page_range(
     start: i64,
@@ -300,6 +338,39 @@ pub fn check_page_range(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn best_keeps_what_order_by_score_desc_page_limit_keeps() {
+        let hits = [
+            (0.5, 7),
+            (0.9, 3),
+            (0.5, 2),
+            (0.1, 1),
+            (0.9, 8),
+            (0.0, 4),
+            (0.5, 5),
+        ];
+        for limit in 0..=hits.len() + 1 {
+            let mut best = Best::new(limit);
+            for (score, page) in hits {
+                if let Some(at) = best.place(score, page) {
+                    best.insert(at, score, page, page * 10);
+                }
+            }
+            let mut sorted = hits.to_vec();
+            sorted.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+            sorted.truncate(limit);
+            let kept: Vec<(f32, i32)> = best
+                .into_hits()
+                .into_iter()
+                .map(|(s, p, t)| {
+                    assert_eq!(t, p * 10);
+                    (s, p)
+                })
+                .collect();
+            assert_eq!(kept, sorted, "limit {limit}");
+        }
+    }
 
     #[test]
     fn tokens_and_trim() {

@@ -154,23 +154,23 @@ impl<'a> Vector<'a> {
         HEADER + self.size * 4
     }
 
-    fn entry(&self, i: usize) -> u32 {
-        u32_at(self.datum, HEADER + i * 4).unwrap_or(0)
+    /// Entry `i`: whether it has positions, its lexeme's length and offset in the string area.
+    fn entry(&self, i: usize) -> (bool, usize, usize) {
+        let e = u32_at(self.datum, HEADER + i * 4).unwrap_or(0);
+        (e & 1 == 1, ((e >> 1) & 0x7ff) as usize, (e >> 12) as usize)
     }
 
     fn lexeme(&self, i: usize) -> Option<&'a [u8]> {
-        let e = self.entry(i);
-        let (len, pos) = (((e >> 1) & 0x7ff) as usize, (e >> 12) as usize);
+        let (_, len, pos) = self.entry(i);
         let start = self.strings() + pos;
         self.datum.get(start..start + len)
     }
 
     /// The entry's positions (`weight:2, pos:14`); none for a lexeme stored without them.
     fn positions(&self, i: usize) -> Option<impl ExactSizeIterator<Item = u16> + 'a> {
-        let e = self.entry(i);
-        let (len, pos) = (((e >> 1) & 0x7ff) as usize, (e >> 12) as usize);
+        let (has_positions, len, pos) = self.entry(i);
         let at = self.strings() + ((pos + len + 1) & !1); // SHORTALIGN
-        let list = if e & 1 == 1 {
+        let list = if has_positions {
             let n = u16_at(self.datum, at)? as usize;
             self.datum.get(at + 2..at + 2 + 2 * n)?
         } else {

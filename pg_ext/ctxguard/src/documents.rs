@@ -614,88 +614,42 @@ fn search_pages(
                     args.iter().map(|a| pgrx::PgOid::from(a.oid())).collect();
                 let plan = crate::pgutil::saved_plan(c, &sql, &types, false)?;
                 let mut cursor = c.try_open_cursor(&*plan, &args)?;
-                // The best `limit` rows so far: (score, page, text), best first (ORDER BY score
-                // DESC, page_no).
-                let mut best: Vec<(f32, i32, String)> =
-                    Vec::with_capacity(limit.min(BATCH as usize) + 1);
-                let mut query_bytes: Option<Vec<u8>> = None;
-                let mut stems = Vec::new();
+                let mut table = cursor.fetch(BATCH)?;
+                // SAFETY: the table just fetched (freed once `rank_rows` has read it).
+                let mut batch = unsafe { pg_sys::SPI_tuptable };
+                if table.is_empty() {
+                    return Ok(Some((Vec::new(), Vec::new())));
+                }
+                // The query and its stems, the same in every row: from the first.
+                let first = table.first();
+                let stems = first.get::<Vec<String>>(6)?.unwrap_or_default();
+                let query_bytes = match first.get_datum_by_ordinal(3)? {
+                    // SAFETY: a `tsquery` datum of the first row.
+                    Some(q) => unsafe { crate::pgutil::with_varlena_bytes(q, <[u8]>::to_vec) },
+                    None => Vec::new(),
+                };
+                table = first.rewind();
+                let ranker = Ranker {
+                    query: tsrank::Query::parse(&query_bytes),
+                    in_sql,
+                    check,
+                };
+                let mut best = docs::Best::new(limit);
                 loop {
-                    let mut table = cursor.fetch(BATCH)?;
-                    // SAFETY: the table just fetched (freed below, once its rows are read).
-                    let batch = unsafe { pg_sys::SPI_tuptable };
+                    if !ranker.rank_rows(table, &mut best)? {
+                        return Ok(None);
+                    }
+                    // SAFETY: read; nothing of it is kept (texts and the query are copies).
+                    unsafe { pg_sys::SPI_freetuptable(batch) };
+                    table = cursor.fetch(BATCH)?;
+                    // SAFETY: as above.
+                    batch = unsafe { pg_sys::SPI_tuptable };
                     if table.is_empty() {
                         break;
                     }
-                    if query_bytes.is_none() {
-                        let first = table.first();
-                        stems = first.get::<Vec<String>>(6)?.unwrap_or_default();
-                        query_bytes = Some(match first.get_datum_by_ordinal(3)? {
-                            // SAFETY: a `tsquery` datum of this batch's first row.
-                            Some(q) => unsafe {
-                                crate::pgutil::with_varlena_bytes(q, <[u8]>::to_vec)
-                            },
-                            None => Vec::new(),
-                        });
-                        table = first.rewind();
-                    }
-                    let parsed = tsrank::Query::parse(query_bytes.as_deref().unwrap_or_default());
-                    while let Some(row) = table.next() {
-                        pgrx::check_for_interrupts!();
-                        let theirs = row.get::<f32>(4)?;
-                        let ours = match (&parsed, table.get_datum_by_ordinal(5)?) {
-                            // SAFETY: a `tsvector` datum of the current row.
-                            (Ok(q), Some(tsv)) => unsafe {
-                                crate::pgutil::with_varlena_bytes(tsv, |v| {
-                                    tsrank::rank_cd(v, q, &mut || {
-                                        pgrx::check_for_interrupts!();
-                                    })
-                                })
-                            },
-                            _ => None,
-                        };
-                        let score = match (ours, theirs) {
-                            (Some(ours), Some(theirs)) if ours.to_bits() != theirs.to_bits() => {
-                                internal("the extension's rank differs from ts_rank_cd")
-                            }
-                            (Some(score), _) => score,
-                            // Not a query or page read here: a phrase (ranked in SQL), or, not
-                            // expected, one the extension could not read.
-                            (None, theirs) => {
-                                if check
-                                    && !matches!(parsed, Err(tsrank::Unsupported::Phrase))
-                                    && !in_sql
-                                    && cfg!(target_endian = "little")
-                                {
-                                    internal("the extension could not rank a search's page");
-                                }
-                                match theirs {
-                                    Some(score) => score,
-                                    None => return Ok(None),
-                                }
-                            }
-                        };
-                        let page = row.get::<i32>(1)?.unwrap_or(0);
-                        let better = |b: &(f32, i32, String)| {
-                            score.total_cmp(&b.0).then(b.1.cmp(&page))
-                                == std::cmp::Ordering::Greater
-                        };
-                        if best.len() < limit || best.last().is_some_and(better) {
-                            let at = best.iter().position(better).unwrap_or(best.len());
-                            best.insert(
-                                at,
-                                (score, page, row.get::<String>(2)?.unwrap_or_default()),
-                            );
-                            best.truncate(limit);
-                        }
-                    }
-                    let _ = table;
-                    // SAFETY: the batch just read, whose table is no longer used; nothing of it is
-                    // kept (texts and the query are copies).
-                    unsafe { pg_sys::SPI_freetuptable(batch) };
                 }
-                let hits = best
-                    .into_iter()
+                let hits = best.into_hits().into_iter();
+                let hits = hits
                     .map(|(score, page, text)| (page, score, text))
                     .collect();
                 Ok::<_, pgrx::spi::Error>(Some((hits, stems)))
@@ -707,6 +661,68 @@ fn search_pages(
     run(false)
         .or_else(|| run(true))
         .unwrap_or_else(|| internal("search rows without a rank"))
+}
+
+/// How [`search_pages`] ranks a batch of its rows (page, text, query, PostgreSQL's score or NULL,
+/// vector or NULL).
+struct Ranker<'q> {
+    query: Result<tsrank::Query<'q>, tsrank::Unsupported>,
+    /// PostgreSQL ranks every row (the retry after a row the extension could not rank).
+    in_sql: bool,
+    /// `ctxguard.search_rank_check`: both rank every row they can, and must agree to the bit.
+    check: bool,
+}
+
+impl Ranker<'_> {
+    /// Each row's rank into `best` (the text read only for a row kept); `false` when a row has no
+    /// rank (the extension could not read it, and PostgreSQL was not asked to rank it).
+    fn rank_rows(
+        &self,
+        mut table: pgrx::spi::SpiTupleTable<'_>,
+        best: &mut docs::Best<String>,
+    ) -> Result<bool, pgrx::spi::Error> {
+        while let Some(row) = table.next() {
+            pgrx::check_for_interrupts!();
+            let theirs = row.get::<f32>(4)?;
+            let ours = match (&self.query, table.get_datum_by_ordinal(5)?) {
+                // SAFETY: a `tsvector` datum of the current row.
+                (Ok(q), Some(tsv)) => unsafe {
+                    crate::pgutil::with_varlena_bytes(tsv, |v| {
+                        tsrank::rank_cd(v, q, &mut || {
+                            pgrx::check_for_interrupts!();
+                        })
+                    })
+                },
+                _ => None,
+            };
+            let score = match (ours, theirs) {
+                (Some(ours), Some(theirs)) if ours.to_bits() != theirs.to_bits() => {
+                    internal("the extension's rank differs from ts_rank_cd")
+                }
+                (Some(score), _) => score,
+                // Not a query or page read here: a phrase (ranked in SQL), or, not expected, one
+                // the extension could not read.
+                (None, theirs) => {
+                    if self.check
+                        && !self.in_sql
+                        && !matches!(self.query, Err(tsrank::Unsupported::Phrase))
+                        && cfg!(target_endian = "little")
+                    {
+                        internal("the extension could not rank a search's page");
+                    }
+                    match theirs {
+                        Some(score) => score,
+                        None => return Ok(false),
+                    }
+                }
+            };
+            let page = row.get::<i32>(1)?.unwrap_or(0);
+            if let Some(at) = best.place(score, page) {
+                best.insert(at, score, page, row.get::<String>(2)?.unwrap_or_default());
+            }
+        }
+        Ok(true)
+    }
 }
 
 /// `ts_headline` snippets of `texts` (already masked) for the query, in order.

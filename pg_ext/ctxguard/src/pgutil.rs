@@ -428,19 +428,19 @@ impl FromDatum for TsVector {
         if is_null {
             return None;
         }
-        // SAFETY: the datum is a `tsvector` (the column's type); detoasted (a copy when it was
-        // toasted or had a short header), copied whole, and the copy freed.
-        unsafe {
-            let given = datum.cast_mut_ptr::<pg_sys::varlena>();
-            let whole = pg_sys::pg_detoast_datum(given);
-            let len = pgrx::varsize_any(whole);
-            let mut words = vec![0u64; len.div_ceil(8)];
-            std::ptr::copy_nonoverlapping(whole.cast::<u8>(), words.as_mut_ptr().cast::<u8>(), len);
-            if whole != given {
-                pg_sys::pfree(whole.cast());
-            }
-            Some(TsVector(words.into()))
-        }
+        // SAFETY: the datum is a `tsvector` (the column's type), copied whole.
+        let words = unsafe {
+            with_varlena_bytes(datum, |bytes| {
+                let mut words = vec![0u64; bytes.len().div_ceil(8)];
+                std::ptr::copy_nonoverlapping(
+                    bytes.as_ptr(),
+                    words.as_mut_ptr().cast::<u8>(),
+                    bytes.len(),
+                );
+                words
+            })
+        };
+        Some(TsVector(words.into()))
     }
 }
 
