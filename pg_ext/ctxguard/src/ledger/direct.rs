@@ -373,22 +373,26 @@ unsafe fn insert_into(rel: pg_sys::Relation, rows: &[Value]) -> bool {
 /// A column of a counter table: its name and type.
 pub type CounterColumn = (&'static CStr, pg_sys::Oid);
 
-/// Rows of a counter table (`user_day_usage`, `quota_usage`) as the writer's statement would
-/// upsert them (`INSERT … ON CONFLICT (key) DO UPDATE SET counter = GREATEST(old, new)`), without
-/// a statement: each row's key looked up in the primary key (`RelationFindReplTupleByIndex`, as
-/// logical replication's apply worker finds a row), then updated when the new counter is larger
-/// (`ExecSimpleRelationUpdate`) or inserted when the key is new. `columns` are the primary key's
-/// columns in its order, then the counter (an `int4` or `int8`); each row's datums in that order.
+/// Rows of a counter table (`user_day_usage`, `quota_usage`, `document_calls`) as the writer's
+/// statement would upsert them (`INSERT … ON CONFLICT (key) DO UPDATE SET counter =
+/// GREATEST(old, new)`), without a statement: each row's key looked up in the primary key
+/// (`RelationFindReplTupleByIndex`, as logical replication's apply worker finds a row), then
+/// updated when the new counter is larger (`ExecSimpleRelationUpdate`) or inserted when the key is
+/// new. `columns` are the primary key's `nkeys` columns in its order, then the columns written only
+/// when a row is inserted, then the counter (an `int4` or `int8`); each row's datums in that order.
 ///
 /// `None`: nothing was written, because the table is not as ctxguard creates it (other columns, a
-/// trigger, a rule, another primary key, not a plain table); the caller uses the statement, which
-/// honours all of it. `Some(flags)`: every row written, each flag true when its key was new.
-/// Errors (a constraint, a full disk) are raised as the statement's would be. The writer is the
-/// only process writing these tables (no role is granted them), so the lookup never races another
-/// writer; a DBA's concurrent change is waited for by the row lock, as the statement would.
+/// trigger or a rule, another primary key, not a plain table); the caller uses the statement,
+/// which honours all of it. A foreign key's own triggers are as ctxguard creates the table: they
+/// fire as the statement's would ([`plain_table`]). `Some(flags)`: every row written, each flag
+/// true when its key was new. Errors (a constraint, a full disk) are raised as the statement's
+/// would be. The writer is the only process writing these tables (no role is granted them), so
+/// the lookup never races another writer; a DBA's concurrent change is waited for by the row lock,
+/// as the statement would.
 pub fn upsert_counters(
     table: &CStr,
     columns: &[CounterColumn],
+    nkeys: usize,
     rows: &[Vec<pg_sys::Datum>],
 ) -> Option<Vec<bool>> {
     unsafe {
@@ -398,25 +402,46 @@ pub fn upsert_counters(
             return None;
         }
         let rel = pg_sys::table_open(relid, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE);
-        let done = upsert_into(rel, columns, rows);
+        let done = upsert_into(rel, columns, nkeys, rows);
         pg_sys::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
         done
     }
 }
 
-/// Each column's attribute number (1-based) when `rel` is exactly `columns` (no other live
-/// column) with the first `columns.len() - 1` as its primary key, in order; and the key's index.
+/// Whether `rel` is a plain table without rules whose only triggers are its foreign keys' own
+/// (PostgreSQL's internal RI triggers: a referencing row is checked when it is inserted, a
+/// referenced row's references when its key changes, which no counter write does). Any other
+/// trigger, and a rule, are a DBA's: the statement honours them.
+unsafe fn plain_table(rel: pg_sys::Relation) -> bool {
+    let plain = (*(*rel).rd_rel).relkind == pg_sys::RELKIND_RELATION as std::ffi::c_char;
+    if !plain || !(*rel).rd_rules.is_null() {
+        return false;
+    }
+    let td = (*rel).trigdesc;
+    td.is_null()
+        || std::slice::from_raw_parts((*td).triggers, (*td).numtriggers as usize)
+            .iter()
+            .all(|t| {
+                t.tgisinternal
+                    && pg_sys::RI_FKey_trigger_type(t.tgfoid) != pg_sys::RI_TRIGGER_NONE as i32
+            })
+}
+
+/// Each column's attribute number (1-based) when `rel` is a [`plain_table`] of exactly `columns`
+/// (no other live column when `exact`) with the first `nkeys` as its primary key, in order; and
+/// the key's index.
 unsafe fn counter_layout(
     rel: pg_sys::Relation,
     columns: &[CounterColumn],
+    nkeys: usize,
+    exact: bool,
 ) -> Option<(Vec<usize>, pg_sys::Oid)> {
-    let plain = (*(*rel).rd_rel).relkind == pg_sys::RELKIND_RELATION as std::ffi::c_char;
-    if !plain || !(*rel).trigdesc.is_null() || !(*rel).rd_rules.is_null() {
+    if !plain_table(rel) || nkeys == 0 || nkeys >= columns.len() {
         return None;
     }
     let tupdesc = pgrx::PgTupleDesc::from_pg_unchecked((*rel).rd_att);
     let attrs: Vec<&pg_sys::FormData_pg_attribute> = tupdesc.iter().collect();
-    if attrs.iter().filter(|a| !a.attisdropped).count() != columns.len() {
+    if exact && attrs.iter().filter(|a| !a.attisdropped).count() != columns.len() {
         return None;
     }
     let mut at = Vec::with_capacity(columns.len());
@@ -435,7 +460,6 @@ unsafe fn counter_layout(
     }
     let idx = pg_sys::index_open(pk, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
     let form = (*idx).rd_index;
-    let nkeys = columns.len() - 1;
     let same = !form.is_null()
         && (*idx).rd_indexprs.is_null()
         && (*form).indnatts as usize == nkeys
@@ -451,12 +475,40 @@ unsafe fn counter_layout(
     same.then_some((at, pk))
 }
 
+/// An executor state for single-row changes of `rel` ([`single_row_estate`]) inside a query's
+/// after-trigger scope when the table has (foreign-key) triggers: they are queued by the changes
+/// and fire at [`end_changes`], as at the end of a statement.
+unsafe fn begin_changes(
+    rel: pg_sys::Relation,
+) -> (*mut pg_sys::EState, *mut pg_sys::ResultRelInfo) {
+    let (estate, rri) = single_row_estate(rel);
+    if !(*rel).trigdesc.is_null() {
+        pg_sys::AfterTriggerBeginQuery();
+    }
+    (estate, rri)
+}
+
+/// Fire what [`begin_changes`]' changes queued, free the executor state, and make the changes
+/// visible to the next command.
+unsafe fn end_changes(
+    rel: pg_sys::Relation,
+    estate: *mut pg_sys::EState,
+    rri: *mut pg_sys::ResultRelInfo,
+) {
+    if !(*rel).trigdesc.is_null() {
+        pg_sys::AfterTriggerEndQuery(estate);
+    }
+    end_single_row_estate(estate, rri);
+    pg_sys::CommandCounterIncrement();
+}
+
 unsafe fn upsert_into(
     rel: pg_sys::Relation,
     columns: &[CounterColumn],
+    nkeys: usize,
     rows: &[Vec<pg_sys::Datum>],
 ) -> Option<Vec<bool>> {
-    let (at, pk) = counter_layout(rel, columns)?;
+    let (at, pk) = counter_layout(rel, columns, nkeys, true)?;
     let counter = columns.len() - 1;
     let wide = match columns[counter].1 {
         pg_sys::INT8OID => true,
@@ -466,7 +518,7 @@ unsafe fn upsert_into(
     let desc = (*rel).rd_att;
     let natts = (*desc).natts as usize;
 
-    let (estate, rri) = single_row_estate(rel);
+    let (estate, rri) = begin_changes(rel);
 
     let search = pg_sys::ExecInitExtraTupleSlot(estate, desc, &pg_sys::TTSOpsVirtual);
     let found_slot = pg_sys::table_slot_create(rel, &mut (*estate).es_tupleTable);
@@ -487,7 +539,7 @@ unsafe fn upsert_into(
             let datums = std::slice::from_raw_parts_mut((*search).tts_values, natts);
             let nulls = std::slice::from_raw_parts_mut((*search).tts_isnull, natts);
             nulls.fill(true);
-            for (i, &a) in at[..counter].iter().enumerate() {
+            for (i, &a) in at[..nkeys].iter().enumerate() {
                 datums[a - 1] = row[i];
                 nulls[a - 1] = false;
             }
@@ -532,6 +584,136 @@ unsafe fn upsert_into(
         }
     }
 
-    end_single_row_estate(estate, rri);
+    end_changes(rel, estate, rri);
     Some(inserted)
+}
+
+/// What [`touch_rows`] does to a row found by its key.
+#[derive(Clone, Copy)]
+pub enum Touch {
+    /// Lock it `FOR KEY SHARE`: rows referencing it are written next, and it cannot be deleted
+    /// before the transaction ends (the foreign key's own check takes the same lock).
+    KeyShare,
+    /// Raise its counter to this value when that is larger, as `UPDATE … SET counter = v WHERE
+    /// key = k AND counter < v` would (the row locked `FOR NO KEY UPDATE` either way).
+    Raise(pg_sys::Datum),
+}
+
+/// Rows of `table` found by their primary key (`key`, one `uuid` column), each locked or its
+/// `counter` (an `int8`) raised ([`Touch`]), without a statement; no row is inserted. The table's
+/// other columns are left as they are. `Some(found)`: a flag per row, false when no row with its
+/// key is visible (nothing done for it). `None`: nothing done, because the table is not as
+/// ctxguard creates it (see [`upsert_counters`]).
+///
+/// Unlike the counter tables, other processes insert these rows (a generation is minted by its
+/// caller's `set_context`), so a row is first looked for with an MVCC snapshot, as the
+/// statement's would be: a row whose inserting transaction is still open is not visible, and is
+/// not waited for (`RelationFindReplTupleByIndex` reads with a dirty snapshot and would wait for
+/// that transaction, whose caller may be waiting for this batch). Only a visible row is then
+/// locked, which waits, as the statement's lock would, for a transaction changing it.
+pub fn touch_rows(
+    table: &CStr,
+    key: CounterColumn,
+    counter: CounterColumn,
+    rows: &[(pg_sys::Datum, Touch)],
+) -> Option<Vec<bool>> {
+    unsafe {
+        let schema = pg_sys::get_namespace_oid(c"ctxguard".as_ptr(), false);
+        let relid = pg_sys::get_relname_relid(table.as_ptr(), schema);
+        if relid == pg_sys::InvalidOid {
+            return None;
+        }
+        let rel = pg_sys::table_open(relid, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE);
+        let done = touch_in(rel, key, counter, rows);
+        pg_sys::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
+        done
+    }
+}
+
+unsafe fn touch_in(
+    rel: pg_sys::Relation,
+    key: CounterColumn,
+    counter: CounterColumn,
+    rows: &[(pg_sys::Datum, Touch)],
+) -> Option<Vec<bool>> {
+    let (at, pk) = counter_layout(rel, &[key, counter], 1, false)?;
+    if key.1 != pg_sys::UUIDOID || counter.1 != pg_sys::INT8OID {
+        return None;
+    }
+    let (k, c) = (at[0] - 1, at[1] - 1);
+    let desc = (*rel).rd_att;
+    let natts = (*desc).natts as usize;
+
+    let (estate, rri) = begin_changes(rel);
+
+    let search = pg_sys::ExecInitExtraTupleSlot(estate, desc, &pg_sys::TTSOpsVirtual);
+    let found_slot = pg_sys::table_slot_create(rel, &mut (*estate).es_tupleTable);
+    let new = pg_sys::ExecInitExtraTupleSlot(estate, desc, &pg_sys::TTSOpsVirtual);
+    let mut found = Vec::with_capacity(rows.len());
+    for &(value, touch) in rows {
+        pgrx::check_for_interrupts!();
+        if !visible(rel, pk, at[0], value) {
+            found.push(false);
+            continue;
+        }
+        pg_sys::ExecClearTuple(search);
+        {
+            let nulls = std::slice::from_raw_parts_mut((*search).tts_isnull, natts);
+            nulls.fill(true);
+            nulls[k] = false;
+            *(*search).tts_values.add(k) = value;
+        }
+        pg_sys::ExecStoreVirtualTuple(search);
+        let mode = match touch {
+            Touch::KeyShare => pg_sys::LockTupleMode::LockTupleKeyShare,
+            Touch::Raise(_) => pg_sys::LockTupleMode::LockTupleNoKeyExclusive,
+        };
+        if !pg_sys::RelationFindReplTupleByIndex(rel, pk, mode, search, found_slot) {
+            found.push(false);
+            continue;
+        }
+        found.push(true);
+        let Touch::Raise(v) = touch else { continue };
+        pg_sys::slot_getallattrs(found_slot);
+        let old = std::slice::from_raw_parts((*found_slot).tts_values, natts);
+        let old_nulls = std::slice::from_raw_parts((*found_slot).tts_isnull, natts);
+        // `counter < v` is not true of a NULL counter (NOT NULL forbids it): left as it is.
+        if old_nulls[c] || old[c].value() as i64 >= v.value() as i64 {
+            continue;
+        }
+        pg_sys::ExecClearTuple(new);
+        let datums = std::slice::from_raw_parts_mut((*new).tts_values, natts);
+        let nulls = std::slice::from_raw_parts_mut((*new).tts_isnull, natts);
+        datums.copy_from_slice(old);
+        nulls.copy_from_slice(old_nulls);
+        datums[c] = v;
+        pg_sys::ExecStoreVirtualTuple(new);
+        pg_sys::ExecSimpleRelationUpdate(rri, estate, std::ptr::null_mut(), found_slot, new);
+    }
+
+    end_changes(rel, estate, rri);
+    Some(found)
+}
+
+/// Whether a row of `rel` whose `uuid` column `attno` (the key of index `index`) is `value` is
+/// visible to a snapshot taken now.
+unsafe fn visible(
+    rel: pg_sys::Relation,
+    index: pg_sys::Oid,
+    attno: usize,
+    value: pg_sys::Datum,
+) -> bool {
+    let mut key: pg_sys::ScanKeyData = std::mem::zeroed();
+    pg_sys::ScanKeyInit(
+        &mut key,
+        attno as pg_sys::AttrNumber,
+        pg_sys::BTEqualStrategyNumber as pg_sys::StrategyNumber,
+        pg_sys::Oid::from(pg_sys::F_UUID_EQ),
+        value,
+    );
+    let scan =
+        pg_sys::systable_beginscan(rel, index, true, pg_sys::GetLatestSnapshot(), 1, &mut key);
+    let found = !pg_sys::systable_getnext(scan).is_null();
+    pg_sys::systable_endscan(scan);
+    found
 }

@@ -515,7 +515,7 @@ fn direct_days(days: Days) -> Days {
             ]
         })
         .collect();
-    match upsert_counters(c"user_day_usage", &cols, &rows) {
+    match upsert_counters(c"user_day_usage", &cols, 3, &rows) {
         Some(_) => Days::new(),
         None => days,
     }
@@ -557,7 +557,7 @@ fn direct_quotas(quotas: Quotas) -> Quotas {
             ]
         })
         .collect();
-    match upsert_counters(c"quota_usage", &cols, &rows) {
+    match upsert_counters(c"quota_usage", &cols, 5, &rows) {
         Some(new) => {
             let mut quotas = quotas;
             for (k, is_new) in keys.iter().zip(new) {
@@ -665,9 +665,17 @@ fn apply(
             } else {
                 (days, quotas)
             };
+            // The generation counters (a generation's bytes, its calls on a document) likewise.
+            unsaved.drop_expired();
+            let gens = if direct && !unsaved.is_empty() {
+                direct_generations(&unsaved)
+            } else {
+                None
+            };
             // Counter rows left to the statement alone (a window new to the table is written
             // directly and by the statement: not counted).
-            let counters = n_days - days.len() + n_quotas - quotas.len();
+            let counters =
+                n_days - days.len() + n_quotas - quotas.len() + gens.as_ref().map_or(0, |g| g.rows);
             let days = days
                 .into_iter()
                 .map(|((t, u, day), b)| json!({"t": t, "u": u, "day": day, "b": b}))
@@ -682,6 +690,12 @@ fn apply(
                 quotas,
                 ..unsaved.batch()
             };
+            if let Some(g) = &gens {
+                b.gens.clear();
+                if g.docs {
+                    b.docs.clear();
+                }
+            }
             // Each row's hash, in the batch's order (which is also the order of the ids
             // `verify_audit` walks): from the chain heads this writer knows, or the tables.
             let mut heads: HashMap<Option<String>, String> = HashMap::new();
@@ -705,7 +719,13 @@ fn apply(
                 b.audits = audits;
                 0
             };
-            let w = b.write(c)?;
+            let mut w = b.write(c)?;
+            if let Some(g) = gens {
+                w.missing_gens.extend(g.missing.missing_gens);
+                if g.docs {
+                    w.missing_docs.extend(g.missing.missing_docs);
+                }
+            }
             unsaved.keep_missing(&w);
             let d = Direct {
                 audits: n_direct,
@@ -901,6 +921,106 @@ pub struct Unsaved {
 /// Most generation counters kept waiting (each was a charged call; beyond this, the newest wait
 /// only in shared memory, which a restart forgets).
 const UNSAVED_MAX: usize = 16_384;
+
+/// What [`direct_generations`] wrote without the statement.
+struct DirectGenerations {
+    /// The generations whose row is not visible: their counters were not written (they wait).
+    missing: Written,
+    /// The per-document counters were written too (else they are left to the statement).
+    docs: bool,
+    /// Counter rows written (a generation's bytes, raised or already as large; a document's calls).
+    rows: usize,
+}
+
+/// Write the generation counters of `u` without the statement: each generation's row found by
+/// its key and locked, its bytes raised when they grew (`Touch`), then the per-document calls of
+/// the generations found upserted into `document_calls` (whose foreign key's check fires as the
+/// statement's would). `None`: nothing written (a table not as ctxguard creates it, or a value the
+/// statement must judge): the statement writes them all, as it always did.
+fn direct_generations(u: &Unsaved) -> Option<DirectGenerations> {
+    use super::direct::{touch_rows, upsert_counters, CounterColumn, Touch};
+    // A generation's key as the ledger writes it (canonical text: one key per generation).
+    let uuid = |g: &str| {
+        uuid::Uuid::parse_str(g)
+            .ok()
+            .filter(|u| u.hyphenated().to_string() == g)
+    };
+    let mut touch: std::collections::BTreeMap<uuid::Uuid, (String, Option<i64>)> =
+        std::collections::BTreeMap::new();
+    for (g, (b, _)) in &u.gens {
+        touch.insert(uuid(g)?, (g.clone(), Some(*b)));
+    }
+    for (g, _) in u.docs.keys() {
+        touch.entry(uuid(g)?).or_insert((g.clone(), None));
+    }
+    let docs_ok = u
+        .docs
+        .values()
+        .all(|(t, n, _)| t.is_string() && i32::try_from(*n).is_ok());
+    if touch.is_empty() || !docs_ok {
+        return None;
+    }
+    // In key order (as any other writer of these rows would wait for them: no deadlock between
+    // two batches' locks).
+    let rows: Vec<(pg_sys::Datum, Touch)> = touch
+        .keys()
+        .zip(touch.values())
+        .map(|(k, (_, b))| {
+            let key = pgrx::datum::Uuid::from_bytes(*k.as_bytes())
+                .into_datum()
+                .expect("uuid");
+            (
+                key,
+                b.map_or(Touch::KeyShare, |b| Touch::Raise(pg_sys::Datum::from(b))),
+            )
+        })
+        .collect();
+    let found = touch_rows(
+        c"generations",
+        (c"id", pg_sys::UUIDOID),
+        (c"bytes_used", pg_sys::INT8OID),
+        &rows,
+    )?;
+    let mut missing = Written::default();
+    for ((g, b), found) in touch.values().zip(found) {
+        if !found {
+            if b.is_some() {
+                missing.missing_gens.insert(g.clone());
+            }
+            missing.missing_docs.insert(g.clone());
+        }
+    }
+    let cols: [CounterColumn; 4] = [
+        (c"generation", pg_sys::UUIDOID),
+        (c"doc_id", pg_sys::TEXTOID),
+        (c"tenant_id", pg_sys::TEXTOID),
+        (c"calls", pg_sys::INT4OID),
+    ];
+    let docs: Vec<Vec<pg_sys::Datum>> = u
+        .docs
+        .iter()
+        .filter(|((g, _), _)| !missing.missing_docs.contains(g))
+        .map(|((g, d), (t, n, _))| {
+            let g = uuid(g).expect("parsed above");
+            vec![
+                pgrx::datum::Uuid::from_bytes(*g.as_bytes())
+                    .into_datum()
+                    .expect("uuid"),
+                d.as_str().into_datum().expect("text"),
+                t.as_str().unwrap_or_default().into_datum().expect("text"),
+                pg_sys::Datum::from(*n as i32),
+            ]
+        })
+        .collect();
+    let docs_done =
+        docs.is_empty() || upsert_counters(c"document_calls", &cols, 2, &docs).is_some();
+    let raised = touch.values().filter(|(_, b)| b.is_some()).count();
+    Some(DirectGenerations {
+        rows: raised + if docs_done { docs.len() } else { 0 },
+        missing,
+        docs: docs_done,
+    })
+}
 
 impl Unsaved {
     pub fn is_empty(&self) -> bool {

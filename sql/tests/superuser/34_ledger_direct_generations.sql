@@ -1,0 +1,134 @@
+-- The writer's generation counters without a statement (issue 34; ledger/direct.rs): a generation's
+-- bytes and its calls on a document are what the audit rows say, written directly while the tables
+-- are as ctxguard creates them and by the statement once a DBA's trigger is on them; a generation
+-- minted in a transaction still open is not waited for (its caller is waiting for the writer), and
+-- its counters follow once it commits. Runs as the superuser (the DBA); the calls as ctxguard_gateway.
+\set QUIET 1
+SET client_min_messages = warning;
+SELECT * FROM no_plan();
+\set viewer '{"pageType": "document_viewer", "entity": {"type": "document", "id": "acme_guide"}}'
+-- As the gateway: a new generation in this transaction (set_context, begin_generation, set_context).
+CREATE FUNCTION pg_temp.gen(tok text, page jsonb) RETURNS uuid LANGUAGE plpgsql AS $$
+DECLARE g uuid;
+BEGIN
+    SET LOCAL ROLE ctxguard_gateway;
+    PERFORM ctxguard.set_context(tok, page);
+    g := ctxguard.begin_generation('direct-generations');
+    RESET ROLE;
+    RETURN g;
+END $$;
+-- As the gateway: read one page in generation g; the envelope's status or error code.
+CREATE FUNCTION pg_temp.read(tok text, page jsonb, g uuid, p int) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE r jsonb;
+BEGIN
+    SET LOCAL ROLE ctxguard_gateway;
+    PERFORM ctxguard.set_context(tok, page, g);
+    r := ctxguard.call_tool('read_doc_pages', jsonb_build_object('page_start', p, 'page_end', p));
+    RESET ROLE;
+    RETURN coalesce(r->'error'->>'code', r->>'status');
+END $$;
+-- What the writer persisted for g, against what its audit rows record: bytes|audited bytes|calls|audited calls.
+CREATE FUNCTION pg_temp.persisted(g uuid) RETURNS text LANGUAGE sql AS $$
+    SELECT (SELECT bytes_used FROM ctxguard.generations WHERE id = g) || '|'
+        || (SELECT coalesce(sum(result_bytes), 0) FROM ctxguard.audit_log WHERE generation = g AND decision = 'allow') || '|'
+        || coalesce((SELECT calls FROM ctxguard.document_calls WHERE generation = g AND doc_id = 'acme_guide'), 0) || '|'
+        || (SELECT count(*) FROM ctxguard.audit_log WHERE generation = g AND decision = 'allow')
+$$;
+CREATE FUNCTION pg_temp.direct_rows() RETURNS bigint LANGUAGE sql AS $$
+    SELECT coalesce((ctxguard.ledger_stats()->>'counter_rows_direct')::bigint, 0)  -- 0 before the writer starts
+$$;
+
+-- The tables as ctxguard creates them: the counters without a statement.
+BEGIN;
+SELECT pg_temp.gen(:'tok_ranker', :'viewer') AS g1 \gset
+COMMIT;
+SELECT pg_temp.direct_rows() AS direct0 \gset
+BEGIN;
+SELECT pg_temp.read(:'tok_ranker', :'viewer', :'g1', 1) AS r1 \gset
+COMMIT;
+BEGIN;
+SELECT pg_temp.read(:'tok_ranker', :'viewer', :'g1', 2) AS r2 \gset
+COMMIT;
+SELECT is(:'r1' || :'r2', 'okok', 'two reads in a committed generation');
+SELECT ok(split_part(pg_temp.persisted(:'g1'), '|', 1)::bigint > 0, 'the generation''s bytes are persisted');
+SELECT is(split_part(pg_temp.persisted(:'g1'), '|', 1), split_part(pg_temp.persisted(:'g1'), '|', 2),
+          'and are the bytes its audit rows record');
+SELECT is(split_part(pg_temp.persisted(:'g1'), '|', 3) || '|' || split_part(pg_temp.persisted(:'g1'), '|', 4), '2|2',
+          'its calls on the document are its audited calls');
+-- Per read: the generation's row (raised), its document row (inserted, then raised), the user's day.
+SELECT ok(pg_temp.direct_rows() - :direct0 >= 4, 'written without a statement');
+
+-- A generation minted in a transaction still open: its calls are audited at once (the writer does
+-- not wait for the caller's transaction, whose caller waits for it), their counters once it commits.
+BEGIN;
+SELECT pg_temp.gen(:'tok_ranker', :'viewer') AS g2 \gset
+SELECT pg_temp.read(:'tok_ranker', :'viewer', :'g2', 3) AS r3 \gset
+SELECT pg_temp.read(:'tok_ranker', :'viewer', :'g2', 4) AS r4 \gset
+COMMIT;
+SELECT is(:'r3' || :'r4', 'okok', 'reads in a generation minted in their own open transaction are not held up');
+-- The waiting counters are written again on the writer's retry schedule (well within 20 s).
+CREATE FUNCTION pg_temp.wait_for(g uuid, want text) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE got text;
+BEGIN
+    FOR i IN 1 .. 200 LOOP
+        got := pg_temp.persisted(g);
+        EXIT WHEN split_part(got, '|', 3) = want;
+        PERFORM pg_sleep(0.1);
+    END LOOP;
+    RETURN got;
+END $$;
+SELECT pg_temp.wait_for(:'g2', '2') AS p2 \gset
+SELECT is(split_part(:'p2', '|', 3) || '|' || split_part(:'p2', '|', 4), '2|2', 'once it commits, its calls are persisted');
+SELECT is(split_part(:'p2', '|', 1), split_part(:'p2', '|', 2), 'and its bytes');
+
+-- A DBA's trigger on document_calls: the statement writes the document counters, and the trigger fires.
+CREATE TABLE public.doc_calls_copy (generation uuid, calls int);
+CREATE FUNCTION public.doc_calls_copy() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO public.doc_calls_copy VALUES (NEW.generation, NEW.calls);
+    RETURN NEW;
+END $$;
+CREATE TRIGGER doc_calls_copy AFTER INSERT OR UPDATE ON ctxguard.document_calls
+    FOR EACH ROW EXECUTE FUNCTION public.doc_calls_copy();
+BEGIN;
+SELECT pg_temp.gen(:'tok_ranker', :'viewer') AS g3 \gset
+COMMIT;
+BEGIN;
+SELECT pg_temp.read(:'tok_ranker', :'viewer', :'g3', 5) AS r5 \gset
+COMMIT;
+BEGIN;
+SELECT pg_temp.read(:'tok_ranker', :'viewer', :'g3', 6) AS r6 \gset
+COMMIT;
+DROP TRIGGER doc_calls_copy ON ctxguard.document_calls;
+SELECT is(:'r5' || :'r6', 'okok', 'two reads with a DBA''s trigger on document_calls');
+SELECT is((SELECT array_agg(calls ORDER BY calls) FROM public.doc_calls_copy WHERE generation = :'g3'), ARRAY[1, 2],
+          'the trigger fired for the writer''s insert and update');
+SELECT is(split_part(pg_temp.persisted(:'g3'), '|', 3), '2', 'the document counter is right');
+SELECT is(split_part(pg_temp.persisted(:'g3'), '|', 1), split_part(pg_temp.persisted(:'g3'), '|', 2),
+          'and the generation''s bytes (still without a statement)');
+
+-- A DBA's column on generations (a table others insert into): the bytes are still raised directly,
+-- and the column keeps its value.
+ALTER TABLE ctxguard.generations ADD COLUMN dba_note text DEFAULT 'noted';
+BEGIN;
+SELECT pg_temp.gen(:'tok_ranker', :'viewer') AS g4 \gset
+COMMIT;
+SELECT pg_temp.direct_rows() AS direct4 \gset
+BEGIN;
+SELECT pg_temp.read(:'tok_ranker', :'viewer', :'g4', 7) AS r7 \gset
+COMMIT;
+SELECT is(:'r7'::text, 'ok', 'a read with a DBA''s column on generations');
+SELECT is(split_part(pg_temp.persisted(:'g4'), '|', 1), split_part(pg_temp.persisted(:'g4'), '|', 2), 'its bytes are persisted');
+SELECT is((SELECT dba_note FROM ctxguard.generations WHERE id = :'g4'), 'noted'::text, 'the DBA''s column is left as it was');
+SELECT ok(pg_temp.direct_rows() - :direct4 >= 3, 'still written without a statement');
+ALTER TABLE ctxguard.generations DROP COLUMN dba_note;
+
+-- Removing a generation (a DBA's DELETE) removes its document counters (the foreign key's cascade,
+-- which the direct path leaves in place).
+DELETE FROM ctxguard.generations WHERE id = :'g1';
+SELECT is((SELECT count(*) FROM ctxguard.document_calls WHERE generation = :'g1'), 0::bigint,
+          'the foreign key still cascades');
+SELECT is(ctxguard.verify_audit('acme')->>'intact', 'true', 'the audit chain holds');
+DROP TABLE public.doc_calls_copy;
+DROP FUNCTION public.doc_calls_copy();
+SELECT * FROM finish();
