@@ -535,6 +535,17 @@ fn tsquery(any: bool, cfg: &str, query: &str) -> String {
     }
 }
 
+/// What [`search_pages`] found: the best pages (page number, score, clean text), the query's
+/// stems, and the query as PostgreSQL made it (the `tsquery` value, with its header) with its text
+/// search configuration, for the headlines.
+#[derive(Default)]
+struct Found {
+    hits: Vec<(i32, f32, String)>,
+    stems: Vec<String>,
+    query: Vec<u8>,
+    cfg: pg_sys::Oid,
+}
+
 /// The best `limit` pages for the query: page number, score and clean text. Read as the owner
 /// with an explicit tenant predicate, like [`page_texts`].
 ///
@@ -556,13 +567,7 @@ fn tsquery(any: bool, cfg: &str, query: &str) -> String {
 /// extension ranked each one it should have, to the same bits.
 ///
 /// Also returned: the query's stems (for [`docs::snippet_window`]).
-fn search_pages(
-    ctx: &Ctx,
-    doc: &Doc,
-    query: &str,
-    limit: i64,
-    any: bool,
-) -> (Vec<(i32, f32, String)>, Vec<String>) {
+fn search_pages(ctx: &Ctx, doc: &Doc, query: &str, limit: i64, any: bool) -> Found {
     let sql = format!(
         "WITH c AS MATERIALIZED (
              SELECT t.page_no
@@ -588,7 +593,8 @@ fn search_pages(
          SELECT p.page_no, p.clean, f.q,
                 CASE WHEN f.phrase OR $4 OR $6 THEN pg_catalog.ts_rank_cd(p.tsv, f.q) END AS score,
                 CASE WHEN NOT (f.phrase OR $4) OR $6 THEN p.tsv END AS tsv,
-                (SELECT pg_catalog.tsvector_to_array(pg_catalog.to_tsvector($5::pg_catalog.regconfig, $3))) AS stems
+                (SELECT pg_catalog.tsvector_to_array(pg_catalog.to_tsvector($5::pg_catalog.regconfig, $3))) AS stems,
+                $5::pg_catalog.regconfig::pg_catalog.oid AS cfg
            FROM c CROSS JOIN LATERAL (
                     -- One primary-key lookup per candidate (OFFSET 0: not flattened into a join
                     -- that would read every matching page first).
@@ -618,11 +624,12 @@ fn search_pages(
                 // SAFETY: the table just fetched (freed once `rank_rows` has read it).
                 let mut batch = unsafe { pg_sys::SPI_tuptable };
                 if table.is_empty() {
-                    return Ok(Some((Vec::new(), Vec::new())));
+                    return Ok(Some(Found::default()));
                 }
                 // The query and its stems, the same in every row: from the first.
                 let first = table.first();
                 let stems = first.get::<Vec<String>>(6)?.unwrap_or_default();
+                let cfg = first.get::<pg_sys::Oid>(7)?.unwrap_or(pg_sys::InvalidOid);
                 let query_bytes = match first.get_datum_by_ordinal(3)? {
                     // SAFETY: a `tsquery` datum of the first row.
                     Some(q) => unsafe { crate::pgutil::with_varlena_bytes(q, <[u8]>::to_vec) },
@@ -652,7 +659,12 @@ fn search_pages(
                 let hits = hits
                     .map(|(score, page, text)| (page, score, text))
                     .collect();
-                Ok::<_, pgrx::spi::Error>(Some((hits, stems)))
+                Ok::<_, pgrx::spi::Error>(Some(Found {
+                    hits,
+                    stems,
+                    query: query_bytes,
+                    cfg,
+                }))
             })
         })
         .unwrap_or_else(|e| internal(e))
@@ -725,30 +737,46 @@ impl Ranker<'_> {
     }
 }
 
-/// `ts_headline` snippets of `texts` (already masked) for the query, in order.
-fn headlines(doc: &Doc, query: &str, any: bool, texts: Vec<String>) -> Vec<String> {
-    let sql = format!(
-        "SELECT pg_catalog.ts_headline($3::pg_catalog.regconfig, u.t, q,
-                'MaxFragments=2, MaxWords=24, MinWords=8, FragmentDelimiter=\" … \", StartSel={}, StopSel={}')
-           FROM pg_catalog.unnest($1::pg_catalog.text[]) WITH ORDINALITY AS u(t, i), {}
-          ORDER BY u.i",
+/// `ts_headline` snippets of `texts` (already masked) for the query `found` ran (its `tsquery`
+/// and text search configuration), in order: PostgreSQL's function called directly, as the
+/// statement `SELECT ts_headline(cfg, t, q, options)` would call it for each text.
+fn headlines(found: &Found, texts: Vec<String>) -> Vec<String> {
+    if found.query.len() < 4 || found.cfg == pg_sys::InvalidOid {
+        internal("search rows without their query");
+    }
+    let options = format!(
+        "MaxFragments=2, MaxWords=24, MinWords=8, FragmentDelimiter=\" … \", StartSel={}, StopSel={}",
         docs::MARK_START,
-        docs::MARK_STOP,
-        tsquery(any, "$3", "$2")
+        docs::MARK_STOP
     );
-    as_owner(|| {
-        Spi::connect(|c| {
-            select_saved(
-                c,
-                &sql,
-                None,
-                &[texts.into(), query.into(), doc.language.as_str().into()],
-            )?
-            .map(|r| Ok(r.get::<String>(1)?.unwrap_or_default()))
-            .collect::<Result<Vec<_>, pgrx::spi::Error>>()
-        })
-    })
-    .unwrap_or_else(|e| internal(e))
+    // SAFETY: a copy of the `tsquery` value PostgreSQL made (a whole varlena with its 4-byte
+    // header) in memory palloc aligns, valid for the calls below; the function reads its
+    // arguments and returns a new `text`.
+    unsafe {
+        let query = pg_sys::palloc(found.query.len()).cast::<u8>();
+        std::ptr::copy_nonoverlapping(found.query.as_ptr(), query, found.query.len());
+        let query = pg_sys::Datum::from(query);
+        let options = options.into_datum().expect("text");
+        let snippets = texts
+            .into_iter()
+            .map(|t| {
+                pgrx::check_for_interrupts!();
+                let text = t.into_datum().expect("text");
+                pgrx::direct_function_call::<String>(
+                    pg_sys::ts_headline_byid_opt,
+                    &[
+                        Some(pg_sys::Datum::from(found.cfg)),
+                        Some(text),
+                        Some(query),
+                        Some(options),
+                    ],
+                )
+                .unwrap_or_default()
+            })
+            .collect();
+        pg_sys::pfree(query.cast_mut_ptr());
+        snippets
+    }
 }
 
 /// A snippet made from masked text, checked again without its markers: if dropping them (or
@@ -771,13 +799,12 @@ fn search(
     job: &mut Job,
 ) -> Result<Out, TooLarge> {
     let mut matched = "all_words";
-    let mut any = false;
-    let (mut hits, mut stems) = search_pages(ctx, doc, query, limit, any);
-    if hits.is_empty() {
+    let mut found = search_pages(ctx, doc, query, limit, false);
+    if found.hits.is_empty() {
         matched = "any_word";
-        any = true;
-        (hits, stems) = search_pages(ctx, doc, query, limit, any);
+        found = search_pages(ctx, doc, query, limit, true);
     }
+    let hits = std::mem::take(&mut found.hits);
     // The pages are masked first: the window, the markers and the fragment cuts come after.
     let mut texts = Vec::with_capacity(hits.len());
     for (_, _, text) in &hits {
@@ -787,7 +814,7 @@ fn search(
     let windows: Vec<std::ops::Range<usize>> = texts
         .iter()
         .map(|t| {
-            docs::snippet_window(t, &stems, || {
+            docs::snippet_window(t, &found.stems, || {
                 pgrx::check_for_interrupts!();
             })
         })
@@ -800,7 +827,7 @@ fn search(
             .zip(&windows)
             .map(|(t, w)| t[w.clone()].to_string())
             .collect();
-        headlines(doc, query, any, cut)
+        headlines(&found, cut)
     };
     // A window whose headline marks nothing (its words were not the query's after all): the
     // headline of the whole page instead.
@@ -809,7 +836,7 @@ fn search(
         .collect();
     if !again.is_empty() {
         let whole = again.iter().map(|&i| texts[i].clone()).collect();
-        for (i, snippet) in again.into_iter().zip(headlines(doc, query, any, whole)) {
+        for (i, snippet) in again.into_iter().zip(headlines(&found, whole)) {
             snippets[i] = snippet;
         }
     }
