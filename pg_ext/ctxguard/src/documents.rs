@@ -757,23 +757,36 @@ fn headlines(found: &Found, texts: Vec<String>) -> Vec<String> {
         std::ptr::copy_nonoverlapping(found.query.as_ptr(), query, found.query.len());
         let query = pg_sys::Datum::from(query);
         let options = options.into_datum().expect("text");
+        // Each headline in a context reset after it (the statement's per-row memory): the text's
+        // copy, the parse of every word it holds and the result, one page at a time.
+        let cx = crate::pgutil::memory_context(
+            pg_sys::CurrentMemoryContext,
+            c"ctxguard headline",
+            crate::pgutil::ContextSizes::Default,
+        );
         let snippets = texts
             .into_iter()
             .map(|t| {
                 pgrx::check_for_interrupts!();
-                let text = t.into_datum().expect("text");
-                pgrx::direct_function_call::<String>(
-                    pg_sys::ts_headline_byid_opt,
-                    &[
-                        Some(pg_sys::Datum::from(found.cfg)),
-                        Some(text),
-                        Some(query),
-                        Some(options),
-                    ],
-                )
-                .unwrap_or_default()
+                let snippet = pgrx::PgMemoryContexts::For(cx).switch_to(|_| {
+                    let text = t.into_datum().expect("text");
+                    pgrx::direct_function_call::<&str>(
+                        pg_sys::ts_headline_byid_opt,
+                        &[
+                            Some(pg_sys::Datum::from(found.cfg)),
+                            Some(text),
+                            Some(query),
+                            Some(options),
+                        ],
+                    )
+                    .unwrap_or_default()
+                    .to_string()
+                });
+                pg_sys::MemoryContextReset(cx);
+                snippet
             })
             .collect();
+        pg_sys::MemoryContextDelete(cx);
         pg_sys::pfree(query.cast_mut_ptr());
         snippets
     }

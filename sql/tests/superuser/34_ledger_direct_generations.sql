@@ -123,6 +123,43 @@ SELECT is((SELECT dba_note FROM ctxguard.generations WHERE id = :'g4'), 'noted':
 SELECT ok(pg_temp.direct_rows() - :direct4 >= 3, 'still written without a statement');
 ALTER TABLE ctxguard.generations DROP COLUMN dba_note;
 
+-- A stored generated column on generations: the single-row update computes it as an UPDATE would.
+ALTER TABLE ctxguard.generations ADD COLUMN dba_plus_one bigint GENERATED ALWAYS AS (bytes_used + 1) STORED;
+BEGIN;
+SELECT pg_temp.gen(:'tok_ranker', :'viewer') AS g5 \gset
+COMMIT;
+BEGIN;
+SELECT pg_temp.read(:'tok_ranker', :'viewer', :'g5', 8) AS r8 \gset
+COMMIT;
+SELECT is(:'r8'::text, 'ok', 'a read with a DBA''s generated column on generations');
+SELECT is(split_part(pg_temp.persisted(:'g5'), '|', 1), split_part(pg_temp.persisted(:'g5'), '|', 2), 'its bytes are persisted');
+SELECT is((SELECT dba_plus_one - bytes_used FROM ctxguard.generations WHERE id = :'g5'), 1::bigint,
+          'and the generated column is computed from them');
+ALTER TABLE ctxguard.generations DROP COLUMN dba_plus_one;
+
+-- Another index as the replica identity (from PostgreSQL 16 a key-only lookup in it finds no row):
+-- the statement writes the counters, and none is lost.
+CREATE UNIQUE INDEX dba_generations_identity ON ctxguard.generations (id, tenant_id);
+ALTER TABLE ctxguard.generations REPLICA IDENTITY USING INDEX dba_generations_identity;
+CREATE UNIQUE INDEX dba_document_calls_identity ON ctxguard.document_calls (generation, doc_id, tenant_id);
+ALTER TABLE ctxguard.document_calls REPLICA IDENTITY USING INDEX dba_document_calls_identity;
+BEGIN;
+SELECT pg_temp.gen(:'tok_ranker', :'viewer') AS g6 \gset
+COMMIT;
+BEGIN;
+SELECT pg_temp.read(:'tok_ranker', :'viewer', :'g6', 9) AS r9 \gset
+COMMIT;
+BEGIN;
+SELECT pg_temp.read(:'tok_ranker', :'viewer', :'g6', 10) AS r10 \gset
+COMMIT;
+ALTER TABLE ctxguard.generations REPLICA IDENTITY DEFAULT;
+ALTER TABLE ctxguard.document_calls REPLICA IDENTITY DEFAULT;
+DROP INDEX ctxguard.dba_generations_identity;
+DROP INDEX ctxguard.dba_document_calls_identity;
+SELECT is(:'r9' || :'r10', 'okok', 'two reads with another replica identity');
+SELECT is(split_part(pg_temp.persisted(:'g6'), '|', 1), split_part(pg_temp.persisted(:'g6'), '|', 2), 'its bytes are persisted');
+SELECT is(split_part(pg_temp.persisted(:'g6'), '|', 3), '2', 'and its calls on the document');
+
 -- Removing a generation (a DBA's DELETE) removes its document counters (the foreign key's cascade,
 -- which the direct path leaves in place).
 DELETE FROM ctxguard.generations WHERE id = :'g1';

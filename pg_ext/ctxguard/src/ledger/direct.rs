@@ -428,8 +428,8 @@ unsafe fn plain_table(rel: pg_sys::Relation) -> bool {
 }
 
 /// Each column's attribute number (1-based) when `rel` is a [`plain_table`] of exactly `columns`
-/// (no other live column when `exact`) with the first `nkeys` as its primary key, in order; and
-/// the key's index.
+/// (no other live column when `exact`) with the first `nkeys` as its primary key, in order, and no
+/// other index as its replica identity; and the key's index.
 unsafe fn counter_layout(
     rel: pg_sys::Relation,
     columns: &[CounterColumn],
@@ -472,7 +472,12 @@ unsafe fn counter_layout(
             .zip(&at[..nkeys])
             .all(|(k, a)| *k as usize == *a);
     pg_sys::index_close(idx, pg_sys::NoLock as pg_sys::LOCKMODE);
-    same.then_some((at, pk))
+    // From PostgreSQL 16 `RelationFindReplTupleByIndex` trusts the key alone only in the replica
+    // identity's index (or the primary key when there is none): with `REPLICA IDENTITY USING
+    // INDEX` another index, it compares whole rows with the key-only search row, and finds none.
+    let replica = pg_sys::RelationGetReplicaIndex(rel);
+    let identity = replica == pg_sys::InvalidOid || replica == pk;
+    (same && identity).then_some((at, pk))
 }
 
 /// An executor state for single-row changes of `rel` ([`single_row_estate`]) inside a query's
@@ -711,9 +716,12 @@ unsafe fn visible(
         pg_sys::Oid::from(pg_sys::F_UUID_EQ),
         value,
     );
+    // Active for the scan (a snapshot a scan reads must be registered or active).
+    pg_sys::PushActiveSnapshot(pg_sys::GetLatestSnapshot());
     let scan =
-        pg_sys::systable_beginscan(rel, index, true, pg_sys::GetLatestSnapshot(), 1, &mut key);
+        pg_sys::systable_beginscan(rel, index, true, pg_sys::GetActiveSnapshot(), 1, &mut key);
     let found = !pg_sys::systable_getnext(scan).is_null();
     pg_sys::systable_endscan(scan);
+    pg_sys::PopActiveSnapshot();
     found
 }
