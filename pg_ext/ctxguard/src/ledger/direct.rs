@@ -104,19 +104,11 @@ impl Kind {
 /// with the statement instead. Errors (a constraint, a full disk) are raised as the statement's
 /// would be.
 pub fn insert_audits(rows: &[Value]) -> bool {
-    unsafe {
-        let schema = pg_sys::get_namespace_oid(c"ctxguard".as_ptr(), false);
-        let relid = pg_sys::get_relname_relid(c"audit_log".as_ptr(), schema);
-        if relid == pg_sys::InvalidOid {
-            return false;
-        }
-        let lock = pg_sys::RowExclusiveLock as pg_sys::LOCKMODE;
-        let rel = pg_sys::table_open(relid, lock);
-        let done = insert_into(rel, rows);
-        // The lock is kept to the end of the transaction, as a statement's would be.
-        pg_sys::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
-        done
-    }
+    // SAFETY: the table open for the call.
+    with_table(c"audit_log", |rel| {
+        unsafe { insert_into(rel, rows) }.then_some(())
+    })
+    .is_some()
 }
 
 /// Each column's index in `attrs` (the table's attributes), in [`COLUMNS`]' order; `None` if the
@@ -395,6 +387,17 @@ pub fn upsert_counters(
     nkeys: usize,
     rows: &[Vec<pg_sys::Datum>],
 ) -> Option<Vec<bool>> {
+    // SAFETY: the table open for the call.
+    with_table(table, |rel| unsafe {
+        upsert_into(rel, columns, nkeys, rows)
+    })
+}
+
+/// `f` of ctxguard's table `table`, found by name in the catalogs (not through `search_path`) and
+/// opened with `RowExclusiveLock`, which is kept to the end of the transaction as a statement's
+/// would be; `None` when there is no such table.
+fn with_table<R>(table: &CStr, f: impl FnOnce(pg_sys::Relation) -> Option<R>) -> Option<R> {
+    // SAFETY: catalog lookups and a table opened and closed around `f`.
     unsafe {
         let schema = pg_sys::get_namespace_oid(c"ctxguard".as_ptr(), false);
         let relid = pg_sys::get_relname_relid(table.as_ptr(), schema);
@@ -402,7 +405,7 @@ pub fn upsert_counters(
             return None;
         }
         let rel = pg_sys::table_open(relid, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE);
-        let done = upsert_into(rel, columns, nkeys, rows);
+        let done = f(rel);
         pg_sys::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
         done
     }
@@ -622,17 +625,8 @@ pub fn touch_rows(
     counter: CounterColumn,
     rows: &[(pg_sys::Datum, Touch)],
 ) -> Option<Vec<bool>> {
-    unsafe {
-        let schema = pg_sys::get_namespace_oid(c"ctxguard".as_ptr(), false);
-        let relid = pg_sys::get_relname_relid(table.as_ptr(), schema);
-        if relid == pg_sys::InvalidOid {
-            return None;
-        }
-        let rel = pg_sys::table_open(relid, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE);
-        let done = touch_in(rel, key, counter, rows);
-        pg_sys::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
-        done
-    }
+    // SAFETY: the table open for the call.
+    with_table(table, |rel| unsafe { touch_in(rel, key, counter, rows) })
 }
 
 unsafe fn touch_in(
