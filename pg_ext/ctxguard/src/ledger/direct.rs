@@ -496,6 +496,23 @@ unsafe fn begin_changes(
     (estate, rri)
 }
 
+/// The slots of a change by key in `estate`: the key to look for, the row found, the row written.
+unsafe fn change_slots(
+    rel: pg_sys::Relation,
+    estate: *mut pg_sys::EState,
+) -> (
+    *mut pg_sys::TupleTableSlot,
+    *mut pg_sys::TupleTableSlot,
+    *mut pg_sys::TupleTableSlot,
+) {
+    let desc = (*rel).rd_att;
+    (
+        pg_sys::ExecInitExtraTupleSlot(estate, desc, &pg_sys::TTSOpsVirtual),
+        pg_sys::table_slot_create(rel, &mut (*estate).es_tupleTable),
+        pg_sys::ExecInitExtraTupleSlot(estate, desc, &pg_sys::TTSOpsVirtual),
+    )
+}
+
 /// Fire what [`begin_changes`]' changes queued, free the executor state, and make the changes
 /// visible to the next command.
 unsafe fn end_changes(
@@ -527,10 +544,7 @@ unsafe fn upsert_into(
     let natts = (*desc).natts as usize;
 
     let (estate, rri) = begin_changes(rel);
-
-    let search = pg_sys::ExecInitExtraTupleSlot(estate, desc, &pg_sys::TTSOpsVirtual);
-    let found_slot = pg_sys::table_slot_create(rel, &mut (*estate).es_tupleTable);
-    let new = pg_sys::ExecInitExtraTupleSlot(estate, desc, &pg_sys::TTSOpsVirtual);
+    let (search, found_slot, new) = change_slots(rel, estate);
     let value = |d: pg_sys::Datum| {
         if wide {
             d.value() as i64
@@ -644,10 +658,7 @@ unsafe fn touch_in(
     let natts = (*desc).natts as usize;
 
     let (estate, rri) = begin_changes(rel);
-
-    let search = pg_sys::ExecInitExtraTupleSlot(estate, desc, &pg_sys::TTSOpsVirtual);
-    let found_slot = pg_sys::table_slot_create(rel, &mut (*estate).es_tupleTable);
-    let new = pg_sys::ExecInitExtraTupleSlot(estate, desc, &pg_sys::TTSOpsVirtual);
+    let (search, found_slot, new) = change_slots(rel, estate);
     let mut found = Vec::with_capacity(rows.len());
     for &(value, touch) in rows {
         pgrx::check_for_interrupts!();
