@@ -921,6 +921,10 @@ COMMENT ON FUNCTION ctxguard.register_tools(jsonb) IS 'Register or update many S
 -- from now on (put_page, put_document(..., 'ready')) are stored so; existing pages keep their
 -- out-of-line tsvector (same results, slower search) until their document is made ready again.
 ALTER TABLE ctxguard.document_pages ALTER COLUMN tsv SET STORAGE MAIN;
+-- doc_local_search looks its candidates up one at a time, through a hash of the page's key: one
+-- bucket page whatever the number of pages (the primary key gains a level as the table grows).
+CREATE INDEX document_pages_key_hash ON ctxguard.document_pages USING hash
+    (pg_catalog.hashtextextended(tenant_id OPERATOR(pg_catalog.||) '/' OPERATOR(pg_catalog.||) doc_id, page_no::pg_catalog.int8));
 -- doc_local_search's candidates (issue 34; sql/documents.sql): per word of a ready document, the
 -- pages where it occurs most often. Filled here for the documents that are ready already.
 CREATE TABLE ctxguard.document_terms (

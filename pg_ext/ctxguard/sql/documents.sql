@@ -34,6 +34,10 @@ CREATE INDEX document_pages_tsv_idx ON ctxguard.document_pages USING gin (tsv);
 -- doc_local_search reads the tsvector of up to a few hundred candidate pages per call: kept in the
 -- row (a page's text goes out of line first), not de-TOASTed from a side table on every read.
 ALTER TABLE ctxguard.document_pages ALTER COLUMN tsv SET STORAGE MAIN;
+-- doc_local_search looks its candidates up one at a time, through a hash of the page's key: one
+-- bucket page whatever the number of pages (the primary key gains a level as the table grows).
+CREATE INDEX document_pages_key_hash ON ctxguard.document_pages USING hash
+    (pg_catalog.hashtextextended(tenant_id OPERATOR(pg_catalog.||) '/' OPERATOR(pg_catalog.||) doc_id, page_no::pg_catalog.int8));
 COMMENT ON TABLE ctxguard.document_pages IS 'Page text. Readable only through the document tools (budgets, masking, audit).';
 
 -- doc_local_search's candidates (issue 34): for each word (lexeme) of a ready document, the pages

@@ -580,9 +580,13 @@ fn search_pages(ctx: &Ctx, doc: &Doc, query: &str, limit: i64, any: bool) -> Fou
                     SELECT t.page_no FROM ctxguard.document_terms t
                      WHERE t.tenant_id = $1 AND t.doc_id = $2 AND t.lexeme = w.lexeme OFFSET 0) t
              UNION
-             SELECT p.page_no FROM ctxguard.document_pages p, {q}
+             -- Every page when no word must occur or the document has no lists: a condition of
+             -- the query alone (subqueries without the page: decided once, before any page is
+             -- read; as a condition joining the page to the query, a plan without statistics read
+             -- the document's every page key for each search).
+             SELECT p.page_no FROM ctxguard.document_pages p
               WHERE p.tenant_id = $1 AND p.doc_id = $2
-                AND (pg_catalog.querytree(q) = 'T'
+                AND ((SELECT pg_catalog.querytree(q) = 'T' FROM {q})
                      OR (SELECT t.lexeme FROM ctxguard.document_terms t WHERE t.tenant_id = $1 AND t.doc_id = $2
                           ORDER BY t.lexeme LIMIT 1) IS NULL)),
               -- The query, once; ranked in SQL when it has a phrase, when the extension could not
@@ -596,10 +600,17 @@ fn search_pages(ctx: &Ctx, doc: &Doc, query: &str, limit: i64, any: bool) -> Fou
                 (SELECT pg_catalog.tsvector_to_array(pg_catalog.to_tsvector($5::pg_catalog.regconfig, $3))) AS stems,
                 $5::pg_catalog.regconfig::pg_catalog.oid AS cfg
            FROM c CROSS JOIN LATERAL (
-                    -- One primary-key lookup per candidate (OFFSET 0: not flattened into a join
-                    -- that would read every matching page first).
+                    -- One lookup per candidate (OFFSET 0: not flattened into a join that would
+                    -- read every matching page first), through the hash of the page's key: one
+                    -- bucket page at any size. The key itself is compared in a form no index
+                    -- takes, so that no plan reads the document's range of the primary key per
+                    -- candidate (the plan without statistics when the page number was hidden).
                     SELECT p.page_no, p.tsv, p.clean FROM ctxguard.document_pages p
-                     WHERE p.tenant_id = $1 AND p.doc_id = $2 AND p.page_no = c.page_no OFFSET 0) p, f
+                     WHERE pg_catalog.hashtextextended(p.tenant_id OPERATOR(pg_catalog.||) '/' OPERATOR(pg_catalog.||) p.doc_id,
+                                                       p.page_no::pg_catalog.int8)
+                           OPERATOR(pg_catalog.=) pg_catalog.hashtextextended($1 OPERATOR(pg_catalog.||) '/' OPERATOR(pg_catalog.||) $2,
+                                                                              c.page_no::pg_catalog.int8)
+                       AND (p.tenant_id, p.doc_id, p.page_no) IS NOT DISTINCT FROM ($1, $2, c.page_no) OFFSET 0) p, f
           WHERE p.tsv @@ f.q",
         q = tsquery(any, "$5", "$3")
     );
