@@ -566,7 +566,8 @@ struct Found {
 /// (superuser; the tests') PostgreSQL also ranks every row, and the search fails unless the
 /// extension ranked each one it should have, to the same bits.
 ///
-/// Also returned: the query's stems (for [`docs::snippet_window`]).
+/// Also returned ([`Found`]): the query's stems (for [`docs::snippet_window`]), and the query and
+/// its configuration (for [`headlines`]).
 fn search_pages(ctx: &Ctx, doc: &Doc, query: &str, limit: i64, any: bool) -> Found {
     let sql = format!(
         "WITH c AS MATERIALIZED (

@@ -687,18 +687,24 @@ fn apply(
                 .into_iter()
                 .map(|((t, u, tool, w), (start, n))| json!({"t": t, "u": u, "tool": tool, "w": w, "s": start, "n": n}))
                 .collect();
+            // The statement takes what the direct path did not.
+            let (gens_done, docs_done) = gens.as_ref().map_or((false, false), |g| (true, g.docs));
             let mut b = Batch {
                 days,
                 pages,
                 quotas,
-                ..unsaved.batch()
+                gens: if gens_done {
+                    Vec::new()
+                } else {
+                    unsaved.gens_rows()
+                },
+                docs: if docs_done {
+                    Vec::new()
+                } else {
+                    unsaved.docs_rows()
+                },
+                ..Batch::default()
             };
-            if let Some(g) = &gens {
-                b.gens.clear();
-                if g.docs {
-                    b.docs.clear();
-                }
-            }
             // Each row's hash, in the batch's order (which is also the order of the ids
             // `verify_audit` walks): from the chain heads this writer knows, or the tables.
             let mut heads: HashMap<Option<String>, String> = HashMap::new();
@@ -725,7 +731,7 @@ fn apply(
             let mut w = b.write(c)?;
             if let Some(g) = gens {
                 w.missing_gens.extend(g.missing.missing_gens);
-                if g.docs {
+                if docs_done {
                     w.missing_docs.extend(g.missing.missing_docs);
                 }
             }
@@ -1069,18 +1075,26 @@ impl Unsaved {
     fn batch(&mut self) -> Batch {
         self.drop_expired();
         Batch {
-            gens: self
-                .gens
-                .iter()
-                .map(|(g, (b, _))| json!({"id": g, "b": b}))
-                .collect(),
-            docs: self
-                .docs
-                .iter()
-                .map(|((g, d), (t, n, _))| json!({"g": g, "t": t, "d": d, "n": n}))
-                .collect(),
+            gens: self.gens_rows(),
+            docs: self.docs_rows(),
             ..Batch::default()
         }
+    }
+
+    /// The generations' bytes as the statement's rows.
+    fn gens_rows(&self) -> Vec<Value> {
+        self.gens
+            .iter()
+            .map(|(g, (b, _))| json!({"id": g, "b": b}))
+            .collect()
+    }
+
+    /// The per-document calls as the statement's rows.
+    fn docs_rows(&self) -> Vec<Value> {
+        self.docs
+            .iter()
+            .map(|((g, d), (t, n, _))| json!({"g": g, "t": t, "d": d, "n": n}))
+            .collect()
     }
 
     /// Keep only the counters a batch could not write (their generation's row is not visible).
