@@ -387,9 +387,33 @@ pub fn upsert_counters(
     nkeys: usize,
     rows: &[Vec<pg_sys::Datum>],
 ) -> Option<Vec<bool>> {
+    if nkeys == 0 || nkeys >= columns.len() {
+        return None;
+    }
     // SAFETY: the table open for the call.
     with_table(table, |rel| unsafe {
         upsert_into(rel, columns, nkeys, rows)
+    })
+}
+
+/// Rows of a table whose columns are all its primary key (`document_coverage`) as the writer's
+/// statement would insert them (`INSERT … ON CONFLICT DO NOTHING`), without a statement: each key
+/// looked up in the primary key as [`upsert_counters`] looks it up, a row found left as it is (the
+/// lookup locks it `KEY SHARE`, the weakest lock: a DBA's concurrent insert of the same key is
+/// waited for, not duplicated), a key not found inserted. `rows` must not repeat a key (the lookup
+/// cannot lock a row this same command inserted). `None` and `Some(flags)` as for
+/// [`upsert_counters`].
+pub fn insert_absent(
+    table: &CStr,
+    columns: &[CounterColumn],
+    rows: &[Vec<pg_sys::Datum>],
+) -> Option<Vec<bool>> {
+    if columns.is_empty() {
+        return None;
+    }
+    // SAFETY: the table open for the call.
+    with_table(table, |rel| unsafe {
+        upsert_into(rel, columns, columns.len(), rows)
     })
 }
 
@@ -439,7 +463,7 @@ unsafe fn counter_layout(
     nkeys: usize,
     exact: bool,
 ) -> Option<(Vec<usize>, pg_sys::Oid)> {
-    if !plain_table(rel) || nkeys == 0 || nkeys >= columns.len() {
+    if !plain_table(rel) || nkeys == 0 || nkeys > columns.len() {
         return None;
     }
     let tupdesc = pgrx::PgTupleDesc::from_pg_unchecked((*rel).rd_att);
@@ -534,11 +558,19 @@ unsafe fn upsert_into(
     rows: &[Vec<pg_sys::Datum>],
 ) -> Option<Vec<bool>> {
     let (at, pk) = counter_layout(rel, columns, nkeys, true)?;
+    // No counter: every column is the key (a row found is left as it is).
+    let key_only = nkeys == columns.len();
     let counter = columns.len() - 1;
     let wide = match columns[counter].1 {
+        _ if key_only => false,
         pg_sys::INT8OID => true,
         pg_sys::INT4OID => false,
         _ => return None,
+    };
+    let lock = if key_only {
+        pg_sys::LockTupleMode::LockTupleKeyShare
+    } else {
+        pg_sys::LockTupleMode::LockTupleExclusive
     };
     let desc = (*rel).rd_att;
     let natts = (*desc).natts as usize;
@@ -567,17 +599,13 @@ unsafe fn upsert_into(
             }
         }
         pg_sys::ExecStoreVirtualTuple(search);
-        let found = pg_sys::RelationFindReplTupleByIndex(
-            rel,
-            pk,
-            pg_sys::LockTupleMode::LockTupleExclusive,
-            search,
-            found_slot,
-        );
+        let found = pg_sys::RelationFindReplTupleByIndex(rel, pk, lock, search, found_slot);
         pg_sys::ExecClearTuple(new);
         let datums = std::slice::from_raw_parts_mut((*new).tts_values, natts);
         let nulls = std::slice::from_raw_parts_mut((*new).tts_isnull, natts);
-        if found {
+        if found && key_only {
+            inserted.push(false);
+        } else if found {
             pg_sys::slot_getallattrs(found_slot);
             let old = std::slice::from_raw_parts((*found_slot).tts_values, natts);
             let old_nulls = std::slice::from_raw_parts((*found_slot).tts_isnull, natts);

@@ -524,6 +524,52 @@ fn direct_days(days: Days) -> Days {
     }
 }
 
+/// Write the pages read (`document_coverage`) without the statement, each key once; what is left
+/// for the statement: every row when the table is not as ctxguard creates it or a value is not one
+/// the direct path writes (the statement judges it). Also returned: the rows written directly.
+fn direct_coverage(pages: Vec<Value>) -> (Vec<Value>, usize) {
+    use super::direct::{insert_absent, CounterColumn};
+    let cols: [CounterColumn; 5] = [
+        (c"tenant_id", pg_sys::TEXTOID),
+        (c"user_id", pg_sys::TEXTOID),
+        (c"doc_id", pg_sys::TEXTOID),
+        (c"day", pg_sys::DATEOID),
+        (c"page_no", pg_sys::INT4OID),
+    ];
+    let key = |p: &Value| {
+        let text = |k: &str| p[k].as_str().map(str::to_string);
+        let int = |k: &str| p[k].as_i64().and_then(|v| i32::try_from(v).ok());
+        Some((text("t")?, text("u")?, text("d")?, int("day")?, int("p")?))
+    };
+    let Some(keys) = pages
+        .iter()
+        .map(key)
+        .collect::<Option<std::collections::BTreeSet<_>>>()
+    else {
+        return (pages, 0);
+    };
+    if keys.is_empty() {
+        return (pages, 0);
+    }
+    // `'2000-01-01'::date + day` is the date whose DateADT is `day`.
+    let rows: Vec<Vec<pg_sys::Datum>> = keys
+        .iter()
+        .map(|(t, u, d, day, p)| {
+            vec![
+                t.as_str().into_datum().expect("text"),
+                u.as_str().into_datum().expect("text"),
+                d.as_str().into_datum().expect("text"),
+                pg_sys::Datum::from(*day),
+                pg_sys::Datum::from(*p),
+            ]
+        })
+        .collect();
+    match insert_absent(c"document_coverage", &cols, &rows) {
+        Some(_) => (Vec::new(), rows.len()),
+        None => (pages, 0),
+    }
+}
+
 /// Write `quotas` to `quota_usage` without the statement; what is left for the statement: the
 /// windows new to the table (the statement deletes the quota's older ones), or all of them when
 /// the table is not as ctxguard creates it or a value is out of its type's range.
@@ -668,6 +714,12 @@ fn apply(
             } else {
                 (days, quotas)
             };
+            // The pages read, likewise.
+            let (pages, n_pages) = if direct {
+                direct_coverage(pages)
+            } else {
+                (pages, 0)
+            };
             // The generation counters (a generation's bytes, its calls on a document) likewise.
             unsaved.drop_expired();
             let gens = if direct && !unsaved.is_empty() {
@@ -677,8 +729,9 @@ fn apply(
             };
             // Counter rows left to the statement alone (a window new to the table is written
             // directly and by the statement: not counted).
-            let counters =
-                n_days - days.len() + n_quotas - quotas.len() + gens.as_ref().map_or(0, |g| g.rows);
+            let counters = n_days - days.len() + n_quotas - quotas.len()
+                + gens.as_ref().map_or(0, |g| g.rows)
+                + n_pages;
             let days = days
                 .into_iter()
                 .map(|((t, u, day), b)| json!({"t": t, "u": u, "day": day, "b": b}))
