@@ -91,3 +91,20 @@ pub unsafe fn set_check_exprs(rri: *mut pg_sys::ResultRelInfo, exprs: *mut *mut 
         (*rri).ri_ConstraintExprs = exprs;
     }
 }
+
+/// `index_beginscan` (PostgreSQL 18 added the instrumentation argument).
+///
+/// # Safety
+/// Both relations are open and `snapshot` outlives the scan.
+pub unsafe fn index_beginscan(
+    heap: pg_sys::Relation,
+    index: pg_sys::Relation,
+    snapshot: pg_sys::Snapshot,
+    nkeys: i32,
+) -> pg_sys::IndexScanDesc {
+    #[cfg(feature = "pg18")]
+    let scan = pg_sys::index_beginscan(heap, index, snapshot, std::ptr::null_mut(), nkeys, 0);
+    #[cfg(not(feature = "pg18"))]
+    let scan = pg_sys::index_beginscan(heap, index, snapshot, nkeys, 0);
+    scan
+}

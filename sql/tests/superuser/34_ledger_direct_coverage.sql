@@ -1,7 +1,7 @@
 -- The pages read for the daily coverage without a statement (issue 34; ledger/direct.rs,
 -- insert_absent): each page of a call is inserted into document_coverage once, a page already there
--- is left as it is, a batch that carries the same page twice writes it once, and a DBA's trigger on
--- the table sends the pages through the statement, which fires it. Runs as the superuser (the DBA);
+-- is left as it is (not even locked), a batch that carries the same page twice writes it once, and a
+-- DBA's trigger, column or second unique index on the table sends the pages through the statement. Runs as the superuser (the DBA);
 -- the calls as ctxguard_gateway.
 \set QUIET 1
 SET client_min_messages = warning;
@@ -31,17 +31,30 @@ BEGIN
     RESET ROLE;
     RETURN out;
 END $$;
--- The user's coverage rows of today for pages lo..hi of the guide, as "page:count" in page order.
+-- The user's coverage rows for pages lo..hi of the guide, as "page:count" in page order (the test
+-- deletes those pages' rows of every day first).
 CREATE FUNCTION pg_temp.covered(lo int, hi int) RETURNS text LANGUAGE sql AS $$
     SELECT coalesce(string_agg(page_no || ':' || n, ',' ORDER BY page_no), '')
       FROM (SELECT page_no, count(*) AS n FROM ctxguard.document_coverage
              WHERE tenant_id = 'acme' AND user_id = 'ranker' AND doc_id = 'acme_guide'
-               AND day = (now() AT TIME ZONE 'UTC')::date AND page_no BETWEEN lo AND hi
+               AND page_no BETWEEN lo AND hi
              GROUP BY page_no) c
 $$;
 CREATE FUNCTION pg_temp.direct_rows() RETURNS bigint LANGUAGE sql AS $$
     SELECT coalesce((ctxguard.ledger_stats()->>'counter_rows_direct')::bigint, 0)  -- 0 before the writer starts
 $$;
+-- Wait (up to 20 s) until the audit rows the writer inserted without a statement reach `want`
+-- (ledger_stats is published after the batch commits); their count.
+CREATE FUNCTION pg_temp.direct_audits(want bigint DEFAULT 0) RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE got bigint;
+BEGIN
+    FOR i IN 1 .. 200 LOOP
+        got := coalesce((ctxguard.ledger_stats()->>'audit_rows_direct')::bigint, 0);
+        EXIT WHEN got >= want;
+        PERFORM pg_sleep(0.1);
+    END LOOP;
+    RETURN got;
+END $$;
 -- Wait (up to 20 s) until generation g has `want` audited read_doc_pages calls; their count.
 CREATE FUNCTION pg_temp.audited(g uuid, want int) RETURNS int LANGUAGE plpgsql AS $$
 DECLARE got int;
@@ -79,14 +92,14 @@ SELECT pg_temp.read(:'tok_ranker', :'viewer', :'g1', '211-213', '212-214') AS r2
 COMMIT;
 SELECT is(:'r2'::text, 'okok', 'the pages read again, and one more');
 SELECT is(pg_temp.covered(211, 219), '211:1,212:1,213:1,214:1', 'still once each, and the new page added');
+SELECT is((SELECT count(*) FROM ctxguard.document_coverage
+            WHERE tenant_id = 'acme' AND user_id = 'ranker' AND doc_id = 'acme_guide'
+              AND page_no BETWEEN 211 AND 214 AND xmax::text <> '0'), 0::bigint,
+          'the rows found were not locked or changed (as ON CONFLICT DO NOTHING leaves them)');
 
 -- Callers that do not wait for their record: their records reach the writer together, so one batch
--- carries the same page several times. Each page is written once and every call is audited (a key
--- repeated in one batch would fail the batch's direct path, which the writer then takes again through
--- the statement: the lookup cannot lock a row its own command inserted).
-CREATE FUNCTION pg_temp.direct_audits() RETURNS bigint LANGUAGE sql AS $$
-    SELECT coalesce((ctxguard.ledger_stats()->>'audit_rows_direct')::bigint, 0)
-$$;
+-- carries the same page several times. Each page is written once, every call is audited, and the
+-- batch is written without a statement (a failure of the direct path would send it to the statement).
 SELECT pg_temp.direct_audits() AS audits0 \gset
 SET ctxguard.audit_wait = off;
 BEGIN;
@@ -95,7 +108,7 @@ COMMIT;
 RESET ctxguard.audit_wait;
 SELECT is(:'r_nowait'::text, 'okokokok', 'four reads that do not wait, three of page 215');
 SELECT is(pg_temp.audited(:'g1', 7), 7, 'every call is audited');
-SELECT is(pg_temp.direct_audits() - :audits0, 4::bigint, 'their batch was written without a statement');
+SELECT is(pg_temp.direct_audits(:audits0 + 4) - :audits0, 4::bigint, 'their batch was written without a statement');
 SELECT is(pg_temp.covered(211, 219), '211:1,212:1,213:1,214:1,215:1,216:1', 'pages 215 and 216 covered once each');
 
 -- A DBA's trigger on document_coverage: the statement writes the pages, and the trigger fires for
@@ -129,8 +142,27 @@ COMMIT;
 SELECT is(:'r4'::text, 'ok', 'a read with a DBA''s column on document_coverage');
 SELECT is((SELECT dba_note FROM ctxguard.document_coverage
             WHERE tenant_id = 'acme' AND user_id = 'ranker' AND doc_id = 'acme_guide' AND page_no = 219
-              AND day = (now() AT TIME ZONE 'UTC')::date), 'noted', 'the row has the column''s default');
+           ), 'noted', 'the row has the column''s default');
 ALTER TABLE ctxguard.document_coverage DROP COLUMN dba_note;
+
+-- A DBA's second unique index (here: a page once per user and document, whatever the day). The
+-- statement's ON CONFLICT DO NOTHING skips a conflict on it, so the pages take the statement: a
+-- page read on another day is skipped, and the batch's audit rows are still written directly (a
+-- direct insert would raise the conflict and send the whole batch to the statement).
+CREATE UNIQUE INDEX dba_coverage_once ON ctxguard.document_coverage (tenant_id, user_id, doc_id, page_no);
+INSERT INTO ctxguard.document_coverage VALUES ('acme', 'ranker', 'acme_guide', '2001-01-01', 220);
+SELECT pg_temp.direct_audits() AS audits1 \gset
+BEGIN;
+SELECT pg_temp.read(:'tok_ranker', :'viewer', :'g2', '220-220') AS r_unique \gset
+COMMIT;
+SELECT is(:'r_unique'::text, 'ok', 'a read with a DBA''s second unique index on document_coverage');
+SELECT is(pg_temp.direct_audits(:audits1 + 1) - :audits1, 1::bigint, 'its audit row was written without a statement');
+SELECT is((SELECT array_agg(day ORDER BY day) FROM ctxguard.document_coverage
+            WHERE tenant_id = 'acme' AND user_id = 'ranker' AND doc_id = 'acme_guide' AND page_no = 220),
+          ARRAY['2001-01-01'::date], 'the page''s row of another day is left, and no second row is written');
+DROP INDEX ctxguard.dba_coverage_once;
+DELETE FROM ctxguard.document_coverage
+ WHERE tenant_id = 'acme' AND user_id = 'ranker' AND doc_id = 'acme_guide' AND page_no = 220;
 
 -- The table as ctxguard creates it again: without a statement.
 DELETE FROM ctxguard.document_coverage

@@ -398,11 +398,10 @@ pub fn upsert_counters(
 
 /// Rows of a table whose columns are all its primary key (`document_coverage`) as the writer's
 /// statement would insert them (`INSERT … ON CONFLICT DO NOTHING`), without a statement: each key
-/// looked up in the primary key as [`upsert_counters`] looks it up, a row found left as it is (the
-/// lookup locks it `KEY SHARE`, the weakest lock: a DBA's concurrent insert of the same key is
-/// waited for, not duplicated), a key not found inserted. `rows` must not repeat a key (the lookup
-/// cannot lock a row this same command inserted). `None` and `Some(flags)` as for
-/// [`upsert_counters`].
+/// looked for in the primary key as that statement's pre-check looks ([`key_present`]: nothing is
+/// locked or written for a row found), and inserted when absent. A table with another unique index
+/// or an exclusion constraint takes the statement (`DO NOTHING` skips a conflict on any of them;
+/// the single-row insert would raise it). `None` and `Some(flags)` as for [`upsert_counters`].
 pub fn insert_absent(
     table: &CStr,
     columns: &[CounterColumn],
@@ -413,8 +412,105 @@ pub fn insert_absent(
     }
     // SAFETY: the table open for the call.
     with_table(table, |rel| unsafe {
+        if !only_unique_index_is_key(rel) {
+            return None;
+        }
         upsert_into(rel, columns, columns.len(), rows)
     })
+}
+
+/// Whether `rel`'s primary key is its only unique index and it has no exclusion constraint.
+unsafe fn only_unique_index_is_key(rel: pg_sys::Relation) -> bool {
+    let pk = crate::compat::primary_key_index(rel);
+    let list = pg_sys::RelationGetIndexList(rel);
+    let oids: Vec<pg_sys::Oid> = if list.is_null() {
+        Vec::new()
+    } else {
+        (0..(*list).length as usize)
+            .map(|i| (*(*list).elements.add(i)).oid_value)
+            .collect()
+    };
+    pg_sys::list_free(list);
+    oids.into_iter().filter(|&o| o != pk).all(|o| {
+        let idx = pg_sys::index_open(o, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+        let form = (*idx).rd_index;
+        let other = form.is_null() || (*form).indisunique || (*form).indisexclusion;
+        pg_sys::index_close(idx, pg_sys::NoLock as pg_sys::LOCKMODE);
+        !other
+    })
+}
+
+/// Whether a row with the key `key` (the datums of the index's key columns, in its order) is in
+/// `rel`, found through its unique index `index` as the pre-check of `INSERT … ON CONFLICT` finds
+/// one: with a dirty snapshot, so any row not deleted counts, committed or not, this transaction's
+/// own included; a row another transaction is inserting or deleting is waited for, then looked for
+/// again. Nothing is locked. `slot` is a slot of `rel`'s.
+unsafe fn key_present(
+    rel: pg_sys::Relation,
+    index: pg_sys::Oid,
+    key: &[pg_sys::Datum],
+    slot: *mut pg_sys::TupleTableSlot,
+) -> bool {
+    let idx = pg_sys::index_open(index, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+    let mut keys: Vec<pg_sys::ScanKeyData> = Vec::with_capacity(key.len());
+    for (i, &value) in key.iter().enumerate() {
+        // The equality operator of the index column's operator family, compared under the index
+        // column's collation (as `build_replindex_scan_key` does).
+        let family = *(*idx).rd_opfamily.add(i);
+        let input = *(*idx).rd_opcintype.add(i);
+        let op =
+            pg_sys::get_opfamily_member(family, input, input, pg_sys::BTEqualStrategyNumber as i16);
+        if op == pg_sys::InvalidOid {
+            pgrx::error!("ctxguard: no equality operator for an index column");
+        }
+        let mut k: pg_sys::ScanKeyData = std::mem::zeroed();
+        pg_sys::ScanKeyInit(
+            &mut k,
+            (i + 1) as pg_sys::AttrNumber,
+            pg_sys::BTEqualStrategyNumber as pg_sys::StrategyNumber,
+            pg_sys::get_opcode(op),
+            value,
+        );
+        k.sk_collation = *(*idx).rd_indcollation.add(i);
+        keys.push(k);
+    }
+    let mut snap: pg_sys::SnapshotData = std::mem::zeroed();
+    snap.snapshot_type = pg_sys::SnapshotType::SNAPSHOT_DIRTY;
+    let found = loop {
+        let scan = crate::compat::index_beginscan(rel, idx, &mut snap, keys.len() as i32);
+        pg_sys::index_rescan(
+            scan,
+            keys.as_mut_ptr(),
+            keys.len() as i32,
+            std::ptr::null_mut(),
+            0,
+        );
+        let mut wait = pg_sys::TransactionId::INVALID;
+        let hit =
+            pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot);
+        if hit {
+            // The dirty snapshot names a transaction still inserting (xmin) or deleting (xmax) it.
+            wait = if snap.xmin != pg_sys::TransactionId::INVALID {
+                snap.xmin
+            } else {
+                snap.xmax
+            };
+        }
+        pg_sys::index_endscan(scan);
+        if wait == pg_sys::TransactionId::INVALID {
+            break hit;
+        }
+        pg_sys::XactLockTableWait(
+            wait,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            pg_sys::XLTW_Oper::XLTW_None,
+        );
+        pgrx::check_for_interrupts!();
+    };
+    pg_sys::ExecClearTuple(slot);
+    pg_sys::index_close(idx, pg_sys::NoLock as pg_sys::LOCKMODE);
+    found
 }
 
 /// `f` of ctxguard's table `table`, found by name in the catalogs (not through `search_path`) and
@@ -481,6 +577,17 @@ unsafe fn counter_layout(
         }
         at.push(n + 1);
     }
+    // A key compared under a nondeterministic collation (one where different strings are equal)
+    // could name one row with two keys the writer tells apart: the statement's to judge.
+    let deterministic = |coll: pg_sys::Oid| {
+        coll == pg_sys::InvalidOid || pg_sys::get_collation_isdeterministic(coll)
+    };
+    if !at[..nkeys]
+        .iter()
+        .all(|&a| deterministic(attrs[a - 1].attcollation))
+    {
+        return None;
+    }
     let pk = crate::compat::primary_key_index(rel);
     if pk == pg_sys::InvalidOid {
         return None;
@@ -489,6 +596,7 @@ unsafe fn counter_layout(
     let form = (*idx).rd_index;
     let same = !form.is_null()
         && (*idx).rd_indexprs.is_null()
+        && (0..nkeys).all(|i| deterministic(*(*idx).rd_indcollation.add(i)))
         && (*form).indnatts as usize == nkeys
         && (*form).indnkeyatts as usize == nkeys
         && (*form)
@@ -567,11 +675,6 @@ unsafe fn upsert_into(
         pg_sys::INT4OID => false,
         _ => return None,
     };
-    let lock = if key_only {
-        pg_sys::LockTupleMode::LockTupleKeyShare
-    } else {
-        pg_sys::LockTupleMode::LockTupleExclusive
-    };
     let desc = (*rel).rd_att;
     let natts = (*desc).natts as usize;
 
@@ -587,6 +690,24 @@ unsafe fn upsert_into(
     let mut inserted = Vec::with_capacity(rows.len());
     for row in rows {
         pgrx::check_for_interrupts!();
+        if key_only {
+            // A row found is left as it is (`ON CONFLICT DO NOTHING`), without a lock.
+            let present = key_present(rel, pk, row, found_slot);
+            if !present {
+                pg_sys::ExecClearTuple(new);
+                let datums = std::slice::from_raw_parts_mut((*new).tts_values, natts);
+                let nulls = std::slice::from_raw_parts_mut((*new).tts_isnull, natts);
+                nulls.fill(true);
+                for (i, &a) in at.iter().enumerate() {
+                    datums[a - 1] = row[i];
+                    nulls[a - 1] = false;
+                }
+                pg_sys::ExecStoreVirtualTuple(new);
+                pg_sys::ExecSimpleRelationInsert(rri, estate, new);
+            }
+            inserted.push(!present);
+            continue;
+        }
         // The key alone (the counter NULL: the lookup reads only the key's columns).
         pg_sys::ExecClearTuple(search);
         {
@@ -599,13 +720,17 @@ unsafe fn upsert_into(
             }
         }
         pg_sys::ExecStoreVirtualTuple(search);
-        let found = pg_sys::RelationFindReplTupleByIndex(rel, pk, lock, search, found_slot);
+        let found = pg_sys::RelationFindReplTupleByIndex(
+            rel,
+            pk,
+            pg_sys::LockTupleMode::LockTupleExclusive,
+            search,
+            found_slot,
+        );
         pg_sys::ExecClearTuple(new);
         let datums = std::slice::from_raw_parts_mut((*new).tts_values, natts);
         let nulls = std::slice::from_raw_parts_mut((*new).tts_isnull, natts);
-        if found && key_only {
-            inserted.push(false);
-        } else if found {
+        if found {
             pg_sys::slot_getallattrs(found_slot);
             let old = std::slice::from_raw_parts((*found_slot).tts_values, natts);
             let old_nulls = std::slice::from_raw_parts((*found_slot).tts_isnull, natts);

@@ -503,7 +503,7 @@ fn direct_days(days: Days) -> Days {
         (c"day", pg_sys::DATEOID),
         (c"bytes", pg_sys::INT8OID),
     ];
-    if days.is_empty() || days.keys().any(|(_, _, d)| i32::try_from(*d).is_err()) {
+    if days.is_empty() || days.keys().any(|(_, _, d)| !valid_day(*d)) {
         return days;
     }
     // `'2000-01-01'::date + day` is the date whose DateADT is `day`.
@@ -524,6 +524,12 @@ fn direct_days(days: Days) -> Days {
     }
 }
 
+/// Whether `day` (days since 2000-01-01) is a finite date PostgreSQL can store, as
+/// `'2000-01-01'::date + day` in the statement accepts it (4713 BC to 5874897 AD).
+fn valid_day(day: i64) -> bool {
+    (-2_451_545..=2_145_031_948).contains(&day)
+}
+
 /// Write the pages read (`document_coverage`) without the statement, each key once; what is left
 /// for the statement: every row when the table is not as ctxguard creates it or a value is not one
 /// the direct path writes (the statement judges it). Also returned: the rows written directly.
@@ -539,7 +545,8 @@ fn direct_coverage(pages: Vec<Value>) -> (Vec<Value>, usize) {
     let key = |p: &Value| {
         let text = |k: &str| p[k].as_str().map(str::to_string);
         let int = |k: &str| p[k].as_i64().and_then(|v| i32::try_from(v).ok());
-        Some((text("t")?, text("u")?, text("d")?, int("day")?, int("p")?))
+        let day = int("day").filter(|&d| valid_day(d.into()))?;
+        Some((text("t")?, text("u")?, text("d")?, day, int("p")?))
     };
     let Some(keys) = pages
         .iter()
