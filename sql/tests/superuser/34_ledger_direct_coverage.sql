@@ -1,22 +1,12 @@
 -- The pages read for the daily coverage without a statement (issue 34; ledger/direct.rs,
 -- insert_absent): each page of a call is inserted into document_coverage once, a page already there
 -- is left as it is (not even locked), a batch that carries the same page twice writes it once, and a
--- DBA's trigger, column or second unique index on the table sends the pages through the statement. Runs as the superuser (the DBA);
--- the calls as ctxguard_gateway.
+-- DBA's trigger, column or second unique index on the table sends the pages through the statement.
+-- Runs as the superuser (the DBA); the calls as ctxguard_gateway.
 \set QUIET 1
 SET client_min_messages = warning;
 SELECT * FROM no_plan();
-\set viewer '{"pageType": "document_viewer", "entity": {"type": "document", "id": "acme_guide"}}'
--- As the gateway: a new generation (its own transaction).
-CREATE FUNCTION pg_temp.gen(tok text, page jsonb) RETURNS uuid LANGUAGE plpgsql AS $$
-DECLARE g uuid;
-BEGIN
-    SET LOCAL ROLE ctxguard_gateway;
-    PERFORM ctxguard.set_context(tok, page);
-    g := ctxguard.begin_generation('direct-coverage');
-    RESET ROLE;
-    RETURN g;
-END $$;
+\ir ../lib/generation.sql
 -- As the gateway: one read_doc_pages call per range "first-last"; the envelopes' statuses or codes.
 CREATE FUNCTION pg_temp.read(tok text, page jsonb, g uuid, VARIADIC ranges text[]) RETURNS text LANGUAGE plpgsql AS $$
 DECLARE r jsonb; out text := ''; x text;

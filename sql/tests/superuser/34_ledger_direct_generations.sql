@@ -6,17 +6,7 @@
 \set QUIET 1
 SET client_min_messages = warning;
 SELECT * FROM no_plan();
-\set viewer '{"pageType": "document_viewer", "entity": {"type": "document", "id": "acme_guide"}}'
--- As the gateway: a new generation in this transaction (set_context, begin_generation, set_context).
-CREATE FUNCTION pg_temp.gen(tok text, page jsonb) RETURNS uuid LANGUAGE plpgsql AS $$
-DECLARE g uuid;
-BEGIN
-    SET LOCAL ROLE ctxguard_gateway;
-    PERFORM ctxguard.set_context(tok, page);
-    g := ctxguard.begin_generation('direct-generations');
-    RESET ROLE;
-    RETURN g;
-END $$;
+\ir ../lib/generation.sql
 -- As the gateway: read each of the pages in generation g, one call each (each waits for its own
 -- audit record: the writer's batches follow the calls); the envelopes' statuses or error codes.
 CREATE FUNCTION pg_temp.read(tok text, page jsonb, g uuid, VARIADIC pages int[]) RETURNS text LANGUAGE plpgsql AS $$

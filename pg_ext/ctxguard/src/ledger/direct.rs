@@ -694,32 +694,14 @@ unsafe fn upsert_into(
             // A row found is left as it is (`ON CONFLICT DO NOTHING`), without a lock.
             let present = key_present(rel, pk, row, found_slot);
             if !present {
-                pg_sys::ExecClearTuple(new);
-                let datums = std::slice::from_raw_parts_mut((*new).tts_values, natts);
-                let nulls = std::slice::from_raw_parts_mut((*new).tts_isnull, natts);
-                nulls.fill(true);
-                for (i, &a) in at.iter().enumerate() {
-                    datums[a - 1] = row[i];
-                    nulls[a - 1] = false;
-                }
-                pg_sys::ExecStoreVirtualTuple(new);
+                store_row(new, natts, &at, row);
                 pg_sys::ExecSimpleRelationInsert(rri, estate, new);
             }
             inserted.push(!present);
             continue;
         }
         // The key alone (the counter NULL: the lookup reads only the key's columns).
-        pg_sys::ExecClearTuple(search);
-        {
-            let datums = std::slice::from_raw_parts_mut((*search).tts_values, natts);
-            let nulls = std::slice::from_raw_parts_mut((*search).tts_isnull, natts);
-            nulls.fill(true);
-            for (i, &a) in at[..nkeys].iter().enumerate() {
-                datums[a - 1] = row[i];
-                nulls[a - 1] = false;
-            }
-        }
-        pg_sys::ExecStoreVirtualTuple(search);
+        store_row(search, natts, &at[..nkeys], row);
         let found = pg_sys::RelationFindReplTupleByIndex(
             rel,
             pk,
@@ -727,10 +709,10 @@ unsafe fn upsert_into(
             search,
             found_slot,
         );
-        pg_sys::ExecClearTuple(new);
-        let datums = std::slice::from_raw_parts_mut((*new).tts_values, natts);
-        let nulls = std::slice::from_raw_parts_mut((*new).tts_isnull, natts);
         if found {
+            pg_sys::ExecClearTuple(new);
+            let datums = std::slice::from_raw_parts_mut((*new).tts_values, natts);
+            let nulls = std::slice::from_raw_parts_mut((*new).tts_isnull, natts);
             pg_sys::slot_getallattrs(found_slot);
             let old = std::slice::from_raw_parts((*found_slot).tts_values, natts);
             let old_nulls = std::slice::from_raw_parts((*found_slot).tts_isnull, natts);
@@ -748,12 +730,7 @@ unsafe fn upsert_into(
             pg_sys::ExecSimpleRelationUpdate(rri, estate, std::ptr::null_mut(), found_slot, new);
             inserted.push(false);
         } else {
-            nulls.fill(true);
-            for (i, &a) in at.iter().enumerate() {
-                datums[a - 1] = row[i];
-                nulls[a - 1] = false;
-            }
-            pg_sys::ExecStoreVirtualTuple(new);
+            store_row(new, natts, &at, row);
             pg_sys::ExecSimpleRelationInsert(rri, estate, new);
             inserted.push(true);
         }
@@ -761,6 +738,25 @@ unsafe fn upsert_into(
 
     end_changes(rel, estate, rri);
     Some(inserted)
+}
+
+/// Store in the virtual slot `slot` (of `natts` columns) the row whose columns `at` (attribute
+/// numbers) are `values`, the other columns NULL.
+unsafe fn store_row(
+    slot: *mut pg_sys::TupleTableSlot,
+    natts: usize,
+    at: &[usize],
+    values: &[pg_sys::Datum],
+) {
+    pg_sys::ExecClearTuple(slot);
+    let datums = std::slice::from_raw_parts_mut((*slot).tts_values, natts);
+    let nulls = std::slice::from_raw_parts_mut((*slot).tts_isnull, natts);
+    nulls.fill(true);
+    for (&a, &v) in at.iter().zip(values) {
+        datums[a - 1] = v;
+        nulls[a - 1] = false;
+    }
+    pg_sys::ExecStoreVirtualTuple(slot);
 }
 
 /// What [`touch_rows`] does to a row found by its key.
@@ -806,7 +802,7 @@ unsafe fn touch_in(
     if key.1 != pg_sys::UUIDOID || counter.1 != pg_sys::INT8OID {
         return None;
     }
-    let (k, c) = (at[0] - 1, at[1] - 1);
+    let c = at[1] - 1;
     let desc = (*rel).rd_att;
     let natts = (*desc).natts as usize;
 
@@ -819,14 +815,7 @@ unsafe fn touch_in(
             found.push(false);
             continue;
         }
-        pg_sys::ExecClearTuple(search);
-        {
-            let nulls = std::slice::from_raw_parts_mut((*search).tts_isnull, natts);
-            nulls.fill(true);
-            nulls[k] = false;
-            *(*search).tts_values.add(k) = value;
-        }
-        pg_sys::ExecStoreVirtualTuple(search);
+        store_row(search, natts, &at[..1], &[value]);
         let mode = match touch {
             Touch::KeyShare => pg_sys::LockTupleMode::LockTupleKeyShare,
             Touch::Raise(_) => pg_sys::LockTupleMode::LockTupleNoKeyExclusive,
