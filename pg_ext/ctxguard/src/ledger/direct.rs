@@ -440,39 +440,51 @@ unsafe fn only_unique_index_is_key(rel: pg_sys::Relation) -> bool {
     })
 }
 
-/// Whether a row with the key `key` (the datums of the index's key columns, in its order) is in
-/// `rel`, found through its unique index `index` as the pre-check of `INSERT … ON CONFLICT` finds
-/// one: with a dirty snapshot, so any row not deleted counts, committed or not, this transaction's
-/// own included; a row another transaction is inserting or deleting is waited for, then looked for
-/// again. Nothing is locked. `slot` is a slot of `rel`'s.
+/// Equality scan keys for the first `n` columns of the index `idx` (their values set per lookup by
+/// [`key_present`]): each column's equality operator from its operator family, compared under the
+/// index column's collation (as `build_replindex_scan_key` makes them).
+unsafe fn equality_keys(idx: pg_sys::Relation, n: usize) -> Vec<pg_sys::ScanKeyData> {
+    (0..n)
+        .map(|i| {
+            let family = *(*idx).rd_opfamily.add(i);
+            let input = *(*idx).rd_opcintype.add(i);
+            let op = pg_sys::get_opfamily_member(
+                family,
+                input,
+                input,
+                pg_sys::BTEqualStrategyNumber as i16,
+            );
+            if op == pg_sys::InvalidOid {
+                pgrx::error!("ctxguard: no equality operator for an index column");
+            }
+            let mut k: pg_sys::ScanKeyData = std::mem::zeroed();
+            pg_sys::ScanKeyInit(
+                &mut k,
+                (i + 1) as pg_sys::AttrNumber,
+                pg_sys::BTEqualStrategyNumber as pg_sys::StrategyNumber,
+                pg_sys::get_opcode(op),
+                pg_sys::Datum::from(0),
+            );
+            k.sk_collation = *(*idx).rd_indcollation.add(i);
+            k
+        })
+        .collect()
+}
+
+/// Whether a row with the key `key` (the datums of the unique index `idx`'s key columns, in its
+/// order; `keys` from [`equality_keys`]) is in `rel`, found as the pre-check of `INSERT … ON
+/// CONFLICT` finds one: with a dirty snapshot, so any row not deleted counts, committed or not, this
+/// transaction's own included; a row another transaction is inserting or deleting is waited for,
+/// then looked for again. Nothing is locked. `slot` is a slot of `rel`'s.
 unsafe fn key_present(
     rel: pg_sys::Relation,
-    index: pg_sys::Oid,
+    idx: pg_sys::Relation,
+    keys: &mut [pg_sys::ScanKeyData],
     key: &[pg_sys::Datum],
     slot: *mut pg_sys::TupleTableSlot,
 ) -> bool {
-    let idx = pg_sys::index_open(index, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
-    let mut keys: Vec<pg_sys::ScanKeyData> = Vec::with_capacity(key.len());
-    for (i, &value) in key.iter().enumerate() {
-        // The equality operator of the index column's operator family, compared under the index
-        // column's collation (as `build_replindex_scan_key` does).
-        let family = *(*idx).rd_opfamily.add(i);
-        let input = *(*idx).rd_opcintype.add(i);
-        let op =
-            pg_sys::get_opfamily_member(family, input, input, pg_sys::BTEqualStrategyNumber as i16);
-        if op == pg_sys::InvalidOid {
-            pgrx::error!("ctxguard: no equality operator for an index column");
-        }
-        let mut k: pg_sys::ScanKeyData = std::mem::zeroed();
-        pg_sys::ScanKeyInit(
-            &mut k,
-            (i + 1) as pg_sys::AttrNumber,
-            pg_sys::BTEqualStrategyNumber as pg_sys::StrategyNumber,
-            pg_sys::get_opcode(op),
-            value,
-        );
-        k.sk_collation = *(*idx).rd_indcollation.add(i);
-        keys.push(k);
+    for (k, &value) in keys.iter_mut().zip(key) {
+        k.sk_argument = value;
     }
     let mut snap: pg_sys::SnapshotData = std::mem::zeroed();
     snap.snapshot_type = pg_sys::SnapshotType::SNAPSHOT_DIRTY;
@@ -509,7 +521,6 @@ unsafe fn key_present(
         pgrx::check_for_interrupts!();
     };
     pg_sys::ExecClearTuple(slot);
-    pg_sys::index_close(idx, pg_sys::NoLock as pg_sys::LOCKMODE);
     found
 }
 
@@ -687,12 +698,17 @@ unsafe fn upsert_into(
             i64::from(d.value() as i32)
         }
     };
+    // Key-only rows are looked for through the primary key directly (`key_present`).
+    let mut probe = key_only.then(|| {
+        let idx = pg_sys::index_open(pk, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+        (idx, equality_keys(idx, nkeys))
+    });
     let mut inserted = Vec::with_capacity(rows.len());
     for row in rows {
         pgrx::check_for_interrupts!();
-        if key_only {
+        if let Some((idx, keys)) = probe.as_mut() {
             // A row found is left as it is (`ON CONFLICT DO NOTHING`), without a lock.
-            let present = key_present(rel, pk, row, found_slot);
+            let present = key_present(rel, *idx, keys, row, found_slot);
             if !present {
                 store_row(new, natts, &at, row);
                 pg_sys::ExecSimpleRelationInsert(rri, estate, new);
@@ -736,6 +752,9 @@ unsafe fn upsert_into(
         }
     }
 
+    if let Some((idx, _)) = probe {
+        pg_sys::index_close(idx, pg_sys::NoLock as pg_sys::LOCKMODE);
+    }
     end_changes(rel, estate, rri);
     Some(inserted)
 }
