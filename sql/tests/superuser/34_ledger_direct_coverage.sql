@@ -87,9 +87,10 @@ SELECT is((SELECT count(*) FROM ctxguard.document_coverage
               AND page_no BETWEEN 211 AND 214 AND xmax::text <> '0'), 0::bigint,
           'the rows found were not locked or changed (as ON CONFLICT DO NOTHING leaves them)');
 
--- Callers that do not wait for their record: their records reach the writer together, so one batch
--- carries the same page several times. Each page is written once, every call is audited, and the
--- batch is written without a statement (a failure of the direct path would send it to the statement).
+-- Callers that do not wait for their record: their records reach the writer together (as a rule: the
+-- writer collects records that do not wait every 50 ms), so one batch carries the same page several
+-- times. Each page is written once, every call is audited, and the batch is written without a
+-- statement (a failure of the direct path would send it to the statement).
 SELECT pg_temp.direct_audits() AS audits0 \gset
 SET ctxguard.audit_wait = off;
 BEGIN;
