@@ -599,7 +599,9 @@ fn search_pages(ctx: &Ctx, doc: &Doc, query: &str, limit: i64, any: bool) -> Fou
                 CASE WHEN f.phrase OR $4 OR $6 THEN pg_catalog.ts_rank_cd(p.tsv, f.q) END AS score,
                 CASE WHEN NOT (f.phrase OR $4) OR $6 THEN p.tsv END AS tsv,
                 (SELECT pg_catalog.tsvector_to_array(pg_catalog.to_tsvector($5::pg_catalog.regconfig, $3))) AS stems,
-                $5::pg_catalog.regconfig::pg_catalog.oid AS cfg
+                -- Once per search (a subquery of parameters only), not once per row: the cast
+                -- parses the configuration's name.
+                (SELECT $5::pg_catalog.regconfig::pg_catalog.oid) AS cfg
            FROM c CROSS JOIN LATERAL (
                     -- One lookup per candidate (OFFSET 0: not flattened into a join that would
                     -- read every matching page first), through the hash of the page's key: one

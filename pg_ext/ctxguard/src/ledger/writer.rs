@@ -532,7 +532,8 @@ fn valid_day(day: i64) -> bool {
 
 /// Write the pages read (`document_coverage`) without the statement, each key once; what is left
 /// for the statement: every row when the table is not as ctxguard creates it or a value is not one
-/// the direct path writes (the statement judges it). Also returned: the rows written directly.
+/// the direct path writes (the statement judges it). Also returned: the rows the direct path took
+/// (inserted, or found already there).
 fn direct_coverage(pages: Vec<Value>) -> (Vec<Value>, usize) {
     use super::direct::{insert_absent, CounterColumn};
     let cols: [CounterColumn; 5] = [
@@ -734,8 +735,8 @@ fn apply(
             } else {
                 None
             };
-            // Counter rows left to the statement alone (a window new to the table is written
-            // directly and by the statement: not counted).
+            // Counter rows the direct path took (a quota window new to the table, written both
+            // directly and by the statement, is not counted).
             let counters = n_days - days.len() + n_quotas - quotas.len()
                 + gens.as_ref().map_or(0, |g| g.rows)
                 + n_pages;
