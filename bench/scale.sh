@@ -19,10 +19,11 @@
 #              at 1 and 4 clients, each transaction for a random tenant; the ledger (ledger_stats()).
 #   clients    1 -> 4 -> 16 -> 64 pgbench clients through pgbouncer (transaction mode, a server pool
 #              of BENCH_SCALE_POOL): the full read-only ctxguard call (bench/ctxguard.sql) against the
-#              careful baseline (bench/baseline_audit.sql), adjacent runs, as a ratio.
+#              careful baseline (bench/baseline_audit.sql), in BENCH_SCALE_CLIENT_ROUNDS rounds of adjacent
+#              runs (order alternating), as the median of the rounds' ratios.
 #
 # Environment:
-#   BENCH_SCALE_QUICK=1      caps at 10k tools, 5k pages, 1k tenants, 16 clients (about 4 minutes; the full run about 10)
+#   BENCH_SCALE_QUICK=1      caps at 10k tools, 5k pages, 1k tenants, 16 clients (about 5 minutes; the full run about 11)
 #   BENCH_SCALE_MAX_TOOLS    largest catalog (default 100000; 10000 with QUICK)
 #   BENCH_SCALE_MAX_PAGES    largest document (default 50000; 5000 with QUICK)
 #   BENCH_SCALE_MAX_TENANTS  most tenants (default 10000; 1000 with QUICK)
@@ -31,6 +32,7 @@
 #   BENCH_SCALE_CHUNK        tools per registering statement (default 1000)
 #   BENCH_SCALE_REPEAT       fresh-backend and after-change calls per page and size (default 5)
 #   BENCH_SCALE_POOL         pgbouncer's server pool (default 8)
+#   BENCH_SCALE_CLIENT_ROUNDS  rounds of the two client runs per client count (default 3)
 #   BENCH_SCALE_READERS      document readers (users) the document runs pick from (default 64)
 #   BENCH_SECONDS            duration of each pgbench run (default 8)
 #   BENCH_RUN, BENCH_PGPORT  cluster directory and port (as the other bench scripts)
@@ -64,6 +66,7 @@ REPEAT=${BENCH_SCALE_REPEAT:-5}
 POOL=${BENCH_SCALE_POOL:-8}
 READERS=${BENCH_SCALE_READERS:-64}
 SECONDS_PER_RUN=${BENCH_SECONDS:-8}
+CLIENT_ROUNDS=${BENCH_SCALE_CLIENT_ROUNDS:-3}
 VENV=${BENCH_SCALE_VENV:-$PG_CACHE/scale-venv}
 for part in $PARTS; do
   case $part in catalog | documents | tenants | clients) ;; *) die "unknown part '$part' in BENCH_SCALE_PARTS" ;; esac
@@ -130,9 +133,11 @@ pgbench_run() {
 }
 # field NAME: "tps|avg latency ms" of a pgbench run
 field() { awk '/^tps = / {tps = $3} /^latency average = / {lat = $4} END {printf "%.0f|%.3f", tps, lat}' "$OUT/$1.txt"; }
-# pct NAME: "p50|p95" (ms) of a run's transactions, nearest rank, from pgbench's log (field 3, us)
+# pct NAME: "p50|p95" (ms) of a run's transactions, nearest rank, from pgbench's log (field 3, us);
+# NAME may be a glob (the rounds of one client count)
 pct() {
-  cat "$OUT/$1".tx.* | awk '{print $3}' | sort -n | awk '{v[NR] = $1}
+  # shellcheck disable=SC2086 # NAME is globbed on purpose
+  cat "$OUT"/$1.tx.* | awk '{print $3}' | sort -n | awk '{v[NR] = $1}
     END {printf "%.3f|%.3f", v[int(NR * 0.50) + 1] / 1000, v[int(NR * 0.95) + 1] / 1000}'
 }
 # audit_check ID: the number of audit rows after row ID; dies on any that is not `allow`
@@ -572,14 +577,38 @@ SQL
   done
   local audit0 c
   audit0=$(audit_max)
-  printf 'clients\tbase_tps\tbase_ms\tbase_p50\tbase_p95\tctx_tps\tctx_ms\tctx_p50\tctx_p95\tratio\n' >"$OUT/clients.tsv"
+  printf 'clients\tbase_tps\tbase_ms\tbase_p50\tbase_p95\tctx_tps\tctx_ms\tctx_p50\tctx_p95\tratio\tratio_min\tratio_max\n' >"$OUT/clients.tsv"
+  # Per client count, CLIENT_ROUNDS rounds of the two scripts back to back, the order alternating
+  # (baseline first in odd rounds): one pair of runs moves by more than the aim on this kind of
+  # machine (0.82 to 1.05 at one client count in three runs). The ratio is the median of the
+  # rounds' tps ratios (with their range); tps and latency average are the rounds' medians, the
+  # percentiles those of all the rounds' transactions.
+  local c r
   for c in $(steps "$MAX_CLIENTS" 1 4 16 64); do
-    pgbench_run "clients-base-c$c" "$c" -M extended "${via[@]}" -D token="$token" -f "$BENCH_DIR/baseline_audit.sql" "$DB"
-    pgbench_run "clients-ctx-c$c" "$c" -M extended "${via[@]}" -D token="$token" -f "$BENCH_DIR/ctxguard.sql" "$DB"
-    local b x
-    b=$(field "clients-base-c$c"); x=$(field "clients-ctx-c$c")
-    printf '%s|%s|%s|%s|%s|%s\n' "$c" "$b" "$(pct "clients-base-c$c")" "$x" "$(pct "clients-ctx-c$c")" \
-      "$(awk -v a="${x%%|*}" -v b="${b%%|*}" 'BEGIN {printf "%.2f", a / b}')" | tr '|' '\t' >>"$OUT/clients.tsv"
+    local ratios=() bases=() ctxs=()
+    for r in $(seq 1 "$CLIENT_ROUNDS"); do
+      local order=(base ctx)
+      [ $((r % 2)) = 1 ] || order=(ctx base)
+      local which
+      for which in "${order[@]}"; do
+        local script=baseline_audit.sql
+        [ "$which" = base ] || script=ctxguard.sql
+        pgbench_run "clients-$which-c$c-r$r" "$c" -M extended "${via[@]}" -D token="$token" -f "$BENCH_DIR/$script" "$DB"
+      done
+      local b x
+      b=$(field "clients-base-c$c-r$r"); x=$(field "clients-ctx-c$c-r$r")
+      bases+=("$b"); ctxs+=("$x")
+      ratios+=("$(awk -v a="${x%%|*}" -v b="${b%%|*}" 'BEGIN {printf "%.4f", a / b}')")
+    done
+    # median of the values on stdin (the middle one, or the mean of the two middle ones)
+    median() { sort -g | awk '{v[NR] = $1} END {m = int((NR + 1) / 2); printf "%s", (NR % 2) ? v[m] : (v[m] + v[m + 1]) / 2}'; }
+    local bt bm xt xm rm rlo rhi
+    bt=$(printf '%s\n' "${bases[@]%%|*}" | median); bm=$(printf '%s\n' "${bases[@]#*|}" | median)
+    xt=$(printf '%s\n' "${ctxs[@]%%|*}" | median); xm=$(printf '%s\n' "${ctxs[@]#*|}" | median)
+    rm=$(printf '%s\n' "${ratios[@]}" | median)
+    rlo=$(printf '%s\n' "${ratios[@]}" | sort -g | head -n 1); rhi=$(printf '%s\n' "${ratios[@]}" | sort -g | tail -n 1)
+    printf '%s|%.0f|%.3f|%s|%.0f|%.3f|%s|%.2f|%.2f|%.2f\n' "$c" "$bt" "$bm" "$(pct "clients-base-c$c-r*")" \
+      "$xt" "$xm" "$(pct "clients-ctx-c$c-r*")" "$rm" "$rlo" "$rhi" | tr '|' '\t' >>"$OUT/clients.tsv"
   done
   CLIENT_AUDIT_ROWS=$(audit_check "$audit0")
   PGBOUNCER_VERSION=$("$(command -v pgbouncer || echo /usr/sbin/pgbouncer)" --version 2>/dev/null | head -n 1)
@@ -652,14 +681,14 @@ report() {
   fi
   if want clients; then
     printf '### Clients through pgbouncer\n\n![client curves](docs/scale/clients.svg)\n\n'
-    printf '| clients | careful baseline: tps, avg / p50 / p95 ms | ctxguard: tps, avg / p50 / p95 ms | ctxguard / careful baseline |\n'
+    printf '| clients | careful baseline: tps, avg / p50 / p95 ms | ctxguard: tps, avg / p50 / p95 ms | ctxguard / careful baseline: median of the rounds (range) |\n'
     printf '|---:|---:|---:|---:|\n'
-    tsv_rows "$OUT/clients.tsv" '| %s | %s, %s / %s / %s | %s, %s / %s / %s | %s |' \
-      clients base_tps base_ms base_p50 base_p95 ctx_tps ctx_ms ctx_p50 ctx_p95 ratio
+    tsv_rows "$OUT/clients.tsv" '| %s | %s, %s / %s / %s | %s, %s / %s / %s | %s (%s-%s) |' \
+      clients base_tps base_ms base_p50 base_p95 ctx_tps ctx_ms ctx_p50 ctx_p95 ratio ratio_min ratio_max
     printf '\n'
   fi
-  printf 'Run: %s, commit %s, %s build, %s s in all; pgbench `-n -r --log`, %s s per run (catalog, documents, tenants: `-M prepared`; clients: `-M extended` through pgbouncer, pool %s, `-j 2` above 1 client); ' \
-    "$(date -u +%Y-%m-%dT%H:%MZ)" "$(bench_rev pg_ext bench)" "$PROFILE" "$ELAPSED" "$SECONDS_PER_RUN" "$POOL"
+  printf 'Run: %s, commit %s, %s build, %s s in all; pgbench `-n -r --log`, %s s per run (catalog, documents, tenants: `-M prepared`; clients: `-M extended` through pgbouncer, pool %s, `-j 2` above 1 client, %s rounds per client count, order alternating); ' \
+    "$(date -u +%Y-%m-%dT%H:%MZ)" "$(bench_rev pg_ext bench)" "$PROFILE" "$ELAPSED" "$SECONDS_PER_RUN" "$POOL" "$CLIENT_ROUNDS"
   printf '%s fresh-backend and after-change calls per page and size; %s tools per registering statement; caps %s tools, %s pages, %s tenants, %s clients; ' \
     "$REPEAT" "$CHUNK" "$MAX_TOOLS" "$MAX_PAGES" "$MAX_TENANTS" "$MAX_CLIENTS"
   printf '%s audit rows of the client runs (all `allow`); load average before: %s.\n' "$CLIENT_AUDIT_ROWS" "$load_before"
