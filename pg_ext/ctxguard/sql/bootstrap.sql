@@ -96,6 +96,9 @@ CREATE TABLE ctxguard.approvals (
 COMMENT ON COLUMN ctxguard.approvals.approver_roles IS 'Four eyes (policy approver_roles, copied when the call was requested): who may grant or reject it; NULL: the requester approves.';
 COMMENT ON COLUMN ctxguard.approvals.status IS 'pending; granted (by an approver, not yet run); approved (run, exactly once); rejected.';
 COMMENT ON TABLE ctxguard.approvals IS 'Pending requires_approval calls with their bound arguments and page entity; consumed exactly once by ctxguard.approve_call from a context on the same entity.';
+-- An approver's list (pending_approvals) reads its own tenant's pending calls, oldest first: not
+-- another tenant's, nor the calls already decided (approvals are kept).
+CREATE INDEX approvals_pending_idx ON ctxguard.approvals (tenant_id, created_at, call_id) WHERE status = 'pending';
 
 CREATE TABLE ctxguard.audit_log (
     id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,

@@ -977,6 +977,9 @@ ALTER TABLE ctxguard.approvals ADD CONSTRAINT approvals_status_check
     CHECK (status IN ('pending', 'approved', 'granted', 'rejected'));
 COMMENT ON COLUMN ctxguard.approvals.approver_roles IS 'Four eyes (policy approver_roles, copied when the call was requested): who may grant or reject it; NULL: the requester approves.';
 COMMENT ON COLUMN ctxguard.approvals.status IS 'pending; granted (by an approver, not yet run); approved (run, exactly once); rejected.';
+-- An approver's list (pending_approvals) reads its own tenant's pending calls, oldest first: not
+-- another tenant's, nor the calls already decided (approvals are kept).
+CREATE INDEX approvals_pending_idx ON ctxguard.approvals (tenant_id, created_at, call_id) WHERE status = 'pending';
 CREATE FUNCTION ctxguard."_explain_call"(
 	"name" TEXT, /* Option < & str > */
 	"args" TEXT /* Option < & str > */

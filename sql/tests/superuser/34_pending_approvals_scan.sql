@@ -1,0 +1,45 @@
+-- An approver's list reads its own tenant's pending calls, not every tenant's (issue 34; found in a
+-- review of the chain-head fix). `pending_approvals()` filtered `ctxguard.approvals` by tenant and
+-- status with no index to do it: every approver's list read every approval of every tenant ever
+-- requested (approvals are kept after they are decided), so one tenant's users, requesting calls
+-- that need four eyes, made every other tenant's approvers pay for them. Here 3,000 pending acme
+-- approvals stand beside globex's list; the rows this transaction's scans of the table read are
+-- counted (pg_stat_xact_all_tables: this backend's own, the owner's reads inside the function
+-- included).
+-- Runs as the superuser (the DBA); the list as ctxguard_gateway.
+\set QUIET 1
+SET client_min_messages = warning;
+SELECT * FROM no_plan();
+
+-- Rows of ctxguard.approvals read by this transaction's scans so far (sequential and index).
+CREATE FUNCTION pg_temp.rows_read() RETURNS bigint LANGUAGE sql AS $$
+    SELECT coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0) FROM pg_stat_xact_all_tables
+     WHERE schemaname = 'ctxguard' AND relname = 'approvals'
+$$;
+-- As the gateway: the number of calls `tok`'s user may decide (in the caller's transaction).
+CREATE FUNCTION pg_temp.listed(tok text) RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE n bigint;
+BEGIN
+    SET LOCAL ROLE ctxguard_gateway;
+    PERFORM ctxguard.set_context(tok, '{"pageType": "invoice_detail", "entity": {"type": "invoice", "id": "glx_inv3"}}');
+    SELECT count(*) INTO n FROM ctxguard.pending_approvals();
+    RESET ROLE;
+    RETURN n;
+END $$;
+
+BEGIN;
+INSERT INTO ctxguard.approvals (call_id, tenant_id, user_id, tool, args, args_hash, expires_at, approver_roles)
+SELECT gen_random_uuid(), 'acme', 'filler', 'invoice.get', '{}', 'x', now() + interval '1 hour', '{ap_clerk}'
+  FROM generate_series(1, 3000);
+INSERT INTO ctxguard.approvals (call_id, tenant_id, user_id, tool, args, args_hash, expires_at, approver_roles)
+VALUES (gen_random_uuid(), 'globex', 'someone', 'invoice.get', '{}', 'x', now() + interval '1 hour', '{ap_clerk}');
+ANALYZE ctxguard.approvals;
+SELECT pg_temp.rows_read() AS before \gset
+SELECT pg_temp.listed(:'tok_carol') AS listed \gset
+SELECT pg_temp.rows_read() - :before AS read \gset
+-- The filler goes (and pgTAP's results are recorded after it, so that they stay).
+ROLLBACK;
+SELECT is(:listed::bigint, 1::bigint, 'globex''s approver is listed globex''s one pending call');
+SELECT cmp_ok(:read::bigint, '<', 100::bigint, 'the list read globex''s pending calls, not the 3,000 of acme');
+
+SELECT * FROM finish();
