@@ -140,6 +140,8 @@ pct() {
   cat "$OUT"/$1.tx.* | awk '{print $3}' | sort -n | awk '{v[NR] = $1}
     END {printf "%.3f|%.3f", v[int(NR * 0.50) + 1] / 1000, v[int(NR * 0.95) + 1] / 1000}'
 }
+# median: the median of the numbers on stdin (the middle one, or the mean of the two middle ones)
+median() { sort -g | awk '{v[NR] = $1} END {m = int((NR + 1) / 2); printf "%s", (NR % 2) ? v[m] : (v[m] + v[m + 1]) / 2}'; }
 # audit_check ID: the number of audit rows after row ID; dies on any that is not `allow`
 audit_check() {
   local bad
@@ -600,8 +602,6 @@ SQL
       bases+=("$b"); ctxs+=("$x")
       ratios+=("$(awk -v a="${x%%|*}" -v b="${b%%|*}" 'BEGIN {printf "%.4f", a / b}')")
     done
-    # median of the values on stdin (the middle one, or the mean of the two middle ones)
-    median() { sort -g | awk '{v[NR] = $1} END {m = int((NR + 1) / 2); printf "%s", (NR % 2) ? v[m] : (v[m] + v[m + 1]) / 2}'; }
     local bt bm xt xm rm rlo rhi
     bt=$(printf '%s\n' "${bases[@]%%|*}" | median); bm=$(printf '%s\n' "${bases[@]#*|}" | median)
     xt=$(printf '%s\n' "${ctxs[@]%%|*}" | median); xm=$(printf '%s\n' "${ctxs[@]#*|}" | median)

@@ -16,6 +16,7 @@
 \set QUIET 1
 SET client_min_messages = warning;
 SELECT * FROM no_plan();
+\ir ../lib/gateway_call.sql
 -- A run stopped half-way must not leave its database setting to the next.
 SELECT format('ALTER DATABASE %I RESET plan_cache_mode', current_database()) \gexec
 
@@ -70,18 +71,12 @@ BEGIN
         RETURN NEXT l;
     END LOOP;
 END $$;
--- As the gateway: one call of invoice.get for `tok` on `invoice` (in the caller's transaction); its
--- status.
-CREATE FUNCTION pg_temp.call(tok text, invoice text) RETURNS text LANGUAGE plpgsql AS $$
-DECLARE r jsonb;
-BEGIN
-    SET LOCAL ROLE ctxguard_gateway;
-    PERFORM ctxguard.set_context(tok, jsonb_build_object('pageType', 'invoice_detail',
-        'entity', jsonb_build_object('type', 'invoice', 'id', invoice)));
-    r := ctxguard.call_tool('invoice.get', '{}');
-    RESET ROLE;
-    RETURN coalesce(r->'error'->>'code', r->>'status');
-END $$;
+-- As the gateway: invoice.get for `tok` on `invoice` (in the caller's transaction); its status.
+CREATE FUNCTION pg_temp.call(tok text, invoice text) RETURNS text LANGUAGE sql AS $$
+    SELECT coalesce(r->'error'->>'code', r->>'status')
+      FROM pg_temp.gateway_call(tok, jsonb_build_object('pageType', 'invoice_detail',
+               'entity', jsonb_build_object('type', 'invoice', 'id', invoice))) AS r
+$$;
 
 -- Both tenants have chain heads, and the statistics see the table as it is.
 BEGIN;
