@@ -649,19 +649,57 @@ pub fn link<K: Eq + Hash>(
     Some((prev, hash))
 }
 
+/// A chain checked one row at a time, in order, in memory that does not grow with it: each row's
+/// stored hash must be the hash of its content and of its predecessor's stored hash.
+/// `ctxguard.verify_audit` feeds it a tenant's rows as it reads them.
+#[derive(Debug, Default)]
+pub struct ChainCheck {
+    expected_prev: String,
+    rows: u64,
+    broken: Option<u64>,
+}
+
+impl ChainCheck {
+    /// The next row of the chain: `true` while the chain holds up to and including it. Rows after
+    /// the first broken one are counted, not hashed.
+    pub fn push(&mut self, prev: &str, hash: &str, fields: &[Option<&str>]) -> bool {
+        let i = self.rows;
+        self.rows += 1;
+        if self.broken.is_some() {
+            return false;
+        }
+        if prev != self.expected_prev || chain_hash(prev, fields) != hash {
+            self.broken = Some(i);
+            return false;
+        }
+        self.expected_prev.clear();
+        self.expected_prev.push_str(hash);
+        true
+    }
+
+    /// Rows pushed.
+    pub fn rows(&self) -> u64 {
+        self.rows
+    }
+
+    /// The index of the first broken row, if any.
+    pub fn first_broken(&self) -> Option<u64> {
+        self.broken
+    }
+}
+
 /// The first row of a chain whose stored hash is not the hash of its content and its
 /// predecessor's stored hash: `Some(index)`, or `None` if the chain holds.
 pub fn first_broken<'a>(
     rows: impl IntoIterator<Item = (&'a str, &'a str, Vec<Option<&'a str>>)>,
 ) -> Option<usize> {
-    let mut expected_prev = String::new();
-    for (i, (prev, hash, fields)) in rows.into_iter().enumerate() {
-        if prev != expected_prev || chain_hash(prev, &fields) != hash {
-            return Some(i);
+    let mut check = ChainCheck::default();
+    for (prev, hash, fields) in rows {
+        if !check.push(prev, hash, &fields) {
+            break;
         }
-        expected_prev = hash.to_string();
     }
-    None
+    check.first_broken().map(|i| i as usize)
 }
 
 /// When the writer writes again the generation counters still waiting for their generation's row
@@ -1192,6 +1230,31 @@ mod tests {
         );
         // NULL and the empty string differ.
         assert_ne!(chain_hash("", &[None]), chain_hash("", &[Some("")]));
+    }
+
+    #[test]
+    fn a_chain_check_counts_every_row_and_keeps_the_first_break() {
+        let f = |s: &'static str| vec![Some(s)];
+        let h1 = chain_hash("", &f("a"));
+        let h2 = chain_hash(&h1, &f("b"));
+        let h3 = chain_hash(&h2, &f("c"));
+        let mut ok = ChainCheck::default();
+        assert!(ok.push("", &h1, &f("a")));
+        assert!(ok.push(&h1, &h2, &f("b")));
+        assert!(ok.push(&h2, &h3, &f("c")));
+        assert_eq!((ok.rows(), ok.first_broken()), (3, None));
+        // The second row edited: it is the first broken one; the third, intact on its own, is
+        // counted after it but does not clear the break.
+        let mut edited = ChainCheck::default();
+        assert!(edited.push("", &h1, &f("a")));
+        assert!(!edited.push(&h1, &h2, &f("B")));
+        assert!(!edited.push(&h2, &h3, &f("c")));
+        assert_eq!((edited.rows(), edited.first_broken()), (3, Some(1)));
+        // The second row deleted: the third no longer follows the first.
+        let mut deleted = ChainCheck::default();
+        assert!(deleted.push("", &h1, &f("a")));
+        assert!(!deleted.push(&h2, &h3, &f("c")));
+        assert_eq!((deleted.rows(), deleted.first_broken()), (2, Some(1)));
     }
 
     #[test]

@@ -386,6 +386,28 @@ pub unsafe fn with_varlena_bytes<R>(datum: pg_sys::Datum, read: impl FnOnce(&[u8
     }
 }
 
+/// `read` of a `text` datum's string, in place: detoasted only when toasted or compressed (a copy
+/// in the current memory context, freed after `read`); `None` when it is not UTF-8. Unlike
+/// pgrx's `SpiTupleTable::get::<&str>` or `::<String>`, which copy every value into the parent of
+/// the current memory context (for SPI, the transaction's), so that a loop over many rows holds
+/// them all until the transaction ends.
+///
+/// # Safety
+/// `datum` is a non-null `text` (or other varlena string) datum valid for the call.
+pub unsafe fn with_text<R>(datum: pg_sys::Datum, read: impl FnOnce(Option<&str>) -> R) -> R {
+    // SAFETY: per the caller; `pg_detoast_datum_packed` returns the value itself or a copy, which
+    // lives until it is freed here (when it is a copy) after `read`, which cannot keep it.
+    unsafe {
+        let given = datum.cast_mut_ptr::<pg_sys::varlena>();
+        let whole = pg_sys::pg_detoast_datum_packed(given);
+        let r = read(pgrx::varlena::text_to_rust_str(whole).ok());
+        if whole != given {
+            pg_sys::pfree(whole.cast());
+        }
+        r
+    }
+}
+
 /// A `tsvector` value copied out of a row into memory of our own (8-byte aligned, with the 4-byte
 /// varlena header `pg_detoast_datum` gives it), so that a cached catalog entry can hand it to
 /// PostgreSQL's text-search functions ([`TsVector::matches_rank`]) without reading the row again.

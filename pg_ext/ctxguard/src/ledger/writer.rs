@@ -14,7 +14,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use ctxguard_core::ledger::{first_broken, jsonb_text, link, Margins, QuotaKey, Retry, Seen};
+use ctxguard_core::ledger::{jsonb_text, link, ChainCheck, Margins, QuotaKey, Retry, Seen};
 use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, SignalWakeFlags};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -24,7 +24,7 @@ use serde_json::{json, Value};
 use super::{shmem, Unavailable};
 use crate::gucs;
 use crate::owner::as_owner;
-use crate::pgutil::{in_subtransaction, raise, update_saved};
+use crate::pgutil::{in_subtransaction, raise, update_saved, with_text};
 
 /// Most records in one batch.
 pub const MAX_BATCH: usize = 256;
@@ -1216,41 +1216,79 @@ fn last_hash(
     })
 }
 
+/// Rows of the chain read at a time by [`verify_audit`].
+const VERIFY_BATCH: i64 = 1000;
+
 /// Recompute a tenant's audit chain (rows the writer wrote, in id order): the first row whose
 /// hash does not cover its content and its predecessor's hash. Superuser or the owner only.
+///
+/// The rows are read through a cursor, [`VERIFY_BATCH`] at a time, each piece freed once checked,
+/// so memory does not grow with the tenant's rows (it read them all, then hashed them: a tenant of
+/// millions of rows grew the backend by gigabytes). Only the tenant's rows are read, through the
+/// `(tenant_id, id)` index: the tenant is bounded by a range, which leaves `tenant_id` in the
+/// sort order (as in [`last_hash`]), so no plan walks the primary key over every tenant's rows.
 #[pg_extern(volatile, parallel_unsafe)]
 fn verify_audit(tenant: Option<&str>) -> JsonB {
     let _pin = crate::owner::pin();
     crate::handler::refuse_inside("verify_audit");
-    let rows = as_owner(|| {
+    let tenant_rows = match tenant {
+        Some(_) => {
+            "r.tenant_id OPERATOR(pg_catalog.>=) $1 AND r.tenant_id OPERATOR(pg_catalog.<=) $1"
+        }
+        None => "r.tenant_id IS NULL AND $1::pg_catalog.text IS NULL",
+    };
+    let sql = format!(
+        "SELECT r.id, r.prev_hash, r.row_hash, {CANON} FROM ctxguard.audit_log r
+          WHERE {tenant_rows} AND r.row_hash IS NOT NULL ORDER BY r.tenant_id, r.id"
+    );
+    let (check, broken_id) = as_owner(|| {
         Spi::connect(|c| {
-            let sql = format!(
-                "SELECT r.id, r.prev_hash, r.row_hash, {CANON} FROM ctxguard.audit_log r
-                  WHERE (r.tenant_id OPERATOR(pg_catalog.=) $1 OR (r.tenant_id IS NULL AND $1 IS NULL))
-                    AND r.row_hash IS NOT NULL ORDER BY r.id"
-            );
-            c.select(&sql, None, &[tenant.into()])?
-                .map(|r| {
-                    Ok::<_, pgrx::spi::Error>((
-                        r.get::<i64>(1)?.unwrap_or_default(),
-                        r.get::<String>(2)?.unwrap_or_default(),
-                        r.get::<String>(3)?.unwrap_or_default(),
-                        r.get::<String>(4)?.unwrap_or_default(),
-                    ))
-                })
-                .collect::<Result<Vec<_>, _>>()
+            let mut check = ChainCheck::default();
+            let mut broken_id = None;
+            let mut cursor = c.try_open_cursor(sql.as_str(), &[tenant.into()])?;
+            loop {
+                let table = cursor.fetch(VERIFY_BATCH)?;
+                // SAFETY: the table just fetched (freed below, once read; nothing of it is kept).
+                let piece = unsafe { pg_sys::SPI_tuptable };
+                if table.is_empty() {
+                    break;
+                }
+                let mut table = table;
+                while table.next().is_some() {
+                    pgrx::check_for_interrupts!();
+                    // Read in place (see `with_text`); text that is not UTF-8 reads as empty,
+                    // which no hash the writer made covers.
+                    let text = |i| -> Result<String, pgrx::spi::Error> {
+                        Ok(match table.get_datum_by_ordinal(i)? {
+                            // SAFETY: a `text` datum of the current row, read within the call.
+                            Some(d) => unsafe {
+                                with_text(d, |t| t.unwrap_or_default().to_owned())
+                            },
+                            None => String::new(),
+                        })
+                    };
+                    let (prev, hash, canon) = (text(2)?, text(3)?, text(4)?);
+                    if !check.push(&prev, &hash, &[Some(&canon)]) && broken_id.is_none() {
+                        broken_id = table.get::<i64>(1)?;
+                    }
+                }
+                // SAFETY: as above.
+                unsafe { pg_sys::SPI_freetuptable(piece) };
+            }
+            Ok::<_, pgrx::spi::Error>((check, broken_id))
         })
     })
-    .unwrap_or_else(|e| raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, format!("ctxguard: {e}")));
-    let broken = first_broken(
-        rows.iter()
-            .map(|(_, p, h, t)| (p.as_str(), h.as_str(), vec![Some(t.as_str())])),
-    );
+    .unwrap_or_else(|e| {
+        raise(
+            PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+            format!("ctxguard: {e}"),
+        )
+    });
     JsonB(json!({
         "tenant_id": tenant,
-        "rows": rows.len(),
-        "intact": broken.is_none(),
-        "first_broken_id": broken.map(|b| rows[b].0),
+        "rows": check.rows(),
+        "intact": check.first_broken().is_none(),
+        "first_broken_id": broken_id,
     }))
 }
 
