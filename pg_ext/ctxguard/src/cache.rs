@@ -524,7 +524,8 @@ impl Catalog {
     }
 
     /// Call `f` with every tool of the catalog in name order, read in batches and not kept (for
-    /// `explain_visible_tools`, a DBA's view of the whole catalog).
+    /// `explain_tools`): one batch in memory at a time (each freed once read, with what reading
+    /// its rows copied: [`crate::pgutil::freeing_row_copies`]).
     pub fn each_tool(&self, mut f: impl FnMut(&ToolEntry)) {
         let sql = format!("SELECT {TOOL_COLUMNS} FROM {TOOL_FROM} ORDER BY t.name COLLATE \"C\"");
         let servers = self.servers();
@@ -533,13 +534,20 @@ impl Catalog {
                 let mut cursor = c.open_cursor(sql.as_str(), &[]);
                 loop {
                     let rows = cursor.fetch(500)?;
+                    // SAFETY: the batch just fetched (freed below, once read; nothing of it is kept).
+                    let batch = unsafe { pg_sys::SPI_tuptable };
                     if rows.is_empty() {
                         break;
                     }
-                    for row in rows {
-                        pg_sys::check_for_interrupts!();
-                        f(&tool_from_row(&row, servers)?);
-                    }
+                    crate::pgutil::freeing_row_copies(|| {
+                        for row in rows {
+                            pg_sys::check_for_interrupts!();
+                            f(&tool_from_row(&row, servers)?);
+                        }
+                        Ok::<_, pgrx::spi::Error>(())
+                    })?;
+                    // SAFETY: as above.
+                    unsafe { pg_sys::SPI_freetuptable(batch) };
                 }
                 Ok::<_, pgrx::spi::Error>(())
             })
@@ -551,12 +559,14 @@ impl Catalog {
         let servers = self.servers();
         let tools = as_owner(|| {
             Spi::connect(|c| {
-                crate::pgutil::select_saved(c, sql, None, args)?
-                    .map(|row| {
+                let rows = crate::pgutil::select_saved(c, sql, None, args)?;
+                crate::pgutil::freeing_row_copies(|| {
+                    rows.map(|row| {
                         pg_sys::check_for_interrupts!();
                         tool_from_row(&row, servers).map(Rc::new)
                     })
                     .collect::<Result<Vec<_>, pgrx::spi::Error>>()
+                })
             })
         })
         .unwrap_or_else(|e| internal(e));

@@ -388,9 +388,8 @@ pub unsafe fn with_varlena_bytes<R>(datum: pg_sys::Datum, read: impl FnOnce(&[u8
 
 /// `read` of a `text` datum's string, in place: detoasted only when toasted or compressed (a copy
 /// in the current memory context, freed after `read`); `None` when it is not UTF-8. Unlike
-/// pgrx's `SpiTupleTable::get::<&str>` or `::<String>`, which copy every value into the parent of
-/// the current memory context (for SPI, the transaction's), so that a loop over many rows holds
-/// them all until the transaction ends.
+/// pgrx's SPI `get::<&str>`, which copies the value into the parent of the current memory context
+/// (see [`freeing_row_copies`]).
 ///
 /// # Safety
 /// `datum` is a non-null `text` (or other varlena string) datum valid for the call.
@@ -406,6 +405,41 @@ pub unsafe fn with_text<R>(datum: pg_sys::Datum, read: impl FnOnce(Option<&str>)
         }
         r
     }
+}
+
+/// Run `read`, which reads SPI rows with pgrx's `get`, so that what those reads leave in
+/// PostgreSQL's memory is freed when it returns. pgrx's `SpiHeapTupleData::get` and
+/// `SpiTupleTable::get` convert a value in the *parent* of the current memory context: arrays
+/// (`Vec<String>`), `&str` and toasted values are copied there whole (`pg_detoast_datum_copy`) and
+/// never freed. Inside `Spi::connect` that parent is the transaction's context, so a walk over many
+/// rows kept every copy until commit (2.3 kB per tool for the catalog's rows). Here the current
+/// context is the child of a fresh context, which takes the copies and is deleted after `read`
+/// (also when `read` fails). What `read` returns must own its data (Rust values, not datums).
+pub fn freeing_row_copies<R>(read: impl FnOnce() -> R) -> R {
+    struct Restore {
+        saved: pg_sys::MemoryContext,
+        copies: pg_sys::MemoryContext,
+    }
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            // SAFETY: `saved` was current when the guard was made and outlives it (the guard
+            // lives within one call); `copies` is ours, and nothing of it is kept.
+            unsafe {
+                pg_sys::MemoryContextSwitchTo(self.saved);
+                pg_sys::MemoryContextDelete(self.copies);
+            }
+        }
+    }
+    // SAFETY: both contexts are made under the current one and deleted by the guard (or with
+    // their parent, if the transaction aborts first).
+    let _restore = unsafe {
+        let saved = pg_sys::CurrentMemoryContext;
+        let copies = memory_context(saved, c"ctxguard row copies", ContextSizes::Default);
+        let rows = memory_context(copies, c"ctxguard rows", ContextSizes::Small);
+        pg_sys::MemoryContextSwitchTo(rows);
+        Restore { saved, copies }
+    };
+    read()
 }
 
 /// A `tsvector` value copied out of a row into memory of our own (8-byte aligned, with the 4-byte
