@@ -1277,5 +1277,6 @@ fn catalog_stats() -> JsonB {
         "backend_rss_kb": rss,
         "backend_peak_kb": peak,
         "backend_private_kb": private,
+        "handler_plans_kept": crate::handler::body_plans_kept(),
     }))
 }

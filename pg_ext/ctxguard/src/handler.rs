@@ -162,13 +162,38 @@ struct BodyPlan {
     read_only: bool,
     /// Holds the parse info the plan's parser hook uses when the plan is made again.
     cx: pg_sys::MemoryContext,
+    /// `BODY_TICK` at its last use.
+    used: u64,
 }
 
 thread_local! {
     /// By handler and the role it runs as: parse analysis checks schema USAGE and inlines SQL
     /// functions (EXECUTE checked) as the role it runs as, and the plan cache redoes it for
-    /// another role only when row security applies.
+    /// another role only when row security applies. At most [`MAX_BODY_PLANS`].
     static BODIES: RefCell<HashMap<(pg_sys::Oid, pg_sys::Oid), BodyPlan>> = RefCell::new(HashMap::new());
+    /// Counts the lookups of `BODIES`: an entry's `used` is the count at its last use.
+    static BODY_TICK: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Most handler and condition plans a backend keeps (about 10 kB each): beyond, the least recently
+/// used is dropped (and made again if it is called again). Without a bound a pooled backend kept
+/// one for every handler it ever ran, whatever the catalog's size, dropped functions' too.
+const MAX_BODY_PLANS: usize = 256;
+
+/// Handler and condition plans this backend keeps (`catalog_stats()`).
+pub fn body_plans_kept() -> usize {
+    BODIES.with(|b| b.borrow().len())
+}
+
+/// Drop `entry`'s plan and memory. Not in use: plans are made and run only at depth 1 (a handler
+/// or condition cannot run another), and never while another one runs.
+unsafe fn free_body(entry: BodyPlan) {
+    unsafe {
+        if let Some(p) = entry.plan {
+            pg_sys::SPI_freeplan(p);
+        }
+        pg_sys::MemoryContextDelete(entry.cx);
+    }
 }
 
 /// The saved plan of `function`'s body, when it is a plain SQL function of one `jsonb` returning
@@ -215,15 +240,22 @@ unsafe fn body_plan(
             .map(|d| std::ffi::CStr::from_ptr(pg_sys::text_to_cstring(d.cast_mut_ptr())));
         let src_bytes = src.map_or(&[][..], std::ffi::CStr::to_bytes);
         let key = (function, role);
+        let tick = BODY_TICK.with(|t| {
+            t.set(t.get() + 1);
+            t.get()
+        });
         let known = BODIES.with(|b| {
-            b.borrow()
-                .get(&key)
+            b.borrow_mut()
+                .get_mut(&key)
                 .filter(|e| {
                     e.version == version
                         && e.source.1 == form.provolatile
                         && e.source.0.as_bytes() == src_bytes
                 })
-                .map(|e| e.plan.map(|p| (p, e.read_only)))
+                .map(|e| {
+                    e.used = tick;
+                    e.plan.map(|p| (p, e.read_only))
+                })
         });
         if let Some(known) = known {
             pg_sys::ReleaseSysCache(tup);
@@ -275,13 +307,23 @@ unsafe fn body_plan(
             plan,
             read_only,
             cx,
+            used: tick,
         };
-        if let Some(old) = BODIES.with(|b| b.borrow_mut().insert(key, entry)) {
-            // Not in use: handlers cannot run handlers (call_tool refuses inside one).
-            if let Some(p) = old.plan {
-                pg_sys::SPI_freeplan(p);
+        // Full: the least recently used other entry goes first (a scan of at most
+        // MAX_BODY_PLANS, only when a plan is made).
+        let evicted = BODIES.with(|b| {
+            let mut b = b.borrow_mut();
+            if b.len() < MAX_BODY_PLANS || b.contains_key(&key) {
+                return None;
             }
-            pg_sys::MemoryContextDelete(old.cx);
+            let oldest = b.iter().min_by_key(|(_, e)| e.used).map(|(k, _)| *k)?;
+            b.remove(&oldest)
+        });
+        if let Some(old) = evicted {
+            free_body(old);
+        }
+        if let Some(old) = BODIES.with(|b| b.borrow_mut().insert(key, entry)) {
+            free_body(old);
         }
         plan.map(|p| (p, read_only))
     }
