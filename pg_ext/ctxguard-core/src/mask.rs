@@ -96,6 +96,15 @@ impl<F: FnMut()> Scan<F> {
         self.taken
     }
 
+    /// Whether `bytes` more text could be taken (what [`Masker::mask_str`] of a text that long
+    /// would refuse first), without taking it.
+    pub fn fits(&self, bytes: usize) -> Result<(), TooLarge> {
+        if self.taken.saturating_add(bytes) > self.limit {
+            return Err(TooLarge { limit: self.limit });
+        }
+        Ok(())
+    }
+
     fn take(&mut self, bytes: usize) -> Result<(), TooLarge> {
         self.taken = self.taken.saturating_add(bytes);
         if self.taken > self.limit {
@@ -1374,6 +1383,10 @@ mod tests {
         let mut scan = Scan::new(100, || {});
         let mut c = MaskCounts::new();
         assert!(m.mask_str(&"a".repeat(60), &mut c, &mut scan).is_ok());
+        // `fits` says what the next text's masking would say, taking nothing.
+        assert_eq!(scan.fits(40), Ok(()));
+        assert_eq!(scan.fits(41), Err(TooLarge { limit: 100 }));
+        assert_eq!(scan.taken(), 60);
         // The limit is over the whole scan, not per string.
         assert_eq!(
             m.mask_str(&"b".repeat(60), &mut c, &mut scan),

@@ -466,6 +466,32 @@ fn page_texts(ctx: &Ctx, doc: &Doc, start: i64, end: i64) -> Vec<(i32, String)> 
     .unwrap_or_else(|e| internal(e))
 }
 
+/// Pages of a section read at a time by [`section_text`].
+const SECTION_BATCH: i64 = 64;
+
+/// The text of pages `start..=end`, joined by blank lines, read [`SECTION_BATCH`] pages at a time
+/// (each a statement of its own, whatever plan it takes): as soon as it is longer than `job` could
+/// mask (`RESULT_TOO_LARGE` for the whole call, as masking it would say), `Err` without reading the
+/// rest. A section's range is the ingester's (up to 100,000 pages of up to 1 MiB each), and it was
+/// read whole, three copies of it in memory, before the mask's limit refused it.
+fn section_text(ctx: &Ctx, doc: &Doc, start: i64, end: i64, job: &Job) -> Result<String, TooLarge> {
+    let (mut text, mut first) = (String::new(), true);
+    let mut from = start;
+    while from <= end {
+        pgrx::check_for_interrupts!();
+        let to = end.min(from + SECTION_BATCH - 1);
+        for (_, page) in page_texts(ctx, doc, from, to) {
+            if !std::mem::take(&mut first) {
+                text.push_str("\n\n");
+            }
+            text.push_str(&page);
+            job.fits(text.len())?;
+        }
+        from = to + 1;
+    }
+    Ok(text)
+}
+
 fn section(
     ctx: &Ctx,
     doc: &Doc,
@@ -475,11 +501,7 @@ fn section(
     by_budget: bool,
     job: &mut Job,
 ) -> Result<Out, TooLarge> {
-    let text = page_texts(ctx, doc, start, end)
-        .into_iter()
-        .map(|(_, t)| t)
-        .collect::<Vec<_>>()
-        .join("\n\n");
+    let text = section_text(ctx, doc, start, end, job)?;
     let text = job.text(&text)?;
     let (kept, trimmed) = docs::trim_to_bytes(&text, cap);
     let tokens = docs::estimate_tokens(kept);

@@ -88,6 +88,11 @@ impl Job {
         }
     }
 
+    /// Whether a text of `bytes` more could be masked by this job (see [`Scan::fits`]).
+    pub fn fits(&self, bytes: usize) -> Result<(), TooLarge> {
+        self.scan.fits(bytes)
+    }
+
     /// `text` masked.
     pub fn text<'a>(&mut self, text: &'a str) -> Result<Cow<'a, str>, TooLarge> {
         Ok(
