@@ -73,29 +73,56 @@ fn edge_lines(page: &str) -> impl Iterator<Item = &str> {
     edges.into_iter()
 }
 
-/// Lines (as [`line_key`]s) that open or close at least half of the pages (and at least 3): running
-/// headers and footers such as "ACME Admin Guide v4.2 — Confidential" or "Page 17 of 500".
-pub fn detect_boilerplate<'a>(pages: impl IntoIterator<Item = &'a str>) -> Vec<String> {
-    let mut counts: HashMap<String, usize> = HashMap::new();
-    let mut total = 0usize;
-    for page in pages {
-        total += 1;
+/// Longest line (in bytes) that can be a running header or footer: a longer edge line is never
+/// counted, so the count holds at most four short keys a page, however long its lines.
+pub const MAX_BOILERPLATE_LINE: usize = 512;
+
+/// The edge lines of pages counted one page at a time ([`detect_boilerplate`] without holding the
+/// pages): add each page, then [`BoilerplateCount::found`].
+#[derive(Debug, Default)]
+pub struct BoilerplateCount {
+    counts: HashMap<String, usize>,
+    total: usize,
+}
+
+impl BoilerplateCount {
+    /// Count one page's edge lines.
+    pub fn add(&mut self, page: &str) {
+        self.total += 1;
         let keys: HashSet<String> = edge_lines(page)
+            .filter(|l| l.len() <= MAX_BOILERPLATE_LINE)
             .map(line_key)
             .filter(|k| !k.is_empty())
             .collect();
         for k in keys {
-            *counts.entry(k).or_default() += 1;
+            *self.counts.entry(k).or_default() += 1;
         }
     }
-    let threshold = (total / 2).max(3);
-    let mut found: Vec<String> = counts
-        .into_iter()
-        .filter(|(_, n)| *n >= threshold)
-        .map(|(k, _)| k)
-        .collect();
-    found.sort();
-    found
+
+    /// Lines (as [`line_key`]s) that open or close at least half of the pages counted (and at
+    /// least 3), sorted.
+    pub fn found(self) -> Vec<String> {
+        let threshold = (self.total / 2).max(3);
+        let mut found: Vec<String> = self
+            .counts
+            .into_iter()
+            .filter(|(_, n)| *n >= threshold)
+            .map(|(k, _)| k)
+            .collect();
+        found.sort();
+        found
+    }
+}
+
+/// Lines (as [`line_key`]s) that open or close at least half of the pages (and at least 3): running
+/// headers and footers such as "ACME Admin Guide v4.2 — Confidential" or "Page 17 of 500". Lines
+/// longer than [`MAX_BOILERPLATE_LINE`] are never one.
+pub fn detect_boilerplate<'a>(pages: impl IntoIterator<Item = &'a str>) -> Vec<String> {
+    let mut count = BoilerplateCount::default();
+    for page in pages {
+        count.add(page);
+    }
+    count.found()
 }
 
 /// Remove boilerplate lines found at the edges of one page.
@@ -422,6 +449,33 @@ mod tests {
         assert!(detect_boilerplate(pages.iter().map(String::as_str))
             .iter()
             .all(|k| k == "Title #"));
+    }
+
+    #[test]
+    fn boilerplate_counted_page_by_page_ignores_long_lines() {
+        let long = "Z".repeat(MAX_BOILERPLATE_LINE + 1);
+        let pages: Vec<String> = (1..=6)
+            .map(|i| {
+                format!(
+                    "Manual - Confidential\n{long}\nbody {i} {}\nPage {i} of 6",
+                    "y".repeat(i)
+                )
+            })
+            .collect();
+        let mut count = BoilerplateCount::default();
+        for p in &pages {
+            count.add(p);
+        }
+        let found = count.found();
+        assert_eq!(found, detect_boilerplate(pages.iter().map(String::as_str)));
+        // The header and footer; the long line repeats on every page too, but is never counted.
+        assert_eq!(
+            found,
+            vec![
+                "Manual - Confidential".to_string(),
+                "Page # of #".to_string()
+            ]
+        );
     }
 
     #[test]

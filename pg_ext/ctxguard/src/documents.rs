@@ -1036,31 +1036,57 @@ fn put_document(
 }
 
 /// Validate pages 1..n and sections, detect headers/footers, store clean text and its index.
+/// Pages made ready at a time by [`finalize`].
+const FINALIZE_BATCH: i32 = 32;
+
+/// `f` with the bodies of pages `1..=n` of `doc_id`, [`FINALIZE_BATCH`] pages at a time, in order.
+fn each_page_batch(ctx: &Ctx, doc_id: &str, n: i32, mut f: impl FnMut(&[(i32, String)])) {
+    let mut from = 1;
+    while from <= n {
+        pgrx::check_for_interrupts!();
+        let to = n.min(from.saturating_add(FINALIZE_BATCH - 1));
+        let pages: Vec<(i32, String)> = as_owner(|| {
+            Spi::connect(|c| {
+                select_saved(
+                    c,
+                    "SELECT page_no, body FROM ctxguard.document_pages
+                      WHERE tenant_id = $1 AND doc_id = $2 AND page_no BETWEEN $3 AND $4 ORDER BY page_no",
+                    None,
+                    &[ctx.tenant_id.as_str().into(), doc_id.into(), from.into(), to.into()],
+                )?
+                .map(|r| Ok((r.get::<i32>(1)?.unwrap_or(0), r.get::<String>(2)?.unwrap_or_default())))
+                .collect::<Result<Vec<_>, pgrx::spi::Error>>()
+            })
+        })
+        .unwrap_or_else(|e| internal(e));
+        f(&pages);
+        from = to + 1;
+    }
+}
+
 fn finalize(ctx: &Ctx, doc_id: &str) -> Value {
-    let pages: Vec<(i32, String)> = as_owner(|| {
+    // Pages 1..n without gaps: their count is their largest number, and none is below 1.
+    let (n, low, high) = as_owner(|| {
         Spi::connect(|c| {
-            c.select(
-                "SELECT page_no, body FROM ctxguard.document_pages WHERE tenant_id = $1 AND doc_id = $2 ORDER BY page_no",
-                None,
+            let mut rows = select_saved(
+                c,
+                "SELECT pg_catalog.count(*)::pg_catalog.int4, pg_catalog.min(page_no), pg_catalog.max(page_no)
+                   FROM ctxguard.document_pages WHERE tenant_id = $1 AND doc_id = $2",
+                Some(1),
                 &[ctx.tenant_id.as_str().into(), doc_id.into()],
-            )?
-            .map(|r| Ok((r.get::<i32>(1)?.unwrap_or(0), r.get::<String>(2)?.unwrap_or_default())))
-            .collect::<Result<Vec<_>, pgrx::spi::Error>>()
+            )?;
+            let r = rows.next();
+            let get = |i| r.as_ref().map_or(Ok(None), |r| r.get::<i32>(i));
+            Ok::<_, pgrx::spi::Error>((get(1)?.unwrap_or(0), get(2)?, get(3)?))
         })
     })
     .unwrap_or_else(|e| internal(e));
-    if pages.is_empty()
-        || pages
-            .iter()
-            .enumerate()
-            .any(|(i, (n, _))| *n != i as i32 + 1)
-    {
+    if n == 0 || low != Some(1) || high != Some(n) {
         raise(
             INVALID,
             "ctxguard: a ready document needs pages numbered 1..n without gaps",
         );
     }
-    let n = pages.len() as i32;
     let bad_sections = Spi::get_one_with_args::<i64>(
         "SELECT pg_catalog.count(*) FROM ctxguard.document_sections WHERE tenant_id = $1 AND doc_id = $2 AND page_end > $3",
         &[ctx.tenant_id.as_str().into(), doc_id.into(), n.into()],
@@ -1068,21 +1094,38 @@ fn finalize(ctx: &Ctx, doc_id: &str) -> Value {
     if bad_sections != Ok(Some(0)) {
         raise(INVALID, "ctxguard: a section lies beyond the last page");
     }
-    let boilerplate = docs::detect_boilerplate(pages.iter().map(|(_, b)| b.as_str()));
-    let cleaned: Vec<String> = pages
-        .iter()
-        .map(|(_, b)| docs::strip_boilerplate(b, &boilerplate))
-        .collect();
-    let numbers: Vec<i32> = pages.iter().map(|(n, _)| *n).collect();
+    // Two passes over the pages, FINALIZE_BATCH at a time (the document is never in memory
+    // whole: up to 100,000 pages of 1 MiB): the running headers and footers, then each page
+    // cleaned of them and indexed.
+    let mut count = docs::BoilerplateCount::default();
+    each_page_batch(ctx, doc_id, n, |pages| {
+        for (_, body) in pages {
+            count.add(body);
+        }
+    });
+    let boilerplate = count.found();
+    each_page_batch(ctx, doc_id, n, |pages| {
+        let numbers: Vec<i32> = pages.iter().map(|(n, _)| *n).collect();
+        let cleaned: Vec<String> = pages
+            .iter()
+            .map(|(_, b)| docs::strip_boilerplate(b, &boilerplate))
+            .collect();
+        as_owner(|| {
+            Spi::connect_mut(|c| {
+                c.update(
+                    "UPDATE ctxguard.document_pages p SET clean = u.clean, tsv = pg_catalog.to_tsvector(d.language, u.clean)
+                       FROM ROWS FROM (pg_catalog.unnest($3::pg_catalog.int4[]), pg_catalog.unnest($4::pg_catalog.text[])) u(n, clean), ctxguard.documents d
+                      WHERE p.tenant_id = $1 AND p.doc_id = $2 AND p.page_no = u.n AND d.tenant_id = $1 AND d.id = $2",
+                    None,
+                    &[ctx.tenant_id.as_str().into(), doc_id.into(), numbers.into(), cleaned.into()],
+                )
+                .map(|_| ())
+            })
+        })
+        .unwrap_or_else(|e| internal(e));
+    });
     as_owner(|| {
         Spi::connect_mut(|c| {
-            c.update(
-                "UPDATE ctxguard.document_pages p SET clean = u.clean, tsv = pg_catalog.to_tsvector(d.language, u.clean)
-                   FROM ROWS FROM (pg_catalog.unnest($3::pg_catalog.int4[]), pg_catalog.unnest($4::pg_catalog.text[])) u(n, clean), ctxguard.documents d
-                  WHERE p.tenant_id = $1 AND p.doc_id = $2 AND p.page_no = u.n AND d.tenant_id = $1 AND d.id = $2",
-                None,
-                &[ctx.tenant_id.as_str().into(), doc_id.into(), numbers.into(), cleaned.into()],
-            )?;
             // Search candidates (see search_pages): per word, the pages where it occurs most.
             c.update(
                 "DELETE FROM ctxguard.document_terms WHERE tenant_id = $1 AND doc_id = $2",
