@@ -96,6 +96,10 @@ impl EntityMapping {
     }
 }
 
+/// A server's access for one caller: (server, tenant, the caller's principals: `role:<r>`
+/// sorted, then `user:<id>`).
+type AccessKey = (String, String, Vec<String>);
+
 pub struct Catalog {
     key: (i64, String),
     /// The key of the version this catalog's other parts (all but tools) were first read for:
@@ -111,7 +115,7 @@ pub struct Catalog {
     /// Every upstream server (few), read on first use, without its grants.
     servers: OnceCell<Rc<HashMap<String, Server>>>,
     /// A server's grants that can apply in one tenant (the tenant's and those of every tenant).
-    access: RefCell<HashMap<(String, String), Rc<ServerAccess>>>,
+    access: RefCell<HashMap<AccessKey, Rc<ServerAccess>>>,
     /// Rows of `ctxguard.namespaces` looked up so far (`None`: not registered).
     namespaces: RefCell<HashMap<String, Option<Rc<Described>>>>,
     /// Tools read so far, by name (Gate B reads one; Gate A a page type's).
@@ -701,15 +705,26 @@ impl Catalog {
             .get_or_init(|| Rc::new(as_owner(load_servers).unwrap_or_else(|e| internal(e))))
     }
 
-    /// `server`'s access settings with the grants that can apply in `tenant`.
-    fn access(&self, server: &str, tenant: &str) -> Option<Rc<ServerAccess>> {
+    /// `server`'s access settings with the grants that can apply to the caller of `ctx`: those
+    /// of its user and of its roles, in its tenant or in every tenant (not every user grant of the
+    /// tenant).
+    fn access(&self, server: &str, ctx: &crate::context::Ctx) -> Option<Rc<ServerAccess>> {
         let s = self.servers().get(server)?;
-        let key = (server.to_string(), tenant.to_string());
+        let mut principals: Vec<String> = ctx.roles.iter().map(|r| format!("role:{r}")).collect();
+        principals.sort();
+        principals.dedup();
+        principals.push(format!("user:{}", ctx.user_id));
+        let key = (server.to_string(), ctx.tenant_id.clone(), principals);
         if let Some(a) = self.access.borrow().get(&key) {
             return Some(a.clone());
         }
-        let grants = as_owner(|| load_grants(server, tenant)).unwrap_or_else(|e| internal(e));
-        let bytes = 128 + server.len() + tenant.len() + grants.len() * 96;
+        let grants =
+            as_owner(|| load_grants(server, &key.1, &key.2)).unwrap_or_else(|e| internal(e));
+        let bytes = 128
+            + server.len()
+            + key.1.len()
+            + key.2.iter().map(|p| p.len() + 24).sum::<usize>()
+            + grants.len() * 96;
         let a = Rc::new(ServerAccess {
             enabled: s.enabled,
             default_allow: s.default_allow,
@@ -724,7 +739,7 @@ impl Catalog {
     /// May the caller of `ctx` use upstream MCP server `server`? (Unknown servers: no.)
     pub fn server_allows(&self, server: &str, ctx: &crate::context::Ctx) -> bool {
         let admin = crate::gucs::get(&crate::gucs::MCP_ADMIN_ROLE);
-        self.access(server, &ctx.tenant_id).is_some_and(|s| {
+        self.access(server, ctx).is_some_and(|s| {
             s.allows(&Caller {
                 tenant_id: &ctx.tenant_id,
                 user_id: &ctx.user_id,
@@ -1202,7 +1217,15 @@ fn load_servers() -> Result<HashMap<String, Server>, pgrx::spi::Error> {
 
 /// `server`'s grants that can apply in `tenant`: that tenant's and those of every tenant. Grants
 /// name users of every tenant, so only the owner reads them.
-fn load_grants(server: &str, tenant: &str) -> Result<Vec<Grant>, pgrx::spi::Error> {
+/// The grants of `server` in `tenant` (or in every tenant) for `principals` (`user:<id>` and
+/// `role:<name>` of one caller): only these can apply to it ([`ServerAccess::allows`]). A tenant
+/// that grants a server user by user has as many grants as users, and every call read them all.
+/// Equality on the `(server, tenant_id, principal)` key, whatever the collation.
+fn load_grants(
+    server: &str,
+    tenant: &str,
+    principals: &[String],
+) -> Result<Vec<Grant>, pgrx::spi::Error> {
     Spi::connect(|c| {
         crate::pgutil::select_saved(
             c,
@@ -1211,9 +1234,10 @@ fn load_grants(server: &str, tenant: &str) -> Result<Vec<Grant>, pgrx::spi::Erro
                     access OPERATOR(pg_catalog.=) 'allow'
                FROM ctxguard.mcp_server_grants
               WHERE server OPERATOR(pg_catalog.=) $1
-                AND (tenant_id OPERATOR(pg_catalog.=) $2 OR tenant_id IS NULL)",
+                AND (tenant_id OPERATOR(pg_catalog.=) $2 OR tenant_id IS NULL)
+                AND principal OPERATOR(pg_catalog.=) ANY ($3::pg_catalog.text[])",
             None,
-            &[server.into(), tenant.into()],
+            &[server.into(), tenant.into(), principals.to_vec().into()],
         )?
         .map(|row| {
             let principal = match (

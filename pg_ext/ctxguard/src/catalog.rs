@@ -304,6 +304,8 @@ fn register_tools(tools: Option<JsonbArg>) -> i32 {
         );
         loop {
             let rows = cursor.fetch(BULK_BATCH as i64)?;
+            // SAFETY: the part just fetched (freed below, once read; nothing of it is kept).
+            let part = unsafe { pg_sys::SPI_tuptable };
             if rows.is_empty() {
                 break;
             }
@@ -321,6 +323,8 @@ fn register_tools(tools: Option<JsonbArg>) -> i32 {
                 batch.push(t);
                 index += 1;
             }
+            // SAFETY: as above (pgrx frees a cursor's parts only when the connection ends).
+            unsafe { pg_sys::SPI_freetuptable(part) };
             done += batch.len() as i32;
             flush(&mut batch, first);
             first = index;

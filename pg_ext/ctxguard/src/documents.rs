@@ -336,7 +336,9 @@ pub fn run(
             })
             .unwrap_or_else(|e| internal(e));
             match section {
-                Some(range) => Some(range),
+                // Within the document: a section's range is the ingester's, and the pages it
+                // lists beyond the last exist nowhere (nor are they read or counted as read).
+                Some((start, end)) => Some((start, end.min(doc.page_count))),
                 None => return refuse(Code::NotFound, "section not found in this document"),
             }
         }
@@ -470,26 +472,54 @@ fn page_texts(ctx: &Ctx, doc: &Doc, start: i64, end: i64) -> Vec<(i32, String)> 
 const SECTION_BATCH: i64 = 64;
 
 /// The text of pages `start..=end`, joined by blank lines, read [`SECTION_BATCH`] pages at a time
-/// (each a statement of its own, whatever plan it takes): as soon as it is longer than `job` could
-/// mask (`RESULT_TOO_LARGE` for the whole call, as masking it would say), `Err` without reading the
-/// rest. A section's range is the ingester's (up to 100,000 pages of up to 1 MiB each), and it was
-/// read whole, three copies of it in memory, before the mask's limit refused it.
+/// (each a statement of its own, from the last page read: as many statements as batches of pages
+/// that exist, whatever the range): as soon as it is longer than `job` could mask
+/// (`RESULT_TOO_LARGE` for the whole call, as masking it would say), `Err` without reading the
+/// rest. A section's range is the ingester's (up to 100,000 pages of up to 1 MiB each), and it
+/// was read whole, three copies of it in memory, before the mask's limit refused it.
 fn section_text(ctx: &Ctx, doc: &Doc, start: i64, end: i64, job: &Job) -> Result<String, TooLarge> {
     let (mut text, mut first) = (String::new(), true);
-    let mut from = start;
-    while from <= end {
+    let mut after = start.saturating_sub(1);
+    loop {
         pgrx::check_for_interrupts!();
-        let to = end.min(from + SECTION_BATCH - 1);
-        for (_, page) in page_texts(ctx, doc, from, to) {
+        let pages: Vec<(i32, String)> = as_owner(|| {
+            Spi::connect(|c| {
+                select_saved(
+                    c,
+                    "SELECT page_no, coalesce(clean, body) FROM ctxguard.document_pages
+                      WHERE tenant_id = $1 AND doc_id = $2 AND page_no > $3 AND page_no <= $4
+                      ORDER BY page_no LIMIT $5",
+                    None,
+                    &[
+                        ctx.tenant_id.as_str().into(),
+                        doc.id.as_str().into(),
+                        (after as i32).into(),
+                        (end as i32).into(),
+                        SECTION_BATCH.into(),
+                    ],
+                )?
+                .map(|r| {
+                    Ok((
+                        r.get::<i32>(1)?.unwrap_or(0),
+                        r.get::<String>(2)?.unwrap_or_default(),
+                    ))
+                })
+                .collect::<Result<Vec<_>, pgrx::spi::Error>>()
+            })
+        })
+        .unwrap_or_else(|e| internal(e));
+        let Some(&(last, _)) = pages.last() else {
+            return Ok(text);
+        };
+        for (_, page) in &pages {
             if !std::mem::take(&mut first) {
                 text.push_str("\n\n");
             }
-            text.push_str(&page);
+            text.push_str(page);
             job.fits(text.len())?;
         }
-        from = to + 1;
+        after = i64::from(last);
     }
-    Ok(text)
 }
 
 fn section(

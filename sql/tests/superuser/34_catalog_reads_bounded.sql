@@ -15,10 +15,10 @@
 SET client_min_messages = warning;
 SELECT * FROM no_plan();
 
--- Bytes held by the transaction's memory context itself (not its children: SPI's and the
--- executor's contexts, freed when they end).
+-- Bytes in use in the transaction's memory context itself (not its children: SPI's and the
+-- executor's contexts, freed when they end; nor its free space, which grows by whole blocks).
 CREATE FUNCTION pg_temp.txn_bytes() RETURNS bigint LANGUAGE sql AS $$
-    SELECT total_bytes FROM pg_backend_memory_contexts WHERE name = 'TopTransactionContext'
+    SELECT total_bytes - free_bytes FROM pg_backend_memory_contexts WHERE name = 'TopTransactionContext'
 $$;
 -- As the gateway, on `page`: n calls of explain_tools(); the rows of the last one.
 CREATE FUNCTION pg_temp.explains(tok text, page text, n int) RETURNS bigint LANGUAGE plpgsql AS $$

@@ -1256,14 +1256,18 @@ fn verify_audit(tenant: Option<&str>) -> JsonB {
                 let mut table = table;
                 while table.next().is_some() {
                     pgrx::check_for_interrupts!();
-                    // Read in place (see `with_text`); text that is not UTF-8 reads as empty,
-                    // which no hash the writer made covers.
+                    // Read in place (see `with_text`); text that is not UTF-8 (a database
+                    // of another encoding) is refused, as reading it as a Rust string was.
                     let text = |i| -> Result<String, pgrx::spi::Error> {
                         Ok(match table.get_datum_by_ordinal(i)? {
                             // SAFETY: a `text` datum of the current row, read within the call.
-                            Some(d) => unsafe {
-                                with_text(d, |t| t.unwrap_or_default().to_owned())
-                            },
+                            Some(d) => unsafe { with_text(d, |t| t.map(str::to_owned)) }
+                                .unwrap_or_else(|| {
+                                    raise(
+                                        PgSqlErrorCode::ERRCODE_CHARACTER_NOT_IN_REPERTOIRE,
+                                        "ctxguard: an audit row's text is not UTF-8",
+                                    )
+                                }),
                             None => String::new(),
                         })
                     };
