@@ -477,6 +477,56 @@ async fn v1_tools_explains_gate_a_per_page_and_user() {
     assert!(status == 400 || status == 422, "{status}");
 }
 
+/// `POST /v1/tools` lists every visible tool and at most `CTXGUARD_EXPLAIN_MAX_HIDDEN` hidden ones
+/// (issue 34: the request explained every catalogued tool, 1.7 s of a core at 100,000 tools, for
+/// any user); `hiddenMore` says whether the catalog holds others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn v1_tools_lists_at_most_max_hidden_hidden_tools() {
+    let alice = token("alice", "acme", &["ap_clerk"]);
+    let page = json!({"pageContext": {"pageType": "invoice_table"}});
+    let names = |body: &Value, visible: bool| -> Vec<String> {
+        body["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|t| t["visible"] == visible)
+            .map(|t| t["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let wide = gateway(&[]).await;
+    let (status, all) = post_json(wide, "/v1/tools", Some(&alice), "h1", &page).await;
+    assert_eq!(status, 200, "{all}");
+    assert_eq!(
+        all["hiddenMore"], false,
+        "the test catalog is under 200 hidden tools"
+    );
+    let hidden_all = names(&all, false);
+    assert!(
+        hidden_all.len() > 3,
+        "fixture: several hidden tools on the invoice table"
+    );
+
+    let narrow = gateway(&["--explain-max-hidden", "2"]).await;
+    let (status, two) = post_json(narrow, "/v1/tools", Some(&alice), "h2", &page).await;
+    assert_eq!(status, 200, "{two}");
+    assert_eq!(two["hiddenMore"], true);
+    assert_eq!(
+        names(&two, true),
+        names(&all, true),
+        "every visible tool is still listed"
+    );
+    assert_eq!(
+        names(&two, false),
+        hidden_all[..2].to_vec(),
+        "and the first two hidden ones, by name"
+    );
+
+    let none = gateway(&["--explain-max-hidden", "0"]).await;
+    let (_, zero) = post_json(none, "/v1/tools", Some(&alice), "h3", &page).await;
+    assert!(names(&zero, false).is_empty());
+    assert_eq!(zero["hiddenMore"], true);
+}
+
 /// `POST /v1/tools/explain`: Gate B's dry run through the gateway (issue 30): the decision, code
 /// and rule for the caller's page, by catalog or wire name, running nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

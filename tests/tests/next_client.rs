@@ -250,6 +250,7 @@ async fn victim(db: &Db, sub: &str, trace: &str) -> Vec<String> {
             &scope(invoice_page("acme_inv2"), "explain"),
             Some("invoice"),
             8,
+            200,
         )
         .await;
     out.push(outcome("explain_page", &r, |(v, ranked, overview)| {

@@ -153,6 +153,11 @@ pub struct Config {
     /// Most visible tools offered to the model per turn (ranked by the message).
     #[arg(long, env = "CTXGUARD_MAX_TOOLS", default_value_t = 24)]
     pub max_tools: i32,
+    /// Most hidden tools `POST /v1/tools` lists (the first by name; `hiddenMore` says whether there
+    /// are others): every visible tool is listed, and the request costs what the page and this
+    /// need, not the catalog.
+    #[arg(long, env = "CTXGUARD_EXPLAIN_MAX_HIDDEN", default_value_t = 200)]
+    pub explain_max_hidden: i32,
     /// Tool search's embeddings: `offline` (the model directory), `openai` (an embeddings
     /// endpoint) or `none` (lexical only).
     #[arg(
@@ -510,6 +515,9 @@ impl Config {
         }
         if !(1..=10_000).contains(&self.http_max_streams_per_user) {
             return bad("CTXGUARD_HTTP_MAX_STREAMS_PER_USER must be 1..10000");
+        }
+        if !(0..=10_000).contains(&self.explain_max_hidden) {
+            return bad("CTXGUARD_EXPLAIN_MAX_HIDDEN must be 0..10000");
         }
         if self.demo {
             if !self.listen.ip().is_loopback() {

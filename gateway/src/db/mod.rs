@@ -775,18 +775,21 @@ impl Db {
         Ok(one_row(r.pop().unwrap_or_default())?.get(0))
     }
 
-    /// The validated context, the page description, and every catalogued tool with Gate A's
-    /// verdict (`explain_tools`), for the visible ones their policy flags, and whether each is in
-    /// the model's list for `query` and `top_k` (and if not, why). Offered first, then visible.
-    /// With it, in the same transaction, the model's ranked list (`visible_tools(query, top_k)`)
-    /// and the page's namespaces, from which the tool budget's decision follows (`catalog/compact.rs`).
+    /// The validated context, the page description, and every visible tool with Gate A's verdict
+    /// (`explain_tools`) and its policy flags, and whether it is in the model's list for `query`
+    /// and `top_k` (and if not, why), then at most `max_hidden + 1` hidden tools (the first by
+    /// name; the one more says whether there are others). Offered first, then visible. With it,
+    /// in the same transaction, the model's ranked list (`visible_tools(query, top_k)`) and the
+    /// page's namespaces, from which the tool budget's decision follows (`catalog/compact.rs`).
     pub async fn explain_page(
         &self,
         scope: &Scope,
         query: Option<&str>,
         top_k: i32,
+        max_hidden: i32,
     ) -> Result<(Value, Vec<ToolSpec>, Overview), ApiError> {
         let ranked: &Params<'_> = &[(&query, Type::TEXT), (&Some(top_k), Type::INT4)];
+        let hidden = max_hidden.saturating_add(1);
         let (_, mut results) = self
             .transaction(
                 scope,
@@ -794,7 +797,11 @@ impl Db {
                 &[
                     (
                         sql::EXPLAIN_PAGE,
-                        &[(&query, Type::TEXT), (&top_k, Type::INT4)],
+                        &[
+                            (&query, Type::TEXT),
+                            (&top_k, Type::INT4),
+                            (&hidden, Type::INT4),
+                        ],
                     ),
                     (sql::PAGE_TOOLS, ranked),
                     (sql::NAMESPACES, &[]),

@@ -374,7 +374,7 @@ pub const EXPLAIN_PAGE: &str = "SELECT pg_catalog.jsonb_build_object(
                           'description', t.description, 'readOnly', v.read_only,
                           'danger', v.danger, 'requiresApproval', v.requires_approval)
                           ORDER BY NOT e.visible, e.offered IS NOT TRUE, e.name), '[]')
-                 FROM ctxguard.explain_tools($1, $2) e
+                 FROM ctxguard.explain_tools($1, $2, $3) e
                  JOIN ctxguard.tools t ON t.name OPERATOR(pg_catalog.=) e.name
                  LEFT JOIN ctxguard.visible_tools() v ON v.name OPERATOR(pg_catalog.=) e.name))";
 

@@ -492,7 +492,8 @@ struct ToolsRequest {
 }
 
 /// `POST /v1/tools`: what the assistant can do on a page, and why not the rest: the validated
-/// context, the page description, and every catalogued tool with Gate A's verdict and reason, and
+/// context, the page description, and every visible tool and at most `CTXGUARD_EXPLAIN_MAX_HIDDEN`
+/// hidden ones (`hiddenMore`: whether there are others) with Gate A's verdict and reason, and
 /// whether it is in the model's list (the top `CTXGUARD_MAX_TOOLS`, ranked by `message`), and if
 /// not, why (`leftOut`).
 async fn tools_endpoint(
@@ -511,17 +512,42 @@ async fn tools_endpoint(
         )));
     }
     let scope = PageRequest::of(req.page_context).scope(&headers)?;
+    let max_hidden = state.core.config.explain_max_hidden;
     let (explained, ranked, overview) = state
         .core
         .db
-        .explain_page(&scope, req.message.as_deref(), state.core.config.max_tools)
+        .explain_page(
+            &scope,
+            req.message.as_deref(),
+            state.core.config.max_tools,
+            max_hidden,
+        )
         .await?;
     Ok(Json(with_budget(
-        explained,
+        at_most_hidden(explained, max_hidden),
         &compact::offer(state.core.config.tool_budget, ranked, &overview),
         state.core.config.tool_budget,
         &overview,
     )))
+}
+
+/// `explained` with at most `max_hidden` hidden tools (the first by name: `EXPLAIN_PAGE` lists
+/// them last, in name order), and `hiddenMore`: whether the catalog holds others (the database
+/// was asked for one more).
+fn at_most_hidden(mut explained: Value, max_hidden: i32) -> Value {
+    let limit = usize::try_from(max_hidden).unwrap_or(0);
+    let mut hidden = 0usize;
+    if let Some(tools) = explained["tools"].as_array_mut() {
+        tools.retain(|t| {
+            if t["visible"] == true {
+                return true;
+            }
+            hidden += 1;
+            hidden <= limit
+        });
+    }
+    explained["hiddenMore"] = json!(hidden > limit);
+    explained
 }
 
 /// `explain_page`'s answer with the tool budget's decision: `budget` (the limit, whether the list

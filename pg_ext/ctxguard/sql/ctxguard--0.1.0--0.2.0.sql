@@ -424,9 +424,12 @@ LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'effective_ttls_wrapper';
 
 DROP FUNCTION ctxguard.explain_tools();
+-- max_hidden (issue 34): every visible tool and at most that many hidden ones, without walking
+-- the whole catalog (the gateway's POST /v1/tools).
 CREATE FUNCTION ctxguard."explain_tools"(
 	"query" TEXT DEFAULT NULL, /* Option < & str > */
-	"top_k" INT DEFAULT NULL /* Option < i32 > */
+	"top_k" INT DEFAULT NULL, /* Option < i32 > */
+	"max_hidden" INT DEFAULT NULL /* Option < i32 > */
 ) RETURNS TABLE (
 	"name" TEXT,  /* String */
 	"visible" bool,  /* bool */

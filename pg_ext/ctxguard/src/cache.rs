@@ -206,6 +206,8 @@ const TOOL_COLUMNS: &str = "t.name, t.description, t.input_schema, t.handler::pg
     p.when_fn::pg_catalog.oid, p.approval_when_fn::pg_catalog.oid,
     p.when_fn::pg_catalog.text, p.approval_when_fn::pg_catalog.text, p.mode, p.approver_roles, p.rate_limits,
     p.credential_modes, t.search";
+/// Tools read at a time by [`Catalog::each_tool_until`].
+const NAME_WALK_BATCH: usize = 100;
 const TOOL_FROM: &str = "ctxguard.tools t
     LEFT JOIN ctxguard.tool_policies p ON p.tool OPERATOR(pg_catalog.=) t.name";
 
@@ -527,10 +529,10 @@ impl Catalog {
         list
     }
 
-    /// Call `f` with every tool of the catalog in name order, read in batches and not kept (for
-    /// `explain_tools`): one batch in memory at a time (each freed once read, with what reading
-    /// its rows copied: [`crate::pgutil::freeing_row_copies`]).
-    pub fn each_tool(&self, mut f: impl FnMut(&ToolEntry)) {
+    /// Call `f` with every tool of the catalog in name order, until it returns `false`, read in
+    /// batches and not kept (for `explain_tools`): one batch in memory at a time (each freed once
+    /// read, with what reading its rows copied: [`crate::pgutil::freeing_row_copies`]).
+    pub fn each_tool(&self, mut f: impl FnMut(&ToolEntry) -> bool) {
         let sql = format!("SELECT {TOOL_COLUMNS} FROM {TOOL_FROM} ORDER BY t.name COLLATE \"C\"");
         let servers = self.servers();
         as_owner(|| {
@@ -543,20 +545,50 @@ impl Catalog {
                     if rows.is_empty() {
                         break;
                     }
-                    crate::pgutil::freeing_row_copies(|| {
+                    let more = crate::pgutil::freeing_row_copies(|| {
                         for row in rows {
                             pg_sys::check_for_interrupts!();
-                            f(&tool_from_row(&row, servers)?);
+                            if !f(&tool_from_row(&row, servers)?) {
+                                return Ok(false);
+                            }
                         }
-                        Ok::<_, pgrx::spi::Error>(())
+                        Ok::<_, pgrx::spi::Error>(true)
                     })?;
                     // SAFETY: as above.
                     unsafe { pg_sys::SPI_freetuptable(batch) };
+                    if !more {
+                        break;
+                    }
                 }
                 Ok::<_, pgrx::spi::Error>(())
             })
         })
         .unwrap_or_else(|e| internal(e));
+    }
+
+    /// Call `f` with the tools of the catalog in name order (the database's collation) until it
+    /// returns `false`, [`NAME_WALK_BATCH`] at a time, each batch a statement from the last name
+    /// read through the names' index: a walk that stops early reads only what it passed.
+    pub fn each_tool_until(&self, mut f: impl FnMut(&ToolEntry) -> bool) {
+        let sql = format!(
+            "SELECT {TOOL_COLUMNS} FROM {TOOL_FROM} WHERE t.name OPERATOR(pg_catalog.>) $1
+              ORDER BY t.name LIMIT {NAME_WALK_BATCH}"
+        );
+        let mut after = String::new();
+        loop {
+            let tools = self.read_tools(&sql, &[after.as_str().into()]);
+            let Some(last) = tools.last() else { return };
+            after = last.name.clone();
+            for t in &tools {
+                pg_sys::check_for_interrupts!();
+                if !f(t) {
+                    return;
+                }
+            }
+            if tools.len() < NAME_WALK_BATCH {
+                return;
+            }
+        }
     }
 
     fn read_tools(&self, sql: &str, args: &[pgrx::datum::DatumWithOid<'_>]) -> Vec<Rc<ToolEntry>> {

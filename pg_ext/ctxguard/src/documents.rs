@@ -1065,7 +1065,6 @@ fn put_document(
     pgrx::JsonB(out)
 }
 
-/// Validate pages 1..n and sections, detect headers/footers, store clean text and its index.
 /// Pages made ready at a time by [`finalize`].
 const FINALIZE_BATCH: i32 = 32;
 
@@ -1094,6 +1093,7 @@ fn each_page_batch(ctx: &Ctx, doc_id: &str, n: i32, mut f: impl FnMut(&[(i32, St
     }
 }
 
+/// Validate pages 1..n and sections, detect headers/footers, store clean text and its index.
 fn finalize(ctx: &Ctx, doc_id: &str) -> Value {
     // Pages 1..n without gaps: their count is their largest number, and none is below 1.
     let (n, low, high) = as_owner(|| {
