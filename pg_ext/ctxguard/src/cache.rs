@@ -96,9 +96,17 @@ impl EntityMapping {
     }
 }
 
-/// A server's access for one caller: (server, tenant, the caller's principals: `role:<r>`
-/// sorted, then `user:<id>`).
-type AccessKey = (String, String, Vec<String>);
+/// The upstream servers' access for one caller ([`Catalog::access`]).
+#[derive(Clone)]
+struct CallerAccess {
+    tenant: String,
+    user: String,
+    roles: Vec<String>,
+    /// `role:<r>` for each of its roles, sorted, then `user:<id>`: the grants that can apply.
+    principals: Vec<String>,
+    /// By server.
+    servers: HashMap<String, Rc<ServerAccess>>,
+}
 
 pub struct Catalog {
     key: (i64, String),
@@ -114,8 +122,10 @@ pub struct Catalog {
     entities: OnceCell<Rc<HashMap<String, Rc<EntityMapping>>>>,
     /// Every upstream server (few), read on first use, without its grants.
     servers: OnceCell<Rc<HashMap<String, Server>>>,
-    /// A server's grants that can apply in one tenant (the tenant's and those of every tenant).
-    access: RefCell<HashMap<AccessKey, Rc<ServerAccess>>>,
+    /// The grants of each server that can apply to one caller: the last one asked about (a
+    /// backend serves one caller at a time), so that they neither grow with the users a pooled
+    /// backend serves nor take the catalog cache's room from its tools.
+    access: RefCell<Option<CallerAccess>>,
     /// Rows of `ctxguard.namespaces` looked up so far (`None`: not registered).
     namespaces: RefCell<HashMap<String, Option<Rc<Described>>>>,
     /// Tools read so far, by name (Gate B reads one; Gate A a page type's).
@@ -298,7 +308,6 @@ impl Catalog {
             self.tools.borrow_mut().clear();
             self.pages.borrow_mut().clear();
             self.page_types.borrow_mut().clear();
-            self.access.borrow_mut().clear();
             self.namespaces.borrow_mut().clear();
             self.held.set(0);
             count(|c| c.evictions += 1);
@@ -386,7 +395,7 @@ impl Catalog {
         };
         *new.limits.borrow_mut() = old.limits.borrow().clone();
         *new.page_types.borrow_mut() = old.page_types.borrow().clone();
-        *new.access.borrow_mut() = old.access.borrow().clone();
+        new.access.replace(old.access.borrow().clone());
         *new.namespaces.borrow_mut() = old.namespaces.borrow().clone();
         let mut tools: HashMap<String, Rc<ToolEntry>> = old
             .tools
@@ -739,31 +748,45 @@ impl Catalog {
 
     /// `server`'s access settings with the grants that can apply to the caller of `ctx`: those
     /// of its user and of its roles, in its tenant or in every tenant (not every user grant of the
-    /// tenant).
+    /// tenant). Kept for the last caller only (see `access`).
     fn access(&self, server: &str, ctx: &crate::context::Ctx) -> Option<Rc<ServerAccess>> {
         let s = self.servers().get(server)?;
-        let mut principals: Vec<String> = ctx.roles.iter().map(|r| format!("role:{r}")).collect();
-        principals.sort();
-        principals.dedup();
-        principals.push(format!("user:{}", ctx.user_id));
-        let key = (server.to_string(), ctx.tenant_id.clone(), principals);
-        if let Some(a) = self.access.borrow().get(&key) {
-            return Some(a.clone());
-        }
-        let grants =
-            as_owner(|| load_grants(server, &key.1, &key.2)).unwrap_or_else(|e| internal(e));
-        let bytes = 128
-            + server.len()
-            + key.1.len()
-            + key.2.iter().map(|p| p.len() + 24).sum::<usize>()
-            + grants.len() * 96;
+        let principals = {
+            let mut slot = self.access.borrow_mut();
+            let same = slot.as_ref().is_some_and(|c| {
+                c.tenant == ctx.tenant_id && c.user == ctx.user_id && c.roles == ctx.roles
+            });
+            if !same {
+                let mut principals: Vec<String> =
+                    ctx.roles.iter().map(|r| format!("role:{r}")).collect();
+                principals.sort();
+                principals.dedup();
+                principals.push(format!("user:{}", ctx.user_id));
+                *slot = Some(CallerAccess {
+                    tenant: ctx.tenant_id.clone(),
+                    user: ctx.user_id.clone(),
+                    roles: ctx.roles.clone(),
+                    principals,
+                    servers: HashMap::new(),
+                });
+            }
+            let caller = slot.as_ref().expect("just set");
+            if let Some(a) = caller.servers.get(server) {
+                return Some(a.clone());
+            }
+            caller.principals.clone()
+        };
+        let grants = as_owner(|| load_grants(server, &ctx.tenant_id, &principals))
+            .unwrap_or_else(|e| internal(e));
         let a = Rc::new(ServerAccess {
             enabled: s.enabled,
             default_allow: s.default_allow,
             grants,
         });
-        if self.room_for(bytes) {
-            self.access.borrow_mut().insert(key, a.clone());
+        if let Some(caller) = self.access.borrow_mut().as_mut() {
+            if caller.principals == principals && caller.tenant == ctx.tenant_id {
+                caller.servers.insert(server.to_string(), a.clone());
+            }
         }
         Some(a)
     }
@@ -1247,12 +1270,11 @@ fn load_servers() -> Result<HashMap<String, Server>, pgrx::spi::Error> {
     })
 }
 
-/// `server`'s grants that can apply in `tenant`: that tenant's and those of every tenant. Grants
-/// name users of every tenant, so only the owner reads them.
 /// The grants of `server` in `tenant` (or in every tenant) for `principals` (`user:<id>` and
 /// `role:<name>` of one caller): only these can apply to it ([`ServerAccess::allows`]). A tenant
 /// that grants a server user by user has as many grants as users, and every call read them all.
-/// Equality on the `(server, tenant_id, principal)` key, whatever the collation.
+/// Equality on the `(server, tenant_id, principal)` key, whatever the collation. Grants name
+/// users of every tenant, so only the owner reads them.
 fn load_grants(
     server: &str,
     tenant: &str,
@@ -1319,7 +1341,7 @@ fn catalog_stats() -> JsonB {
         "tools_kept": c.tools.borrow().len(),
         "page_lists_kept": c.pages.borrow().len(),
         "page_types_kept": c.page_types.borrow().len(),
-        "server_access_kept": c.access.borrow().len(),
+        "server_access_kept": c.access.borrow().as_ref().map_or(0, |a| a.servers.len()),
         "namespaces_kept": c.namespaces.borrow().len(),
         "tenant_limits_kept": c.limits.borrow().len(),
         "bytes_kept": c.held.get(),

@@ -15,12 +15,7 @@ SET client_min_messages = warning;
 SELECT * FROM no_plan();
 \set viewer '{"pageType": "document_viewer", "entity": {"type": "document", "id": "acme_guide"}}'
 
--- Entries returned by scans of the pages and their indexes (this transaction, this backend).
-CREATE FUNCTION pg_temp.pages_read() RETURNS bigint LANGUAGE sql AS $$
-    SELECT pg_catalog.sum(pg_catalog.pg_stat_get_xact_tuples_returned(r))::bigint
-      FROM (SELECT 'ctxguard.document_pages'::pg_catalog.regclass
-            UNION ALL SELECT i.indexrelid::pg_catalog.regclass FROM pg_catalog.pg_index i
-                       WHERE i.indrelid = 'ctxguard.document_pages'::pg_catalog.regclass) AS x(r) $$;
+\ir ../lib/rows_returned.sql
 
 BEGIN;
 INSERT INTO ctxguard.document_sections (tenant_id, doc_id, section_id, title, page_start, page_end)
@@ -33,9 +28,9 @@ SELECT ctxguard.begin_generation('test-34-section') AS g \gset
 SELECT ctxguard.set_context(:'tok_alice', :'viewer', :'g') \g /dev/null
 
 SET LOCAL ctxguard.max_mask_bytes = '100kB';
-SELECT pg_temp.pages_read() AS before \gset
+SELECT pg_temp.rows_returned('ctxguard.document_pages') AS before \gset
 SELECT ctxguard.call_tool('read_doc_section', '{"section_id": "whole_guide"}') AS refused \gset
-SELECT pg_temp.pages_read() - :before AS read \gset
+SELECT pg_temp.rows_returned('ctxguard.document_pages') - :before AS read \gset
 
 RESET ctxguard.max_mask_bytes;
 SELECT ctxguard.call_tool('read_doc_section', '{"section_id": "first_pages"}') AS first \gset

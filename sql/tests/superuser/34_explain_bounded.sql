@@ -12,11 +12,7 @@
 SET client_min_messages = warning;
 SELECT * FROM no_plan();
 
-CREATE FUNCTION pg_temp.tools_read() RETURNS bigint LANGUAGE sql AS $$
-    SELECT pg_catalog.sum(pg_catalog.pg_stat_get_xact_tuples_returned(r))::bigint
-      FROM (SELECT 'ctxguard.tools'::pg_catalog.regclass
-            UNION ALL SELECT i.indexrelid::pg_catalog.regclass FROM pg_catalog.pg_index i
-                       WHERE i.indrelid = 'ctxguard.tools'::pg_catalog.regclass) AS x(r) $$;
+\ir ../lib/rows_returned.sql
 -- As the gateway on `page`: explain_tools(NULL, NULL, max_hidden) as one JSON array, and the tool
 -- rows read meanwhile.
 CREATE FUNCTION pg_temp.explained(tok text, page jsonb, max_hidden int, OUT rows jsonb, OUT read bigint)
@@ -26,12 +22,12 @@ BEGIN
     SET LOCAL ROLE ctxguard_gateway;
     PERFORM ctxguard.set_context(tok, page);
     RESET ROLE;
-    before := pg_temp.tools_read();
+    before := pg_temp.rows_returned('ctxguard.tools');
     SET LOCAL ROLE ctxguard_gateway;
     SELECT coalesce(jsonb_agg(jsonb_build_object('name', e.name, 'visible', e.visible, 'reason', e.reason) ORDER BY e.name), '[]')
       INTO rows FROM ctxguard.explain_tools(NULL, NULL, max_hidden) e;
     RESET ROLE;
-    read := pg_temp.tools_read() - before;
+    read := pg_temp.rows_returned('ctxguard.tools') - before;
 END $$;
 
 BEGIN;
