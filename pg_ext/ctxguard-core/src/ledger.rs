@@ -688,20 +688,6 @@ impl ChainCheck {
     }
 }
 
-/// The first row of a chain whose stored hash is not the hash of its content and its
-/// predecessor's stored hash: `Some(index)`, or `None` if the chain holds.
-pub fn first_broken<'a>(
-    rows: impl IntoIterator<Item = (&'a str, &'a str, Vec<Option<&'a str>>)>,
-) -> Option<usize> {
-    let mut check = ChainCheck::default();
-    for (prev, hash, fields) in rows {
-        if !check.push(prev, hash, &fields) {
-            break;
-        }
-    }
-    check.first_broken().map(|i| i as usize)
-}
-
 /// When the writer writes again the generation counters still waiting for their generation's row
 /// (minted in a transaction that was still open when its calls were charged): [`Retry::FIRST`]
 /// after the last try, twice as long each time nothing was saved, up to [`Retry::MAX`], and back
@@ -872,6 +858,21 @@ impl Margins {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The first row of a chain whose stored hash is not the hash of its content and its
+    /// predecessor's stored hash: `Some(index)`, or `None` if the chain holds ([`ChainCheck`]
+    /// over a list).
+    fn first_broken<'a>(
+        rows: impl IntoIterator<Item = (&'a str, &'a str, Vec<Option<&'a str>>)>,
+    ) -> Option<usize> {
+        let mut check = ChainCheck::default();
+        for (prev, hash, fields) in rows {
+            if !check.push(prev, hash, &fields) {
+                break;
+            }
+        }
+        check.first_broken().map(|i| i as usize)
+    }
 
     fn quota(n: i64, limit: i64) -> HashMap<QuotaKey, (i64, i64, i64)> {
         let k = ("t".into(), "u".into(), "tool".into(), "1h".into());

@@ -216,7 +216,7 @@ const TOOL_COLUMNS: &str = "t.name, t.description, t.input_schema, t.handler::pg
     p.when_fn::pg_catalog.oid, p.approval_when_fn::pg_catalog.oid,
     p.when_fn::pg_catalog.text, p.approval_when_fn::pg_catalog.text, p.mode, p.approver_roles, p.rate_limits,
     p.credential_modes, t.search";
-/// Tools read at a time by [`Catalog::each_tool_until`].
+/// Tools read at a time by [`Catalog::each_tool`].
 const NAME_WALK_BATCH: usize = 100;
 const TOOL_FROM: &str = "ctxguard.tools t
     LEFT JOIN ctxguard.tool_policies p ON p.tool OPERATOR(pg_catalog.=) t.name";
@@ -538,47 +538,11 @@ impl Catalog {
         list
     }
 
-    /// Call `f` with every tool of the catalog in name order, until it returns `false`, read in
-    /// batches and not kept (for `explain_tools`): one batch in memory at a time (each freed once
-    /// read, with what reading its rows copied: [`crate::pgutil::freeing_row_copies`]).
-    pub fn each_tool(&self, mut f: impl FnMut(&ToolEntry) -> bool) {
-        let sql = format!("SELECT {TOOL_COLUMNS} FROM {TOOL_FROM} ORDER BY t.name COLLATE \"C\"");
-        let servers = self.servers();
-        as_owner(|| {
-            Spi::connect(|c| {
-                let mut cursor = c.open_cursor(sql.as_str(), &[]);
-                loop {
-                    let rows = cursor.fetch(500)?;
-                    // SAFETY: the batch just fetched (freed below, once read; nothing of it is kept).
-                    let batch = unsafe { pg_sys::SPI_tuptable };
-                    if rows.is_empty() {
-                        break;
-                    }
-                    let more = crate::pgutil::freeing_row_copies(|| {
-                        for row in rows {
-                            pg_sys::check_for_interrupts!();
-                            if !f(&tool_from_row(&row, servers)?) {
-                                return Ok(false);
-                            }
-                        }
-                        Ok::<_, pgrx::spi::Error>(true)
-                    })?;
-                    // SAFETY: as above.
-                    unsafe { pg_sys::SPI_freetuptable(batch) };
-                    if !more {
-                        break;
-                    }
-                }
-                Ok::<_, pgrx::spi::Error>(())
-            })
-        })
-        .unwrap_or_else(|e| internal(e));
-    }
-
     /// Call `f` with the tools of the catalog in name order (the database's collation) until it
-    /// returns `false`, [`NAME_WALK_BATCH`] at a time, each batch a statement from the last name
-    /// read through the names' index: a walk that stops early reads only what it passed.
-    pub fn each_tool_until(&self, mut f: impl FnMut(&ToolEntry) -> bool) {
+    /// returns `false` (for `explain_tools`), [`NAME_WALK_BATCH`] at a time, each batch a statement
+    /// from the last name read through the names' index and not kept: one batch in memory at a
+    /// time, and a walk that stops early reads only what it passed.
+    pub fn each_tool(&self, mut f: impl FnMut(&ToolEntry) -> bool) {
         let sql = format!(
             "SELECT {TOOL_COLUMNS} FROM {TOOL_FROM} WHERE t.name OPERATOR(pg_catalog.>) $1
               ORDER BY t.name LIMIT {NAME_WALK_BATCH}"

@@ -405,32 +405,27 @@ fn explain_tools(
         )
     };
     let mut rows = Vec::new();
-    let Some(max_hidden) = max_hidden else {
-        catalog.each_tool(|t| {
-            rows.push(row(t, catalog.reason(t, ctx.as_ref())));
-            true
-        });
-        return TableIterator::new(rows);
-    };
-    if max_hidden < 0 {
-        raise(
-            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-            "ctxguard: max_hidden must not be negative",
-        );
-    }
-    // Every visible tool is on the page's list (Gate A's); the walk skips them.
+    // Bounded: every visible tool from the page's list (Gate A's), which the walk then skips.
     let mut shown: HashSet<String> = HashSet::new();
-    if let Some(ctx) = &ctx {
-        for t in catalog.page_tools(&ctx.page_type).iter() {
-            pg_sys::check_for_interrupts!();
-            if catalog.reason(t, Some(ctx)) == Reason::Visible && shown.insert(t.name.clone()) {
-                rows.push(row(t, Reason::Visible));
+    if let Some(max_hidden) = max_hidden {
+        if max_hidden < 0 {
+            raise(
+                PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+                "ctxguard: max_hidden must not be negative",
+            );
+        }
+        if let Some(ctx) = &ctx {
+            for t in catalog.page_tools(&ctx.page_type).iter() {
+                pg_sys::check_for_interrupts!();
+                if catalog.reason(t, Some(ctx)) == Reason::Visible && shown.insert(t.name.clone()) {
+                    rows.push(row(t, Reason::Visible));
+                }
             }
         }
     }
     let mut hidden = 0;
-    if max_hidden > 0 {
-        catalog.each_tool_until(|t| {
+    if max_hidden != Some(0) {
+        catalog.each_tool(|t| {
             if shown.contains(&t.name) {
                 return true;
             }
@@ -439,7 +434,7 @@ fn explain_tools(
                 hidden += 1;
             }
             rows.push(row(t, reason));
-            hidden < max_hidden
+            max_hidden.is_none_or(|m| hidden < m)
         });
     }
     TableIterator::new(rows)

@@ -419,7 +419,7 @@ pub fn init() {
     );
     GucRegistry::define_int_guc(
         c"ctxguard.catalog_cache_size",
-        c"Most memory each backend keeps of the catalog (tools, page types' tool lists, grants).",
+        c"Most memory each backend keeps of the catalog (tools, page types' tool lists, page types).",
         c"What calls read of the catalog is kept up to this size, then dropped and read again as needed; a page type's tool list larger than this is read for each call. See ctxguard.catalog_stats().",
         &CATALOG_CACHE_SIZE,
         256,

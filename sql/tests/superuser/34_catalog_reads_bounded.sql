@@ -1,6 +1,6 @@
 -- Walking the catalog leaves nothing behind in the transaction's memory, and holds one batch of it
 -- at a time (issue 34: cost as the catalog grows, without a crash). explain_tools() (the gateway's
--- POST /v1/tools: any user) walks every tool of the catalog in batches of 500. Each tool row had
+-- POST /v1/tools: any user) walks every tool of the catalog in batches. Each tool row had
 -- its array columns (page types, roles, states, approver roles, credential modes) and its jsonb
 -- columns copied by pgrx into the transaction's memory context, where they stayed until commit
 -- (about 2.3 kB per tool per walk here), and every batch of the walk stayed until it returned: at
