@@ -56,6 +56,39 @@ SELECT is(ctxguard.call_tool('test.noexec', '{}')->'error', '{"code": "TOOL_ERRO
           'EXECUTE on the handler is checked for the run_as role, not the caller');
 COMMIT;
 
+-- Every scope checks the pinned settings before it runs SQL, and opens a nest level to set them
+-- only when one differs. Each setting in turn moved away from ctxguard's value while every other
+-- one holds it (the check that lets a scope skip the nest level must see that one): the handler
+-- still sees every setting pinned, and the caller's own value is back after the call.
+CREATE TEMP TABLE pins (n text, v text, odd text);
+INSERT INTO pins VALUES ('search_path', 'pg_catalog, pg_temp', 'pg_temp, public'),
+    ('TimeZone', 'UTC', 'Pacific/Kiritimati'), ('DateStyle', 'ISO, YMD', 'SQL, DMY'),
+    ('DateStyle', 'ISO, YMD', 'ISO, DMY'), ('DateStyle', 'ISO, YMD', 'Postgres, YMD'),
+    ('IntervalStyle', 'postgres', 'sql_standard'), ('default_text_search_config', 'pg_catalog.english', 'pg_catalog.simple'),
+    ('standard_conforming_strings', 'on', 'off'), ('transform_null_equals', 'off', 'on'), ('array_nulls', 'on', 'off'),
+    ('extra_float_digits', '1', '3'), ('bytea_output', 'hex', 'escape'), ('row_security', 'on', 'off'),
+    ('check_function_bodies', 'on', 'off');
+CREATE FUNCTION pg_temp.pinned_call(odd_n text, odd_v text) RETURNS jsonb LANGUAGE plpgsql AS $f$
+DECLARE r jsonb; after text;
+    before jsonb := (SELECT jsonb_object_agg(n, current_setting(n)) FROM (SELECT DISTINCT n FROM pg_temp.pins) p);
+BEGIN
+    PERFORM set_config(n, v, true) FROM (SELECT DISTINCT n, v FROM pg_temp.pins) p;
+    IF odd_n IS NOT NULL THEN PERFORM set_config(odd_n, odd_v, true); END IF;
+    r := ctxguard.call_tool('test.whoami', '{}')->'result';
+    after := current_setting(COALESCE(odd_n, 'search_path'));
+    PERFORM set_config(key, value, true) FROM jsonb_each_text(before);
+    RETURN jsonb_build_object('seen', r->'pinned', 'after', after);
+END $f$;
+BEGIN;
+SELECT ctxguard.set_context(:'tok_alice', :'table_page') \g /dev/null
+SELECT is(pg_temp.pinned_call(NULL, NULL)->'seen', (SELECT jsonb_object_agg(n, v) FROM (SELECT DISTINCT n, v FROM pins) p),
+          'every setting at ctxguard''s value: the handler sees them all');
+SELECT is(pg_temp.pinned_call(n, odd), jsonb_build_object('seen', (SELECT jsonb_object_agg(n, v) FROM (SELECT DISTINCT n, v FROM pins) p),
+                                                          'after', odd),
+          n || ' = ' || odd || ', every other setting at ctxguard''s value: the handler sees ' || n || ' pinned, the caller its own after')
+  FROM pins;
+COMMIT;
+
 -- H.50 a handler calling back into ctxguard: refused with 42501 and a clear message; nothing changes
 BEGIN;
 SELECT ctxguard.set_context(:'tok_alice', :'table_page') \g /dev/null

@@ -153,7 +153,12 @@ BEGIN
     BEGIN EXECUTE 'CREATE TEMP TABLE handler_temp (x int)'; EXCEPTION WHEN OTHERS THEN temp := SQLSTATE; END;
     RETURN jsonb_build_object('current_user', current_user, 'session_user', session_user,
                               'search_path', current_setting('search_path'), 'set_role', set_role, 'create_temp', temp,
-                              'read_only', current_setting('transaction_read_only'));
+                              'read_only', current_setting('transaction_read_only'),
+                              'pinned', (SELECT jsonb_object_agg(n, current_setting(n))
+                                           FROM unnest(ARRAY['search_path', 'TimeZone', 'DateStyle', 'IntervalStyle',
+                                                             'default_text_search_config', 'standard_conforming_strings',
+                                                             'transform_null_equals', 'array_nulls', 'extra_float_digits',
+                                                             'bytea_output', 'row_security', 'check_function_bodies']) n));
 END $$;
 -- Free text reaches a handler as data: stores it and reports the table it names is intact (C.22).
 CREATE TABLE t.notes (tenant_id text NOT NULL, note text NOT NULL);

@@ -40,9 +40,9 @@ const PINNED: [(&CStr, &CStr); 12] = [
     (c"check_function_bodies", c"on"),
 ];
 
-/// A pinned scope: restores the GUC nest level and the user on drop.
+/// A pinned scope: restores the GUC nest level (if it opened one) and the user on drop.
 struct Scope {
-    nest: i32,
+    nest: Option<i32>,
     user: Option<(pg_sys::Oid, i32)>,
 }
 
@@ -53,10 +53,44 @@ impl Drop for Scope {
                 pg_sys::SetUserIdAndSecContext(uid, sec);
             }
             // On an error, the (sub)transaction abort pops the nest level (like fmgr_security_definer).
-            if !std::thread::panicking() {
-                pg_sys::AtEOXact_GUC(true, self.nest);
+            if let Some(nest) = self.nest.filter(|_| !std::thread::panicking()) {
+                pg_sys::AtEOXact_GUC(true, nest);
             }
         }
+    }
+}
+
+/// Does every setting of [`PINNED`] hold its value? Read from the variables the settings assign
+/// (what `GetConfigOption` shows for each, without looking its name up): the check every scope
+/// makes. `bytea_output`'s variable is not in pgrx's bindings; it is read by name.
+/// `sql/tests/09_handlers.sql` moves each setting in turn away from its value, all the others at
+/// theirs, and checks that a handler still sees it pinned.
+fn all_pinned() -> bool {
+    // SAFETY: the settings' variables, read by value in the backend's one thread; the strings are
+    // the settings' own (never NULL once the settings are initialized, checked all the same).
+    unsafe {
+        let is =
+            |v: *const std::ffi::c_char, want: &CStr| !v.is_null() && CStr::from_ptr(v) == want;
+        pg_sys::standard_conforming_strings
+            && !pg_sys::Transform_null_equals
+            && pg_sys::Array_nulls
+            && pg_sys::row_security
+            && pg_sys::check_function_bodies
+            && pg_sys::extra_float_digits == 1
+            && pg_sys::DateStyle == pg_sys::USE_ISO_DATES as i32
+            && pg_sys::DateOrder == pg_sys::DATEORDER_YMD as i32
+            && pg_sys::IntervalStyle == pg_sys::INTSTYLE_POSTGRES as i32
+            && is(pg_sys::namespace_search_path, c"pg_catalog, pg_temp")
+            && is(pg_sys::TSCurrentConfig, c"pg_catalog.english")
+            && !pg_sys::session_timezone.is_null()
+            && is(
+                pg_sys::pg_get_timezone_name(pg_sys::session_timezone),
+                c"UTC",
+            )
+            && is(
+                pg_sys::GetConfigOption(c"bytea_output".as_ptr(), true, false),
+                c"hex",
+            )
     }
 }
 
@@ -90,11 +124,18 @@ fn open(user: Option<pg_sys::Oid>) -> Scope {
             "ctxguard: this function cannot run during a parallel operation",
         );
     }
-    let nest = unsafe { pg_sys::NewGUCNestLevel() };
+    // Inside another scope, or in a session that pins them itself (the gateway does), every
+    // setting already holds: no nest level to open, and none to pop (in PostgreSQL 15 popping one
+    // walks every setting there is). A scope that sets nothing restores nothing either way: what
+    // SQL inside it sets stays set after it, with or without a nest level of its own.
+    let nest = (!all_pinned()).then(|| {
+        let nest = unsafe { pg_sys::NewGUCNestLevel() };
+        for (name, value) in PINNED.iter() {
+            set(name, value);
+        }
+        nest
+    });
     let mut scope = Scope { nest, user: None };
-    for (name, value) in PINNED.iter() {
-        set(name, value);
-    }
     if let Some(target) = user {
         let (mut uid, mut sec) = (pg_sys::InvalidOid, 0i32);
         unsafe {
@@ -108,6 +149,22 @@ fn open(user: Option<pg_sys::Oid>) -> Scope {
         }
     }
     scope
+}
+
+/// Make the pinned settings the session's own, for a process that runs only ctxguard's code (the
+/// ledger writer): each of its scopes then finds them in place.
+pub fn pin_session() {
+    for (name, value) in PINNED.iter() {
+        // SAFETY: names and values of settings this server has, as C strings.
+        unsafe {
+            pg_sys::SetConfigOption(
+                name.as_ptr(),
+                value.as_ptr(),
+                pg_sys::GucContext::PGC_SUSET,
+                pg_sys::GucSource::PGC_S_OVERRIDE,
+            );
+        }
+    }
 }
 
 /// Run `f` (SPI statements) as the caller with ctxguard's pinned settings.

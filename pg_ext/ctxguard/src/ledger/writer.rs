@@ -156,6 +156,7 @@ pub extern "C-unwind" fn ctxguard_ledger_writer_main(arg: pg_sys::Datum) {
             );
         }
     }
+    crate::owner::pin_session();
     let Some(i) = claim(db) else { return };
     unsafe { pg_sys::before_shmem_exit(Some(release), pg_sys::Datum::from(i)) };
     pgrx::log!("ctxguard: ledger writer started for database {db}");
