@@ -81,6 +81,22 @@ SELECT is(:'done'::jsonb->'result', '{"content": [{"type": "text", "text": "done
           'complete_call: keys and numbers of the upstream result are masked');
 COMMIT;
 
+-- Results are built as jsonb directly, not printed and parsed again: an upstream call's arguments
+-- and its result come back the same to the text (numbers as written, any script, escapes, empty
+-- containers, keys of every length), in the call's answer and in its completion's.
+CREATE TEMP TABLE shapes AS SELECT $j${"text": "plain",
+    "n": [0, -0, 1.50, 1e3, 1E-7, -2.5e+10, 12345678901234567890123456789.000, 9223372036854775807, 9223372036854775808,
+          -9223372036854775808, 18446744073709551616, 0.1, 100, 1e400, -0.000],
+    "s": ["", "é ü 漢字 🎉", "quote \" backslash \\ tab \t nl \n", "\u0001 ctrl \u007f"],
+    "nested": {"a": {"b": [[], {}, null, true, false, [[[]]]]}}, "k": {"bb": 1, "a": 2, "ccc": 3, "": 4, "é": 5}}$j$::jsonb AS v;
+BEGIN;
+SELECT ctxguard.set_context(:'tok_alice', :'lab') \g /dev/null
+SELECT ctxguard.call_tool('up.echo', '{"text": "é ü 漢字 🎉 \" \\ \u0001"}') AS auth \gset
+SELECT is((:'auth'::jsonb->'args')::text, '{"text": "é ü 漢字 🎉 \" \\ \u0001"}', 'an upstream call''s arguments come back to the text');
+SELECT is((ctxguard.complete_call((:'auth'::jsonb->>'call_id')::uuid, v)->'result')::text, v::text,
+          'and so does its result') FROM shapes;
+COMMIT;
+
 -- J.57 mask_text is a DBA's tool
 SELECT throws_ok($$SELECT ctxguard.mask_text('ivan.petrov@example.com')$$, '42501', NULL, 'mask_text is not executable by the gateway role');
 SELECT ok(NOT has_function_privilege('public', 'ctxguard.mask_text(text)', 'EXECUTE'), 'nor by PUBLIC');

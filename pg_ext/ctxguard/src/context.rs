@@ -141,7 +141,7 @@ fn set_context(
 ) -> JsonB {
     // The page's text, unparsed (pgrx's JsonB would panic on a page nested deeper than 128).
     let page = page.map(|JsonbText(text)| text);
-    set_context_text(token, page.as_deref(), generation, trace_id)
+    set(token, page.as_deref(), generation, trace_id)
 }
 
 /// Verify `token`, validate `page` (JSON text), and make them the context of the current
@@ -154,6 +154,15 @@ fn set_context_text(
     page: Option<&str>,
     generation: default!(Option<pgrx::Uuid>, "NULL"),
     trace_id: default!(Option<&str>, "NULL"),
+) -> crate::pgutil::JsonbDatum {
+    set(token, page, generation, trace_id).into()
+}
+
+fn set(
+    token: Option<&str>,
+    page: Option<&str>,
+    generation: Option<pgrx::Uuid>,
+    trace_id: Option<&str>,
 ) -> JsonB {
     crate::log_guard::saw_token();
     let _pin = crate::owner::pin();

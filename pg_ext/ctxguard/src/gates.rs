@@ -1183,7 +1183,11 @@ pub(crate) fn envelope(call: Call) -> JsonB {
 
 /// Gate B: called by the SQL wrapper `ctxguard.call_tool(name text, args jsonb)`.
 #[pg_extern(volatile, parallel_unsafe)]
-fn _call_tool(name: Option<&str>, args: Option<&str>) -> JsonB {
+fn _call_tool(name: Option<&str>, args: Option<&str>) -> crate::pgutil::JsonbDatum {
+    call_tool(name, args).into()
+}
+
+fn call_tool(name: Option<&str>, args: Option<&str>) -> JsonB {
     let _pin = crate::owner::pin();
     // A handler may not call tools: its own call already went through Gate B, and a nested call
     // could change the catalog under it.
@@ -1212,7 +1216,11 @@ fn _call_tool(name: Option<&str>, args: Option<&str>) -> JsonB {
 /// recorded for approval or charged. Audited as `dry_run` with the code it would have returned.
 /// Called by the SQL wrapper `ctxguard.explain_call(tool text, args jsonb)`.
 #[pg_extern(volatile, parallel_unsafe)]
-fn _explain_call(name: Option<&str>, args: Option<&str>) -> JsonB {
+fn _explain_call(name: Option<&str>, args: Option<&str>) -> crate::pgutil::JsonbDatum {
+    explain_call(name, args).into()
+}
+
+fn explain_call(name: Option<&str>, args: Option<&str>) -> JsonB {
     let _pin = crate::owner::pin();
     handler::refuse_inside("explain_call");
     let ctx = Ctx::current();
@@ -1259,6 +1267,14 @@ fn complete_call_text(
     call_id: Option<pgrx::Uuid>,
     result: Option<&str>,
     is_error: default!(Option<bool>, false),
+) -> crate::pgutil::JsonbDatum {
+    complete_text(call_id, result, is_error).into()
+}
+
+fn complete_text(
+    call_id: Option<pgrx::Uuid>,
+    result: Option<&str>,
+    is_error: Option<bool>,
 ) -> JsonB {
     let _pin = crate::owner::pin();
     handler::refuse_inside("complete_call");
@@ -1396,5 +1412,5 @@ fn complete_call(
     is_error: default!(bool, false),
 ) -> JsonB {
     let text = result.map(|JsonB(v)| v.to_string());
-    complete_call_text(call_id, text.as_deref(), Some(is_error))
+    complete_text(call_id, text.as_deref(), Some(is_error))
 }

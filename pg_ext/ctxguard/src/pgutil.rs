@@ -308,7 +308,7 @@ pub fn update_saved<'conn>(
     client.update(&*plan, limit, args)
 }
 
-/// A `jsonb` value in PostgreSQL's binary form: the bytes of the datum `jsonb_in` made, kept so
+/// A `jsonb` value in PostgreSQL's binary form: the bytes of the datum [`JsonbDatum`] made, kept so
 /// that the same value can be returned again with a copy instead of a conversion (serialising
 /// to text and parsing it again cost more than the rest of Gate A's answer).
 #[derive(Clone)]
@@ -316,9 +316,9 @@ pub struct JsonbBytes(std::rc::Rc<[u8]>);
 
 impl JsonbBytes {
     pub fn new(value: &serde_json::Value) -> JsonbBytes {
-        let datum = pgrx::JsonB(value.clone())
+        let datum = JsonbDatum::from_value(value)
             .into_datum()
-            .expect("jsonb_in returns a value");
+            .expect("a jsonb value");
         unsafe {
             let ptr = datum.cast_mut_ptr::<pg_sys::varlena>();
             let len = pgrx::varsize_any(ptr);
@@ -599,6 +599,151 @@ impl JsonbDatum {
             let root = pg_sys::pushJsonbValue(&mut state, WJB_END_OBJECT, std::ptr::null_mut());
             JsonbDatum(pg_sys::Datum::from(pg_sys::JsonbValueToJsonb(root)))
         }
+    }
+}
+
+impl JsonbDatum {
+    /// `value` as `jsonb`, as `jsonb_in` would make it from `value`'s text (`serde_json`'s): the
+    /// same value, keys, numbers (read by `numeric_in` from the number's own text, or converted
+    /// from a 64-bit integer) and refusals: a string or key holding U+0000 is SQLSTATE 22P05 (as
+    /// `jsonb_in` refuses `\u0000`), one longer than a `jsonb` string may be 54000.
+    pub fn from_value(value: &serde_json::Value) -> JsonbDatum {
+        use pg_sys::JsonbIteratorToken::{
+            WJB_BEGIN_ARRAY, WJB_BEGIN_OBJECT, WJB_ELEM, WJB_END_ARRAY, WJB_END_OBJECT, WJB_KEY,
+            WJB_VALUE,
+        };
+        use serde_json::Value;
+        fn scalar(v: &Value) -> pg_sys::JsonbValue {
+            let (type_, val) = match v {
+                Value::Null => (
+                    pg_sys::jbvType::jbvNull,
+                    pg_sys::JsonbValue__bindgen_ty_1 { boolean: false },
+                ),
+                Value::Bool(b) => (
+                    pg_sys::jbvType::jbvBool,
+                    pg_sys::JsonbValue__bindgen_ty_1 { boolean: *b },
+                ),
+                Value::Number(n) => (
+                    pg_sys::jbvType::jbvNumeric,
+                    pg_sys::JsonbValue__bindgen_ty_1 { numeric: number(n) },
+                ),
+                Value::String(s) => return string(s),
+                Value::Array(_) | Value::Object(_) => unreachable!("containers are pushed"),
+            };
+            pg_sys::JsonbValue { type_, val }
+        }
+        fn number(n: &serde_json::Number) -> pg_sys::Numeric {
+            if let Some(i) = n.as_i64() {
+                // SAFETY: a palloc'd numeric of the integer.
+                return unsafe { pg_sys::int64_to_numeric(i) };
+            }
+            // The number's own text (serde_json keeps it), read as `jsonb_in` reads a number.
+            let text = std::ffi::CString::new(n.to_string()).expect("a JSON number has no NUL");
+            // SAFETY: numeric_in of a valid JSON number's text returns a palloc'd numeric.
+            unsafe {
+                pgrx::fcinfo::direct_function_call_as_datum(
+                    pg_sys::numeric_in,
+                    &[
+                        Some(pg_sys::Datum::from(text.as_ptr())),
+                        Some(pg_sys::Datum::from(pg_sys::InvalidOid)),
+                        Some(pg_sys::Datum::from(-1i32)),
+                    ],
+                )
+                .expect("numeric_in returns a value")
+                .cast_mut_ptr()
+            }
+        }
+        fn string(s: &str) -> pg_sys::JsonbValue {
+            if s.len() > JSONB_MAX_STRING {
+                raise(
+                    PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+                    format!("ctxguard: a string is longer than a jsonb string may be ({JSONB_MAX_STRING} bytes)"),
+                );
+            }
+            if s.as_bytes().contains(&0) {
+                raise(
+                    PgSqlErrorCode::ERRCODE_UNTRANSLATABLE_CHARACTER,
+                    "ctxguard: \\u0000 cannot be converted to text",
+                );
+            }
+            pg_sys::JsonbValue {
+                type_: pg_sys::jbvType::jbvString,
+                val: pg_sys::JsonbValue__bindgen_ty_1 {
+                    string: pg_sys::JsonbValue__bindgen_ty_1__bindgen_ty_1 {
+                        // At most JSONB_MAX_STRING (checked above).
+                        len: s.len() as std::ffi::c_int,
+                        val: s.as_ptr() as *mut std::ffi::c_char,
+                    },
+                },
+            }
+        }
+        /// Push `v` as the next value (`token`: an element or an object's value).
+        ///
+        /// # Safety
+        /// `state` is a parse state begun by pushJsonbValue (or null at the top).
+        unsafe fn push(
+            state: &mut *mut pg_sys::JsonbParseState,
+            token: pg_sys::JsonbIteratorToken::Type,
+            v: &Value,
+        ) -> *mut pg_sys::JsonbValue {
+            unsafe {
+                match v {
+                    Value::Array(items) => {
+                        pgrx::check_for_interrupts!();
+                        pg_sys::pushJsonbValue(state, WJB_BEGIN_ARRAY, std::ptr::null_mut());
+                        for item in items {
+                            push(state, WJB_ELEM, item);
+                        }
+                        pg_sys::pushJsonbValue(state, WJB_END_ARRAY, std::ptr::null_mut())
+                    }
+                    Value::Object(members) => {
+                        pgrx::check_for_interrupts!();
+                        pg_sys::pushJsonbValue(state, WJB_BEGIN_OBJECT, std::ptr::null_mut());
+                        for (k, item) in members {
+                            let mut key = string(k);
+                            pg_sys::pushJsonbValue(state, WJB_KEY, &mut key);
+                            push(state, WJB_VALUE, item);
+                        }
+                        pg_sys::pushJsonbValue(state, WJB_END_OBJECT, std::ptr::null_mut())
+                    }
+                    v => {
+                        let mut jv = scalar(v);
+                        pg_sys::pushJsonbValue(state, token, &mut jv)
+                    }
+                }
+            }
+        }
+        // SAFETY: as in `text_and_counts`: every value pushed points at bytes of `value` or at
+        // palloc'd numerics, alive until JsonbValueToJsonb has copied them; a scalar at the top is
+        // pushed as `jsonb_in` pushes one, a raw-scalar array of one element.
+        unsafe {
+            let mut state: *mut pg_sys::JsonbParseState = std::ptr::null_mut();
+            let root = match value {
+                Value::Array(_) | Value::Object(_) => push(&mut state, WJB_ELEM, value),
+                v => {
+                    let mut scalar_array = pg_sys::JsonbValue {
+                        type_: pg_sys::jbvType::jbvArray,
+                        val: pg_sys::JsonbValue__bindgen_ty_1 {
+                            array: pg_sys::JsonbValue__bindgen_ty_1__bindgen_ty_2 {
+                                nElems: 1,
+                                elems: std::ptr::null_mut(),
+                                rawScalar: true,
+                            },
+                        },
+                    };
+                    pg_sys::pushJsonbValue(&mut state, WJB_BEGIN_ARRAY, &mut scalar_array);
+                    push(&mut state, WJB_ELEM, v);
+                    pg_sys::pushJsonbValue(&mut state, WJB_END_ARRAY, std::ptr::null_mut())
+                }
+            };
+            JsonbDatum(pg_sys::Datum::from(pg_sys::JsonbValueToJsonb(root)))
+        }
+    }
+}
+
+impl From<pgrx::JsonB> for JsonbDatum {
+    fn from(value: pgrx::JsonB) -> JsonbDatum {
+        JsonbDatum::from_value(&value.0)
     }
 }
 

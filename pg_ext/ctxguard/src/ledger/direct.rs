@@ -18,7 +18,6 @@ use std::ffi::CStr;
 
 use pgrx::pg_sys;
 use pgrx::prelude::*;
-use pgrx::JsonB;
 use serde_json::Value;
 
 /// How a column's value is formed from a queued record's field.
@@ -93,7 +92,7 @@ impl Kind {
                 i32::try_from(v.as_i64().ok_or(())?).map_err(|_| ())?,
             )),
             Kind::Timestamptz => Some(pg_sys::Datum::from(v.as_i64().ok_or(())?)),
-            Kind::Jsonb => JsonB(v.clone()).into_datum(),
+            Kind::Jsonb => crate::pgutil::JsonbDatum::from_value(v).into_datum(),
         })
     }
 }
