@@ -212,6 +212,24 @@ fn under_load(name: &str, fault: impl FnOnce()) {
         missing.is_empty(),
         "results without an audit row: {missing:?}"
     );
+    // Per user: the bytes of its days persisted >= what its client received (the writer persists
+    // a day's bytes ahead of the calls, by a margin: a crash leaves more, never less).
+    for (k, r) in received.iter().enumerate() {
+        let user = format!("{name}_{k}");
+        let got: i64 = r.ok.iter().map(|(c, _)| i64::from(audited[c].1)).sum();
+        let kept: i64 = admin
+            .query_one(
+                "SELECT coalesce(sum(bytes), 0)::int8 FROM ctxguard.user_day_usage
+                  WHERE tenant_id = 'acme' AND user_id = $1",
+                &[&user],
+            )
+            .unwrap()
+            .get(0);
+        assert!(
+            kept >= got,
+            "user {user}: {kept} bytes persisted < {got} received"
+        );
+    }
     // Per generation: bytes and per-document calls persisted >= what clients received.
     let mut per_gen: HashMap<String, (i64, i32)> = HashMap::new();
     for (call, g) in &ok {

@@ -740,11 +740,14 @@ impl Retry {
 
 /// A quota: (tenant, user or "" for the tenant's count, tool, window).
 pub type QuotaKey = (String, String, String, String);
-/// Each quota window of a batch with its state once the batch commits ([`Margins::committed`]).
-pub type Seen = Vec<(QuotaKey, Margin)>;
+/// A user's UTC day: (tenant, user, day as days since 2000-01-01).
+pub type DayKey = (String, String, i64);
+/// Each counter of a batch with its state once the batch commits ([`Margins::committed`]).
+pub type Seen<K = QuotaKey> = Vec<(K, Margin)>;
 
-/// What `quota_usage` holds for a quota's window against the calls counted there, for the windows
-/// this writer persisted ahead of their calls ([`margin`]).
+/// What a counter's row holds against what was counted, for the counters this writer persisted
+/// ahead of their calls: a quota window's calls, or a user's bytes of a day (`start`: the window's
+/// start, or the day; a later one replaces the counter).
 #[derive(Clone, Copy, PartialEq, Debug)]
 pub struct Margin {
     pub start: i64,
@@ -752,12 +755,19 @@ pub struct Margin {
     pub counted: i64,
 }
 
-/// The quotas whose persisted count is ahead of their calls, by quota (this writer's memory).
-#[derive(Default)]
-pub struct Margins {
-    by_quota: HashMap<QuotaKey, Margin>,
-    /// Since when a window has been ahead without its exact count written (or a write failed).
+/// The counters whose persisted value is ahead of what was counted, by key (this writer's memory),
+/// and how far ahead one may be for its limit ([`margin`] for quotas, [`byte_margin`] for days).
+pub struct Margins<K = QuotaKey> {
+    by_key: HashMap<K, Margin>,
+    /// Since when a counter has been ahead without its exact value written (or a write failed).
     pending_since: Option<Instant>,
+    margin: fn(i64) -> i64,
+}
+
+impl Default for Margins<QuotaKey> {
+    fn default() -> Self {
+        Margins::new(margin)
+    }
 }
 
 /// How far ahead of a window's calls its persisted count may be for a quota of `limit` calls: a
@@ -770,28 +780,41 @@ pub fn margin(limit: i64) -> i64 {
     (limit / 64).clamp(0, 64)
 }
 
-/// How soon the exact counts follow a window persisted ahead of its calls.
+/// How far ahead of a user's bytes of a day the persisted bytes may be for a daily limit of
+/// `limit` bytes: a sixty-fourth of the limit, at most 1 MiB (the default limit's sixty-fourth).
+/// As with [`margin`], a crash then counts at most this many bytes more than were received.
+pub fn byte_margin(limit: i64) -> i64 {
+    (limit / 64).clamp(0, 1 << 20)
+}
+
+/// How soon the exact counts follow a counter persisted ahead of its calls.
 pub const MARGIN_FLUSH: Duration = Duration::from_millis(100);
 
-impl Margins {
-    /// Which of `quotas` (each window's latest count `n` in a batch, with its quota's limit) to
-    /// write, and with what count: a window new to this writer, or whose calls reached what was
-    /// persisted, is written `n` plus its [`margin`]; the others not at all. Also returned: each
-    /// window's state once the batch commits ([`Margins::committed`]).
-    pub fn plan(
-        &self,
-        quotas: HashMap<QuotaKey, (i64, i64, i64)>,
-    ) -> (HashMap<QuotaKey, (i64, i64)>, Seen) {
+impl<K: std::hash::Hash + Eq + Clone> Margins<K> {
+    pub fn new(margin: fn(i64) -> i64) -> Margins<K> {
+        Margins {
+            by_key: HashMap::new(),
+            pending_since: None,
+            margin,
+        }
+    }
+
+    /// Which of `counters` (each one's latest value `n` in a batch, with its window or day `start`
+    /// and its limit) to write, and with what value: a counter new to this writer, or whose count
+    /// reached what was persisted, is written `n` plus its margin (never past the limit, unless
+    /// `n` is); the others not at all. Also returned: each counter's state once the batch commits
+    /// ([`Margins::committed`]).
+    pub fn plan(&self, counters: HashMap<K, (i64, i64, i64)>) -> (HashMap<K, (i64, i64)>, Seen<K>) {
         let mut write = HashMap::new();
-        let mut seen = Vec::with_capacity(quotas.len());
-        for (k, (start, n, limit)) in quotas {
-            let m = match self.by_quota.get(&k) {
+        let mut seen = Vec::with_capacity(counters.len());
+        for (k, (start, n, limit)) in counters {
+            let m = match self.by_key.get(&k) {
                 Some(m) if m.start == start && n <= m.persisted => Margin {
                     counted: n.max(m.counted),
                     ..*m
                 },
                 _ => {
-                    let persisted = n.saturating_add(margin(limit)).min(n.max(limit));
+                    let persisted = n.saturating_add((self.margin)(limit)).min(n.max(limit));
                     write.insert(k.clone(), (start, persisted));
                     Margin {
                         start,
@@ -806,13 +829,13 @@ impl Margins {
     }
 
     /// Record what a committed transaction wrote at `now` (`plan`'s second part, possibly several
-    /// times over for one quota when a batch was written record by record).
-    pub fn committed(&mut self, seen: Seen, now: Instant) {
+    /// times over for one counter when a batch was written record by record).
+    pub fn committed(&mut self, seen: Seen<K>, now: Instant) {
         if self.pending_since.is_none() && seen.iter().any(|(_, m)| m.persisted > m.counted) {
             self.pending_since = Some(now);
         }
         for (k, m) in seen {
-            let e = self.by_quota.entry(k).or_insert(m);
+            let e = self.by_key.entry(k).or_insert(m);
             if m.start > e.start {
                 *e = m;
             } else if m.start == e.start {
@@ -822,34 +845,34 @@ impl Margins {
         }
     }
 
-    /// The windows whose persisted count is ahead of their calls.
-    pub fn ahead(&self) -> Vec<(QuotaKey, Margin)> {
-        self.by_quota
+    /// The counters whose persisted value is ahead of their count.
+    pub fn ahead(&self) -> Vec<(K, Margin)> {
+        self.by_key
             .iter()
             .filter(|(_, m)| m.persisted > m.counted)
             .map(|(k, m)| (k.clone(), *m))
             .collect()
     }
 
-    /// Is an exact write due: a window ahead for [`MARGIN_FLUSH`] (or any window at all when
+    /// Is an exact write due: a counter ahead for [`MARGIN_FLUSH`] (or any counter at all when
     /// `force`d)?
     pub fn due(&self, now: Instant, force: bool) -> bool {
-        !self.by_quota.is_empty()
+        !self.by_key.is_empty()
             && (force
                 || self
                     .pending_since
                     .is_some_and(|t| now.duration_since(t) >= MARGIN_FLUSH))
     }
 
-    /// After the exact counts were written: nothing is ahead any more, and every window is
+    /// After the exact values were written: nothing is ahead any more, and every counter is
     /// forgotten (its next call is written ahead again).
     pub fn flushed(&mut self) {
         self.pending_since = None;
-        self.by_quota.clear();
+        self.by_key.clear();
     }
 
-    /// A write was tried at `now` and failed: the margins stay (the counts persisted are larger
-    /// than the calls, which refuses early); the next try is due after [`MARGIN_FLUSH`].
+    /// A write was tried at `now` and failed: the margins stay (the values persisted are larger
+    /// than the counts, which refuses early); the next try is due after [`MARGIN_FLUSH`].
     pub fn tried(&mut self, now: Instant) {
         self.pending_since = Some(now);
     }
@@ -933,6 +956,81 @@ mod tests {
         let k = ("t".into(), "u".into(), "tool".into(), "1h".into());
         let (write, _) = m.plan(HashMap::from([(k, (7200, 1, 6400))]));
         assert_eq!(writes(&write), [(7200, 65)]);
+    }
+
+    #[test]
+    fn a_users_day_bytes_are_persisted_ahead_by_at_most_a_mebibyte() {
+        const MIB: i64 = 1 << 20;
+        assert_eq!(
+            (
+                byte_margin(0),
+                byte_margin(63),
+                byte_margin(6400),
+                byte_margin(64 * MIB),
+                byte_margin(i64::from(i32::MAX))
+            ),
+            (0, 0, 100, MIB, MIB)
+        );
+        let t = Instant::now();
+        let day = |n: i64, limit: i64| -> HashMap<DayKey, (i64, i64, i64)> {
+            HashMap::from([(("t".into(), "u".into(), 9_000), (9_000, n, limit))])
+        };
+        let mut m: Margins<DayKey> = Margins::new(byte_margin);
+        // Under the default limit (64 MiB): the first result's bytes plus 1 MiB, then nothing
+        // until the bytes reach what was persisted.
+        let (write, seen) = m.plan(day(409, 64 * MIB));
+        assert_eq!(
+            write.values().copied().collect::<Vec<_>>(),
+            [(9_000, 409 + MIB)]
+        );
+        m.committed(seen, t);
+        for n in [818, 100_000, 409 + MIB] {
+            let (write, seen) = m.plan(day(n, 64 * MIB));
+            assert!(write.is_empty(), "{n} bytes are covered");
+            m.committed(seen, t);
+        }
+        let (write, seen) = m.plan(day(410 + MIB, 64 * MIB));
+        assert_eq!(
+            write.values().copied().collect::<Vec<_>>(),
+            [(9_000, 410 + 2 * MIB)]
+        );
+        m.committed(seen, t);
+        let ahead = m.ahead();
+        assert_eq!(
+            (ahead[0].1.persisted, ahead[0].1.counted),
+            (410 + 2 * MIB, 410 + MIB)
+        );
+        assert!(m.due(t + MARGIN_FLUSH, false), "the exact bytes follow");
+        // Never past the limit: a small limit's margin stops there.
+        let mut small: Margins<DayKey> = Margins::new(byte_margin);
+        assert_eq!(
+            small
+                .plan(day(6000, 6400))
+                .0
+                .values()
+                .copied()
+                .collect::<Vec<_>>(),
+            [(9_000, 6100)]
+        );
+        small.committed(small.plan(day(6000, 6400)).1, t);
+        assert_eq!(
+            small
+                .plan(day(6350, 6400))
+                .0
+                .values()
+                .copied()
+                .collect::<Vec<_>>(),
+            [(9_000, 6400)]
+        );
+        // The next day is written at once.
+        let (write, _) = m.plan(HashMap::from([(
+            ("t".into(), "u".into(), 9_001),
+            (9_001, 1, 64 * MIB),
+        )]));
+        assert_eq!(
+            write.values().copied().collect::<Vec<_>>(),
+            [(9_001, 1 + MIB)]
+        );
     }
 
     #[test]

@@ -468,7 +468,8 @@ pub fn charge_bytes(
         bytes,
     });
     // One change, one undo: the day's and the generation's bytes are given back together.
-    let mut records = vec![json!({"day": [tenant, user, day], "bytes": new_day})];
+    // With the limit: the writer persists the day's bytes ahead of the calls by a margin of it.
+    let mut records = vec![json!({"day": [tenant, user, day], "bytes": new_day, "lim": day_limit})];
     if let (Some(g), Some(b)) = (generation, new_gen) {
         records.push(json!({"gen": g.id, "bytes": b, "exp": g.expires}));
     }
@@ -562,6 +563,20 @@ pub enum QuotaUse {
 
 /// Quota windows' entries outlive their window by this much (a call that began in it).
 const QUOTA_GRACE: i64 = 10;
+
+/// A user's bytes of `day` (days since 2000-01-01) in the shared-memory ledger right now, if its
+/// entry is live: every byte charged, so never less than the day's audited results use (bytes are
+/// given back only by a call that leaves no audit record). `None`: no live entry.
+pub fn day_live(tenant: &str, user: &str, day: i64) -> Option<i64> {
+    if !shmem::attached() {
+        return None;
+    }
+    let k = key("day", &[tenant, user, &day.to_string()]);
+    let t = now();
+    let mut l = shmem::ledger();
+    let mut d = l.user_days();
+    d.get(&k, t).map(|v| *v)
+}
 
 /// A quota window's count in the shared-memory ledger right now, if its entry is live: every call
 /// counted there, so never fewer than the window's audited calls (a count is given back only by a

@@ -14,7 +14,9 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use ctxguard_core::ledger::{jsonb_text, link, ChainCheck, Margins, QuotaKey, Retry, Seen};
+use ctxguard_core::ledger::{
+    byte_margin, jsonb_text, link, ChainCheck, DayKey, Margins, QuotaKey, Retry, Seen,
+};
 use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, SignalWakeFlags};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -165,7 +167,7 @@ pub extern "C-unwind" fn ctxguard_ledger_writer_main(arg: pg_sys::Datum) {
     let mut retry = Retry::new(Instant::now());
     let mut idle_since = Instant::now();
     let mut stats_due: Option<Instant> = None;
-    let mut margins = Margins::default();
+    let mut margins = Ahead::default();
     loop {
         if BackgroundWorker::sighup_received() {
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
@@ -345,15 +347,15 @@ fn write(
     batch: &[(u64, String)],
     chains: &mut HashMap<Option<String>, String>,
     unsaved: &mut Unsaved,
-    margins: &Margins,
-) -> (Vec<u64>, Direct, Seen) {
+    margins: &Ahead,
+) -> (Vec<u64>, Direct, AheadSeen) {
     if let Ok(a) = in_subtransaction(false, || apply(batch, chains, margins, true)) {
         chains.extend(a.heads);
         unsaved.merge(a.unsaved);
         return (Vec::new(), a.direct, a.quotas);
     }
     let mut failed = Vec::new();
-    let mut quotas = Vec::new();
+    let mut seen = AheadSeen::default();
     for rec in batch {
         match in_subtransaction(false, || {
             apply(std::slice::from_ref(rec), chains, margins, false)
@@ -361,7 +363,8 @@ fn write(
             Ok(a) => {
                 chains.extend(a.heads);
                 unsaved.merge(a.unsaved);
-                quotas.extend(a.quotas);
+                seen.quotas.extend(a.quotas.quotas);
+                seen.days.extend(a.quotas.days);
             }
             Err(c) => {
                 pgrx::warning!(
@@ -373,7 +376,43 @@ fn write(
             }
         }
     }
-    (failed, Direct::default(), quotas)
+    (failed, Direct::default(), seen)
+}
+
+/// The counters this writer persists ahead of their calls: quota windows ([`margin`]) and users'
+/// days ([`byte_margin`]).
+///
+/// [`margin`]: ctxguard_core::ledger::margin
+struct Ahead {
+    quotas: Margins,
+    days: Margins<DayKey>,
+}
+
+impl Default for Ahead {
+    fn default() -> Self {
+        Ahead {
+            quotas: Margins::default(),
+            days: Margins::new(byte_margin),
+        }
+    }
+}
+
+/// A batch's counters as they stand once it commits.
+#[derive(Default)]
+struct AheadSeen {
+    quotas: Seen,
+    days: Seen<DayKey>,
+}
+
+impl Ahead {
+    fn due(&self, now: Instant, force: bool) -> bool {
+        self.quotas.due(now, force) || self.days.due(now, force)
+    }
+
+    fn committed(&mut self, seen: AheadSeen, now: Instant) {
+        self.quotas.committed(seen.quotas, now);
+        self.days.committed(seen.days, now);
+    }
 }
 
 /// Rows a batch wrote without a statement (`direct.rs`): audit rows, counter rows.
@@ -425,35 +464,43 @@ type Days = HashMap<(String, String, i64), i64>;
 /// A quota's latest window (start in Unix seconds) and its calls, by quota.
 type Quotas = HashMap<QuotaKey, (i64, i64)>;
 
-/// Write the exact counts of the windows persisted ahead of their calls, in a transaction of its
-/// own (not waited for on disk: the next batch's commit or the WAL writer makes it durable; until
-/// then a crash leaves the larger count, which refuses early). Then forget every window: the next
-/// call of each is written with its margin again. A failure is logged and the margins kept.
+/// Write the exact counts of the quota windows and users' days persisted ahead of their calls, in
+/// a transaction of its own (not waited for on disk: the next batch's commit or the WAL writer
+/// makes it durable; until then a crash leaves the larger count, which refuses early). Then forget
+/// every counter: the next call of each is written with its margin again. A failure is logged and
+/// the margins kept.
 ///
-/// The exact count is the window's live count in the shared-memory ledger, not the largest count
+/// The exact count is the counter's live count in the shared-memory ledger, not the largest count
 /// this writer saw in a record: records arrive out of order (a call is counted before its handler
-/// runs, its record queued after), and a writer that started after the window's first calls has
-/// not seen them. The ledger's count covers every counted call, so the row is only ever lowered to
-/// a value no smaller than the window's audited calls. A window without a live entry (expired) is
-/// left as persisted.
-fn flush_margins(margins: &mut Margins, now: Instant, force: bool) {
+/// runs, its record queued after), and a writer that started after a counter's first calls has
+/// not seen them. The ledger's count covers every counted call, so a row is only ever lowered to
+/// a value no smaller than what the audited calls used. A counter without a live entry (expired)
+/// is left as persisted.
+fn flush_margins(margins: &mut Ahead, now: Instant, force: bool) {
     if !margins.due(now, force) {
         return;
     }
-    let ahead = margins.ahead();
-    if ahead.is_empty() {
-        margins.flushed();
-        return;
-    }
-    let rows: Vec<Value> = ahead
+    let windows: Vec<Value> = margins
+        .quotas
+        .ahead()
         .iter()
         .filter_map(|((t, u, tool, w), m)| {
             let live = super::quota_live(t, u, tool, w, m.start)?;
             Some(json!({"t": t, "u": u, "tool": tool, "w": w, "s": m.start, "n": live}))
         })
         .collect();
-    if rows.is_empty() {
-        margins.flushed();
+    let days: Vec<Value> = margins
+        .days
+        .ahead()
+        .iter()
+        .filter_map(|((t, u, day), _)| {
+            let live = super::day_live(t, u, *day)?;
+            Some(json!({"t": t, "u": u, "day": day, "n": live}))
+        })
+        .collect();
+    if windows.is_empty() && days.is_empty() {
+        margins.quotas.flushed();
+        margins.days.flushed();
         return;
     }
     let written = BackgroundWorker::transaction(move || {
@@ -461,33 +508,53 @@ fn flush_margins(margins: &mut Margins, now: Instant, force: bool) {
         in_subtransaction(false, || {
             as_owner(|| {
                 Spi::connect_mut(|c| {
-                    update_saved(
-                        c,
-                        "UPDATE ctxguard.quota_usage q SET calls = v.n
-                           FROM pg_catalog.jsonb_to_recordset($1) AS v(t pg_catalog.text, u pg_catalog.text,
-                                tool pg_catalog.text, w pg_catalog.text, s pg_catalog.int8, n pg_catalog.int4)
-                          WHERE q.tenant_id OPERATOR(pg_catalog.=) v.t AND q.user_id OPERATOR(pg_catalog.=) v.u
-                            AND q.tool OPERATOR(pg_catalog.=) v.tool AND q.win OPERATOR(pg_catalog.=) v.w
-                            AND q.window_start OPERATOR(pg_catalog.=) pg_catalog.to_timestamp(v.s::pg_catalog.float8)
-                            AND q.calls OPERATOR(pg_catalog.>) v.n",
-                        None,
-                        &[JsonB(Value::Array(rows)).into()],
-                    )
-                    .map(|_| ())
+                    if !windows.is_empty() {
+                        update_saved(
+                            c,
+                            "UPDATE ctxguard.quota_usage q SET calls = v.n
+                               FROM pg_catalog.jsonb_to_recordset($1) AS v(t pg_catalog.text, u pg_catalog.text,
+                                    tool pg_catalog.text, w pg_catalog.text, s pg_catalog.int8, n pg_catalog.int4)
+                              WHERE q.tenant_id OPERATOR(pg_catalog.=) v.t AND q.user_id OPERATOR(pg_catalog.=) v.u
+                                AND q.tool OPERATOR(pg_catalog.=) v.tool AND q.win OPERATOR(pg_catalog.=) v.w
+                                AND q.window_start OPERATOR(pg_catalog.=) pg_catalog.to_timestamp(v.s::pg_catalog.float8)
+                                AND q.calls OPERATOR(pg_catalog.>) v.n",
+                            None,
+                            &[JsonB(Value::Array(windows)).into()],
+                        )?;
+                    }
+                    if !days.is_empty() {
+                        update_saved(
+                            c,
+                            "UPDATE ctxguard.user_day_usage u SET bytes = v.n
+                               FROM pg_catalog.jsonb_to_recordset($1)
+                                    AS v(t pg_catalog.text, u pg_catalog.text, day pg_catalog.int4, n pg_catalog.int8)
+                              WHERE u.tenant_id OPERATOR(pg_catalog.=) v.t AND u.user_id OPERATOR(pg_catalog.=) v.u
+                                AND u.day OPERATOR(pg_catalog.=) ('2000-01-01'::pg_catalog.date OPERATOR(pg_catalog.+) v.day)
+                                AND u.bytes OPERATOR(pg_catalog.>) v.n",
+                            None,
+                            &[JsonB(Value::Array(days)).into()],
+                        )?;
+                    }
+                    Ok::<_, pgrx::spi::Error>(())
                 })
             })
         })
     });
     match written {
-        Ok(Ok(())) => margins.flushed(),
+        Ok(Ok(())) => {
+            margins.quotas.flushed();
+            margins.days.flushed();
+        }
         Ok(Err(e)) => {
-            margins.tried(now);
-            pgrx::warning!("ctxguard: ledger writer could not write exact quota counts: {e}");
+            margins.quotas.tried(now);
+            margins.days.tried(now);
+            pgrx::warning!("ctxguard: ledger writer could not write exact counts: {e}");
         }
         Err(c) => {
-            margins.tried(now);
+            margins.quotas.tried(now);
+            margins.days.tried(now);
             pgrx::warning!(
-                "ctxguard: ledger writer could not write exact quota counts (SQLSTATE {})",
+                "ctxguard: ledger writer could not write exact counts (SQLSTATE {})",
                 c.sqlstate
             );
         }
@@ -640,13 +707,14 @@ fn s(v: &Value, i: usize) -> Value {
 fn apply(
     batch: &[(u64, String)],
     chains: &HashMap<Option<String>, String>,
-    margins: &Margins,
+    margins: &Ahead,
     direct: bool,
 ) -> Applied {
     let mut audits = Vec::new();
     let mut gens: HashMap<String, (i64, i64)> = HashMap::new();
     let mut docs: HashMap<(String, String), (Value, i64, i64)> = HashMap::new();
-    let mut days = Days::new();
+    // A user's (tenant, user, day): the day, its latest bytes, the user's daily limit.
+    let mut days: HashMap<DayKey, (i64, i64, i64)> = HashMap::new();
     // A quota's (tenant, user or "", tool, window): its latest window start, count there, limit.
     let mut quotas: HashMap<QuotaKey, (i64, i64, i64)> = HashMap::new();
     let mut pages = Vec::new();
@@ -679,9 +747,14 @@ fn apply(
                     s(&d, 1).as_str().unwrap_or_default().to_string(),
                     s(&d, 2).as_i64().unwrap_or(0),
                 );
-                let b = ch["bytes"].as_i64().unwrap_or(0);
-                let e = days.entry(k).or_insert(b);
-                *e = (*e).max(b);
+                let (b, limit) = (
+                    ch["bytes"].as_i64().unwrap_or(0),
+                    ch["lim"].as_i64().unwrap_or(0),
+                );
+                let day = k.2;
+                let e = days.entry(k).or_insert((day, b, limit));
+                e.1 = e.1.max(b);
+                e.2 = e.2.max(limit);
             } else if let Some(q) = ch["quota"].as_array() {
                 let q = Value::Array(q.clone());
                 let text = |i| s(&q, i).as_str().unwrap_or_default().to_string();
@@ -710,7 +783,13 @@ fn apply(
         }
     }
     let mut unsaved = Unsaved { gens, docs };
-    let (quotas, seen) = margins.plan(quotas);
+    let (quotas, seen_quotas) = margins.quotas.plan(quotas);
+    let (days, seen_days) = margins.days.plan(days);
+    let days: Days = days.into_iter().map(|(k, (_, b))| (k, b)).collect();
+    let seen = AheadSeen {
+        quotas: seen_quotas,
+        days: seen_days,
+    };
     let (n_days, n_quotas) = (days.len(), quotas.len());
     let result = as_owner(|| {
         Spi::connect_mut(|c| {
@@ -820,7 +899,7 @@ struct Applied {
     heads: HashMap<Option<String>, String>,
     unsaved: Unsaved,
     direct: Direct,
-    quotas: Seen,
+    quotas: AheadSeen,
 }
 
 /// A statement of the writer failed: raise it (its subtransaction rolls back: see `write`).
