@@ -113,6 +113,26 @@ ALTER TABLE ctxguard.audit_log DROP CONSTRAINT dba_whole_row;
 SELECT is((SELECT count(*) FROM ctxguard.audit_log WHERE call_id IN (:'w1', :'w2', :'w3') AND decision = 'allow'), 3::bigint,
           'a whole-row CHECK passes batch after batch');
 
+-- The identity's sequence, kept by the writer across batches, follows a DBA's change of the
+-- identity: replaced by another, the next row takes its id from the new one, still without a
+-- statement, in the same writer.
+BEGIN;
+SELECT pg_temp.call(:'tok_alice', :'page') AS i1 \gset
+COMMIT;
+SELECT ctxguard.ledger_stats()->>'writer_pid' AS writer0, (SELECT max(id) + 1000000 FROM ctxguard.audit_log) AS next_start \gset
+ALTER EXTENSION ctxguard DROP SEQUENCE ctxguard.audit_log_id_seq;
+ALTER TABLE ctxguard.audit_log ALTER COLUMN id DROP IDENTITY;
+SELECT format('ALTER TABLE ctxguard.audit_log ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (START WITH %s)', :next_start) \gexec
+ALTER EXTENSION ctxguard ADD SEQUENCE ctxguard.audit_log_id_seq;
+SELECT (ctxguard.ledger_stats()->>'audit_rows_direct')::bigint AS direct3 \gset
+BEGIN;
+SELECT pg_temp.call(:'tok_alice', :'page') AS i2 \gset
+COMMIT;
+SELECT is(ctxguard.ledger_stats()->>'writer_pid', :'writer0', 'the same writer wrote the rows before and after the change');
+SELECT is((SELECT id FROM ctxguard.audit_log WHERE call_id = :'i2'), :next_start::bigint,
+          'after the identity is replaced, the next row takes the new sequence''s first id');
+SELECT ok((ctxguard.ledger_stats()->>'audit_rows_direct')::bigint > :direct3, 'still without a statement');
+
 SELECT is(ctxguard.verify_audit('acme')->>'intact', 'true', 'the chain holds across both ways');
 DROP TABLE public.audit_direct_copy;
 DROP FUNCTION public.audit_direct_copy();

@@ -167,7 +167,9 @@ SELECT pg_temp.read(:'tok_ranker', :'viewer', :'g3', '219-219') AS r5 \gset
 COMMIT;
 SELECT is(:'r5'::text, 'ok', 'a read once the table is as ctxguard made it');
 SELECT is(pg_temp.covered(219, 219), '219:1', 'the page is covered');
-SELECT ok(pg_temp.direct_rows() - :direct1 >= 4, 'without a statement');
+-- The page, the generation's bytes and its document counter (the user's day is persisted ahead of
+-- its bytes by a margin, so this read may not write it).
+SELECT ok(pg_temp.direct_rows() - :direct1 >= 3, 'without a statement');
 
 DROP TABLE public.coverage_copy;
 DROP FUNCTION public.coverage_copy();
