@@ -24,7 +24,8 @@ use pgrx::prelude::*;
 
 use crate::pgutil::raise;
 
-/// Settings every statement ctxguard runs sees, whatever the caller set.
+/// Settings every statement ctxguard runs sees, whatever the caller set (in the order of
+/// [`holding`]'s checks).
 const PINNED: [(&CStr, &CStr); 12] = [
     (c"search_path", c"pg_catalog, pg_temp"),
     (c"TimeZone", c"UTC"),
@@ -60,46 +61,45 @@ impl Drop for Scope {
     }
 }
 
-/// Does every setting of [`PINNED`] hold its value? Read from the variables the settings assign
-/// (what `GetConfigOption` shows for each, without looking its name up): the check every scope
-/// makes. `bytea_output`'s variable is not in pgrx's bindings; it is read by name.
-/// `sql/tests/09_handlers.sql` moves each setting in turn away from its value, all the others at
-/// theirs, and checks that a handler still sees it pinned.
-fn all_pinned() -> bool {
+/// Which settings of [`PINNED`] hold their value, in its order: read from the variables the
+/// settings assign (what `GetConfigOption` shows for each, without looking its name up), the
+/// check every scope makes. `bytea_output`'s variable is not in pgrx's bindings; it is read by
+/// name. `sql/tests/09_handlers.sql` moves each setting in turn away from its value, all the
+/// others at theirs, and checks that a handler still sees it pinned.
+fn holding() -> [bool; PINNED.len()] {
     // SAFETY: the settings' variables, read by value in the backend's one thread; the strings are
     // the settings' own (never NULL once the settings are initialized, checked all the same).
     unsafe {
         let is =
             |v: *const std::ffi::c_char, want: &CStr| !v.is_null() && CStr::from_ptr(v) == want;
-        pg_sys::standard_conforming_strings
-            && !pg_sys::Transform_null_equals
-            && pg_sys::Array_nulls
-            && pg_sys::row_security
-            && pg_sys::check_function_bodies
-            && pg_sys::extra_float_digits == 1
-            && pg_sys::DateStyle == pg_sys::USE_ISO_DATES as i32
-            && pg_sys::DateOrder == pg_sys::DATEORDER_YMD as i32
-            && pg_sys::IntervalStyle == pg_sys::INTSTYLE_POSTGRES as i32
-            && is(pg_sys::namespace_search_path, c"pg_catalog, pg_temp")
-            && is(pg_sys::TSCurrentConfig, c"pg_catalog.english")
-            && !pg_sys::session_timezone.is_null()
-            && is(
-                pg_sys::pg_get_timezone_name(pg_sys::session_timezone),
-                c"UTC",
-            )
-            && is(
+        [
+            is(pg_sys::namespace_search_path, c"pg_catalog, pg_temp"),
+            !pg_sys::session_timezone.is_null()
+                && is(
+                    pg_sys::pg_get_timezone_name(pg_sys::session_timezone),
+                    c"UTC",
+                ),
+            pg_sys::DateStyle == pg_sys::USE_ISO_DATES as i32
+                && pg_sys::DateOrder == pg_sys::DATEORDER_YMD as i32,
+            pg_sys::IntervalStyle == pg_sys::INTSTYLE_POSTGRES as i32,
+            is(pg_sys::TSCurrentConfig, c"pg_catalog.english"),
+            pg_sys::standard_conforming_strings,
+            !pg_sys::Transform_null_equals,
+            pg_sys::Array_nulls,
+            pg_sys::extra_float_digits == 1,
+            is(
                 pg_sys::GetConfigOption(c"bytea_output".as_ptr(), true, false),
                 c"hex",
-            )
+            ),
+            pg_sys::row_security,
+            pg_sys::check_function_bodies,
+        ]
     }
 }
 
+/// Set `name` to `value` at the current nest level, restored when it is popped.
 fn set(name: &CStr, value: &CStr) {
     unsafe {
-        let current = pg_sys::GetConfigOption(name.as_ptr(), true, false);
-        if !current.is_null() && CStr::from_ptr(current) == value {
-            return;
-        }
         pg_sys::set_config_option(
             name.as_ptr(),
             value.as_ptr(),
@@ -128,9 +128,10 @@ fn open(user: Option<pg_sys::Oid>) -> Scope {
     // setting already holds: no nest level to open, and none to pop (in PostgreSQL 15 popping one
     // walks every setting there is). A scope that sets nothing restores nothing either way: what
     // SQL inside it sets stays set after it, with or without a nest level of its own.
-    let nest = (!all_pinned()).then(|| {
+    let holds = holding();
+    let nest = holds.contains(&false).then(|| {
         let nest = unsafe { pg_sys::NewGUCNestLevel() };
-        for (name, value) in PINNED.iter() {
+        for ((name, value), _) in PINNED.iter().zip(holds).filter(|(_, h)| !h) {
             set(name, value);
         }
         nest

@@ -692,12 +692,24 @@ fn slot(qs: &mut [shmem::Queue; shmem::DATABASES]) -> Option<usize> {
     let i = qs.iter().position(|q| {
         q.db == 0 || (q.writer_pid == 0 && q.next_seq == q.durable && t - q.start_requested > 60)
     })?;
+    // Nothing of the slot's last database stays: above all not its records the writer could not
+    // write, whose numbers this database's records take again (its calls would be refused as
+    // unwritten though their rows are there).
     let q = &mut qs[i];
     q.db = d;
     q.writer_pid = 0;
     q.start_requested = 0;
     q.next_seq = 0;
     q.durable = 0;
+    q.durable_lsn = 0;
+    q.batches = 0;
+    q.records = 0;
+    q.last_batch = 0;
+    q.max_batch = 0;
+    q.audit_direct = 0;
+    q.counters_direct = 0;
+    q.failed = [0; shmem::FAILED];
+    q.failed_next = 0;
     q.waiters = [shmem::Waiter::FREE; shmem::WAITERS];
     Some(i)
 }
