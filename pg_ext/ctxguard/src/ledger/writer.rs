@@ -222,13 +222,13 @@ pub extern "C-unwind" fn ctxguard_ledger_writer_main(arg: pg_sys::Datum) {
         let n = batch.len();
         let waiting = unsaved.len();
         let chains_ref = std::panic::AssertUnwindSafe((&mut chains, &mut unsaved, &margins));
-        let (failed, direct, quotas) =
+        let (failed, direct, seen) =
             BackgroundWorker::transaction(std::panic::AssertUnwindSafe(move || {
                 let refs = chains_ref;
                 let (chains, unsaved, margins) = refs.0;
                 write(&batch, chains, unsaved, margins)
             }));
-        margins.committed(quotas, Instant::now());
+        margins.committed(seen, Instant::now());
         if unsaved.len() > waiting {
             retry.waiting_again();
         }
@@ -352,7 +352,7 @@ fn write(
     if let Ok(a) = in_subtransaction(false, || apply(batch, chains, margins, true)) {
         chains.extend(a.heads);
         unsaved.merge(a.unsaved);
-        return (Vec::new(), a.direct, a.quotas);
+        return (Vec::new(), a.direct, a.seen);
     }
     let mut failed = Vec::new();
     let mut seen = AheadSeen::default();
@@ -363,8 +363,8 @@ fn write(
             Ok(a) => {
                 chains.extend(a.heads);
                 unsaved.merge(a.unsaved);
-                seen.quotas.extend(a.quotas.quotas);
-                seen.days.extend(a.quotas.days);
+                seen.quotas.extend(a.seen.quotas);
+                seen.days.extend(a.seen.days);
             }
             Err(c) => {
                 pgrx::warning!(
@@ -889,17 +889,17 @@ fn apply(
         heads,
         unsaved,
         direct,
-        quotas: seen,
+        seen,
     }
 }
 
 /// What [`apply`] wrote: the new chain heads, the generation counters not saved yet, the rows
-/// written without a statement, and the quota windows' state once the batch commits.
+/// written without a statement, and the quota windows' and users' days' state once the batch commits.
 struct Applied {
     heads: HashMap<Option<String>, String>,
     unsaved: Unsaved,
     direct: Direct,
-    quotas: AheadSeen,
+    seen: AheadSeen,
 }
 
 /// A statement of the writer failed: raise it (its subtransaction rolls back: see `write`).
