@@ -192,17 +192,7 @@ async fn a_500_carries_no_detail() {
 
 /// `CTXGUARD_TEST_DATABASE_URL` with another database name.
 fn url_for(database: &str) -> String {
-    env("CTXGUARD_TEST_DATABASE_URL")
-        .split_whitespace()
-        .map(|kv| {
-            if kv.starts_with("dbname=") {
-                format!("dbname={database}")
-            } else {
-                kv.to_string()
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
+    support::with_dbname(&env("CTXGUARD_TEST_DATABASE_URL"), database)
 }
 
 async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, Value) {

@@ -13,27 +13,13 @@ mod support;
 
 use postgres::{Client, NoTls};
 use serde_json::{json, Value};
-use support::{env, token};
+use support::{env, token, with_dbname};
 
 /// The slots the ledger has (`ledger/shmem.rs`: `DATABASES`).
 const SLOTS: usize = 8;
 
-/// `url` with its database replaced by `db`.
-fn url_for(url: &str, db: &str) -> String {
-    url.split_whitespace()
-        .map(|kv| {
-            if kv.starts_with("dbname=") {
-                format!("dbname={db}")
-            } else {
-                kv.to_string()
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
 fn admin_on(db: &str) -> Client {
-    Client::connect(&url_for(&env("CTXGUARD_TEST_ADMIN_URL"), db), NoTls).unwrap()
+    Client::connect(&with_dbname(&env("CTXGUARD_TEST_ADMIN_URL"), db), NoTls).unwrap()
 }
 
 /// A new database with the extension and one page type.
@@ -58,7 +44,8 @@ fn drop_db(db: &str) {
 
 /// One built-in call in `db` as the gateway role, committed.
 fn call(db: &str) -> Value {
-    let mut c = Client::connect(&url_for(&env("CTXGUARD_TEST_DATABASE_URL"), db), NoTls).unwrap();
+    let mut c =
+        Client::connect(&with_dbname(&env("CTXGUARD_TEST_DATABASE_URL"), db), NoTls).unwrap();
     let tok = token("slot-user", "acme", &["viewer"]);
     let mut tx = c.transaction().unwrap();
     tx.execute(

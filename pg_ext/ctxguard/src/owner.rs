@@ -156,15 +156,7 @@ fn open(user: Option<pg_sys::Oid>) -> Scope {
 /// ledger writer): each of its scopes then finds them in place.
 pub fn pin_session() {
     for (name, value) in PINNED.iter() {
-        // SAFETY: names and values of settings this server has, as C strings.
-        unsafe {
-            pg_sys::SetConfigOption(
-                name.as_ptr(),
-                value.as_ptr(),
-                pg_sys::GucContext::PGC_SUSET,
-                pg_sys::GucSource::PGC_S_OVERRIDE,
-            );
-        }
+        crate::pgutil::set_session(name, value);
     }
 }
 

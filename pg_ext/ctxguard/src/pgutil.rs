@@ -104,6 +104,20 @@ pub fn in_transaction_block() -> bool {
     unsafe { pg_sys::IsTransactionBlock() }
 }
 
+/// Set `name` to `value` for the rest of the session as a superuser's override (a background
+/// worker's own settings, which nothing else in its process changes).
+pub fn set_session(name: &CStr, value: &CStr) {
+    // SAFETY: the name and value of a setting this server has, as C strings.
+    unsafe {
+        pg_sys::SetConfigOption(
+            name.as_ptr(),
+            value.as_ptr(),
+            pg_sys::GucContext::PGC_SUSET,
+            pg_sys::GucSource::PGC_S_OVERRIDE,
+        );
+    }
+}
+
 /// Set a `ctxguard.*` context setting for the rest of the current (sub)transaction, as
 /// `SET LOCAL` would, with superuser context so that only extension code can do it.
 pub fn set_local(name: &CStr, value: &str) {
@@ -540,6 +554,34 @@ pub fn english_tsquery(words: &str) -> pg_sys::Datum {
 /// The longest string a `jsonb` value can hold (`JENTRY_OFFLENMASK`, as `jsonb_in` checks).
 const JSONB_MAX_STRING: usize = 0x0FFF_FFFF;
 
+/// `s` as a `jsonb` string pointing at its bytes (valid while `s` is), refused as `jsonb_in`
+/// refuses it: holding U+0000 (SQLSTATE 22P05, `jsonb_in`'s `\u0000`), or longer than a `jsonb`
+/// string may be (54000).
+fn jsonb_string(s: &str) -> pg_sys::JsonbValue {
+    if s.len() > JSONB_MAX_STRING {
+        raise(
+            PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+            format!("ctxguard: a string is longer than a jsonb string may be ({JSONB_MAX_STRING} bytes)"),
+        );
+    }
+    if s.as_bytes().contains(&0) {
+        raise(
+            PgSqlErrorCode::ERRCODE_UNTRANSLATABLE_CHARACTER,
+            "ctxguard: \\u0000 cannot be converted to text",
+        );
+    }
+    pg_sys::JsonbValue {
+        type_: pg_sys::jbvType::jbvString,
+        val: pg_sys::JsonbValue__bindgen_ty_1 {
+            string: pg_sys::JsonbValue__bindgen_ty_1__bindgen_ty_1 {
+                // At most JSONB_MAX_STRING (checked above).
+                len: s.len() as std::ffi::c_int,
+                val: s.as_ptr() as *mut std::ffi::c_char,
+            },
+        },
+    }
+}
+
 /// A `jsonb` datum built in PostgreSQL's binary form directly (`pushJsonbValue`), without the
 /// text round trip of `JsonB` (serialise with `serde_json`, parse again with `jsonb_in`), which
 /// costs more than masking a long text.
@@ -558,18 +600,6 @@ impl JsonbDatum {
                 format!("ctxguard: the masked text is longer than a jsonb string may be ({JSONB_MAX_STRING} bytes)"),
             );
         }
-        fn string(s: &str) -> pg_sys::JsonbValue {
-            pg_sys::JsonbValue {
-                type_: pg_sys::jbvType::jbvString,
-                val: pg_sys::JsonbValue__bindgen_ty_1 {
-                    string: pg_sys::JsonbValue__bindgen_ty_1__bindgen_ty_1 {
-                        // Rule names are short; the text's length is checked above.
-                        len: s.len() as std::ffi::c_int,
-                        val: s.as_ptr() as *mut std::ffi::c_char,
-                    },
-                },
-            }
-        }
         use pg_sys::JsonbIteratorToken::{WJB_BEGIN_OBJECT, WJB_END_OBJECT, WJB_KEY, WJB_VALUE};
         // SAFETY: every JsonbValue pushed points at bytes (`text`, the names, palloc'd numerics)
         // that live until JsonbValueToJsonb has copied them into the palloc'd result; the parse
@@ -577,11 +607,11 @@ impl JsonbDatum {
         unsafe {
             let mut state: *mut pg_sys::JsonbParseState = std::ptr::null_mut();
             pg_sys::pushJsonbValue(&mut state, WJB_BEGIN_OBJECT, std::ptr::null_mut());
-            let mut key = string("masked");
+            let mut key = jsonb_string("masked");
             pg_sys::pushJsonbValue(&mut state, WJB_KEY, &mut key);
             pg_sys::pushJsonbValue(&mut state, WJB_BEGIN_OBJECT, std::ptr::null_mut());
             for (name, n) in counts {
-                let mut k = string(name);
+                let mut k = jsonb_string(name);
                 pg_sys::pushJsonbValue(&mut state, WJB_KEY, &mut k);
                 let mut v = pg_sys::JsonbValue {
                     type_: pg_sys::jbvType::jbvNumeric,
@@ -592,9 +622,9 @@ impl JsonbDatum {
                 pg_sys::pushJsonbValue(&mut state, WJB_VALUE, &mut v);
             }
             pg_sys::pushJsonbValue(&mut state, WJB_END_OBJECT, std::ptr::null_mut());
-            let mut key = string("text");
+            let mut key = jsonb_string("text");
             pg_sys::pushJsonbValue(&mut state, WJB_KEY, &mut key);
-            let mut v = string(text);
+            let mut v = jsonb_string(text);
             pg_sys::pushJsonbValue(&mut state, WJB_VALUE, &mut v);
             let root = pg_sys::pushJsonbValue(&mut state, WJB_END_OBJECT, std::ptr::null_mut());
             JsonbDatum(pg_sys::Datum::from(pg_sys::JsonbValueToJsonb(root)))
@@ -627,7 +657,7 @@ impl JsonbDatum {
                     pg_sys::jbvType::jbvNumeric,
                     pg_sys::JsonbValue__bindgen_ty_1 { numeric: number(n) },
                 ),
-                Value::String(s) => return string(s),
+                Value::String(s) => return jsonb_string(s),
                 Value::Array(_) | Value::Object(_) => unreachable!("containers are pushed"),
             };
             pg_sys::JsonbValue { type_, val }
@@ -653,30 +683,6 @@ impl JsonbDatum {
                 .cast_mut_ptr()
             }
         }
-        fn string(s: &str) -> pg_sys::JsonbValue {
-            if s.len() > JSONB_MAX_STRING {
-                raise(
-                    PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
-                    format!("ctxguard: a string is longer than a jsonb string may be ({JSONB_MAX_STRING} bytes)"),
-                );
-            }
-            if s.as_bytes().contains(&0) {
-                raise(
-                    PgSqlErrorCode::ERRCODE_UNTRANSLATABLE_CHARACTER,
-                    "ctxguard: \\u0000 cannot be converted to text",
-                );
-            }
-            pg_sys::JsonbValue {
-                type_: pg_sys::jbvType::jbvString,
-                val: pg_sys::JsonbValue__bindgen_ty_1 {
-                    string: pg_sys::JsonbValue__bindgen_ty_1__bindgen_ty_1 {
-                        // At most JSONB_MAX_STRING (checked above).
-                        len: s.len() as std::ffi::c_int,
-                        val: s.as_ptr() as *mut std::ffi::c_char,
-                    },
-                },
-            }
-        }
         /// Push `v` as the next value (`token`: an element or an object's value).
         ///
         /// # Safety
@@ -700,7 +706,7 @@ impl JsonbDatum {
                         pgrx::check_for_interrupts!();
                         pg_sys::pushJsonbValue(state, WJB_BEGIN_OBJECT, std::ptr::null_mut());
                         for (k, item) in members {
-                            let mut key = string(k);
+                            let mut key = jsonb_string(k);
                             pg_sys::pushJsonbValue(state, WJB_KEY, &mut key);
                             push(state, WJB_VALUE, item);
                         }

@@ -23,6 +23,20 @@ pub fn env(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: run scripts/test.sh"))
 }
 
+/// Connection string `url` with its database replaced by `database`.
+pub fn with_dbname(url: &str, database: &str) -> String {
+    url.split_whitespace()
+        .map(|kv| {
+            if kv.starts_with("dbname=") {
+                format!("dbname={database}")
+            } else {
+                kv.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// A token for a demo user (acme or globex), with the test audience.
 pub fn token(sub: &str, tenant: &str, roles: &[&str]) -> String {
     let exp = SystemTime::now()

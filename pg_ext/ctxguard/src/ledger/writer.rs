@@ -149,14 +149,7 @@ pub extern "C-unwind" fn ctxguard_ledger_writer_main(arg: pg_sys::Datum) {
         (c"enable_hashjoin", c"off"),
         (c"enable_mergejoin", c"off"),
     ] {
-        unsafe {
-            pg_sys::SetConfigOption(
-                name.as_ptr(),
-                value.as_ptr(),
-                pg_sys::GucContext::PGC_SUSET,
-                pg_sys::GucSource::PGC_S_OVERRIDE,
-            );
-        }
+        crate::pgutil::set_session(name, value);
     }
     crate::owner::pin_session();
     let Some(i) = claim(db) else { return };
