@@ -302,10 +302,24 @@ thread_local! {
     /// `build_column_default` looks it up in `pg_depend` for every executor state
     /// (`getIdentitySequence`), a tenth of the writer's time per record at one record a batch.
     /// Dropped when the relation's cache entry is invalidated (any `ALTER TABLE` of it, which an
-    /// identity's change is, or a reset of every cache): [`forget_identity`].
+    /// identity's change is, or a reset of every cache): [`forget_identity`], registered by
+    /// [`watch_identity`].
     static IDENTITY: std::cell::Cell<Option<(pg_sys::Oid, i32, pg_sys::Oid)>> =
         const { std::cell::Cell::new(None) };
     static IDENTITY_CALLBACK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Keep identity sequences from now on ([`IDENTITY`]), forgotten on the relation's invalidation:
+/// registered once, when the writer starts (should other libraries have taken every relcache
+/// callback slot, the writer then stops at once, not at its first row).
+pub fn watch_identity() {
+    if !IDENTITY_CALLBACK.with(std::cell::Cell::get) {
+        // SAFETY: a callback for the life of the process, as PostgreSQL's own caches register.
+        unsafe {
+            pg_sys::CacheRegisterRelcacheCallback(Some(forget_identity), pg_sys::Datum::from(0))
+        };
+        IDENTITY_CALLBACK.with(|c| c.set(true));
+    }
 }
 
 #[pg_guard]
@@ -343,11 +357,12 @@ unsafe fn column_default(
         }
     }
     let expr = pg_sys::build_column_default(rel, attnum);
-    if a.attidentity != 0 && !expr.is_null() && (*expr).type_ == pg_sys::NodeTag::T_NextValueExpr {
-        if !IDENTITY_CALLBACK.with(std::cell::Cell::get) {
-            pg_sys::CacheRegisterRelcacheCallback(Some(forget_identity), pg_sys::Datum::from(0));
-            IDENTITY_CALLBACK.with(|c| c.set(true));
-        }
+    // Kept only where the invalidation callback is registered (the writer).
+    if a.attidentity != 0
+        && !expr.is_null()
+        && (*expr).type_ == pg_sys::NodeTag::T_NextValueExpr
+        && IDENTITY_CALLBACK.with(std::cell::Cell::get)
+    {
         let seqid = (*expr.cast::<pg_sys::NextValueExpr>()).seqid;
         IDENTITY.with(|c| c.set(Some((relid, attnum, seqid))));
     }

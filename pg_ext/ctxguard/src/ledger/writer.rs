@@ -152,6 +152,7 @@ pub extern "C-unwind" fn ctxguard_ledger_writer_main(arg: pg_sys::Datum) {
         crate::pgutil::set_session(name, value);
     }
     crate::owner::pin_session();
+    super::direct::watch_identity();
     let Some(i) = claim(db) else { return };
     unsafe { pg_sys::before_shmem_exit(Some(release), pg_sys::Datum::from(i)) };
     pgrx::log!("ctxguard: ledger writer started for database {db}");
@@ -496,60 +497,68 @@ fn flush_margins(margins: &mut Ahead, now: Instant, force: bool) {
         margins.days.flushed();
         return;
     }
-    let written = BackgroundWorker::transaction(move || {
+    // Each table in a subtransaction of its own: a table the writer cannot update (a DBA's trigger,
+    // a lock) keeps its own rows ahead, not the other's.
+    let (quotas, days) = BackgroundWorker::transaction(move || {
         crate::pgutil::set_local(c"synchronous_commit", "off");
-        in_subtransaction(false, || {
-            as_owner(|| {
-                Spi::connect_mut(|c| {
-                    if !windows.is_empty() {
-                        update_saved(
-                            c,
-                            "UPDATE ctxguard.quota_usage q SET calls = v.n
-                               FROM pg_catalog.jsonb_to_recordset($1) AS v(t pg_catalog.text, u pg_catalog.text,
-                                    tool pg_catalog.text, w pg_catalog.text, s pg_catalog.int8, n pg_catalog.int4)
-                              WHERE q.tenant_id OPERATOR(pg_catalog.=) v.t AND q.user_id OPERATOR(pg_catalog.=) v.u
-                                AND q.tool OPERATOR(pg_catalog.=) v.tool AND q.win OPERATOR(pg_catalog.=) v.w
-                                AND q.window_start OPERATOR(pg_catalog.=) pg_catalog.to_timestamp(v.s::pg_catalog.float8)
-                                AND q.calls OPERATOR(pg_catalog.>) v.n",
-                            None,
-                            &[JsonB(Value::Array(windows)).into()],
-                        )?;
-                    }
-                    if !days.is_empty() {
-                        update_saved(
-                            c,
-                            "UPDATE ctxguard.user_day_usage u SET bytes = v.n
-                               FROM pg_catalog.jsonb_to_recordset($1)
-                                    AS v(t pg_catalog.text, u pg_catalog.text, day pg_catalog.int4, n pg_catalog.int8)
-                              WHERE u.tenant_id OPERATOR(pg_catalog.=) v.t AND u.user_id OPERATOR(pg_catalog.=) v.u
-                                AND u.day OPERATOR(pg_catalog.=) ('2000-01-01'::pg_catalog.date OPERATOR(pg_catalog.+) v.day)
-                                AND u.bytes OPERATOR(pg_catalog.>) v.n",
-                            None,
-                            &[JsonB(Value::Array(days)).into()],
-                        )?;
-                    }
-                    Ok::<_, pgrx::spi::Error>(())
-                })
+        (
+            exact_rows(
+                "UPDATE ctxguard.quota_usage q SET calls = v.n
+                   FROM pg_catalog.jsonb_to_recordset($1) AS v(t pg_catalog.text, u pg_catalog.text,
+                        tool pg_catalog.text, w pg_catalog.text, s pg_catalog.int8, n pg_catalog.int4)
+                  WHERE q.tenant_id OPERATOR(pg_catalog.=) v.t AND q.user_id OPERATOR(pg_catalog.=) v.u
+                    AND q.tool OPERATOR(pg_catalog.=) v.tool AND q.win OPERATOR(pg_catalog.=) v.w
+                    AND q.window_start OPERATOR(pg_catalog.=) pg_catalog.to_timestamp(v.s::pg_catalog.float8)
+                    AND q.calls OPERATOR(pg_catalog.>) v.n",
+                windows,
+            ),
+            exact_rows(
+                "UPDATE ctxguard.user_day_usage u SET bytes = v.n
+                   FROM pg_catalog.jsonb_to_recordset($1)
+                        AS v(t pg_catalog.text, u pg_catalog.text, day pg_catalog.int4, n pg_catalog.int8)
+                  WHERE u.tenant_id OPERATOR(pg_catalog.=) v.t AND u.user_id OPERATOR(pg_catalog.=) v.u
+                    AND u.day OPERATOR(pg_catalog.=) ('2000-01-01'::pg_catalog.date OPERATOR(pg_catalog.+) v.day)
+                    AND u.bytes OPERATOR(pg_catalog.>) v.n",
+                days,
+            ),
+        )
+    });
+    settle(&mut margins.quotas, quotas, now, "quota counts");
+    settle(&mut margins.days, days, now, "users' daily bytes");
+}
+
+/// Run `sql` (an UPDATE to exact counts) over `rows` in a subtransaction of its own; nothing to do
+/// for no rows.
+fn exact_rows(sql: &str, rows: Vec<Value>) -> Result<(), String> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    match in_subtransaction(false, || {
+        as_owner(|| {
+            Spi::connect_mut(|c| {
+                update_saved(c, sql, None, &[JsonB(Value::Array(rows)).into()]).map(|_| ())
             })
         })
-    });
+    }) {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(c) => Err(format!("SQLSTATE {}", c.sqlstate)),
+    }
+}
+
+/// After [`exact_rows`]: the counters forgotten (written, or nothing live to write), or kept ahead
+/// and tried again after the margin's delay (logged).
+fn settle<K: std::hash::Hash + Eq + Clone>(
+    margins: &mut Margins<K>,
+    written: Result<(), String>,
+    now: Instant,
+    what: &str,
+) {
     match written {
-        Ok(Ok(())) => {
-            margins.quotas.flushed();
-            margins.days.flushed();
-        }
-        Ok(Err(e)) => {
-            margins.quotas.tried(now);
-            margins.days.tried(now);
-            pgrx::warning!("ctxguard: ledger writer could not write exact counts: {e}");
-        }
-        Err(c) => {
-            margins.quotas.tried(now);
-            margins.days.tried(now);
-            pgrx::warning!(
-                "ctxguard: ledger writer could not write exact counts (SQLSTATE {})",
-                c.sqlstate
-            );
+        Ok(()) => margins.flushed(),
+        Err(e) => {
+            margins.tried(now);
+            pgrx::warning!("ctxguard: ledger writer could not write exact {what} ({e})");
         }
     }
 }
