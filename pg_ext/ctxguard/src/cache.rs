@@ -216,6 +216,13 @@ const TOOL_COLUMNS: &str = "t.name, t.description, t.input_schema, t.handler::pg
     p.when_fn::pg_catalog.oid, p.approval_when_fn::pg_catalog.oid,
     p.when_fn::pg_catalog.text, p.approval_when_fn::pg_catalog.text, p.mode, p.approver_roles, p.rate_limits,
     p.credential_modes, t.search";
+/// The planner settings of [`Catalog::each_tool`]'s statement: only the name index's order.
+const WALK_PLANNER: &[(&std::ffi::CStr, &std::ffi::CStr)] = &[
+    (c"enable_seqscan", c"off"),
+    (c"enable_bitmapscan", c"off"),
+    (c"enable_sort", c"off"),
+    (c"enable_indexscan", c"on"),
+];
 /// Tools read at a time by [`Catalog::each_tool`].
 const NAME_WALK_BATCH: usize = 100;
 const TOOL_FROM: &str = "ctxguard.tools t
@@ -549,7 +556,11 @@ impl Catalog {
         );
         let mut after = String::new();
         loop {
-            let tools = self.read_tools(&sql, &[after.as_str().into()]);
+            // In the name index's order, whatever the caller's cost settings or the statistics
+            // say: a sort over a sequential scan reads the whole catalog for every batch.
+            let tools = crate::pgutil::with_planner(WALK_PLANNER, || {
+                self.read_tools(&sql, &[after.as_str().into()])
+            });
             let Some(last) = tools.last() else { return };
             after = last.name.clone();
             for t in &tools {
