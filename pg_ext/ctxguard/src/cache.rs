@@ -558,7 +558,7 @@ impl Catalog {
         loop {
             // In the name index's order, whatever the caller's cost settings or the statistics
             // say: a sort over a sequential scan reads the whole catalog for every batch.
-            let tools = crate::pgutil::with_planner(WALK_PLANNER, || {
+            let tools = crate::owner::with_settings(WALK_PLANNER, || {
                 self.read_tools(&sql, &[after.as_str().into()])
             });
             let Some(last) = tools.last() else { return };

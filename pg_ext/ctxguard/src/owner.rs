@@ -160,6 +160,21 @@ pub fn pin_session() {
     }
 }
 
+/// Run `f` with `pairs` set at a GUC nest level of their own, restored after it (an error's abort
+/// restores them too): for a statement whose plan must not depend on the caller's cost settings or
+/// the statistics of the moment (a plan is made with the settings in force when it is made, and a
+/// saved one is kept).
+pub fn with_settings<R>(pairs: &[(&CStr, &CStr)], f: impl FnOnce() -> R) -> R {
+    let _scope = Scope {
+        nest: Some(unsafe { pg_sys::NewGUCNestLevel() }),
+        user: None,
+    };
+    for (name, value) in pairs {
+        set(name, value);
+    }
+    f()
+}
+
 /// Run `f` (SPI statements) as the caller with ctxguard's pinned settings.
 pub fn pinned<R>(f: impl FnOnce() -> R) -> R {
     let _scope = open(None);

@@ -104,40 +104,6 @@ pub fn in_transaction_block() -> bool {
     unsafe { pg_sys::IsTransactionBlock() }
 }
 
-/// Run `f` with the planner settings `pairs` (each set at a GUC nest level of its own, restored
-/// after `f`; an error's abort restores them too). For a statement whose plan must not depend on
-/// the caller's cost settings or the statistics of the moment: a plan is made with the settings
-/// in force when it is made, and a saved one is kept.
-pub fn with_planner<R>(pairs: &[(&CStr, &CStr)], f: impl FnOnce() -> R) -> R {
-    struct Pop(i32);
-    impl Drop for Pop {
-        fn drop(&mut self) {
-            if !std::thread::panicking() {
-                // SAFETY: the nest level opened below, popped once.
-                unsafe { pg_sys::AtEOXact_GUC(true, self.0) };
-            }
-        }
-    }
-    // SAFETY: planner settings (user-settable), set at a nest level opened here.
-    let _pop = unsafe {
-        let pop = Pop(pg_sys::NewGUCNestLevel());
-        for (name, value) in pairs {
-            pg_sys::set_config_option(
-                name.as_ptr(),
-                value.as_ptr(),
-                pg_sys::GucContext::PGC_USERSET,
-                pg_sys::GucSource::PGC_S_SESSION,
-                pg_sys::GucAction::GUC_ACTION_SAVE,
-                true,
-                pgrx::PgLogLevel::ERROR as i32,
-                false,
-            );
-        }
-        pop
-    };
-    f()
-}
-
 /// Set `name` to `value` for the rest of the session as a superuser's override (a background
 /// worker's own settings, which nothing else in its process changes).
 pub fn set_session(name: &CStr, value: &CStr) {
