@@ -11,7 +11,8 @@
 //!
 //! Page text is masked before anything is added to it or cut from it: pages before they are
 //! trimmed to the budget, sections before they are trimmed, and search pages before
-//! `ts_headline` marks and cuts them; each snippet is then checked again without its markers.
+//! the snippet marks and cuts them (`docs::headline`); each snippet is then checked again without
+//! its markers.
 //! Gate B masks the whole result once more.
 
 use std::borrow::Cow;
@@ -587,14 +588,12 @@ fn tsquery(any: bool, cfg: &str, query: &str) -> String {
     }
 }
 
-/// What [`search_pages`] found: the best pages (page number, score, clean text), the query's
-/// stems, and the query as PostgreSQL made it (the `tsquery` value, with its header) with its text
-/// search configuration, for the headlines.
+/// What [`search_pages`] found: the best pages (page number, score, clean text), and the query's
+/// stems with its text search configuration, for the snippets.
 #[derive(Default)]
 struct Found {
     hits: Vec<(i32, f32, String)>,
     stems: Vec<String>,
-    query: Vec<u8>,
     cfg: pg_sys::Oid,
 }
 
@@ -618,8 +617,7 @@ struct Found {
 /// (superuser; the tests') PostgreSQL also ranks every row, and the search fails unless the
 /// extension ranked each one it should have, to the same bits.
 ///
-/// Also returned ([`Found`]): the query's stems (for [`docs::snippet_window`]), and the query and
-/// its configuration (for [`headlines`]).
+/// Also returned ([`Found`]): the query's stems and its configuration (for the snippets).
 fn search_pages(ctx: &Ctx, doc: &Doc, query: &str, limit: i64, any: bool) -> Found {
     let sql = format!(
         "WITH c AS MATERIALIZED (
@@ -725,12 +723,7 @@ fn search_pages(ctx: &Ctx, doc: &Doc, query: &str, limit: i64, any: bool) -> Fou
                 let hits = hits
                     .map(|(score, page, text)| (page, score, text))
                     .collect();
-                Ok::<_, pgrx::spi::Error>(Some(Found {
-                    hits,
-                    stems,
-                    query: query_bytes,
-                    cfg,
-                }))
+                Ok::<_, pgrx::spi::Error>(Some(Found { hits, stems, cfg }))
             })
         })
         .unwrap_or_else(|e| internal(e))
@@ -803,63 +796,85 @@ impl Ranker<'_> {
     }
 }
 
-/// `ts_headline` snippets of `texts` (already masked) for the query `found` ran (its `tsquery`
-/// and text search configuration), in order: PostgreSQL's function called directly, as the
-/// statement `SELECT ts_headline(cfg, t, q, options)` would call it for each text.
-fn headlines(found: &Found, texts: Vec<String>) -> Vec<String> {
-    if found.query.len() < 4 || found.cfg == pg_sys::InvalidOid {
-        internal("search rows without their query");
+/// At most this many different words of a search's pages are stemmed for its snippets (a word
+/// past them is not marked).
+const STEMMED_WORDS: usize = 512;
+/// Words of this many bytes or more are not stemmed (PostgreSQL's longest lexeme is 2,047 bytes).
+const STEMMED_WORD_BYTES: usize = 2048;
+
+/// Is a word of a search's page one of its query's words? Its lexemes in the search's text search
+/// configuration (`to_tsvector(cfg, word)`, PostgreSQL's own parser and dictionaries, as the page's
+/// vector was made) include one of the query's. Each word is stemmed once per search.
+struct Stemmer<'f> {
+    found: &'f Found,
+    seen: std::collections::HashMap<String, bool>,
+    cx: pg_sys::MemoryContext,
+}
+
+impl<'f> Stemmer<'f> {
+    fn new(found: &'f Found) -> Self {
+        // SAFETY: a child of the current context, deleted on drop.
+        let cx = unsafe {
+            crate::pgutil::memory_context(
+                pg_sys::CurrentMemoryContext,
+                c"ctxguard snippet words",
+                crate::pgutil::ContextSizes::Small,
+            )
+        };
+        Stemmer {
+            found,
+            seen: std::collections::HashMap::new(),
+            cx,
+        }
     }
-    let options = format!(
-        "MaxFragments=2, MaxWords=24, MinWords=8, FragmentDelimiter=\" … \", StartSel={}, StopSel={}",
-        docs::MARK_START,
-        docs::MARK_STOP
-    );
-    // SAFETY: a copy of the `tsquery` value PostgreSQL made (a whole varlena with its 4-byte
-    // header) in memory palloc aligns, valid for the calls below; the function reads its
-    // arguments and returns a new `text`.
-    unsafe {
-        let query = pg_sys::palloc(found.query.len()).cast::<u8>();
-        std::ptr::copy_nonoverlapping(found.query.as_ptr(), query, found.query.len());
-        let query = pg_sys::Datum::from(query);
-        let options = options.into_datum().expect("text");
-        // Each headline in a context reset after it (the statement's per-row memory): the text's
-        // copy, the parse of every word it holds and the result, one page at a time.
-        let cx = crate::pgutil::memory_context(
-            pg_sys::CurrentMemoryContext,
-            c"ctxguard headline",
-            crate::pgutil::ContextSizes::Default,
-        );
-        let snippets = texts
-            .into_iter()
-            .map(|t| {
-                pgrx::check_for_interrupts!();
-                let snippet = pgrx::PgMemoryContexts::For(cx).switch_to(|_| {
-                    let text = t.into_datum().expect("text");
-                    pgrx::direct_function_call::<&str>(
-                        pg_sys::ts_headline_byid_opt,
-                        &[
-                            Some(pg_sys::Datum::from(found.cfg)),
-                            Some(text),
-                            Some(query),
-                            Some(options),
-                        ],
-                    )
+
+    fn is_query_word(&mut self, word: &str) -> bool {
+        if let Some(&known) = self.seen.get(word) {
+            return known;
+        }
+        // PostgreSQL does not index a word that long (a notice, and no lexeme): never the query's.
+        if self.seen.len() >= STEMMED_WORDS || word.len() >= STEMMED_WORD_BYTES {
+            return false;
+        }
+        let cfg = self.found.cfg;
+        if cfg == pg_sys::InvalidOid {
+            internal("search rows without their configuration");
+        }
+        // SAFETY: PostgreSQL's functions called on a configuration that exists (the search's
+        // statement cast it) and a text made here, in a context reset right after.
+        let lexemes = unsafe {
+            let lexemes = pgrx::PgMemoryContexts::For(self.cx).switch_to(|_| {
+                let text = word.into_datum().expect("text");
+                let vector = pgrx::direct_function_call_as_datum(
+                    pg_sys::to_tsvector_byid,
+                    &[Some(pg_sys::Datum::from(cfg)), Some(text)],
+                );
+                pgrx::direct_function_call::<Vec<String>>(pg_sys::tsvector_to_array, &[vector])
                     .unwrap_or_default()
-                    .to_string()
-                });
-                pg_sys::MemoryContextReset(cx);
-                snippet
-            })
-            .collect();
-        pg_sys::MemoryContextDelete(cx);
-        pg_sys::pfree(query.cast_mut_ptr());
-        snippets
+            });
+            pg_sys::MemoryContextReset(self.cx);
+            lexemes
+        };
+        let known = lexemes.iter().any(|l| self.found.stems.contains(l));
+        self.seen.insert(word.to_string(), known);
+        known
+    }
+}
+
+impl Drop for Stemmer<'_> {
+    fn drop(&mut self) {
+        // After an error the context may still be the current one (a switch is not undone by
+        // unwinding): it is then left to its parent, freed with the statement's memory.
+        if std::thread::panicking() {
+            return;
+        }
+        // SAFETY: made in `new`, used by nothing else, not the current context.
+        unsafe { pg_sys::MemoryContextDelete(self.cx) };
     }
 }
 
 /// A snippet made from masked text, checked again without its markers: if dropping them (or
-/// what `ts_headline` left out) joins a secret, the snippet is that marker-free text, masked.
+/// what the snippet left out) joins a secret, the snippet is that marker-free text, masked.
 fn checked_snippet(snippet: String, job: &mut Job) -> Result<String, TooLarge> {
     let plain = docs::without_marks(&snippet);
     Ok(match job.text(&plain)? {
@@ -889,36 +904,22 @@ fn search(
     for (_, _, text) in &hits {
         texts.push(job.text(text)?.into_owned());
     }
-    // ts_headline reads the part of each page where the query's words are densest.
-    let windows: Vec<std::ops::Range<usize>> = texts
+    // The snippets: each page's best fragments, the query's words marked.
+    let mut stemmer = Stemmer::new(&found);
+    let snippets: Vec<String> = texts
         .iter()
         .map(|t| {
-            docs::snippet_window(t, &found.stems, || {
-                pgrx::check_for_interrupts!();
-            })
+            docs::headline(
+                t,
+                &found.stems,
+                |w| stemmer.is_query_word(w),
+                || {
+                    pgrx::check_for_interrupts!();
+                },
+            )
         })
         .collect();
-    let mut snippets = if texts.is_empty() {
-        Vec::new()
-    } else {
-        let cut = texts
-            .iter()
-            .zip(&windows)
-            .map(|(t, w)| t[w.clone()].to_string())
-            .collect();
-        headlines(&found, cut)
-    };
-    // A window whose headline marks nothing (its words were not the query's after all): the
-    // headline of the whole page instead.
-    let again: Vec<usize> = (0..snippets.len())
-        .filter(|&i| windows[i].len() < texts[i].len() && !snippets[i].contains(docs::MARK_START))
-        .collect();
-    if !again.is_empty() {
-        let whole = again.iter().map(|&i| texts[i].clone()).collect();
-        for (i, snippet) in again.into_iter().zip(headlines(&found, whole)) {
-            snippets[i] = snippet;
-        }
-    }
+    drop(stemmer);
     let mut room = Room::new(room, 64);
     let mut results = Vec::new();
     for ((page, score, _), snippet) in hits.into_iter().zip(snippets) {
