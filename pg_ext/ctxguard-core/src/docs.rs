@@ -197,6 +197,18 @@ fn window_key(lexeme: &str) -> String {
 
 /// Does `text` begin with `key`, ignoring case?
 fn starts_with_key(text: &str, key: &str) -> bool {
+    // ASCII keys (most): a byte comparison, the first byte first.
+    if key.is_ascii() {
+        let (t, k) = (text.as_bytes(), key.as_bytes());
+        if let (Some(a), Some(b)) = (t.first(), k.first()) {
+            if a.is_ascii() && !a.eq_ignore_ascii_case(b) {
+                return false;
+            }
+        }
+        if t.len() >= k.len() && t[..k.len()].is_ascii() {
+            return t[..k.len()].eq_ignore_ascii_case(k);
+        }
+    }
     let mut have = text.chars().flat_map(char::to_lowercase);
     key.chars().all(|k| have.next() == Some(k))
 }
@@ -656,6 +668,29 @@ mod tests {
             );
             let (h, _) = marked(&text, &["needle"]);
             assert!(h.contains("«needle»"), "{h}");
+        }
+    }
+
+    #[test]
+    fn keys_match_as_lower_case_does() {
+        let slow = |text: &str, key: &str| {
+            let mut have = text.chars().flat_map(char::to_lowercase);
+            key.chars().all(|k| have.next() == Some(k))
+        };
+        for (text, key) in [
+            ("Directory", "directo"),
+            ("DIRECTORY", "directo"),
+            ("direct", "directo"),
+            ("\u{212a}elvin", "kelvi"),
+            ("ke\u{212a}vin", "kek"),
+            ("\u{130}stanbul", "i\u{307}stanbul"),
+            ("Ключ", "ключ"),
+            ("x", "ключ"),
+            ("", "a"),
+            ("LDAP", "ldap"),
+            ("lda", "ldap"),
+        ] {
+            assert_eq!(starts_with_key(text, key), slow(text, key), "{text} {key}");
         }
     }
 
