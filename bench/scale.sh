@@ -20,7 +20,9 @@
 #   clients    1 -> 4 -> 16 -> 64 pgbench clients through pgbouncer (transaction mode, a server pool
 #              of BENCH_SCALE_POOL): the full read-only ctxguard call (bench/ctxguard.sql) against the
 #              careful baseline (bench/baseline_audit.sql), in BENCH_SCALE_CLIENT_ROUNDS rounds of adjacent
-#              runs (order alternating), as the median of the rounds' ratios.
+#              runs (order alternating), as the median of the rounds' ratios; and in the same rounds the
+#              same pair pipelined, each in one round trip: the ctxguard transaction as the gateway sends
+#              it (bench/ctxguard_pinned.sql: its frame and pins) against bench/baseline_audit_pipelined.sql.
 #
 # Environment:
 #   BENCH_SCALE_QUICK=1      caps at 10k tools, 5k pages, 1k tenants, 16 clients (about 5 minutes; the full run about 11)
@@ -573,13 +575,13 @@ SQL
   [ "$got" = "t|acme_inv3" ] || die "through pgbouncer: baseline vs ctxguard returned '$got'"
   # Extended protocol, unnamed statements: what works through pgbouncer 1.18 in transaction mode.
   local s
-  for s in baseline_audit.sql ctxguard.sql; do
+  for s in baseline_audit.sql ctxguard.sql baseline_audit_pipelined.sql ctxguard_pinned.sql; do
     pgbench -n -M extended -c 4 -j 2 -T 2 "${via[@]}" -U ctxguard_gateway -D token="$token" \
       -f "$BENCH_DIR/$s" "$DB" >/dev/null 2>&1 || die "warm-up with $s through pgbouncer failed"
   done
   local audit0 c
   audit0=$(audit_max)
-  printf 'clients\tbase_tps\tbase_ms\tbase_p50\tbase_p95\tctx_tps\tctx_ms\tctx_p50\tctx_p95\tratio\tratio_min\tratio_max\n' >"$OUT/clients.tsv"
+  printf 'clients\tbase_tps\tbase_ms\tbase_p50\tbase_p95\tctx_tps\tctx_ms\tctx_p50\tctx_p95\tratio\tratio_min\tratio_max\tpbase_tps\tpctx_tps\tpratio\tpratio_min\tpratio_max\n' >"$OUT/clients.tsv"
   # Per client count, CLIENT_ROUNDS rounds of the two scripts back to back, the order alternating
   # (baseline first in odd rounds): one pair of runs moves by more than the aim on this kind of
   # machine (0.82 to 1.05 at one client count in three runs). The ratio is the median of the
@@ -587,28 +589,40 @@ SQL
   # percentiles those of all the rounds' transactions.
   local c r
   for c in $(steps "$MAX_CLIENTS" 1 4 16 64); do
-    local ratios=() bases=() ctxs=()
+    local ratios=() bases=() ctxs=() pratios=() pbases=() pctxs=()
     for r in $(seq 1 "$CLIENT_ROUNDS"); do
-      local order=(base ctx)
-      [ $((r % 2)) = 1 ] || order=(ctx base)
+      local order=(base ctx pbase pctx)
+      [ $((r % 2)) = 1 ] || order=(ctx base pctx pbase)
       local which
       for which in "${order[@]}"; do
-        local script=baseline_audit.sql
-        [ "$which" = base ] || script=ctxguard.sql
+        local script
+        case $which in
+          base) script=baseline_audit.sql ;;
+          ctx) script=ctxguard.sql ;;
+          pbase) script=baseline_audit_pipelined.sql ;;
+          pctx) script=ctxguard_pinned.sql ;;
+        esac
         pgbench_run "clients-$which-c$c-r$r" "$c" -M extended "${via[@]}" -D token="$token" -f "$BENCH_DIR/$script" "$DB"
       done
       local b x
       b=$(field "clients-base-c$c-r$r"); x=$(field "clients-ctx-c$c-r$r")
       bases+=("$b"); ctxs+=("$x")
       ratios+=("$(awk -v a="${x%%|*}" -v b="${b%%|*}" 'BEGIN {printf "%.4f", a / b}')")
+      b=$(field "clients-pbase-c$c-r$r"); x=$(field "clients-pctx-c$c-r$r")
+      pbases+=("$b"); pctxs+=("$x")
+      pratios+=("$(awk -v a="${x%%|*}" -v b="${b%%|*}" 'BEGIN {printf "%.4f", a / b}')")
     done
     local bt bm xt xm rm rlo rhi
     bt=$(printf '%s\n' "${bases[@]%%|*}" | median); bm=$(printf '%s\n' "${bases[@]#*|}" | median)
     xt=$(printf '%s\n' "${ctxs[@]%%|*}" | median); xm=$(printf '%s\n' "${ctxs[@]#*|}" | median)
     rm=$(printf '%s\n' "${ratios[@]}" | median)
     rlo=$(printf '%s\n' "${ratios[@]}" | sort -g | head -n 1); rhi=$(printf '%s\n' "${ratios[@]}" | sort -g | tail -n 1)
-    printf '%s|%.0f|%.3f|%s|%.0f|%.3f|%s|%.2f|%.2f|%.2f\n' "$c" "$bt" "$bm" "$(pct "clients-base-c$c-r*")" \
-      "$xt" "$xm" "$(pct "clients-ctx-c$c-r*")" "$rm" "$rlo" "$rhi" | tr '|' '\t' >>"$OUT/clients.tsv"
+    local pbt pxt prm prlo prhi
+    pbt=$(printf '%s\n' "${pbases[@]%%|*}" | median); pxt=$(printf '%s\n' "${pctxs[@]%%|*}" | median)
+    prm=$(printf '%s\n' "${pratios[@]}" | median)
+    prlo=$(printf '%s\n' "${pratios[@]}" | sort -g | head -n 1); prhi=$(printf '%s\n' "${pratios[@]}" | sort -g | tail -n 1)
+    printf '%s|%.0f|%.3f|%s|%.0f|%.3f|%s|%.2f|%.2f|%.2f|%.0f|%.0f|%.2f|%.2f|%.2f\n' "$c" "$bt" "$bm" "$(pct "clients-base-c$c-r*")" \
+      "$xt" "$xm" "$(pct "clients-ctx-c$c-r*")" "$rm" "$rlo" "$rhi" "$pbt" "$pxt" "$prm" "$prlo" "$prhi" | tr '|' '\t' >>"$OUT/clients.tsv"
   done
   CLIENT_AUDIT_ROWS=$(audit_check "$audit0")
   PGBOUNCER_VERSION=$("$(command -v pgbouncer || echo /usr/sbin/pgbouncer)" --version 2>/dev/null | head -n 1)
@@ -681,10 +695,10 @@ report() {
   fi
   if want clients; then
     printf '### Clients through pgbouncer\n\n![client curves](docs/scale/clients.svg)\n\n'
-    printf '| clients | careful baseline: tps, avg / p50 / p95 ms | ctxguard: tps, avg / p50 / p95 ms | ctxguard / careful baseline: median of the rounds (range) |\n'
-    printf '|---:|---:|---:|---:|\n'
-    tsv_rows "$OUT/clients.tsv" '| %s | %s, %s / %s / %s | %s, %s / %s / %s | %s (%s-%s) |' \
-      clients base_tps base_ms base_p50 base_p95 ctx_tps ctx_ms ctx_p50 ctx_p95 ratio ratio_min ratio_max
+    printf '| clients | careful baseline: tps, avg / p50 / p95 ms | ctxguard: tps, avg / p50 / p95 ms | ctxguard / careful baseline: median of the rounds (range) | pipelined, as the gateway sends it: baseline / ctxguard tps | pipelined: ctxguard / careful baseline (range) |\n'
+    printf '|---:|---:|---:|---:|---:|---:|\n'
+    tsv_rows "$OUT/clients.tsv" '| %s | %s, %s / %s / %s | %s, %s / %s / %s | %s (%s-%s) | %s / %s | %s (%s-%s) |' \
+      clients base_tps base_ms base_p50 base_p95 ctx_tps ctx_ms ctx_p50 ctx_p95 ratio ratio_min ratio_max pbase_tps pctx_tps pratio pratio_min pratio_max
     printf '\n'
   fi
   printf 'Run: %s, commit %s, %s build, %s s in all; pgbench `-n -r --log`, %s s per run (catalog, documents, tenants: `-M prepared`; clients: `-M extended` through pgbouncer, pool %s, `-j 2` above 1 client, %s rounds per client count, order alternating); ' \

@@ -150,7 +150,7 @@ fn every_transaction_frame_pins_its_settings_and_nothing_else() {
         let parsed = pg_query::parse(&sql, 0).unwrap();
         let tree = serde_json::to_value(&parsed.protobuf).unwrap();
         let stmts = tree["stmts"].as_array().unwrap();
-        // BEGIN, SET LOCAL statement_timeout, and one SELECT of set_config(…, true) for the rest.
+        // BEGIN, SET LOCAL statement_timeout, and one SELECT of ctxguard.pin_settings for the rest.
         assert_eq!(stmts.len(), 3, "{name}");
         let begin = &stmts[0]["stmt"]["node"]["TransactionStmt"];
         assert!(begin.is_object(), "{name} starts with BEGIN: {}", stmts[0]);
@@ -160,19 +160,29 @@ fn every_transaction_frame_pins_its_settings_and_nothing_else() {
             set["name"], "statement_timeout",
             "{name}: the timeout first"
         );
-        let select = stmts[2]["stmt"]["node"]["SelectStmt"].to_string();
-        assert!(select.contains("set_config"), "{name}: {select}");
-        // Every other pin is in the SELECT, set for the transaction only (is_local true).
+        let select = &stmts[2]["stmt"]["node"]["SelectStmt"];
+        let call = &select["target_list"][0]["node"]["ResTarget"]["val"]["node"]["FuncCall"];
+        assert_eq!(
+            call["funcname"].to_string(),
+            r#"[{"node":{"String":{"sval":"ctxguard"}}},{"node":{"String":{"sval":"pin_settings"}}}]"#,
+            "{name}: {select}"
+        );
+        // Its one argument: a constant text[] of every other pin, name then value.
+        let cast = &call["args"][0]["node"]["TypeCast"];
+        let pins = cast["arg"]["node"]["AConst"]["val"]["Sval"]["sval"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{name}: {select}"));
+        assert_eq!(
+            cast["type_name"]["names"].to_string(),
+            r#"[{"node":{"String":{"sval":"pg_catalog"}}},{"node":{"String":{"sval":"text"}}}]"#,
+            "{name}"
+        );
         for (pin, _, _) in ctxguard_gateway::db::sql::PINS.iter().skip(1) {
             assert!(
-                sql.contains(&format!("('{pin}', ")),
+                pins.contains(&format!("\"{pin}\",")),
                 "{name}: {pin} is pinned"
             );
         }
-        assert!(
-            sql.contains("pg_catalog.set_config(v.n, v.v, true)"),
-            "{name}"
-        );
     }
 }
 

@@ -270,27 +270,56 @@ pub const UNPINNED: &[(&[&str], &str)] = &[
     ),
 ];
 
-/// A SQL string literal of `v`.
-fn literal(v: &str) -> String {
-    format!("'{}'", v.replace('\'', "''"))
+/// An element of a `text[]` literal: double-quoted, with `"` and `\\` escaped as `array_in` reads them.
+fn array_element(v: &str) -> String {
+    format!("\"{}\"", v.replace('\\', "\\\\").replace('"', "\\\""))
 }
+
+/// A time setting of `ms` milliseconds as `current_setting` shows it (the largest unit that holds it
+/// exactly, as PostgreSQL prints a `GUC_UNIT_MS` value): the form `ctxguard.pin_settings` compares,
+/// so that a timeout that holds already is not set again in every transaction.
+fn shown_ms(ms: u64) -> String {
+    const UNITS: [(u64, &str); 5] = [
+        (86_400_000, "d"),
+        (3_600_000, "h"),
+        (60_000, "min"),
+        (1_000, "s"),
+        (1, "ms"),
+    ];
+    if ms == 0 {
+        return "0".to_string();
+    }
+    let (n, unit) = UNITS
+        .iter()
+        .find(|(n, _)| ms.is_multiple_of(*n))
+        .copied()
+        .unwrap_or((1, "ms"));
+    format!("{}{unit}", ms / n)
+}
+
+/// The dollar quote of the frame's `text[]` literal: not affected by `standard_conforming_strings`
+/// (which a previous client may have turned off), and in no pin's name or value.
+const PINS_QUOTE: &str = "$ctxguard_pins$";
 
 /// `BEGIN` and the pins, as one simple-query string (one round trip, pipelined with the rest):
 /// `SET LOCAL statement_timeout` first, so that what follows is bounded whatever a previous client
-/// left, then every other pin that differs by `set_config(…, true)` (as `SET LOCAL`) in one
-/// `SELECT`: one statement instead of one per setting, about a fifth of their cost.
+/// left, then every other pin by one call of `ctxguard.pin_settings` with the names and values in
+/// one `text[]` constant. It sets, for the transaction (`set_config(…, true)`, as `SET LOCAL`),
+/// each one the server knows and that differs: on a clean connection most pins already hold, and
+/// each one set costs a GUC save and restore. One constant instead of a `VALUES` list that the
+/// server parsed and planned in every transaction: about a seventh of that statement's cost.
 pub fn begin(access: Access, commit: Commit, limits: &Limits) -> String {
     let mut s = String::from(match access {
         Access::ReadWrite => "BEGIN ISOLATION LEVEL READ COMMITTED READ WRITE",
         Access::ReadOnly => "BEGIN ISOLATION LEVEL READ COMMITTED READ ONLY",
     });
-    let mut rows = Vec::with_capacity(PINS.len() + OPTIONAL_PINS.len());
+    let mut pins = Vec::with_capacity(2 * (PINS.len() + OPTIONAL_PINS.len()));
     for (name, value, _) in PINS {
         let v = match value {
             Value::Fixed(v) => (*v).to_string(),
             Value::StatementTimeout => limits.statement_timeout_ms.to_string(),
-            Value::LockTimeout => limits.lock_timeout_ms.to_string(),
-            Value::IdleInTransactionTimeout => limits.idle_in_transaction_timeout_ms.to_string(),
+            Value::LockTimeout => shown_ms(limits.lock_timeout_ms),
+            Value::IdleInTransactionTimeout => shown_ms(limits.idle_in_transaction_timeout_ms),
             Value::SynchronousCommit => match commit {
                 Commit::Durable => "on".to_string(),
                 Commit::Lazy => "off".to_string(),
@@ -299,20 +328,19 @@ pub fn begin(access: Access, commit: Commit, limits: &Limits) -> String {
         if *name == "statement_timeout" {
             let _ = write!(s, "; SET LOCAL statement_timeout TO {v}");
         } else {
-            rows.push(format!("({}, {})", literal(name), literal(&v)));
+            pins.push(array_element(name));
+            pins.push(array_element(&v));
         }
     }
     for (name, v) in OPTIONAL_PINS {
-        rows.push(format!("({}, {})", literal(name), literal(v)));
+        pins.push(array_element(name));
+        pins.push(array_element(v));
     }
-    // Only what differs is set (`current_setting` is NULL for a setting the server does not know,
-    // which then is not set either): on a clean connection most pins already hold, and each one
-    // set costs a GUC save and restore.
+    let list = pins.join(",");
+    debug_assert!(!list.contains(PINS_QUOTE));
     let _ = write!(
         s,
-        "; SELECT pg_catalog.set_config(v.n, v.v, true) FROM (VALUES {}) v(n, v) \
-         WHERE pg_catalog.current_setting(v.n, true) OPERATOR(pg_catalog.<>) v.v",
-        rows.join(", ")
+        "; SELECT ctxguard.pin_settings({PINS_QUOTE}{{{list}}}{PINS_QUOTE}::pg_catalog.text[])"
     );
     s
 }
@@ -545,25 +573,42 @@ mod tests {
         };
         let s = begin(Access::ReadOnly, Commit::Lazy, &limits);
         assert!(
-            s.starts_with("BEGIN ISOLATION LEVEL READ COMMITTED READ ONLY; SET LOCAL statement_timeout TO 1234; SELECT pg_catalog.set_config(v.n, v.v, true) FROM (VALUES ('lock_timeout', '56'), ('idle_in_transaction_session_timeout', '789'), "),
+            s.starts_with("BEGIN ISOLATION LEVEL READ COMMITTED READ ONLY; SET LOCAL statement_timeout TO 1234; SELECT ctxguard.pin_settings($ctxguard_pins${\"lock_timeout\",\"56ms\",\"idle_in_transaction_session_timeout\",\"789ms\","),
             "{s}"
         );
-        assert!(s.contains("('search_path', 'pg_catalog, pg_temp')"));
-        assert!(s.contains("('synchronous_commit', 'off')"));
-        assert!(s.contains("('log_parameter_max_length_on_error', '0')"));
-        assert!(s.contains("('default_transaction_isolation', 'read committed')"));
-        assert!(s.contains("('transaction_timeout', '0')"));
-        assert!(
-            s.ends_with("WHERE pg_catalog.current_setting(v.n, true) OPERATOR(pg_catalog.<>) v.v")
-        );
+        assert!(s.contains(r#""search_path","pg_catalog, pg_temp""#));
+        assert!(s.contains(r#""synchronous_commit","off""#));
+        assert!(s.contains(r#""log_parameter_max_length_on_error","0""#));
+        assert!(s.contains(r#""default_transaction_isolation","read committed""#));
+        assert!(s.contains(r#""transaction_timeout","0""#));
+        assert!(s.ends_with("}$ctxguard_pins$::pg_catalog.text[])"), "{s}");
         let d = begin(Access::ReadWrite, Commit::Durable, &limits);
         assert!(d.starts_with("BEGIN ISOLATION LEVEL READ COMMITTED READ WRITE;"));
-        assert!(d.contains("('synchronous_commit', 'on')"));
+        assert!(d.contains(r#""synchronous_commit","on""#));
+        // Every pin but the timeout, as a name and a value.
         assert_eq!(
-            d.matches("'), ('").count(),
-            PINS.len() - 1 + OPTIONAL_PINS.len() - 1
+            d.matches("\",\"").count(),
+            2 * (PINS.len() - 1 + OPTIONAL_PINS.len()) - 1
         );
-        assert_eq!(literal("it's"), "'it''s'");
+        assert_eq!(array_element(r#"a"b\c"#), r#""a\"b\\c""#);
+    }
+
+    #[test]
+    fn timeouts_are_pinned_as_current_setting_shows_them() {
+        for (ms, shown) in [
+            (0, "0"),
+            (1, "1ms"),
+            (1234, "1234ms"),
+            (5000, "5s"),
+            (15_000, "15s"),
+            (60_000, "1min"),
+            (90_000, "90s"),
+            (3_600_000, "1h"),
+            (86_400_000, "1d"),
+            (2_147_483_647, "2147483647ms"),
+        ] {
+            assert_eq!(shown_ms(ms), shown, "{ms}");
+        }
     }
 
     #[test]

@@ -1236,3 +1236,13 @@ COMMENT ON FUNCTION ctxguard.upstream_connections() IS 'The servers the context 
 -- A policy can require the upstream credential mode of its tool's server (issue 33).
 ALTER TABLE ctxguard.tool_policies ADD COLUMN credential_modes text[] NOT NULL DEFAULT '{}' CHECK (credential_modes OPERATOR(pg_catalog.<@) ARRAY['static', 'tenant_secret', 'user_oauth', 'token_exchange']::pg_catalog.text[]);
 COMMENT ON COLUMN ctxguard.tool_policies.credential_modes IS 'Policy "credential_mode" (issue 33): the upstream credential modes a call may go out with; the tool''s server must be registered with one of them, or the tool is neither listed nor callable (credential_mode_mismatch). Empty: any.';
+
+-- The gateway's transaction frame pins its settings with one function call (issue 34): what the
+-- frame's SELECT of set_config over a VALUES list did, without parsing and planning it each time.
+CREATE FUNCTION ctxguard."pin_settings"(
+	"pins" TEXT[]  /* core::option::Option<pgrx::datum::array::Array<'_, &str>> */
+) RETURNS INT /* i32 */
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'pin_settings_wrapper';
+COMMENT ON FUNCTION ctxguard.pin_settings(text[]) IS 'The gateway''s transaction frame: each setting of pins (name, value, name, value, ...) this server knows and that differs is set for the transaction (set_config(name, value, true)); returns how many. Grants nothing.';

@@ -300,6 +300,7 @@ REVOKE EXECUTE ON FUNCTION ctxguard.set_tool_policy(text, jsonb) FROM PUBLIC;
 -- A backend's catalog cache and memory (a DBA's view).
 COMMENT ON FUNCTION ctxguard.catalog_stats() IS 'This backend''s catalog cache: what it keeps of the current catalog version against ctxguard.catalog_cache_size, what it has read, and the backend''s resident and peak memory.';
 REVOKE EXECUTE ON FUNCTION ctxguard.catalog_stats() FROM PUBLIC;
+COMMENT ON FUNCTION ctxguard.pin_settings(text[]) IS 'The gateway''s transaction frame: each setting of pins (name, value, name, value, ...) this server knows and that differs is set for the transaction (set_config(name, value, true)); returns how many. Grants nothing.';
 
 -- Conversations: each user sees only their own turns; writes go through save_turn (context-bound).
 ALTER TABLE ctxguard.conversation_turns ENABLE ROW LEVEL SECURITY;

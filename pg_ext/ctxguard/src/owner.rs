@@ -248,3 +248,53 @@ pub fn role_is_privileged(role: pg_sys::Oid) -> bool {
         unsafe { pg_sys::superuser_arg(role) || pg_sys::has_bypassrls_privilege(role) };
     privileged || role == extension_owner()
 }
+
+/// Most elements of [`pin_settings`]'s array: 128 settings, each a name and a value.
+const PIN_ELEMENTS: usize = 256;
+
+/// The gateway's transaction frame (`gateway/src/db/sql.rs`, `begin`): each setting of `pins`
+/// (name, value, name, value, …) that this server knows and that does not read `value` already is
+/// set for the transaction, and the number set is returned. The same as the statement
+/// `SELECT pg_catalog.set_config(v.n, v.v, true) FROM (VALUES …) v(n, v) WHERE
+/// pg_catalog.current_setting(v.n, true) <> v.v` (the same two functions, called directly, with
+/// the caller's privileges), without parsing and planning that statement in every transaction.
+/// Grants nothing: the caller could set each of these itself.
+#[pg_extern(volatile, parallel_unsafe)]
+fn pin_settings(pins: Option<pgrx::Array<&str>>) -> i32 {
+    const INVALID: PgSqlErrorCode = PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE;
+    let Some(pins) = pins else {
+        raise(INVALID, "ctxguard: pin_settings: the pins are NULL");
+    };
+    if pins.len() > PIN_ELEMENTS || pins.len() % 2 != 0 {
+        raise(
+            INVALID,
+            format!("ctxguard: pin_settings: pins are pairs of a name and a value, at most {PIN_ELEMENTS} elements"),
+        );
+    }
+    let items: Vec<Option<&str>> = pins.iter().collect();
+    let mut set = 0;
+    for pair in items.chunks(2) {
+        pgrx::check_for_interrupts!();
+        let (Some(name), Some(value)) = (pair[0], pair[1]) else {
+            raise(INVALID, "ctxguard: pin_settings: a name or value is NULL");
+        };
+        // SAFETY: PostgreSQL's `current_setting(text, bool)` and `set_config(text, text, bool)`,
+        // called with text and bool datums made here.
+        unsafe {
+            let current = pgrx::direct_function_call::<String>(
+                pg_sys::show_config_by_name_missing_ok,
+                &[name.into_datum(), true.into_datum()],
+            );
+            // Not a setting of this server (NULL), or it holds already: left as it is.
+            if current.as_deref().is_none_or(|c| c == value) {
+                continue;
+            }
+            pgrx::direct_function_call::<String>(
+                pg_sys::set_config_by_name,
+                &[name.into_datum(), value.into_datum(), true.into_datum()],
+            );
+        }
+        set += 1;
+    }
+    set
+}
