@@ -10,7 +10,7 @@
 #   BENCH_DOC_PAGES number of pages of the guide (default 500: the demo's; any other count
 #                   regenerates it with that many pages, same text per page, before the runs;
 #                   50,000 pages take about a minute more; reads stay within pages 1-500)
-#   BENCH_SECONDS   duration of each pgbench run (default 8; 8 runs, so ~1.5 min in all)
+#   BENCH_SECONDS   duration of each pgbench run (default 8; 9 runs, so ~1.5 min in all)
 #   BENCH_RUN       cluster directory (default /tmp/ctxguard-bench, shared with gate_bench.sh)
 #   BENCH_PGPORT    cluster port (default 54339)
 #   CTXGUARD_PROFILE  build profile (default release)
@@ -22,6 +22,9 @@
 #   - timed runs:  the same transaction, the call wrapped in docbench.timed_call, which reads
 #                  clock_timestamp() right before and after ctxguard.call_tool inside the database
 #                  -> p50/p95/p99/max of the call alone.
+#   - the search's baseline (1 client): the same four queries in PostgreSQL's full-text search alone
+#                  (docbench.timed_plain_search: every matching page ranked by ts_rank_cd, the best
+#                  five with ts_headline), timed the same way -> doc_local_search / baseline.
 # Before them, each client's user reads the whole document once, 5 pages per call (the first read
 # of a page in a day also records it for the coverage limit): timed as "first read".
 #
@@ -205,6 +208,8 @@ for c in 1 "$CLIENTS"; do
   run search doc_search.sql "$c"
   run search_timed doc_search_timed.sql "$c"
 done
+# The search's baseline in the same run: PostgreSQL's full-text search alone, 1 client.
+run plain_timed doc_search_plain_timed.sql 1
 
 # Every call must have done the full work: allowed, 5 pages / 1-5 results, nothing trimmed.
 bad=$(psql_su -d "$DB" -Atc "SELECT count(*) FILTER (WHERE decision <> 'allow') || '|' || count(*)
@@ -213,7 +218,7 @@ bad=$(psql_su -d "$DB" -Atc "SELECT count(*) FILTER (WHERE decision <> 'allow') 
 badcalls=$(psql_su -d "$DB" -Atc "SELECT count(*) FROM docbench.call_ms
   WHERE status IS DISTINCT FROM 'ok' OR trimmed
      OR (tool = 'read_doc_pages' AND items IS DISTINCT FROM 5)
-     OR (tool = 'doc_local_search' AND NOT items BETWEEN 1 AND 5)")
+     OR (tool IN ('doc_local_search', 'plain_search') AND NOT items BETWEEN 1 AND 5)")
 [ "$badcalls" = 0 ] || die "docbench.call_ms holds $badcalls calls that were refused, trimmed or short"
 
 # ------------------------------------------------------------------------------------------------
@@ -236,14 +241,16 @@ report() {
   local c n mean p50 p95 p99 max label target aim
   printf '| call (in-database, timed around `call_tool`) | clients | calls | mean ms | p50 ms | p95 ms | p99 ms | max ms | seed 003 p95 target | aim |\n'
   printf '|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n'
-  for row in first-read pages_timed-c1 "pages_timed-c$CLIENTS" search_timed-c1 "search_timed-c$CLIENTS"; do
+  for row in first-read pages_timed-c1 "pages_timed-c$CLIENTS" search_timed-c1 "search_timed-c$CLIENTS" plain_timed-c1; do
     case $row in
       first-read) label='`read_doc_pages`, 5 pages, first read today (records coverage)'; c=1 ;;
       pages_timed-*) label='`read_doc_pages`, 5 pages, random start'; c=${row##*-c} ;;
       search_timed-*) label='`doc_local_search`, 4 queries at random'; c=${row##*-c} ;;
+      plain_timed-*) label='baseline: the same 4 queries in PostgreSQL'"'"'s full-text search alone (every matching page ranked, `ts_headline`; no gate, masking or audit)'; c=1 ;;
     esac
     case $row in
       search*) target='70-140 ms'; aim='< 10 ms' ;;
+      plain*) target='—'; aim='—' ;;
       *) target='60-120 ms'; aim='< 2 ms' ;;
     esac
     IFS='|' read -r n mean p50 p95 p99 max <<<"$(call_pct "$row")"
@@ -257,6 +264,11 @@ report() {
     sep='; '
   done
   printf '.\n'
+  local s50 s95 b50 b95
+  IFS='|' read -r n mean s50 s95 p99 max <<<"$(call_pct search_timed-c1)"
+  IFS='|' read -r n mean b50 b95 p99 max <<<"$(call_pct plain_timed-c1)"
+  printf '\n`doc_local_search` / the baseline at 1 client, same run: p50 %s, p95 %s (times; below 1 is faster than PostgreSQL'"'"'s search alone).\n' \
+    "$(awk -v a="$s50" -v b="$b50" 'BEGIN {printf "%.2f", a / b}')" "$(awk -v a="$s95" -v b="$b95" 'BEGIN {printf "%.2f", a / b}')"
   printf '\nResult size (bytes of the masked `result`, mean): `read_doc_pages` %s, `doc_local_search` %s.\n' \
     "$(psql_su -d "$DB" -Atc "SELECT round(avg(bytes)) FROM docbench.call_ms WHERE tool = 'read_doc_pages'")" \
     "$(psql_su -d "$DB" -Atc "SELECT round(avg(bytes)) FROM docbench.call_ms WHERE tool = 'doc_local_search'")"
@@ -285,7 +297,7 @@ report() {
   done
   printf '\nDocument: `acme_guide` with %s pages (%s of them match "replication lag").\n' "$DOC_PAGES" \
     "$(psql_su -d "$DB" -Atc "SELECT count(*) FROM ctxguard.document_pages WHERE doc_id = 'acme_guide' AND tsv @@ websearch_to_tsquery('english', 'replication lag')")"
-  printf '\nRun: %s, commit %s, %s build, 8 x %s s pgbench runs (`-n -M prepared -r --log`, 1 client `-j 1`, %s clients `-j 2`) after %s first-read calls and a 2 x 2 s warm-up, ' \
+  printf '\nRun: %s, commit %s, %s build, 9 x %s s pgbench runs (`-n -M prepared -r --log`, 1 client `-j 1`, %s clients `-j 2`) after %s first-read calls and a 2 x 2 s warm-up, ' \
     "$(date -u +%Y-%m-%dT%H:%MZ)" "$(bench_rev pg_ext)" "$PROFILE" "$SECONDS_PER_RUN" "$CLIENTS" $((CLIENTS * 100))
   printf '%s audit rows written by the runs (all `allow`), load average before: %s.\n' "${bad#*|}" "$load_before"
   bench_machine "$(pgbench --version)"

@@ -72,6 +72,36 @@ $$;
 REVOKE EXECUTE ON FUNCTION docbench.timed_call(text, text, jsonb) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION docbench.timed_call(text, text, jsonb) TO ctxguard_gateway;
 
+-- The baseline of the search in the same run (issue 34): what an application would write on the
+-- same pages with PostgreSQL's full-text search alone (no gate, budget, masking or audit): every
+-- page holding all the query's words (GIN index), ranked by ts_rank_cd, the best five with their
+-- ts_headline snippet (the options doc_local_search's snippets were once made with), timed inside
+-- the database as timed_call times the tool. Run as its owner (the superuser who runs this file):
+-- the gateway role reads no table.
+CREATE FUNCTION docbench.timed_plain_search(run text, query text) RETURNS text
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    t0 timestamptz;
+    t1 timestamptz;
+    n  integer;
+BEGIN
+    t0 := clock_timestamp();
+    SELECT count(*) INTO n FROM (
+        SELECT p.page_no,
+               ts_headline('english', p.clean, q.q, 'MaxFragments=2, MaxWords=24, MinWords=8, FragmentDelimiter=" … ", StartSel=«, StopSel=»')
+          FROM ctxguard.document_pages p, websearch_to_tsquery('english', query) q(q)
+         WHERE p.tenant_id = 'acme' AND p.doc_id = 'acme_guide' AND p.tsv @@ q.q
+         ORDER BY ts_rank_cd(p.tsv, q.q) DESC, p.page_no
+         LIMIT 5) s;
+    t1 := clock_timestamp();
+    INSERT INTO docbench.call_ms VALUES (run, 'plain_search', query, extract(epoch FROM t1 - t0) * 1000, 'ok', NULL, n, NULL, false);
+    RETURN 'ok';
+END
+$$;
+REVOKE EXECUTE ON FUNCTION docbench.timed_plain_search(text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION docbench.timed_plain_search(text, text) TO ctxguard_gateway;
+
 COMMIT;
 
 -- Fresh statistics for the planner (the demo data was just loaded).

@@ -150,8 +150,9 @@ fn every_transaction_frame_pins_its_settings_and_nothing_else() {
         let parsed = pg_query::parse(&sql, 0).unwrap();
         let tree = serde_json::to_value(&parsed.protobuf).unwrap();
         let stmts = tree["stmts"].as_array().unwrap();
-        // BEGIN, SET LOCAL statement_timeout, and one SELECT of ctxguard.pin_settings for the rest.
-        assert_eq!(stmts.len(), 3, "{name}");
+        // BEGIN, SET LOCAL statement_timeout, SET LOCAL ROLE NONE, and one SELECT of
+        // ctxguard.pin_settings for the rest.
+        assert_eq!(stmts.len(), 4, "{name}");
         let begin = &stmts[0]["stmt"]["node"]["TransactionStmt"];
         assert!(begin.is_object(), "{name} starts with BEGIN: {}", stmts[0]);
         let set = &stmts[1]["stmt"]["node"]["VariableSetStmt"];
@@ -160,7 +161,15 @@ fn every_transaction_frame_pins_its_settings_and_nothing_else() {
             set["name"], "statement_timeout",
             "{name}: the timeout first"
         );
-        let select = &stmts[2]["stmt"]["node"]["SelectStmt"];
+        let role = &stmts[2]["stmt"]["node"]["VariableSetStmt"];
+        assert_eq!(role["is_local"], true, "{name}: {}", stmts[2]);
+        assert_eq!(role["name"], "role", "{name}: {}", stmts[2]);
+        assert!(
+            role["args"].to_string().contains("none"),
+            "{name}: {}",
+            stmts[2]
+        );
+        let select = &stmts[3]["stmt"]["node"]["SelectStmt"];
         let call = &select["target_list"][0]["node"]["ResTarget"]["val"]["node"]["FuncCall"];
         assert_eq!(
             call["funcname"].to_string(),
@@ -179,7 +188,7 @@ fn every_transaction_frame_pins_its_settings_and_nothing_else() {
         );
         for (pin, _, _) in ctxguard_gateway::db::sql::PINS.iter().skip(1) {
             assert!(
-                pins.contains(&format!("\"{pin}\",")),
+                *pin == "role" || pins.contains(&format!("\"{pin}\",")),
                 "{name}: {pin} is pinned"
             );
         }

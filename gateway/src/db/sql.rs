@@ -303,7 +303,8 @@ const PINS_QUOTE: &str = "$ctxguard_pins$";
 
 /// `BEGIN` and the pins, as one simple-query string (one round trip, pipelined with the rest):
 /// `SET LOCAL statement_timeout` first, so that what follows is bounded whatever a previous client
-/// left, then every other pin by one call of `ctxguard.pin_settings` with the names and values in
+/// left, `SET LOCAL ROLE NONE` (the rest runs as the login role whatever `SET ROLE` a previous
+/// client left), then every other pin by one call of `ctxguard.pin_settings` with the names and values in
 /// one `text[]` constant. It sets, for the transaction (`set_config(…, true)`, as `SET LOCAL`),
 /// each one the server knows and that differs: on a clean connection most pins already hold, and
 /// each one set costs a GUC save and restore. One constant instead of a `VALUES` list that the
@@ -327,6 +328,11 @@ pub fn begin(access: Access, commit: Commit, limits: &Limits) -> String {
         };
         if *name == "statement_timeout" {
             let _ = write!(s, "; SET LOCAL statement_timeout TO {v}");
+        } else if *name == "role" {
+            // Before the call: its EXECUTE privilege is then the login role's, whatever role a
+            // previous client switched to.
+            debug_assert_eq!(v, "none");
+            s.push_str("; SET LOCAL ROLE NONE");
         } else {
             pins.push(array_element(name));
             pins.push(array_element(&v));
@@ -573,7 +579,7 @@ mod tests {
         };
         let s = begin(Access::ReadOnly, Commit::Lazy, &limits);
         assert!(
-            s.starts_with("BEGIN ISOLATION LEVEL READ COMMITTED READ ONLY; SET LOCAL statement_timeout TO 1234; SELECT ctxguard.pin_settings($ctxguard_pins${\"lock_timeout\",\"56ms\",\"idle_in_transaction_session_timeout\",\"789ms\","),
+            s.starts_with("BEGIN ISOLATION LEVEL READ COMMITTED READ ONLY; SET LOCAL statement_timeout TO 1234; SET LOCAL ROLE NONE; SELECT ctxguard.pin_settings($ctxguard_pins${\"lock_timeout\",\"56ms\",\"idle_in_transaction_session_timeout\",\"789ms\","),
             "{s}"
         );
         assert!(s.contains(r#""search_path","pg_catalog, pg_temp""#));
@@ -585,11 +591,12 @@ mod tests {
         let d = begin(Access::ReadWrite, Commit::Durable, &limits);
         assert!(d.starts_with("BEGIN ISOLATION LEVEL READ COMMITTED READ WRITE;"));
         assert!(d.contains(r#""synchronous_commit","on""#));
-        // Every pin but the timeout, as a name and a value.
+        // Every pin but the timeout and the role, as a name and a value.
         assert_eq!(
             d.matches("\",\"").count(),
-            2 * (PINS.len() - 1 + OPTIONAL_PINS.len()) - 1
+            2 * (PINS.len() - 2 + OPTIONAL_PINS.len()) - 1
         );
+        assert!(!d.contains("\"role\""));
         assert_eq!(array_element(r#"a"b\c"#), r#""a\"b\\c""#);
     }
 

@@ -177,6 +177,10 @@ pub const FRAGMENT_WORDS: usize = 24;
 pub const MAX_FRAGMENTS: usize = 2;
 /// Between two fragments of a snippet.
 pub const FRAGMENT_DELIMITER: &str = " … ";
+/// Bytes of a word of a snippet that is not a query word, at most (a longer one is cut, `…`).
+const SNIPPET_WORD_BYTES: usize = 48;
+/// Bytes of the text between two words of a snippet, at most (a longer one is cut).
+const SNIPPET_GAP_BYTES: usize = 16;
 /// Text scanned between two interrupt checks.
 const HEADLINE_CHECK_BYTES: usize = 64 * 1024;
 /// At most this many query words are looked for.
@@ -219,7 +223,10 @@ fn starts_with_key(text: &str, key: &str) -> bool {
 /// [`MARK_STOP`] (what `ts_headline` with `MaxFragments=2, MaxWords=24` makes, in one pass and
 /// without parsing and stemming every word of the page).
 ///
-/// Words are runs of letters and digits. A word is a query word when it starts with a stem's
+/// Words are runs of letters and digits. A word that is not a query word is cut at
+/// [`SNIPPET_WORD_BYTES`], the text between two words at [`SNIPPET_GAP_BYTES`]: a fragment is at most
+/// a few kilobytes whatever the page (a base64 blob or a script without spaces is one long word).
+/// A word is a query word when it starts with a stem's
 /// prefix ([`window_key`]) and `is_query_word` (the caller's stemmer: the text search
 /// configuration's lexemes of the word) says so; only such words are asked. The first fragment
 /// is where the most different query words are closest (then the most query words, then the
@@ -303,12 +310,15 @@ pub fn headline<Q: FnMut(&str) -> bool, F: FnMut()>(
         let mut at = words[range.start].start;
         for w in range.clone() {
             while hit.next_if(|&h| h < w).is_some() {}
-            out.push_str(&text[at..words[w].start]);
+            out.push_str(cut(&text[at..words[w].start], SNIPPET_GAP_BYTES));
             let word = &text[words[w].clone()];
             if hit.next_if_eq(&w).is_some() {
                 out.push(MARK_START);
                 out.push_str(word);
                 out.push(MARK_STOP);
+            } else if word.len() > SNIPPET_WORD_BYTES {
+                out.push_str(cut(word, SNIPPET_WORD_BYTES));
+                out.push('…');
             } else {
                 out.push_str(word);
             }
@@ -316,6 +326,15 @@ pub fn headline<Q: FnMut(&str) -> bool, F: FnMut()>(
         }
     }
     out
+}
+
+/// The first at most `bytes` bytes of `text`, on a character boundary.
+fn cut(text: &str, bytes: usize) -> &str {
+    let mut end = bytes.min(text.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
 }
 
 /// The best fragment of at most [`FRAGMENT_WORDS`] words within the words `within` (a range of
@@ -329,11 +348,10 @@ fn best_fragment(
     within: std::ops::Range<usize>,
     at_least: Option<usize>,
 ) -> Option<(std::ops::Range<usize>, usize)> {
-    let inside: Vec<(usize, usize)> = hits
-        .iter()
-        .copied()
-        .filter(|(w, _)| within.contains(w))
-        .collect();
+    // The hits are in word order: those within are one run of them.
+    let from = hits.partition_point(|h| h.0 < within.start);
+    let to = hits.partition_point(|h| h.0 < within.end);
+    let inside = &hits[from..to];
     let width = FRAGMENT_WORDS.min(within.len());
     let mut counts = vec![0usize; keys];
     let (mut distinct, mut end) = (0usize, 0usize);
@@ -692,6 +710,31 @@ mod tests {
         ] {
             assert_eq!(starts_with_key(text, key), slow(text, key), "{text} {key}");
         }
+    }
+
+    #[test]
+    fn snippets_are_bounded_whatever_the_words() {
+        // A page of one long word (a blob, a script without spaces), and long gaps between words.
+        let blob = format!("needle {} ends", "Ab9".repeat(100_000));
+        let (h, _) = marked(&blob, &["needle"]);
+        assert!(h.starts_with("«needle» Ab9Ab9"), "{h}");
+        assert!(h.len() < 100, "{}", h.len());
+        let wide = format!("{}ключ{}", "ж".repeat(100), "—".repeat(300)) + "ключ";
+        let (h, _) = marked(&wide, &["ключ"]);
+        assert!(h.len() < 200 && h.contains('…'), "{h}");
+        let gaps = format!("a{}b{}c needle", " .".repeat(5000), "!".repeat(5000));
+        let (h, _) = marked(&gaps, &["needle"]);
+        assert!(h.len() < 80 && h.ends_with("«needle»"), "{h}");
+        // At most two fragments of 24 words, each word and gap cut: a few kilobytes at most.
+        let worst = format!("{} ", "x".repeat(5000)).repeat(100)
+            + "needle "
+            + &format!("{} ", "y".repeat(5000)).repeat(100);
+        let (h, _) = marked(&worst, &["needle"]);
+        assert!(
+            h.len() <= FRAGMENT_WORDS * (SNIPPET_WORD_BYTES + 3 + SNIPPET_GAP_BYTES),
+            "{}",
+            h.len()
+        );
     }
 
     #[test]

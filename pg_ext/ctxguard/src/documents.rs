@@ -799,8 +799,9 @@ impl Ranker<'_> {
 /// At most this many different words of a search's pages are stemmed for its snippets (a word
 /// past them is not marked).
 const STEMMED_WORDS: usize = 512;
-/// Words of this many bytes or more are not stemmed (PostgreSQL's longest lexeme is 2,047 bytes).
-const STEMMED_WORD_BYTES: usize = 2048;
+/// Words of this many bytes or more are not stemmed (PostgreSQL does not index a token of 2,047
+/// bytes or more: a notice, and no lexeme).
+const STEMMED_WORD_BYTES: usize = 2047;
 
 /// Is a word of a search's page one of its query's words? Its lexemes in the search's text search
 /// configuration (`to_tsvector(cfg, word)`, PostgreSQL's own parser and dictionaries, as the page's
