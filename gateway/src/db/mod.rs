@@ -675,13 +675,16 @@ impl Db {
 
     /// `SELECT extversion` of ctxguard, for readiness.
     pub async fn extension_version(&self) -> Result<Option<String>, ApiError> {
-        let mut r = self
-            .pipeline(
-                Access::ReadOnly,
-                Commit::Durable,
-                &[(sql::EXTENSION_VERSION, &[])],
-            )
-            .await?;
+        // In a frame of its own that calls nothing of the extension ([`sql::probe_begin`]): the
+        // pinned frame calls `ctxguard.pin_settings`, which a database without ctxguard lacks.
+        let client = self.client().await?;
+        let begin = sql::probe_begin(&self.limits);
+        let all: &[(&'static str, &Params<'_>)] = &[(sql::EXTENSION_VERSION, &[])];
+        let mut r = match self.send(&client, &begin, all, &[]).await {
+            Err(e) if e.frame_cancelled => self.send(&client, &begin, all, &[]).await,
+            r => r,
+        }
+        .map_err(|e| map_pg(e.error))?;
         Ok(r.pop().unwrap_or_default().first().map(|r| r.get(0)))
     }
 

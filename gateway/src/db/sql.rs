@@ -351,6 +351,18 @@ pub fn begin(access: Access, commit: Commit, limits: &Limits) -> String {
     s
 }
 
+/// The frame of the extension's version probe ([`EXTENSION_VERSION`], `/ready`): read-only, the
+/// statement timeout and the login role pinned, nothing of the extension called, so that a database
+/// without ctxguard (or with one older than the gateway's frame) is reported as such, not as an
+/// error. The probe's statement names only the catalog (schema-qualified), takes no parameter and
+/// writes nothing: the other pins change nothing about it.
+pub fn probe_begin(limits: &Limits) -> String {
+    format!(
+        "BEGIN ISOLATION LEVEL READ COMMITTED READ ONLY; SET LOCAL statement_timeout TO {}; SET LOCAL ROLE NONE",
+        limits.statement_timeout_ms
+    )
+}
+
 pub const COMMIT: &str = "COMMIT";
 
 /// Every gateway transaction's first statement: verify the token and page, set the context.
@@ -555,6 +567,7 @@ pub fn all_statements() -> Vec<(String, String)> {
     .into_iter()
     .map(|(n, s)| (n.to_string(), s.to_string()))
     .collect();
+    out.push(("probe_begin".to_string(), probe_begin(&Limits::default())));
     for access in [Access::ReadWrite, Access::ReadOnly] {
         for commit in [Commit::Durable, Commit::Lazy] {
             out.push((
@@ -616,6 +629,20 @@ mod tests {
         ] {
             assert_eq!(shown_ms(ms), shown, "{ms}");
         }
+    }
+
+    #[test]
+    fn the_version_probe_frame_needs_nothing_of_the_extension() {
+        let limits = Limits {
+            statement_timeout_ms: 1234,
+            lock_timeout_ms: 56,
+            idle_in_transaction_timeout_ms: 789,
+        };
+        assert_eq!(
+            probe_begin(&limits),
+            "BEGIN ISOLATION LEVEL READ COMMITTED READ ONLY; SET LOCAL statement_timeout TO 1234; SET LOCAL ROLE NONE"
+        );
+        assert!(!EXTENSION_VERSION.contains("ctxguard."));
     }
 
     #[test]
