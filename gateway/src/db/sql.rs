@@ -308,7 +308,8 @@ const PINS_QUOTE: &str = "$ctxguard_pins$";
 /// one `text[]` constant. It sets, for the transaction (`set_config(…, true)`, as `SET LOCAL`),
 /// each one the server knows and that differs: on a clean connection most pins already hold, and
 /// each one set costs a GUC save and restore. One constant instead of a `VALUES` list that the
-/// server parsed and planned in every transaction: about a seventh of that statement's cost.
+/// server parsed and planned in every transaction: about half that statement's server CPU
+/// (BENCHMARKS.md, the clients reading).
 pub fn begin(access: Access, commit: Commit, limits: &Limits) -> String {
     let mut s = String::from(match access {
         Access::ReadWrite => "BEGIN ISOLATION LEVEL READ COMMITTED READ WRITE",
