@@ -189,7 +189,7 @@ const HEADLINE_MAX_KEYS: usize = 64;
 /// The prefix a word of the text must start with to count as the query word `lexeme` (a stem
 /// such as `directori` for "directory"): long stems lose their last character, which a stemmer
 /// often changed (`y` to `i`).
-fn window_key(lexeme: &str) -> String {
+fn stem_key(lexeme: &str) -> String {
     let lower = lexeme.to_lowercase();
     let chars = lower.chars().count();
     if chars >= 5 {
@@ -227,7 +227,7 @@ fn starts_with_key(text: &str, key: &str) -> bool {
 /// [`SNIPPET_WORD_BYTES`], the text between two words at [`SNIPPET_GAP_BYTES`]: a fragment is at most
 /// a few kilobytes whatever the page (a base64 blob or a script without spaces is one long word).
 /// A word is a query word when it starts with a stem's
-/// prefix ([`window_key`]) and `is_query_word` (the caller's stemmer: the text search
+/// prefix ([`stem_key`]) and `is_query_word` (the caller's stemmer: the text search
 /// configuration's lexemes of the word) says so; only such words are asked. The first fragment
 /// is where the most different query words are closest (then the most query words, then the
 /// first such place), centred on them; the second, outside the first, only as good a place. A
@@ -241,7 +241,7 @@ pub fn headline<Q: FnMut(&str) -> bool, F: FnMut()>(
 ) -> String {
     let keys: Vec<String> = lexemes
         .iter()
-        .map(|l| window_key(l))
+        .map(|l| stem_key(l))
         .filter(|k| !k.is_empty())
         .take(HEADLINE_MAX_KEYS)
         .collect();

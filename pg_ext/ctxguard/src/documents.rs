@@ -900,7 +900,7 @@ fn search(
         found = search_pages(ctx, doc, query, limit, true);
     }
     let hits = std::mem::take(&mut found.hits);
-    // The pages are masked first: the window, the markers and the fragment cuts come after.
+    // The pages are masked first: the markers and the fragment cuts come after.
     let mut texts = Vec::with_capacity(hits.len());
     for (_, _, text) in &hits {
         texts.push(job.text(text)?.into_owned());
