@@ -564,12 +564,22 @@ impl Db {
         if !unnamed {
             prepared = self.prepare(&client, all).await?;
         }
-        // The frame's first statements run under whatever `statement_timeout` the connection
-        // carries until the pin lands (a previous client's 1 ms, say): a frame cancelled by it
-        // did nothing (its transaction's later statements fail or find no context), so it is sent
-        // once more.
-        match self.send(&client, begin, all, &prepared).await {
-            Err(e) if e.frame_cancelled => self.send(&client, begin, all, &prepared).await,
+        self.send_framed(&client, begin, all, &prepared).await
+    }
+
+    /// [`Db::send`], and once more if the frame was cancelled: its first statements run under
+    /// whatever `statement_timeout` the connection carries until the pin lands (a previous client's
+    /// 1 ms, say), and a frame cancelled by it did nothing (its transaction's later statements fail
+    /// or find no context).
+    async fn send_framed(
+        &self,
+        client: &deadpool_postgres::Client,
+        begin: &str,
+        all: &[(&'static str, &Params<'_>)],
+        prepared: &[tokio_postgres::Statement],
+    ) -> Result<Vec<Vec<Row>>, ApiError> {
+        match self.send(client, begin, all, prepared).await {
+            Err(e) if e.frame_cancelled => self.send(client, begin, all, prepared).await,
             r => r,
         }
         .map_err(|e| map_pg(e.error))
@@ -680,11 +690,7 @@ impl Db {
         let client = self.client().await?;
         let begin = sql::probe_begin(&self.limits);
         let all: &[(&'static str, &Params<'_>)] = &[(sql::EXTENSION_VERSION, &[])];
-        let mut r = match self.send(&client, &begin, all, &[]).await {
-            Err(e) if e.frame_cancelled => self.send(&client, &begin, all, &[]).await,
-            r => r,
-        }
-        .map_err(|e| map_pg(e.error))?;
+        let mut r = self.send_framed(&client, &begin, all, &[]).await?;
         Ok(r.pop().unwrap_or_default().first().map(|r| r.get(0)))
     }
 
