@@ -17,18 +17,7 @@ use serde_json::{json, Value};
 use support::{env, token};
 
 fn call(c: &mut Client, tok: &str, tool: &str) -> Value {
-    let mut tx = c.transaction().unwrap();
-    tx.execute(
-        "SELECT ctxguard.set_context($1, $2)",
-        &[&tok, &json!({"pageType": "quota_lab"})],
-    )
-    .unwrap();
-    let v: Value = tx
-        .query_one("SELECT ctxguard.call_tool($1)", &[&tool])
-        .unwrap()
-        .get(0);
-    tx.commit().unwrap();
-    v
+    support::call_in_transaction(c, tok, &json!({"pageType": "quota_lab"}), tool, true)
 }
 
 #[test]

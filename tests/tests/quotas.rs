@@ -37,19 +37,7 @@ fn unique(prefix: &str) -> String {
 
 /// One call of `tool` in a transaction of its own with `tok`'s context; committed, or rolled back.
 fn call(c: &mut Client, tok: &str, tool: &str, commit: bool) -> Value {
-    let mut tx = c.transaction().unwrap();
-    tx.execute("SELECT ctxguard.set_context($1, $2)", &[&tok, &lab()])
-        .unwrap();
-    let v: Value = tx
-        .query_one("SELECT ctxguard.call_tool($1)", &[&tool])
-        .unwrap()
-        .get(0);
-    if commit {
-        tx.commit().unwrap();
-    } else {
-        tx.rollback().unwrap();
-    }
-    v
+    support::call_in_transaction(c, tok, &lab(), tool, commit)
 }
 
 fn code(v: &Value) -> &str {

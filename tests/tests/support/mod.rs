@@ -304,6 +304,30 @@ pub async fn audit(trace: &str) -> Vec<(String, Option<String>, Option<String>)>
         .collect()
 }
 
+/// One call of `tool` (no arguments) on `page` with `tok`'s context, in a transaction of its own on
+/// a blocking client; committed, or rolled back.
+pub fn call_in_transaction(
+    c: &mut postgres::Client,
+    tok: &str,
+    page: &Value,
+    tool: &str,
+    commit: bool,
+) -> Value {
+    let mut tx = c.transaction().unwrap();
+    tx.execute("SELECT ctxguard.set_context($1, $2)", &[&tok, page])
+        .unwrap();
+    let v: Value = tx
+        .query_one("SELECT ctxguard.call_tool($1)", &[&tool])
+        .unwrap()
+        .get(0);
+    if commit {
+        tx.commit().unwrap();
+    } else {
+        tx.rollback().unwrap();
+    }
+    v
+}
+
 pub fn invoice_page(id: &str) -> Value {
     json!({"pageType": "invoice_detail", "entity": {"type": "invoice", "id": id}})
 }
