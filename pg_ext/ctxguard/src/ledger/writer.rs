@@ -61,45 +61,59 @@ const CANON: &str = "pg_catalog.jsonb_build_array(r.call_id, r.tenant_id, r.user
 /// (`verify_audit` does), computed here so that the batch's one statement can insert the hashes.
 fn canon(a: &Value) -> String {
     // As `jsonb_to_recordset` stores each column: text takes a scalar's text, uuid its canonical
-    // form, and `at` is sent as microseconds since 2000-01-01 (canonical: since 1970).
-    let text = |k: &str| match &a[k] {
-        Value::Null => Value::Null,
-        Value::String(s) => Value::String(s.clone()),
-        v => {
-            let mut t = String::new();
-            jsonb_text(v, &mut t);
-            Value::String(t)
+    // form, and `at` is sent as microseconds since 2000-01-01 (canonical: since 1970). Written
+    // item by item as `jsonb_text` writes the array of them.
+    enum Col {
+        Text,
+        Uuid,
+        Json,
+    }
+    use Col::{Json, Text, Uuid};
+    const COLUMNS: [(&str, Col); 17] = [
+        ("call_id", Uuid),
+        ("tenant_id", Text),
+        ("user_id", Text),
+        ("page_type", Text),
+        ("entity_type", Text),
+        ("entity_id", Text),
+        ("tool", Text),
+        ("decision", Text),
+        ("code", Text),
+        ("args_hash", Text),
+        ("result_bytes", Json),
+        ("generation", Uuid),
+        ("trace_id", Text),
+        ("doc_id", Text),
+        ("tokens", Json),
+        ("masked", Json),
+        ("budget", Json),
+    ];
+    let mut out = String::with_capacity(512);
+    out.push('[');
+    for (k, (key, col)) in COLUMNS.iter().enumerate() {
+        if k > 0 {
+            out.push_str(", ");
         }
-    };
-    let uuid = |k: &str| match &a[k] {
-        Value::String(s) => {
-            Value::String(uuid::Uuid::parse_str(s).map_or_else(|_| s.clone(), |u| u.to_string()))
+        match (col, &a[*key]) {
+            (
+                Text,
+                v @ (Value::Array(_) | Value::Object(_) | Value::Bool(_) | Value::Number(_)),
+            ) => {
+                let mut t = String::new();
+                jsonb_text(v, &mut t);
+                jsonb_text(&Value::String(t), &mut out);
+            }
+            (Uuid, Value::String(s)) => match uuid::Uuid::parse_str(s) {
+                Ok(u) => jsonb_text(&Value::String(u.to_string()), &mut out),
+                Err(_) => jsonb_text(&Value::String(s.clone()), &mut out),
+            },
+            (_, v) => jsonb_text(v, &mut out),
         }
-        v => v.clone(),
-    };
+    }
     let at = a["at_us"].as_i64().unwrap_or_default() + 946_684_800_000_000;
-    let row = Value::Array(vec![
-        uuid("call_id"),
-        text("tenant_id"),
-        text("user_id"),
-        text("page_type"),
-        text("entity_type"),
-        text("entity_id"),
-        text("tool"),
-        text("decision"),
-        text("code"),
-        text("args_hash"),
-        a["result_bytes"].clone(),
-        uuid("generation"),
-        text("trace_id"),
-        text("doc_id"),
-        a["tokens"].clone(),
-        a["masked"].clone(),
-        a["budget"].clone(),
-        json!(at),
-    ]);
-    let mut out = String::new();
-    jsonb_text(&row, &mut out);
+    out.push_str(", ");
+    jsonb_text(&json!(at), &mut out);
+    out.push(']');
     out
 }
 
@@ -721,7 +735,7 @@ fn apply(
     let mut quotas: HashMap<QuotaKey, (i64, i64, i64)> = HashMap::new();
     let mut pages = Vec::new();
     for (_, text) in batch {
-        let Ok(rec) = serde_json::from_str::<Value>(text) else {
+        let Ok(mut rec) = serde_json::from_str::<Value>(text) else {
             pgrx::warning!("ctxguard: ledger writer skipped a malformed record");
             continue;
         };
@@ -778,8 +792,8 @@ fn apply(
                 }
             }
         }
-        if let Some(a) = rec.get("a").filter(|a| a.is_object()) {
-            let mut a = a.clone();
+        if let Some(a) = rec.get_mut("a").filter(|a| a.is_object()) {
+            let mut a = a.take();
             a["i"] = json!(audits.len());
             audits.push(a);
         }
