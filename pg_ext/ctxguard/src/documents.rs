@@ -1142,14 +1142,30 @@ fn finalize(ctx: &Ctx, doc_id: &str) -> Value {
             .iter()
             .map(|(_, b)| docs::strip_boilerplate(b, &boilerplate))
             .collect();
+        let (first, last) = (
+            numbers.first().copied().unwrap_or(0),
+            numbers.last().copied().unwrap_or(0),
+        );
         as_owner(|| {
             Spi::connect_mut(|c| {
+                // The batch's range of the primary key ($5..$6) bounds the scan of the pages: the
+                // pages were written in this transaction, without statistics, and the join alone
+                // was planned as a merge join reading the document from its first page for every
+                // batch (quadratic in the pages).
                 c.update(
                     "UPDATE ctxguard.document_pages p SET clean = u.clean, tsv = pg_catalog.to_tsvector(d.language, u.clean)
                        FROM ROWS FROM (pg_catalog.unnest($3::pg_catalog.int4[]), pg_catalog.unnest($4::pg_catalog.text[])) u(n, clean), ctxguard.documents d
-                      WHERE p.tenant_id = $1 AND p.doc_id = $2 AND p.page_no = u.n AND d.tenant_id = $1 AND d.id = $2",
+                      WHERE p.tenant_id = $1 AND p.doc_id = $2 AND p.page_no BETWEEN $5 AND $6 AND p.page_no = u.n
+                        AND d.tenant_id = $1 AND d.id = $2",
                     None,
-                    &[ctx.tenant_id.as_str().into(), doc_id.into(), numbers.into(), cleaned.into()],
+                    &[
+                        ctx.tenant_id.as_str().into(),
+                        doc_id.into(),
+                        numbers.into(),
+                        cleaned.into(),
+                        first.into(),
+                        last.into(),
+                    ],
                 )
                 .map(|_| ())
             })

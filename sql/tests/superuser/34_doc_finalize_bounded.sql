@@ -49,4 +49,29 @@ SELECT is(:page_17_hits::bigint, 1::bigint, 'a page''s own words are searchable'
 SELECT cmp_ok(:grew_kb::bigint, '<', 65536::bigint,
               format('making 30 MB of pages ready grew the backend''s peak memory by less than 64 MB (%s kB)', :grew_kb));
 
+-- The second pass reads each batch's pages by their keys, not the document from its first page:
+-- its UPDATE joined the batch's page numbers to the document's range of the primary key, which the
+-- planner (the pages just written in the same transaction, no statistics for them) did as a merge
+-- join from page 1 up to the batch, for every batch: quadratic in the pages (making 10,000 pages
+-- ready took 10 s, 20,000 took 30 s, 50,000 about 100 s). Counted here: the entries of the primary
+-- key the call reads in its transaction (pg_stat_get_xact_tuples_returned), for 2,000 small pages.
+-- Every step reads each page a bounded number of times (the count, the two passes, the update of
+-- each page, the search candidates): at most 8 per page; the merge join read about 62,000.
+BEGIN;
+SELECT ctxguard.set_context(:'tok_ingest', :'lib') \g /dev/null
+SELECT ctxguard.put_document('many_pages', 'Many small pages') \g /dev/null
+SELECT count(ctxguard.put_page('many_pages', i, 'Page ' || i || ' covers backup scheduling on node ' || (i % 97) || '.'))
+       AS small_pages FROM generate_series(1, 2000) i \gset
+SELECT pg_stat_get_xact_tuples_returned('ctxguard.document_pages_pkey'::regclass) AS pkey_before \gset
+SELECT (ctxguard.put_document('many_pages', 'Many small pages', 'ready'))->>'page_count' AS many_ready \gset
+SELECT pg_stat_get_xact_tuples_returned('ctxguard.document_pages_pkey'::regclass) - :pkey_before AS pkey_read \gset
+SELECT count(*) AS many_clean FROM ctxguard.document_pages WHERE doc_id = 'many_pages' AND tsv IS NOT NULL \gset
+ROLLBACK;
+
+SELECT is(:small_pages::bigint, 2000::bigint, '2,000 small pages put');
+SELECT is(:'many_ready'::text, '2000', 'the document of 2,000 pages is made ready');
+SELECT is(:many_clean::bigint, 2000::bigint, 'each of its pages cleaned and indexed');
+SELECT cmp_ok(:pkey_read::bigint, '<=', 16000::bigint,
+              format('making 2,000 pages ready read at most 8 primary-key entries per page (%s)', :pkey_read));
+
 SELECT * FROM finish();
