@@ -56,16 +56,7 @@ POSTMASTER=$(head -n 1 "$RUN/pgdata/postmaster.pid")
 PGBOUNCER_PID=$(cat "$PGB_DIR/pgbouncer.pid")
 
 # Correctness through the pooler first: the call and the baseline return the same invoice.
-got=$(psql -X -q -v ON_ERROR_STOP=1 "${VIA[@]}" -U ctxguard_gateway -d "$DB" -At -F '|' -v token="$TOKEN" <<'SQL'
-BEGIN;
-SELECT ctxguard.set_context(:'token', '{"pageType": "invoice_detail", "entity": {"type": "invoice", "id": "acme_inv3"}}') \g /dev/null
-SELECT ctxguard.call_tool('invoice.get', '{}')->'result' AS gated \gset
-SELECT set_config('app.tenant_id', 'acme', true) \g /dev/null
-SELECT bench.invoice_get('{"invoice_id": "acme_inv3"}') = :'gated'::jsonb, :'gated'::jsonb->>'id';
-COMMIT;
-SQL
-)
-[ "$got" = "t|acme_inv3" ] || die "through pgbouncer: baseline vs ctxguard returned '$got'"
+bench_same_invoice "$DB" "$TOKEN" "${VIA[@]}"
 for s in baseline_audit.sql ctxguard.sql; do
   pgbench -n -M extended -c 4 -j 2 -T 2 "${VIA[@]}" -U ctxguard_gateway -D token="$TOKEN" \
     -f "$BENCH_DIR/$s" "$DB" >/dev/null 2>&1 || die "warm-up with $s through pgbouncer failed"

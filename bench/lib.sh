@@ -85,3 +85,21 @@ bench_write_results() {
   rm -f "$tmp"
   log "rewrote the $BENCH_NAME results block of $md (update the reading by hand)"
 }
+
+# bench_same_invoice DB TOKEN CONNECTION-ARGS...: through the given connection (pgbouncer), ctxguard's
+# invoice.get on acme_inv3 returns what the careful baseline's handler returns (correctness before
+# speed, for the scripts that compare bench/ctxguard.sql with bench/baseline_audit.sql).
+bench_same_invoice() {
+  local db=$1 token=$2 got
+  shift 2
+  got=$(psql -X -q -v ON_ERROR_STOP=1 "$@" -U ctxguard_gateway -d "$db" -At -F '|' -v token="$token" <<'SQL'
+BEGIN;
+SELECT ctxguard.set_context(:'token', '{"pageType": "invoice_detail", "entity": {"type": "invoice", "id": "acme_inv3"}}') \g /dev/null
+SELECT ctxguard.call_tool('invoice.get', '{}')->'result' AS gated \gset
+SELECT set_config('app.tenant_id', 'acme', true) \g /dev/null
+SELECT bench.invoice_get('{"invoice_id": "acme_inv3"}') = :'gated'::jsonb, :'gated'::jsonb->>'id';
+COMMIT;
+SQL
+)
+  [ "$got" = "t|acme_inv3" ] || die "through $*: baseline vs ctxguard returned '$got'"
+}

@@ -562,17 +562,7 @@ clients_curve() {
   trap stop_pgbouncer EXIT
   local via=(-h 127.0.0.1 -p "$PGBOUNCER_PORT")
   # Correctness through the pooler: the call and the baseline return the same invoice.
-  local got
-  got=$(psql -X -q -v ON_ERROR_STOP=1 "${via[@]}" -U ctxguard_gateway -d "$DB" -At -F '|' -v token="$token" <<'SQL'
-BEGIN;
-SELECT ctxguard.set_context(:'token', '{"pageType": "invoice_detail", "entity": {"type": "invoice", "id": "acme_inv3"}}') \g /dev/null
-SELECT ctxguard.call_tool('invoice.get', '{}')->'result' AS gated \gset
-SELECT set_config('app.tenant_id', 'acme', true) \g /dev/null
-SELECT bench.invoice_get('{"invoice_id": "acme_inv3"}') = :'gated'::jsonb, :'gated'::jsonb->>'id';
-COMMIT;
-SQL
-)
-  [ "$got" = "t|acme_inv3" ] || die "through pgbouncer: baseline vs ctxguard returned '$got'"
+  bench_same_invoice "$DB" "$token" "${via[@]}"
   # Extended protocol, unnamed statements: what works through pgbouncer 1.18 in transaction mode.
   local s
   for s in baseline_audit.sql ctxguard.sql baseline_audit_pipelined.sql ctxguard_pinned.sql; do
