@@ -81,6 +81,25 @@ SELECT is((SELECT array_agg(g ORDER BY g) FROM unnest(ctxguard.mcp_session_touch
           (SELECT array_agg(g ORDER BY g) FROM unnest(ARRAY[:'sid', repeat('z', 40), repeat('z', 300)]) g),
           'alice''s own live session is not gone; an unknown id (of any length) and another user''s are');
 SELECT ok(pg_temp.idle_ms(:'tok_alice', :'sid2') < 1000, 'and is kept alive');
+-- A token's entries anywhere in the batch are taken together (grouped in one pass): alice's and bob's
+-- interleaved, alice's live session given twice, a bad token between them.
+SELECT is((SELECT array_agg(g ORDER BY g) FROM unnest(ctxguard.mcp_session_touch(jsonb_build_array(
+              jsonb_build_object('token', :'tok_alice', 'sessionId', 'unknown-1'),
+              jsonb_build_object('token', :'tok_bob', 'sessionId', 'unknown-2'),
+              jsonb_build_object('token', :'tok_forged', 'sessionId', 'unknown-3'),
+              jsonb_build_object('token', :'tok_alice', 'sessionId', :'sid2'),
+              jsonb_build_object('token', :'tok_bob', 'sessionId', :'sid2'),
+              jsonb_build_object('token', :'tok_alice', 'sessionId', :'sid2'),
+              jsonb_build_object('token', :'tok_alice', 'sessionId', 'unknown-4')), 0)) g),
+          ARRAY[:'sid2', 'unknown-1', 'unknown-2', 'unknown-4'],
+          'interleaved tokens: each token''s ids judged against its own user, the bad token''s skipped');
+-- The gateway's largest batch: 1,000 entries of 1,000 distinct tokens (one user's own, 999 that do not
+-- verify), all answered.
+SELECT is(pg_catalog.cardinality(ctxguard.mcp_session_touch(
+              (SELECT jsonb_agg(jsonb_build_object('token', CASE WHEN i = 1 THEN :'tok_alice' ELSE 'not-a-token-' || i END,
+                                                   'sessionId', 'gone-' || i))
+                 FROM generate_series(1, 1000) i), 0)), 1,
+          'a batch of 1,000 distinct tokens: the one that verifies has its unknown id back');
 SELECT is(ctxguard.mcp_session_touch('[]', 0), '{}'::text[], 'an empty batch');
 SELECT throws_ok($$SELECT ctxguard.mcp_session_touch('{}', 0)$$, '22023',
                  'ctxguard: sessions is an array of at most 1000 {token, sessionId} objects', 'not an array');
