@@ -853,6 +853,18 @@ impl Catalog {
             .map(|s| s.requires_connection)
     }
 
+    /// The upstream servers whose calls use the user's own connection (`user_oauth`), by name.
+    pub fn user_connection_servers(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .servers()
+            .iter()
+            .filter(|(_, s)| s.user_connection())
+            .map(|(n, _)| n.clone())
+            .collect();
+        names.sort();
+        names
+    }
+
     /// Does any upstream server hide its tools from users without a connection?
     pub fn any_requires_connection(&self) -> bool {
         self.servers()

@@ -507,20 +507,37 @@ fn upstream_connections() -> TableIterator<
 
 /// Gate B: has the context user a connection to `user_oauth` server `server`?
 pub fn connected(ctx: &Ctx, server: &str) -> bool {
-    connected_servers(ctx).iter().any(|s| s == server)
+    !connections(ctx, vec![server.to_string()]).is_empty()
 }
 
-/// The `user_oauth` servers the context user has a connection to (one statement).
-pub fn connected_servers(ctx: &Ctx) -> Vec<String> {
+/// The `user_oauth` servers of the catalog the context user has a connection to (one statement).
+pub fn connected_servers(catalog: &cache::Catalog, ctx: &Ctx) -> Vec<String> {
+    let servers = catalog.user_connection_servers();
+    if servers.is_empty() {
+        return Vec::new();
+    }
+    connections(ctx, servers)
+}
+
+/// Which of `servers` the context user has a `user_oauth` connection to, in name order: one lookup
+/// of the primary key (tenant_id, server, user_id) per server. By (tenant, user) alone the statement
+/// read the tenant's whole range of the key: every other user's connection, on every listing.
+fn connections(ctx: &Ctx, servers: Vec<String>) -> Vec<String> {
     as_owner(|| {
         Spi::connect(|c| {
             c.select(
                 "SELECT cr.server FROM ctxguard.upstream_credentials cr
-                  WHERE cr.tenant_id OPERATOR(pg_catalog.=) $1 AND cr.user_id OPERATOR(pg_catalog.=) $2
+                  WHERE cr.tenant_id OPERATOR(pg_catalog.=) $1
+                    AND cr.server OPERATOR(pg_catalog.=) ANY ($3::pg_catalog.text[])
+                    AND cr.user_id OPERATOR(pg_catalog.=) $2
                     AND cr.mode OPERATOR(pg_catalog.=) 'user_oauth'
                   ORDER BY cr.server",
                 None,
-                &[ctx.tenant_id.as_str().into(), ctx.user_id.as_str().into()],
+                &[
+                    ctx.tenant_id.as_str().into(),
+                    ctx.user_id.as_str().into(),
+                    servers.into(),
+                ],
             )?
             .map(|r| r.get::<String>(1).map(Option::unwrap_or_default))
             .collect::<Result<Vec<_>, pgrx::spi::Error>>()
@@ -542,6 +559,6 @@ pub fn hide_unconnected(
     if !tools.iter().any(|t| hides(t)) {
         return;
     }
-    let connected = connected_servers(ctx);
+    let connected = connected_servers(catalog, ctx);
     tools.retain(|t| !hides(t) || t.server.as_ref().is_some_and(|s| connected.contains(s)));
 }

@@ -221,7 +221,7 @@ pub fn visible(ctx: &Ctx, query: Option<&str>, top_k: Option<i32>) -> Rc<Vec<Vis
         // The user's connections, where a server hides its tools without one (issue 33).
         connected: catalog
             .any_requires_connection()
-            .then(|| credentials::connected_servers(ctx)),
+            .then(|| credentials::connected_servers(&catalog, ctx)),
     };
     let kept = SHOWN.with(|s| {
         let s = s.borrow();
