@@ -29,6 +29,9 @@ use crate::pgutil::raise;
 
 /// Most bytes of a rejection's reason.
 const MAX_REASON_BYTES: usize = 500;
+/// Longest life of a pending approval, in seconds (the settings' and `tenant_limits`' bound):
+/// `pending_approvals()` reads the pending calls created within it.
+const MAX_APPROVAL_TTL: i32 = 86_400;
 /// Most rows `pending_approvals()` returns (oldest first).
 const MAX_PENDING_LISTED: i64 = 200;
 
@@ -55,7 +58,8 @@ pub fn record_pending(
                 tool.into(),
                 JsonB(args.clone()).into(),
                 hash.into(),
-                f64::from(crate::ttls::for_tenant(&ctx.tenant_id).approval).into(),
+                // At most a day, whatever a table says: pending_approvals() looks a day back.
+                f64::from(crate::ttls::for_tenant(&ctx.tenant_id).approval.min(MAX_APPROVAL_TTL)).into(),
                 ctx.page_type.as_str().into(),
                 ctx.entity.as_ref().map(|e| e.kind.as_str()).into(),
                 ctx.entity.as_ref().map(|e| e.id.as_str()).into(),
@@ -290,6 +294,11 @@ fn pending_approvals() -> TableIterator<
                        FROM ctxguard.approvals a
                       WHERE a.tenant_id OPERATOR(pg_catalog.=) $1
                         AND a.status OPERATOR(pg_catalog.=) 'pending'
+                        -- An approval lives at most a day from its creation (MAX_APPROVAL_TTL,
+                        -- as approval_ttl's bounds): the pending index's
+                        -- range starts a day back, past the calls that expired undecided (they
+                        -- stay 'pending'; each list read all of them).
+                        AND a.created_at OPERATOR(pg_catalog.>=) (pg_catalog.now() OPERATOR(pg_catalog.-) '86400 s'::pg_catalog.interval)
                         AND a.expires_at OPERATOR(pg_catalog.>) pg_catalog.now()
                         AND a.user_id OPERATOR(pg_catalog.<>) $2
                         AND a.approver_roles OPERATOR(pg_catalog.&&) $3::pg_catalog.text[]

@@ -42,4 +42,25 @@ ROLLBACK;
 SELECT is(:listed::bigint, 1::bigint, 'globex''s approver is listed globex''s one pending call');
 SELECT cmp_ok(:read::bigint, '<', 100::bigint, 'the list read globex''s pending calls, not the 3,000 of acme');
 
+-- Nor a tenant's own expired calls: a pending approval no one decides stays `pending` after it
+-- expires (nothing moves it), so the tenant's range of the pending index began with every call
+-- that ever expired undecided, read on each list. An approval lives at most a day (approval_ttl and
+-- tenant_limits.approval_ttl are at most 86,400 s, from its creation), so the list starts a day back.
+-- Here 3,000 acme calls that expired undecided (created two days ago) stand before one live call.
+BEGIN;
+INSERT INTO ctxguard.approvals (call_id, tenant_id, user_id, tool, args, args_hash, created_at, expires_at, approver_roles)
+SELECT gen_random_uuid(), 'globex', 'filler', 'invoice.get', '{}', 'x', now() - interval '2 days',
+       now() - interval '2 days' + interval '15 minutes', '{ap_clerk}'
+  FROM generate_series(1, 3000);
+INSERT INTO ctxguard.approvals (call_id, tenant_id, user_id, tool, args, args_hash, expires_at, approver_roles)
+VALUES (gen_random_uuid(), 'globex', 'someone', 'invoice.get', '{}', 'x', now() + interval '1 hour', '{ap_clerk}');
+ANALYZE ctxguard.approvals;
+SELECT pg_temp.rows_read() AS before \gset
+SELECT pg_temp.listed(:'tok_carol') AS listed_live \gset
+SELECT pg_temp.rows_read() - :before AS read_expired \gset
+ROLLBACK;
+SELECT is(:listed_live::bigint, 1::bigint, 'behind 3,000 expired undecided calls, the approver is listed the live one');
+SELECT cmp_ok(:read_expired::bigint, '<', 100::bigint,
+              format('the list read %s rows, not the 3,000 expired calls', :read_expired));
+
 SELECT * FROM finish();
