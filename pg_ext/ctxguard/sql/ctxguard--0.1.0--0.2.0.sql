@@ -987,6 +987,9 @@ COMMENT ON COLUMN ctxguard.approvals.status IS 'pending; granted (by an approver
 -- An approver's list (pending_approvals) reads its own tenant's pending calls, oldest first: not
 -- another tenant's, nor the calls already decided (approvals are kept).
 CREATE INDEX approvals_pending_idx ON ctxguard.approvals (tenant_id, created_at, call_id) WHERE status = 'pending';
+-- read_doc_metadata lists a document's first sections in page order through it (the ingester decides
+-- how many sections there are: without it each call sorted all of them).
+CREATE INDEX document_sections_order_idx ON ctxguard.document_sections (tenant_id, doc_id, page_start, section_id);
 CREATE FUNCTION ctxguard."_explain_call"(
 	"name" TEXT, /* Option < & str > */
 	"args" TEXT /* Option < & str > */

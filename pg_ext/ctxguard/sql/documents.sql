@@ -67,6 +67,9 @@ CREATE TABLE ctxguard.document_sections (
     FOREIGN KEY (tenant_id, doc_id) REFERENCES ctxguard.documents (tenant_id, id) ON DELETE CASCADE,
     CHECK (page_end >= page_start)
 );
+-- read_doc_metadata lists a document's first sections in page order through it (the ingester decides
+-- how many sections there are: without it each call sorted all of them).
+CREATE INDEX document_sections_order_idx ON ctxguard.document_sections (tenant_id, doc_id, page_start, section_id);
 
 -- Budgets. Counters live in tables so every pooled backend shares them; updates are atomic.
 ALTER TABLE ctxguard.generations ADD COLUMN bytes_used bigint NOT NULL DEFAULT 0;
