@@ -495,10 +495,12 @@ impl Catalog {
                 if !servers.is_empty() {
                     for r in crate::pgutil::select_saved(
                         c,
+                        // OFFSET 0: each tool's policy looked up by its key, not an anti-join
+                        // the generic plan made over every policy of the catalog.
                         "SELECT t.name FROM ctxguard.tools t
                           WHERE t.server OPERATOR(pg_catalog.=) ANY ($1::pg_catalog.text[])
                             AND NOT EXISTS (SELECT 1 FROM ctxguard.tool_policies q
-                                             WHERE q.tool OPERATOR(pg_catalog.=) t.name)",
+                                             WHERE q.tool OPERATOR(pg_catalog.=) t.name OFFSET 0)",
                         None,
                         &[servers.into()],
                     )? {
