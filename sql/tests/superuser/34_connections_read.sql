@@ -15,15 +15,7 @@
 SET client_min_messages = warning;
 SELECT * FROM no_plan();
 
--- The blocks of upstream_credentials and of its indexes this transaction's scans fetched (a btree
--- condition on a column after the one the statement lacks is checked inside the scan, so entries
--- it skips are not counted as returned: the pages it reads are).
-CREATE FUNCTION pg_temp.blocks(rel regclass) RETURNS bigint LANGUAGE sql AS $$
-    SELECT pg_catalog.sum(pg_catalog.pg_stat_get_xact_blocks_fetched(r))::bigint
-      FROM (SELECT rel
-            UNION ALL SELECT i.indexrelid::pg_catalog.regclass FROM pg_catalog.pg_index i
-                       WHERE i.indrelid = rel) AS x(r)
-$$;
+\ir ../lib/rows_returned.sql
 -- As the gateway, in `tok`'s context: whether Gate A lists the vault server's tool, and Gate B's
 -- decision on a call of it (explain_call: decided as a call, nothing run) with its code.
 CREATE FUNCTION pg_temp.vault(tok text) RETURNS text LANGUAGE plpgsql AS $$
@@ -46,12 +38,12 @@ INSERT INTO ctxguard.upstream_credentials (tenant_id, user_id, server, mode, key
 SELECT 'acme', u, 'vault_many', 'user_oauth', 'k1', decode(repeat('a1', 40), 'hex'), decode(repeat('00', 24), 'hex')
   FROM (SELECT 'filler' || i FROM generate_series(1, 20000) i UNION ALL SELECT 'alice') f(u);
 ANALYZE ctxguard.upstream_credentials;
-SELECT pg_temp.blocks('ctxguard.upstream_credentials') AS before \gset
+SELECT pg_temp.blocks_fetched('ctxguard.upstream_credentials') AS before \gset
 SELECT pg_temp.vault(:'tok_alice') AS alice \gset
-SELECT pg_temp.blocks('ctxguard.upstream_credentials') - :before AS alice_read \gset
-SELECT pg_temp.blocks('ctxguard.upstream_credentials') AS before \gset
+SELECT pg_temp.blocks_fetched('ctxguard.upstream_credentials') - :before AS alice_read \gset
+SELECT pg_temp.blocks_fetched('ctxguard.upstream_credentials') AS before \gset
 SELECT pg_temp.vault(:'tok_bob') AS bob \gset
-SELECT pg_temp.blocks('ctxguard.upstream_credentials') - :before AS bob_read \gset
+SELECT pg_temp.blocks_fetched('ctxguard.upstream_credentials') - :before AS bob_read \gset
 ROLLBACK;
 
 SELECT is(:'alice'::text, 'true/allow', 'alice, connected: Gate A lists the server''s tool and Gate B lets its call through');

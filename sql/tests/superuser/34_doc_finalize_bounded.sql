@@ -53,10 +53,11 @@ SELECT cmp_ok(:grew_kb::bigint, '<', 65536::bigint,
 -- its UPDATE joined the batch's page numbers to the document's range of the primary key, which the
 -- planner (the pages just written in the same transaction, no statistics for them) did as a merge
 -- join from page 1 up to the batch, for every batch: quadratic in the pages (making 10,000 pages
--- ready took 10 s, 20,000 took 30 s, the 50,000 of bench/scale.sh 141 s). Counted here: the entries of the primary
--- key the call reads in its transaction (pg_stat_get_xact_tuples_returned), for 2,000 small pages.
--- Every step reads each page a bounded number of times (the count, the two passes, the update of
--- each page, the search candidates): at most 8 per page (12,000 in all); the merge join read 198,496.
+-- ready took 10 s, 20,000 took 30 s, the 50,000 of bench/scale.sh 141 s). Counted here: the
+-- entries of the primary key the call reads in its transaction (pg_stat_get_xact_tuples_returned),
+-- for 2,000 small pages. Every step reads each page a bounded number of times (the count, the two
+-- passes, the update of each page, the search candidates): at most 8 per page (12,000 in all); the
+-- merge join read 198,496.
 BEGIN;
 SELECT ctxguard.set_context(:'tok_ingest', :'lib') \g /dev/null
 SELECT ctxguard.put_document('many_pages', 'Many small pages') \g /dev/null
