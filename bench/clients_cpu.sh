@@ -103,6 +103,8 @@ run() {
   snapshot "$OUT/$name.after"
   grep -q '^number of failed transactions: 0 ' "$OUT/$name.txt" ||
     { cat "$OUT/$name.txt" >&2; die "pgbench $name had failed transactions"; }
+  grep -Eq '^number of transactions actually processed: [1-9]' "$OUT/$name.txt" ||
+    { cat "$OUT/$name.txt" >&2; die "pgbench $name completed no transaction"; }
   # name|tps|tx|µs per tx by kind (backends writer walwriter other pgbouncer pgbench)|exited
   /usr/bin/python3 - "$OUT/$name" "$(getconf CLK_TCK)" <<'PY' >"$OUT/$name.cpu"
 import re, sys
