@@ -298,7 +298,7 @@ fn pending_approvals() -> TableIterator<
                         -- as approval_ttl's bounds): the pending index's
                         -- range starts a day back, past the calls that expired undecided (they
                         -- stay 'pending'; each list read all of them).
-                        AND a.created_at OPERATOR(pg_catalog.>=) (pg_catalog.now() OPERATOR(pg_catalog.-) '86400 s'::pg_catalog.interval)
+                        AND a.created_at OPERATOR(pg_catalog.>=) (pg_catalog.now() OPERATOR(pg_catalog.-) pg_catalog.make_interval(secs => $5))
                         AND a.expires_at OPERATOR(pg_catalog.>) pg_catalog.now()
                         AND a.user_id OPERATOR(pg_catalog.<>) $2
                         AND a.approver_roles OPERATOR(pg_catalog.&&) $3::pg_catalog.text[]
@@ -309,6 +309,7 @@ fn pending_approvals() -> TableIterator<
                         c.user_id.as_str().into(),
                         c.roles.clone().into(),
                         MAX_PENDING_LISTED.into(),
+                        f64::from(MAX_APPROVAL_TTL).into(),
                     ],
                 )?
                 .map(|r| {

@@ -56,8 +56,8 @@ SELECT cmp_ok(:grew_kb::bigint, '<', 65536::bigint,
 -- ready took 10 s, 20,000 took 30 s, the 50,000 of bench/scale.sh 141 s). Counted here: the
 -- entries of the primary key the call reads in its transaction (pg_stat_get_xact_tuples_returned),
 -- for 2,000 small pages. Every step reads each page a bounded number of times (the count, the two
--- passes, the update of each page, the search candidates): at most 8 per page (12,000 in all); the
--- merge join read 198,496.
+-- passes, the update of each page, the search candidates): at most 8 per page (12,000 measured);
+-- the merge join read 198,496.
 BEGIN;
 SELECT ctxguard.set_context(:'tok_ingest', :'lib') \g /dev/null
 SELECT ctxguard.put_document('many_pages', 'Many small pages') \g /dev/null

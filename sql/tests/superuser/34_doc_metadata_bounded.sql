@@ -30,6 +30,8 @@ INSERT INTO ctxguard.document_sections (tenant_id, doc_id, section_id, title, pa
 SELECT 'acme', 'acme_guide', 'm' || (100000 + i), 'Section ' || i, 1 + i % 500, 1 + i % 500
   FROM generate_series(1, 20000) i;
 ANALYZE ctxguard.document_sections;
+-- As the saved plan runs once generic (a pooled backend's later calls).
+SET LOCAL plan_cache_mode = force_generic_plan;
 SELECT pg_temp.rows_returned('ctxguard.document_sections') AS before \gset
 SELECT pg_temp.sections(:'tok_ranker', :'viewer', :'g') AS listed \gset
 SELECT pg_temp.rows_returned('ctxguard.document_sections') - :before AS read \gset
