@@ -294,10 +294,9 @@ fn pending_approvals() -> TableIterator<
                        FROM ctxguard.approvals a
                       WHERE a.tenant_id OPERATOR(pg_catalog.=) $1
                         AND a.status OPERATOR(pg_catalog.=) 'pending'
-                        -- An approval lives at most a day from its creation (MAX_APPROVAL_TTL,
-                        -- as approval_ttl's bounds): the pending index's
-                        -- range starts a day back, past the calls that expired undecided (they
-                        -- stay 'pending'; each list read all of them).
+                        -- An approval lives at most MAX_APPROVAL_TTL ($5) from its creation: the
+                        -- pending index's range starts that far back, past the calls that expired
+                        -- undecided (they stay 'pending'; each list read all of them).
                         AND a.created_at OPERATOR(pg_catalog.>=) (pg_catalog.now() OPERATOR(pg_catalog.-) pg_catalog.make_interval(secs => $5))
                         AND a.expires_at OPERATOR(pg_catalog.>) pg_catalog.now()
                         AND a.user_id OPERATOR(pg_catalog.<>) $2

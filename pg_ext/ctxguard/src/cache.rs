@@ -857,14 +857,11 @@ impl Catalog {
 
     /// The upstream servers whose calls use the user's own connection (`user_oauth`), by name.
     pub fn user_connection_servers(&self) -> Vec<String> {
-        let mut names: Vec<String> = self
-            .servers()
+        self.servers()
             .iter()
             .filter(|(_, s)| s.user_connection())
             .map(|(n, _)| n.clone())
-            .collect();
-        names.sort();
-        names
+            .collect()
     }
 
     /// Does any upstream server hide its tools from users without a connection?
