@@ -314,6 +314,36 @@ fn normalise(s: &str) -> Option<Normalised> {
     Some(Normalised { text, shifts })
 }
 
+/// The masks [`Masker::find_masks`] found in one text: spans of the original text (start, end,
+/// rule index), sorted and disjoint.
+pub struct Masks<'m> {
+    masker: &'m Masker,
+    spans: Vec<(usize, usize, usize)>,
+}
+
+impl<'m> Masks<'m> {
+    /// The masked text's length in bytes.
+    pub fn masked_len(&self, text: &str) -> usize {
+        self.pieces(text).map(str::len).sum()
+    }
+
+    /// The masked text, in pieces: the text between the masks and each mask's
+    /// `[REDACTED:<rule>]`. `text` is the text the masks were found in.
+    pub fn pieces<'a>(&'a self, text: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+        let mut last = 0;
+        self.spans
+            .iter()
+            .flat_map(move |&(start, end, idx)| {
+                let before = &text[last..start];
+                last = end;
+                [before, "[REDACTED:", &self.masker.rules[idx].name, "]"]
+            })
+            .chain(std::iter::once_with(move || {
+                &text[self.spans.last().map_or(0, |s| s.1)..]
+            }))
+    }
+}
+
 /// Maps increasing view offsets to original offsets (a cursor over the shifts).
 struct ToOriginal<'a> {
     shifts: &'a [(usize, usize)],
@@ -600,13 +630,29 @@ impl Masker {
     /// Mask one string; adds to `counts`. `Ok(None)` when nothing matched (no allocation).
     ///
     /// Rules run in order; a later rule's match that overlaps a span an earlier rule masked is
-    /// dropped; the output is built in one pass.
+    /// dropped; the output is built in one pass, in one allocation of its final size.
     pub fn mask_str<F: FnMut()>(
         &self,
         text: &str,
         counts: &mut MaskCounts,
         scan: &mut Scan<F>,
     ) -> Result<Option<String>, TooLarge> {
+        Ok(self.find_masks(text, counts, scan)?.map(|masks| {
+            let mut out = String::with_capacity(masks.masked_len(text));
+            masks.pieces(text).for_each(|p| out.push_str(p));
+            out
+        }))
+    }
+
+    /// Where `text`'s masks go, as [`Masker::mask_str`] masks it (adds to `counts`); `Ok(None)`
+    /// when nothing matched. The masked text is [`Masks::pieces`]: a caller may write it where it
+    /// is needed (a `jsonb` datum) without a copy in between.
+    pub fn find_masks<'m, F: FnMut()>(
+        &'m self,
+        text: &str,
+        counts: &mut MaskCounts,
+        scan: &mut Scan<F>,
+    ) -> Result<Option<Masks<'m>>, TooLarge> {
         scan.take(text.len())?;
         scan.work(text.len() / 8);
         let normalised = normalise(text);
@@ -715,24 +761,19 @@ impl Masker {
             next: 0,
         };
         let mut per_rule = vec![0u32; self.rules.len()];
-        let mut out = String::with_capacity(text.len());
-        let mut last = 0;
-        for (start, end, idx) in spans {
-            let (start, end) = (to_orig.map(start), to_orig.map(end));
-            out.push_str(&text[last..start]);
-            out.push_str("[REDACTED:");
-            out.push_str(&self.rules[idx].name);
-            out.push(']');
-            last = end;
-            per_rule[idx] += 1;
+        for span in &mut spans {
+            (span.0, span.1) = (to_orig.map(span.0), to_orig.map(span.1));
+            per_rule[span.2] += 1;
         }
-        out.push_str(&text[last..]);
         for (rule, n) in self.rules.iter().zip(per_rule) {
             if n > 0 {
                 *counts.entry(rule.name.clone()).or_default() += n;
             }
         }
-        Ok(Some(out))
+        Ok(Some(Masks {
+            masker: self,
+            spans,
+        }))
     }
 
     /// A number whose digits a rule matches (a card number as a JSON number): its masked text,
@@ -840,6 +881,34 @@ mod tests {
             .unwrap()
             .unwrap_or_else(|| s.to_string());
         (out, c)
+    }
+
+    #[test]
+    fn masks_pieces_are_the_masked_text() {
+        // What mask_text writes into its jsonb datum: the pieces, of the measured length, are the
+        // masked text; fullwidth text (masks found in the normalised view) and masks at both ends.
+        let m = masker();
+        for s in [
+            "ivan.petrov@example.com",
+            "mail ivan.petrov@example.com, card 4111 1111 1111 1111 and AKIAIOSFODNN7EXAMPLE",
+            "Obfuscated ｉｖａｎ＠ｅｘａｍｐｌｅ．ｃｏｍ　and Настройка +49 30 1234 5678",
+            "nothing here",
+        ] {
+            let (want, want_counts) = mask_with(&m, s);
+            let mut counts = MaskCounts::new();
+            match m
+                .find_masks(s, &mut counts, &mut Scan::unlimited())
+                .unwrap()
+            {
+                Some(masks) => {
+                    let got: String = masks.pieces(s).collect();
+                    assert_eq!(got, want);
+                    assert_eq!(masks.masked_len(s), want.len());
+                }
+                None => assert_eq!(s, want),
+            }
+            assert_eq!(counts, want_counts);
+        }
     }
 
     /// The masker without prefilter, chunks nor searches by hand: each rule's regex over the whole

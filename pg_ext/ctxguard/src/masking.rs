@@ -162,16 +162,21 @@ fn mask_text(text: &str) -> JsonbDatum {
     let _pin = crate::owner::pin();
     let catalog = crate::cache::catalog();
     let mut job = Job::new(catalog.mask_key());
-    let masked = job.text(text).unwrap_or_else(|_| {
-        raise(
-            PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
-            "ctxguard: the text is larger than ctxguard.max_mask_bytes",
-        )
-    });
-    // Built in jsonb's binary form directly: the text round trip (serde_json, then jsonb_in) of
-    // a long text cost more than masking it.
-    JsonbDatum::text_and_counts(
-        &masked,
-        job.counts.iter().map(|(name, n)| (name.as_str(), *n)),
-    )
+    let masks = job
+        .masker
+        .find_masks(text, &mut job.counts, &mut job.scan)
+        .unwrap_or_else(|_| {
+            raise(
+                PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+                "ctxguard: the text is larger than ctxguard.max_mask_bytes",
+            )
+        });
+    let counts = job.counts.iter().map(|(name, n)| (name.as_str(), *n));
+    // Built in jsonb's binary form directly, the masked text written into the datum once: the
+    // text round trip (serde_json, then jsonb_in) of a long text cost more than masking it, and
+    // so did copying it through a masked String.
+    match &masks {
+        Some(m) => JsonbDatum::text_and_counts(m.masked_len(text), m.pieces(text), counts),
+        None => JsonbDatum::text_and_counts(text.len(), std::iter::once(text), counts),
+    }
 }

@@ -588,27 +588,42 @@ fn jsonb_string(s: &str) -> pg_sys::JsonbValue {
 pub struct JsonbDatum(pg_sys::Datum);
 
 impl JsonbDatum {
-    /// `{"masked": {name: count, ...}, "text": text}` (`mask_text`'s result). A text longer than a
-    /// `jsonb` string may be is SQLSTATE 54000 (the message names the limit only).
-    pub fn text_and_counts<'a>(
-        text: &str,
+    /// `{"masked": {name: count, ...}, "text": text}` (`mask_text`'s result), the text given as
+    /// `len` bytes in `pieces` (a masked text: [`ctxguard_core::mask::Masks::pieces`]). A text
+    /// longer than a `jsonb` string may be is SQLSTATE 54000 (the message names the limit only).
+    ///
+    /// The datum is laid out here as `convertToJsonb` lays it out (the same bytes: a test compares
+    /// it with `jsonb_in`'s), in one allocation of its final size with the text written into it
+    /// once: through `pushJsonbValue` the text of a long result was copied twice more (a masked
+    /// `String`, then a buffer grown by doubling), and those copies took longer than the masking.
+    /// Only the small `masked` object is built by PostgreSQL and copied in as the second value.
+    pub fn text_and_counts<'a, 'p>(
+        len: usize,
+        pieces: impl Iterator<Item = &'p str>,
         counts: impl IntoIterator<Item = (&'a str, u32)>,
     ) -> JsonbDatum {
-        if text.len() > JSONB_MAX_STRING {
+        use pg_sys::JsonbIteratorToken::{WJB_BEGIN_OBJECT, WJB_END_OBJECT, WJB_KEY, WJB_VALUE};
+        let too_long = || -> ! {
             raise(
                 PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
                 format!("ctxguard: the masked text is longer than a jsonb string may be ({JSONB_MAX_STRING} bytes)"),
-            );
+            )
+        };
+        if len > JSONB_MAX_STRING {
+            too_long();
         }
-        use pg_sys::JsonbIteratorToken::{WJB_BEGIN_OBJECT, WJB_END_OBJECT, WJB_KEY, WJB_VALUE};
-        // SAFETY: every JsonbValue pushed points at bytes (`text`, the names, palloc'd numerics)
-        // that live until JsonbValueToJsonb has copied them into the palloc'd result; the parse
-        // state is PostgreSQL's own, begun and ended here (an ERROR unwinds through pgrx's guard).
+        // The root object's layout (keys sorted as jsonb sorts them: shorter first): the varlena
+        // header, the container header, four JEntries (the keys', then the values'), the keys
+        // "text" and "masked", the text, padding to 4 bytes, the `masked` object's container.
+        const KEYS: &[u8] = b"textmasked";
+        const TEXT_AT: usize = 4 + 4 + 4 * 4 + KEYS.len();
+        // SAFETY: the counts object is built and converted by PostgreSQL (every JsonbValue pushed
+        // points at a name or a palloc'd numeric that outlives the conversion); the result is
+        // palloc'd at its full size and every byte of it written below, at offsets checked
+        // against that size; the text's pieces hold no U+0000 (checked) and are valid UTF-8
+        // (`&str`).
         unsafe {
             let mut state: *mut pg_sys::JsonbParseState = std::ptr::null_mut();
-            pg_sys::pushJsonbValue(&mut state, WJB_BEGIN_OBJECT, std::ptr::null_mut());
-            let mut key = jsonb_string("masked");
-            pg_sys::pushJsonbValue(&mut state, WJB_KEY, &mut key);
             pg_sys::pushJsonbValue(&mut state, WJB_BEGIN_OBJECT, std::ptr::null_mut());
             for (name, n) in counts {
                 let mut k = jsonb_string(name);
@@ -621,13 +636,67 @@ impl JsonbDatum {
                 };
                 pg_sys::pushJsonbValue(&mut state, WJB_VALUE, &mut v);
             }
-            pg_sys::pushJsonbValue(&mut state, WJB_END_OBJECT, std::ptr::null_mut());
-            let mut key = jsonb_string("text");
-            pg_sys::pushJsonbValue(&mut state, WJB_KEY, &mut key);
-            let mut v = jsonb_string(text);
-            pg_sys::pushJsonbValue(&mut state, WJB_VALUE, &mut v);
             let root = pg_sys::pushJsonbValue(&mut state, WJB_END_OBJECT, std::ptr::null_mut());
-            JsonbDatum(pg_sys::Datum::from(pg_sys::JsonbValueToJsonb(root)))
+            let inner = pg_sys::JsonbValueToJsonb(root);
+            let inner_bytes = pgrx::varlena::varsize_any_exhdr(inner.cast());
+            let inner_data = pgrx::varlena::vardata_any(inner.cast()).cast::<u8>();
+
+            let pad = (4 - (TEXT_AT + len) % 4) % 4;
+            // The object's data (everything after the varlena header) must fit a JEntry's field.
+            let data = (TEXT_AT - 4)
+                .checked_add(len + pad + inner_bytes)
+                .filter(|&d| d <= pg_sys::JENTRY_OFFLENMASK as usize)
+                .unwrap_or_else(|| too_long());
+            let total = 4 + data;
+            let out = pg_sys::palloc(total).cast::<u8>();
+            let buf = std::slice::from_raw_parts_mut(out, total);
+            let word = |buf: &mut [u8], at: usize, v: u32| {
+                buf[at..at + 4].copy_from_slice(&v.to_ne_bytes());
+            };
+            word(buf, 4, 2 | pg_sys::JB_FOBJECT);
+            // Keys: the first JEntry holds its end offset (every JB_OFFSET_STRIDE'th does).
+            word(buf, 8, pg_sys::JENTRY_HAS_OFF | 4);
+            word(buf, 12, 6);
+            // Values: the text's length; the object's length with its padding.
+            word(buf, 16, len as u32);
+            word(
+                buf,
+                20,
+                pg_sys::JENTRY_ISCONTAINER | (pad + inner_bytes) as u32,
+            );
+            buf[24..TEXT_AT].copy_from_slice(KEYS);
+            let mut at = TEXT_AT;
+            for piece in pieces {
+                let p = piece.as_bytes();
+                if p.contains(&0) {
+                    pg_sys::pfree(out.cast());
+                    raise(
+                        PgSqlErrorCode::ERRCODE_UNTRANSLATABLE_CHARACTER,
+                        "ctxguard: \\u0000 cannot be converted to text",
+                    );
+                }
+                let end = at + p.len();
+                if end > TEXT_AT + len {
+                    raise(
+                        PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+                        "ctxguard: the masked text is longer than measured",
+                    );
+                }
+                buf[at..end].copy_from_slice(p);
+                at = end;
+            }
+            if at != TEXT_AT + len {
+                raise(
+                    PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+                    "ctxguard: the masked text is shorter than measured",
+                );
+            }
+            buf[at..at + pad].fill(0);
+            at += pad;
+            buf[at..].copy_from_slice(std::slice::from_raw_parts(inner_data, inner_bytes));
+            pgrx::set_varsize_4b(out.cast(), total as i32);
+            pg_sys::pfree(inner.cast());
+            JsonbDatum(pg_sys::Datum::from(out))
         }
     }
 }
