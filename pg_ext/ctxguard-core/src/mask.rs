@@ -334,6 +334,7 @@ impl<'m> Masks<'m> {
         self.spans
             .iter()
             .flat_map(move |&(start, end, idx)| {
+                debug_assert!(last <= start && start < end, "masks sorted and disjoint");
                 let before = &text[last..start];
                 last = end;
                 [before, "[REDACTED:", &self.masker.rules[idx].name, "]"]

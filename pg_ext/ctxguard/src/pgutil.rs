@@ -668,8 +668,8 @@ impl JsonbDatum {
             let mut at = TEXT_AT;
             for piece in pieces {
                 let p = piece.as_bytes();
+                // (On an ERROR here and below, the memory context frees `out` and `inner`.)
                 if p.contains(&0) {
-                    pg_sys::pfree(out.cast());
                     raise(
                         PgSqlErrorCode::ERRCODE_UNTRANSLATABLE_CHARACTER,
                         "ctxguard: \\u0000 cannot be converted to text",
