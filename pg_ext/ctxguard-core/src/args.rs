@@ -144,10 +144,7 @@ impl Schema {
 /// Hex SHA-256 of the canonical (sorted-key) JSON encoding, for audit rows.
 pub fn args_hash(args: &Value) -> String {
     let canon = serde_json::to_vec(args).unwrap_or_default();
-    Sha256::digest(&canon)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    crate::hex(&Sha256::digest(&canon))
 }
 
 #[cfg(test)]
@@ -202,5 +199,10 @@ mod tests {
         let b: Value = serde_json::from_str(r#"{"a":2,"b":1}"#).unwrap();
         assert_eq!(args_hash(&a), args_hash(&b));
         assert_eq!(args_hash(&a).len(), 64);
+        // SHA-256 of `{}`, as `encode(sha256('{}'), 'hex')` gives it.
+        assert_eq!(
+            args_hash(&serde_json::json!({})),
+            "44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"
+        );
     }
 }

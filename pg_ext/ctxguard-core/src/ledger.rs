@@ -525,14 +525,7 @@ pub fn chain_hash(prev: &str, fields: &[Option<&str>]) -> String {
             }
         }
     }
-    let d = h.finalize();
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(2 * d.len());
-    for b in d {
-        out.push(char::from(HEX[usize::from(b >> 4)]));
-        out.push(char::from(HEX[usize::from(b & 0x0f)]));
-    }
-    out
+    crate::hex(&h.finalize())
 }
 
 /// PostgreSQL's text form of a `jsonb` value (what `jsonb_out` prints for the value `jsonb_in`

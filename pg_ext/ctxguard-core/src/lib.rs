@@ -41,3 +41,24 @@ pub mod token;
 pub mod tsrank;
 
 pub use codes::Code;
+
+/// `bytes` in lowercase hex (the audit chain's and the arguments' SHA-256, as PostgreSQL's
+/// `encode(..., 'hex')` writes them).
+pub fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(2 * bytes.len());
+    for &b in bytes {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 0x0f)]));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn hex_is_lowercase_two_digits_a_byte() {
+        assert_eq!(super::hex(&[0x00, 0x0f, 0xa5, 0xff]), "000fa5ff");
+        assert_eq!(super::hex(&[]), "");
+    }
+}

@@ -103,9 +103,9 @@ fn canon(a: &Value) -> String {
                 jsonb_text(v, &mut t);
                 jsonb_text(&Value::String(t), &mut out);
             }
-            (Uuid, Value::String(s)) => match uuid::Uuid::parse_str(s) {
+            (Uuid, v @ Value::String(s)) => match uuid::Uuid::parse_str(s) {
                 Ok(u) => jsonb_text(&Value::String(u.to_string()), &mut out),
-                Err(_) => jsonb_text(&Value::String(s.clone()), &mut out),
+                Err(_) => jsonb_text(v, &mut out),
             },
             (_, v) => jsonb_text(v, &mut out),
         }
