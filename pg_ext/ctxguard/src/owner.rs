@@ -160,6 +160,48 @@ pub fn pin_session() {
     }
 }
 
+/// The planner's own settings (PostgreSQL's defaults, JIT off), for a plan that is kept and serves
+/// every later caller of the backend ([`crate::pgutil::open_generic`]): whatever planner costs and
+/// switches the session that happens to make it has set, it is the plan the defaults give. Only
+/// settings every supported major (15 and later) has.
+pub const PLANNER: &[(&CStr, &CStr)] = &[
+    (c"enable_async_append", c"on"),
+    (c"enable_bitmapscan", c"on"),
+    (c"enable_gathermerge", c"on"),
+    (c"enable_hashagg", c"on"),
+    (c"enable_hashjoin", c"on"),
+    (c"enable_incremental_sort", c"on"),
+    (c"enable_indexonlyscan", c"on"),
+    (c"enable_indexscan", c"on"),
+    (c"enable_material", c"on"),
+    (c"enable_memoize", c"on"),
+    (c"enable_mergejoin", c"on"),
+    (c"enable_nestloop", c"on"),
+    (c"enable_parallel_append", c"on"),
+    (c"enable_parallel_hash", c"on"),
+    (c"enable_partition_pruning", c"on"),
+    (c"enable_partitionwise_aggregate", c"off"),
+    (c"enable_partitionwise_join", c"off"),
+    (c"enable_seqscan", c"on"),
+    (c"enable_sort", c"on"),
+    (c"enable_tidscan", c"on"),
+    (c"seq_page_cost", c"1"),
+    (c"random_page_cost", c"4"),
+    (c"cpu_tuple_cost", c"0.01"),
+    (c"cpu_index_tuple_cost", c"0.005"),
+    (c"cpu_operator_cost", c"0.0025"),
+    (c"effective_cache_size", c"4GB"),
+    (c"cursor_tuple_fraction", c"0.1"),
+    (c"from_collapse_limit", c"8"),
+    (c"join_collapse_limit", c"8"),
+    (c"geqo", c"off"),
+    (c"constraint_exclusion", c"partition"),
+    (c"work_mem", c"4MB"),
+    (c"hash_mem_multiplier", c"2"),
+    (c"jit", c"off"),
+    (c"plan_cache_mode", c"auto"),
+];
+
 /// Run `f` with `pairs` set at a GUC nest level of their own, restored after it (an error's abort
 /// restores them too): for a statement whose plan must not depend on the caller's cost settings or
 /// the statistics of the moment (a plan is made with the settings in force when it is made, and a

@@ -357,7 +357,7 @@ pub fn open_generic<'conn>(
         unsafe { pg_sys::GetCurrentTransactionIdIfAny() } == pg_sys::InvalidTransactionId;
     // SAFETY: a kept plan with as many values and nulls as it has parameters (their types are
     // the plan's); SPI_cursor_open raises an error rather than returning NULL.
-    let name = unsafe {
+    let mut open = || unsafe {
         let portal = pg_sys::SPI_cursor_open(
             std::ptr::null(),
             plan,
@@ -369,7 +369,45 @@ pub fn open_generic<'conn>(
             .to_string_lossy()
             .into_owned()
     };
+    // The plan is kept for the backend's life, and so serves every later client of a pooled
+    // server connection: it is made with the planner's own settings, not the session's (which any
+    // role may set: no index scans, page reads a million times dearer, JIT for every execution).
+    // The nest level costs a walk of every setting when it is popped: only when a plan is about
+    // to be made, or when the session's plan_cache_mode would override the statement's
+    // (force_custom_plan: a custom plan, under the session's settings, for every execution).
+    // SAFETY: the plan's own sources, read.
+    let planning = unsafe { plan_due(plan) }
+        || unsafe { pg_sys::plan_cache_mode } != pg_sys::PlanCacheMode::PLAN_CACHE_MODE_AUTO as i32;
+    let name = if planning {
+        crate::owner::with_settings(crate::owner::PLANNER, open)
+    } else {
+        open()
+    };
     client.find_cursor(&name)
+}
+
+/// Whether opening a cursor on `plan` would make its plan: a source or its generic plan not made
+/// or no longer valid, or a generic plan tied to the transaction that made it (`saved_xmin`: an
+/// index still being built), which `GetCachedPlan` makes again.
+///
+/// # Safety
+/// `plan` is a valid, kept SPI plan.
+unsafe fn plan_due(plan: pg_sys::SPIPlanPtr) -> bool {
+    // SAFETY: the plan's own list of sources (not a copy: not freed here), each a live
+    // CachedPlanSource, and its generic plan when not NULL.
+    unsafe {
+        let sources = pgrx::PgList::<pg_sys::CachedPlanSource>::from_pg(
+            pg_sys::SPI_plan_get_plan_sources(plan),
+        );
+        let due = sources.iter_ptr().any(|ps| {
+            let ps = &*ps;
+            !ps.is_valid
+                || ps.gplan.is_null()
+                || !(*ps.gplan).is_valid
+                || (*ps.gplan).saved_xmin != pg_sys::InvalidTransactionId
+        });
+        due
+    }
 }
 
 /// Like [`select_saved`], on a snapshot taken now (as a statement that writes would see: in READ
