@@ -160,10 +160,12 @@ pub fn pin_session() {
     }
 }
 
-/// The planner's own settings (PostgreSQL's defaults, JIT off), for a plan that is kept and serves
-/// every later caller of the backend ([`crate::pgutil::open_generic`]): whatever planner costs and
-/// switches the session that happens to make it has set, it is the plan the defaults give. Only
-/// settings every supported major (15 and later) has.
+/// The planner's own settings for a plan that is kept and serves every later caller of the backend
+/// ([`crate::pgutil::open_generic`]): PostgreSQL's defaults, with GEQO and JIT off. Whatever planner
+/// costs and switches the session that happens to make the plan has set (or a DBA's tuning: these
+/// statements are written for the defaults), it is the plan these give. Only settings every
+/// supported major (15 and later) has; the switches added since (`enable_presorted_aggregate`,
+/// `enable_group_by_reordering`, ...) change none of these statements' plans.
 pub const PLANNER: &[(&CStr, &CStr)] = &[
     (c"enable_async_append", c"on"),
     (c"enable_bitmapscan", c"on"),

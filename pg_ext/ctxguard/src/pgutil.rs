@@ -343,6 +343,28 @@ pub fn open_generic<'conn>(
             p
         }
     };
+    // The values must be of the types the plan was prepared with (its first use's): a call site
+    // with other types would hand the plan datums it cannot read.
+    // SAFETY: a kept plan.
+    let (count, types_match) = unsafe {
+        let count = pg_sys::SPI_getargcount(plan).max(0) as usize;
+        let types_match = args
+            .iter()
+            .enumerate()
+            .all(|(i, a)| pg_sys::SPI_getargtypeid(plan, i as i32) == a.oid());
+        (count, types_match)
+    };
+    if count != args.len() {
+        return Err(pgrx::spi::Error::PreparedStatementArgumentMismatch {
+            expected: count,
+            got: args.len(),
+        });
+    }
+    if !types_match {
+        return Err(pgrx::spi::Error::SpiError(
+            pgrx::spi::SpiErrorCodes::Argument,
+        ));
+    }
     let (mut values, nulls): (Vec<pg_sys::Datum>, Vec<std::ffi::c_char>) = args
         .iter()
         .map(|a| match a.datum() {
@@ -355,34 +377,53 @@ pub fn open_generic<'conn>(
     // SAFETY: no concurrent access.
     let read_only =
         unsafe { pg_sys::GetCurrentTransactionIdIfAny() } == pg_sys::InvalidTransactionId;
-    // SAFETY: a kept plan with as many values and nulls as it has parameters (their types are
-    // the plan's); SPI_cursor_open raises an error rather than returning NULL.
+    // SAFETY: a kept plan with as many values and nulls as it has parameters, of its types;
+    // SPI_cursor_open raises an error rather than returning NULL.
     let mut open = || unsafe {
-        let portal = pg_sys::SPI_cursor_open(
+        pg_sys::SPI_cursor_open(
             std::ptr::null(),
             plan,
             values.as_mut_ptr(),
             nulls.as_ptr(),
             read_only,
-        );
-        CStr::from_ptr((*portal).name)
-            .to_string_lossy()
-            .into_owned()
+        )
     };
     // The plan is kept for the backend's life, and so serves every later client of a pooled
     // server connection: it is made with the planner's own settings, not the session's (which any
     // role may set: no index scans, page reads a million times dearer, JIT for every execution).
-    // The nest level costs a walk of every setting when it is popped: only when a plan is about
-    // to be made, or when the session's plan_cache_mode would override the statement's
-    // (force_custom_plan: a custom plan, under the session's settings, for every execution).
+    // The nest level costs a walk of every setting when it is popped (PostgreSQL 15): it is
+    // opened when a plan is about to be made, or when the session's plan_cache_mode would
+    // override the statement's (force_custom_plan: a custom plan, under the session's settings,
+    // for every execution).
     // SAFETY: the plan's own sources, read.
     let planning = unsafe { plan_due(plan) }
         || unsafe { pg_sys::plan_cache_mode } != pg_sys::PlanCacheMode::PLAN_CACHE_MODE_AUTO as i32;
-    let name = if planning {
+    let portal = if planning {
         crate::owner::with_settings(crate::owner::PLANNER, open)
     } else {
-        open()
+        // SAFETY: as above.
+        let before = unsafe { plan_generations(plan) };
+        let portal = open();
+        // A plan was made all the same: GetCachedPlan found its sources stale only once inside
+        // (an invalidation another backend sent, taken in with the plan's locks; the session's
+        // temporary schema joining the search path), and planned under the session's settings.
+        // That plan is dropped with the statement, which is prepared and planned again under the
+        // planner's own settings.
+        // SAFETY: as above; the portal just opened, closed before its plan is freed.
+        if unsafe { plan_generations(plan) } != before {
+            unsafe {
+                pg_sys::SPI_cursor_close(portal);
+                GENERIC_PLANS.with(|m| m.borrow_mut().remove(sql));
+                pg_sys::SPI_freeplan(plan);
+            }
+            return open_generic(client, sql, args);
+        }
+        portal
     };
+    // SAFETY: the portal just opened (its name is copied).
+    let name = unsafe { CStr::from_ptr((*portal).name) }
+        .to_string_lossy()
+        .into_owned();
     client.find_cursor(&name)
 }
 
@@ -407,6 +448,24 @@ unsafe fn plan_due(plan: pg_sys::SPIPlanPtr) -> bool {
                 || (*ps.gplan).saved_xmin != pg_sys::InvalidTransactionId
         });
         due
+    }
+}
+
+/// How many plans `plan`'s sources have made (each source counts the plans made for it).
+///
+/// # Safety
+/// `plan` is a valid, kept SPI plan.
+unsafe fn plan_generations(plan: pg_sys::SPIPlanPtr) -> i64 {
+    // SAFETY: as in plan_due.
+    unsafe {
+        let sources = pgrx::PgList::<pg_sys::CachedPlanSource>::from_pg(
+            pg_sys::SPI_plan_get_plan_sources(plan),
+        );
+        let n = sources
+            .iter_ptr()
+            .map(|ps| i64::from((*ps).generation))
+            .sum();
+        n
     }
 }
 
