@@ -427,6 +427,23 @@ pub fn open_generic<'conn>(
     client.find_cursor(&name)
 }
 
+/// The plan sources of kept SPI plan `plan` (the plan's own list, not a copy).
+///
+/// # Safety
+/// `plan` is a valid, kept SPI plan; the sources live as long as it does.
+unsafe fn plan_sources(
+    plan: pg_sys::SPIPlanPtr,
+) -> impl Iterator<Item = &'static pg_sys::CachedPlanSource> {
+    // SAFETY: the plan's own list (not freed here), each element a live CachedPlanSource.
+    unsafe {
+        let list = pgrx::PgList::<pg_sys::CachedPlanSource>::from_pg(
+            pg_sys::SPI_plan_get_plan_sources(plan),
+        );
+        let sources: Vec<_> = list.iter_ptr().map(|ps| &*ps).collect();
+        sources.into_iter()
+    }
+}
+
 /// Whether opening a cursor on `plan` would make its plan: a source or its generic plan not made
 /// or no longer valid, or a generic plan tied to the transaction that made it (`saved_xmin`: an
 /// index still being built), which `GetCachedPlan` makes again.
@@ -434,20 +451,14 @@ pub fn open_generic<'conn>(
 /// # Safety
 /// `plan` is a valid, kept SPI plan.
 unsafe fn plan_due(plan: pg_sys::SPIPlanPtr) -> bool {
-    // SAFETY: the plan's own list of sources (not a copy: not freed here), each a live
-    // CachedPlanSource, and its generic plan when not NULL.
+    // SAFETY: the plan's sources, and a source's generic plan when not NULL.
     unsafe {
-        let sources = pgrx::PgList::<pg_sys::CachedPlanSource>::from_pg(
-            pg_sys::SPI_plan_get_plan_sources(plan),
-        );
-        let due = sources.iter_ptr().any(|ps| {
-            let ps = &*ps;
+        plan_sources(plan).any(|ps| {
             !ps.is_valid
                 || ps.gplan.is_null()
                 || !(*ps.gplan).is_valid
                 || (*ps.gplan).saved_xmin != pg_sys::InvalidTransactionId
-        });
-        due
+        })
     }
 }
 
@@ -457,16 +468,7 @@ unsafe fn plan_due(plan: pg_sys::SPIPlanPtr) -> bool {
 /// `plan` is a valid, kept SPI plan.
 unsafe fn plan_generations(plan: pg_sys::SPIPlanPtr) -> i64 {
     // SAFETY: as in plan_due.
-    unsafe {
-        let sources = pgrx::PgList::<pg_sys::CachedPlanSource>::from_pg(
-            pg_sys::SPI_plan_get_plan_sources(plan),
-        );
-        let n = sources
-            .iter_ptr()
-            .map(|ps| i64::from((*ps).generation))
-            .sum();
-        n
-    }
+    unsafe { plan_sources(plan).map(|ps| i64::from(ps.generation)).sum() }
 }
 
 /// Like [`select_saved`], on a snapshot taken now (as a statement that writes would see: in READ

@@ -5,7 +5,7 @@
 -- entries the call's scans of ctxguard.document_pages and its indexes returned
 -- (pg_stat_get_xact_tuples_returned, this backend's, the owner's reads inside the calls included).
 -- Creates no temporary object (34_doc_plans_repath.sql calls it before the session has one).
-\set returned 'SELECT pg_catalog.sum(pg_catalog.pg_stat_get_xact_tuples_returned(x.r))::bigint AS n FROM (SELECT \'ctxguard.document_pages\'::pg_catalog.regclass UNION ALL SELECT i.indexrelid::pg_catalog.regclass FROM pg_catalog.pg_index i WHERE i.indrelid OPERATOR(pg_catalog.=) \'ctxguard.document_pages\'::pg_catalog.regclass) AS x(r)'
+\set returned 'SELECT pg_catalog.sum(pg_catalog.pg_stat_get_xact_tuples_returned(x.r))::pg_catalog.int8 AS n FROM (SELECT \'ctxguard.document_pages\'::pg_catalog.regclass UNION ALL SELECT i.indexrelid::pg_catalog.regclass FROM pg_catalog.pg_index i WHERE i.indrelid OPERATOR(pg_catalog.=) \'ctxguard.document_pages\'::pg_catalog.regclass) AS x(r)'
 SELECT ctxguard.set_context(:'tok_alice', :'viewer') \g /dev/null
 SELECT ctxguard.begin_generation(:'gen') AS g \gset
 SELECT ctxguard.set_context(:'tok_alice', :'viewer', :'g') \g /dev/null
