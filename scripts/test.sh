@@ -68,6 +68,8 @@ vars=(
   -S "tok_ingest=$(mint --sub ingest-bot --tenant acme --roles doc_ingest "${AUD[@]}")"
   -S "tok_tadmin=$(mint --sub tina --tenant acme --roles tenant_admin "${AUD[@]}")"
   -S "tok_ranker=$(mint --sub ranker --tenant acme --roles ap_clerk "${AUD[@]}")"
+  # A reader of its own each run: the ledger's shared memory remembers a user's pages for the day.
+  -S "tok_reader=$(mint --sub "reader-$(date +%s)-$$" --tenant acme --roles ap_clerk "${AUD[@]}")"
 )
 
 # Each directory runs as the role it is about (sql/tests/fixtures.sql): the gateway role (model calls,

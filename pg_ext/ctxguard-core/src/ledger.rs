@@ -122,6 +122,25 @@ impl Coverage {
         Ok(self.count())
     }
 
+    /// The pages of `pages` that this set does not hold yet, each once, in their first order:
+    /// what a read adds to what was recorded before it. A page beyond the bitmap, or no page at
+    /// all, is never held, so it is listed every time it is read (the table's rows deduplicate it).
+    pub fn unheld(&self, pages: &[i32]) -> Vec<i32> {
+        let mut probe = *self;
+        let mut out = Vec::new();
+        for &p in pages {
+            match Coverage::bit(p) {
+                Some((w, m)) if probe.bits[w] & m != 0 => {}
+                Some((w, m)) => {
+                    probe.bits[w] |= m;
+                    out.push(p);
+                }
+                None => out.push(p),
+            }
+        }
+        out
+    }
+
     pub fn pages(&self) -> impl Iterator<Item = i32> + '_ {
         (0..COVERAGE_BITS)
             .filter(|i| self.bits[i / 64] & (1u64 << (i % 64)) != 0)
@@ -754,12 +773,13 @@ pub struct Margin {
     pub counted: i64,
 }
 
-/// The counters whose persisted value is ahead of what was counted, by key (this writer's memory),
-/// and how far ahead one may be for its limit ([`margin`] for quotas, [`byte_margin`] for days).
+/// The counters this writer persisted, by key, each with when a call last moved it (this writer's
+/// memory: the counters of the last [`MARGIN_QUIET`] or so), and how far ahead one may be for its
+/// limit ([`margin`] for quotas, [`byte_margin`] for days).
 pub struct Margins<K = QuotaKey> {
-    by_key: HashMap<K, Margin>,
-    /// Since when a counter has been ahead without its exact value written (or a write failed).
-    pending_since: Option<Instant>,
+    by_key: HashMap<K, (Margin, Instant)>,
+    /// When to look again for quiet counters (none: nothing is kept).
+    next_sweep: Option<Instant>,
     margin: fn(i64) -> i64,
 }
 
@@ -772,7 +792,8 @@ impl Default for Margins<QuotaKey> {
 /// How far ahead of a window's calls its persisted count may be for a quota of `limit` calls: a
 /// sixty-fourth of the limit, at most 64 (none below 64 calls). The writer then writes a busy
 /// window's row once every so many calls instead of with every call's audit row; the exact count
-/// follows within about [`MARGIN_FLUSH`] (and when the writer stops). What is persisted is never below
+/// follows once the window has had no call for [`MARGIN_QUIET`] (and when the writer stops). What
+/// is persisted is never below
 /// the calls audited, so after a crash (when the ledger reloads the row) a window counts at most
 /// this many calls more than were made: it refuses early, never late.
 pub fn margin(limit: i64) -> i64 {
@@ -786,14 +807,21 @@ pub fn byte_margin(limit: i64) -> i64 {
     (limit / 64).clamp(0, 1 << 20)
 }
 
-/// How soon the exact counts follow a counter persisted ahead of its calls.
-pub const MARGIN_FLUSH: Duration = Duration::from_millis(100);
+/// How long a counter persisted ahead of its calls must have had no call before its exact count is
+/// written (and it is forgotten: its next call is written ahead again). Counting from the last
+/// call, not the first one ahead: a user who calls every few hundred milliseconds costs one row
+/// write every so many calls, not an ahead write and an exact write with every call (issue 34:
+/// with 100 ms from the first, a document reader calling every 250 ms paid both, every call).
+pub const MARGIN_QUIET: Duration = Duration::from_secs(1);
+
+/// How often the writer looks for quiet counters, and retries an exact write that failed.
+pub const MARGIN_SWEEP: Duration = Duration::from_millis(250);
 
 impl<K: std::hash::Hash + Eq + Clone> Margins<K> {
     pub fn new(margin: fn(i64) -> i64) -> Margins<K> {
         Margins {
             by_key: HashMap::new(),
-            pending_since: None,
+            next_sweep: None,
             margin,
         }
     }
@@ -807,7 +835,7 @@ impl<K: std::hash::Hash + Eq + Clone> Margins<K> {
         let mut write = HashMap::new();
         let mut seen = Vec::with_capacity(counters.len());
         for (k, (start, n, limit)) in counters {
-            let m = match self.by_key.get(&k) {
+            let m = match self.by_key.get(&k).map(|(m, _)| m) {
                 Some(m) if m.start == start && n <= m.persisted => Margin {
                     counted: n.max(m.counted),
                     ..*m
@@ -828,13 +856,13 @@ impl<K: std::hash::Hash + Eq + Clone> Margins<K> {
     }
 
     /// Record what a committed transaction wrote at `now` (`plan`'s second part, possibly several
-    /// times over for one counter when a batch was written record by record).
+    /// times over for one counter when a batch was written record by record): each counter's
+    /// state, and that a call moved it now.
     pub fn committed(&mut self, seen: Seen<K>, now: Instant) {
-        if self.pending_since.is_none() && seen.iter().any(|(_, m)| m.persisted > m.counted) {
-            self.pending_since = Some(now);
-        }
         for (k, m) in seen {
-            let e = self.by_key.entry(k).or_insert(m);
+            let e = self.by_key.entry(k).or_insert((m, now));
+            e.1 = now;
+            let e = &mut e.0;
             if m.start > e.start {
                 *e = m;
             } else if m.start == e.start {
@@ -842,38 +870,48 @@ impl<K: std::hash::Hash + Eq + Clone> Margins<K> {
                 e.counted = e.counted.max(m.counted);
             }
         }
+        if self.next_sweep.is_none() && !self.by_key.is_empty() {
+            self.next_sweep = Some(now + MARGIN_SWEEP);
+        }
     }
 
-    /// The counters whose persisted value is ahead of their count.
-    pub fn ahead(&self) -> Vec<(K, Margin)> {
+    /// Is the counter's last call at least [`MARGIN_QUIET`] before `now` (every counter when
+    /// `force`d)?
+    fn quiet(last: Instant, now: Instant, force: bool) -> bool {
+        force || now.saturating_duration_since(last) >= MARGIN_QUIET
+    }
+
+    /// The quiet counters (every counter when `force`d) whose persisted value is ahead of their
+    /// count: the exact writes due.
+    pub fn ahead(&self, now: Instant, force: bool) -> Vec<(K, Margin)> {
         self.by_key
             .iter()
-            .filter(|(_, m)| m.persisted > m.counted)
-            .map(|(k, m)| (k.clone(), *m))
+            .filter(|(_, (m, last))| {
+                m.persisted > m.counted && Margins::<K>::quiet(*last, now, force)
+            })
+            .map(|(k, (m, _))| (k.clone(), *m))
             .collect()
     }
 
-    /// Is an exact write due: a counter ahead for [`MARGIN_FLUSH`] (or any counter at all when
-    /// `force`d)?
+    /// Is it time to look for quiet counters (every [`MARGIN_SWEEP`] while any is kept; at once
+    /// when `force`d and any is kept)?
     pub fn due(&self, now: Instant, force: bool) -> bool {
-        !self.by_key.is_empty()
-            && (force
-                || self
-                    .pending_since
-                    .is_some_and(|t| now.duration_since(t) >= MARGIN_FLUSH))
+        !self.by_key.is_empty() && (force || self.next_sweep.is_some_and(|t| now >= t))
     }
 
-    /// After the exact values were written: nothing is ahead any more, and every counter is
-    /// forgotten (its next call is written ahead again).
-    pub fn flushed(&mut self) {
-        self.pending_since = None;
-        self.by_key.clear();
+    /// After the exact values of [`Margins::ahead`]`(now, force)` were written: the quiet counters
+    /// (every counter when `force`d) are forgotten, ahead or not (the next call of each is written
+    /// ahead again); the others are kept as they are.
+    pub fn flushed(&mut self, now: Instant, force: bool) {
+        self.by_key
+            .retain(|_, (_, last)| !Margins::<K>::quiet(*last, now, force));
+        self.next_sweep = (!self.by_key.is_empty()).then(|| now + MARGIN_SWEEP);
     }
 
     /// A write was tried at `now` and failed: the margins stay (the values persisted are larger
-    /// than the counts, which refuses early); the next try is due after [`MARGIN_FLUSH`].
+    /// than the counts, which refuses early); the next try is [`MARGIN_SWEEP`] later.
     pub fn tried(&mut self, now: Instant) {
-        self.pending_since = Some(now);
+        self.next_sweep = Some(now + MARGIN_SWEEP);
     }
 }
 
@@ -926,7 +964,7 @@ mod tests {
             assert_eq!(writes(&write), [(3600, n)]);
             m.committed(seen, t);
         }
-        assert!(m.ahead().is_empty() && !m.due(t + MARGIN_FLUSH, false));
+        assert!(m.ahead(t + MARGIN_QUIET, true).is_empty());
         let mut m = Margins::default();
         // A large one: written ahead by its margin, then not again until the calls reach it.
         let (write, seen) = m.plan(quota(1, 6400));
@@ -943,7 +981,7 @@ mod tests {
         assert_eq!(writes(&write), [(3600, 130)]);
         m.committed(seen, t);
         // What is persisted is never below the calls, and ahead by at most the margin.
-        let ahead = m.ahead();
+        let ahead = m.ahead(t, true);
         assert_eq!(ahead.len(), 1);
         assert_eq!((ahead[0].1.persisted, ahead[0].1.counted), (130, 66));
         // Near the limit the margin stops at the limit; past it (shadow mode counts on) the count.
@@ -994,12 +1032,12 @@ mod tests {
             [(9_000, 410 + 2 * MIB)]
         );
         m.committed(seen, t);
-        let ahead = m.ahead();
+        let ahead = m.ahead(t + MARGIN_QUIET, false);
         assert_eq!(
             (ahead[0].1.persisted, ahead[0].1.counted),
             (410 + 2 * MIB, 410 + MIB)
         );
-        assert!(m.due(t + MARGIN_FLUSH, false), "the exact bytes follow");
+        assert!(m.due(t + MARGIN_QUIET, false), "the exact bytes follow");
         // Never past the limit: a small limit's margin stops there.
         let mut small: Margins<DayKey> = Margins::new(byte_margin);
         assert_eq!(
@@ -1033,24 +1071,57 @@ mod tests {
     }
 
     #[test]
-    fn exact_counts_are_due_on_schedule_or_when_forced() {
+    fn exact_counts_are_due_once_a_counter_is_quiet_or_when_forced() {
+        let ms = Duration::from_millis;
         let t0 = Instant::now();
         let mut m = Margins::default();
         assert!(!m.due(t0, true), "nothing to write");
         m.committed(m.plan(quota(1, 6400)).1, t0);
         assert!(!m.due(t0, false), "ahead since now: not due yet");
         assert!(m.due(t0, true), "due when forced (the writer stopping)");
-        // Calls in between do not move the deadline.
-        m.committed(m.plan(quota(2, 6400)).1, t0 + Duration::from_millis(60));
-        assert!(!m.due(t0 + Duration::from_millis(99), false));
-        assert!(m.due(t0 + MARGIN_FLUSH, false));
-        m.tried(t0 + MARGIN_FLUSH);
-        assert_eq!(m.ahead().len(), 1, "a failed write keeps the margins");
-        assert!(!m.due(t0 + MARGIN_FLUSH, false) && m.due(t0 + MARGIN_FLUSH * 2, false));
-        m.flushed();
-        assert!(m.ahead().is_empty() && !m.due(t0 + MARGIN_FLUSH * 3, true));
-        // Forgotten once exact: the next call of the window is written ahead again.
-        assert_eq!(m.plan(quota(3, 6400)).0.len(), 1);
+        assert_eq!(m.ahead(t0, true).len(), 1);
+        // A counter called every 250 ms stays ahead, unwritten, however long its calls go on.
+        let mut t = t0;
+        for n in 2..=20 {
+            t += ms(250);
+            assert!(m.plan(quota(n, 6400)).0.is_empty(), "count {n}: covered");
+            m.committed(m.plan(quota(n, 6400)).1, t);
+            if m.due(t, false) {
+                assert!(m.ahead(t, false).is_empty(), "not quiet at {n}");
+                m.flushed(t, false);
+            }
+        }
+        assert_eq!(m.plan(quota(20, 6400)).0.len(), 0, "still remembered");
+        // A second counter, quiet for long: its exact count is due, the busy one's is not.
+        let other = ("t".into(), "v".into(), "tool".into(), "1h".into());
+        let mut m2 = Margins::default();
+        m2.committed(
+            m2.plan(HashMap::from([(other.clone(), (3600, 1, 6400))])).1,
+            t0,
+        );
+        m2.committed(m2.plan(quota(1, 6400)).1, t);
+        let at = t0 + MARGIN_QUIET;
+        assert!(m2.due(at, false));
+        let due: Vec<_> = m2.ahead(at, false).into_iter().map(|(k, _)| k).collect();
+        assert_eq!(due, std::slice::from_ref(&other), "only the quiet counter");
+        m2.tried(at);
+        assert_eq!(
+            m2.ahead(at, false).len(),
+            1,
+            "a failed write keeps the margins"
+        );
+        assert!(!m2.due(at, false) && m2.due(at + MARGIN_SWEEP, false));
+        m2.flushed(at + MARGIN_SWEEP, false);
+        // Forgotten once exact: its next call is written ahead again; the busy one is kept.
+        assert_eq!(
+            m2.plan(HashMap::from([(other, (3600, 2, 6400))])).0.len(),
+            1
+        );
+        assert!(m2.plan(quota(2, 6400)).0.is_empty(), "the busy one is kept");
+        // Forced (the writer stopping): every counter ahead, then all forgotten.
+        assert_eq!(m2.ahead(at, true).len(), 1);
+        m2.flushed(at, true);
+        assert!(!m2.due(at, true), "nothing kept");
     }
 
     #[test]
@@ -1236,6 +1307,21 @@ mod tests {
         assert_eq!(c.count(), 3, "a refused read marks nothing");
         assert_eq!(c.take(&[1, 2, 4], 4), Ok(4));
         assert_eq!(c.take(&[1, 2, 3, 4], 4), Ok(4), "re-reading is free");
+    }
+
+    #[test]
+    fn coverage_unheld_lists_each_new_page_once() {
+        let mut c = Coverage::default();
+        c.add(&[2, 3]);
+        assert_eq!(c.unheld(&[3, 4, 4, 1, 2]), vec![4, 1]);
+        assert_eq!(
+            c.unheld(&[2, 3]),
+            Vec::<i32>::new(),
+            "nothing new to record"
+        );
+        // Beyond the bitmap (and nonsense pages) nothing is held: listed as often as read.
+        assert_eq!(c.unheld(&[5000, 5000, 0]), vec![5000, 5000, 0]);
+        assert_eq!(c.count(), 2, "unheld does not mark");
     }
 
     #[test]

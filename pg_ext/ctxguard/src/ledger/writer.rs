@@ -472,11 +472,15 @@ type Days = HashMap<(String, String, i64), i64>;
 /// A quota's latest window (start in Unix seconds) and its calls, by quota.
 type Quotas = HashMap<QuotaKey, (i64, i64)>;
 
-/// Write the exact counts of the quota windows and users' days persisted ahead of their calls, in
-/// a transaction of its own (not waited for on disk: the next batch's commit or the WAL writer
-/// makes it durable; until then a crash leaves the larger count, which refuses early). Then forget
-/// every counter: the next call of each is written with its margin again. A failure is logged and
-/// the margins kept.
+/// Write the exact counts of the quota windows and users' days persisted ahead of their calls that
+/// have had no call for [`MARGIN_QUIET`] (every one when the writer stops), in a transaction of
+/// its own (not waited for on disk: the next batch's commit or the WAL writer makes it durable;
+/// until then a crash leaves the larger count, which refuses early). Then forget the quiet
+/// counters: the next call of each is written with its margin again. A counter that keeps being
+/// called stays ahead, by at most its margin, until it goes quiet. A failure is logged and the
+/// margins kept.
+///
+/// [`MARGIN_QUIET`]: ctxguard_core::ledger::MARGIN_QUIET
 ///
 /// The exact count is the counter's live count in the shared-memory ledger, not the largest count
 /// this writer saw in a record: records arrive out of order (a call is counted before its handler
@@ -490,7 +494,7 @@ fn flush_margins(margins: &mut Ahead, now: Instant, force: bool) {
     }
     let windows: Vec<Value> = margins
         .quotas
-        .ahead()
+        .ahead(now, force)
         .iter()
         .filter_map(|((t, u, tool, w), m)| {
             let live = super::quota_live(t, u, tool, w, m.start)?;
@@ -499,7 +503,7 @@ fn flush_margins(margins: &mut Ahead, now: Instant, force: bool) {
         .collect();
     let days: Vec<Value> = margins
         .days
-        .ahead()
+        .ahead(now, force)
         .iter()
         .filter_map(|((t, u, day), _)| {
             let live = super::day_live(t, u, *day)?;
@@ -507,8 +511,8 @@ fn flush_margins(margins: &mut Ahead, now: Instant, force: bool) {
         })
         .collect();
     if windows.is_empty() && days.is_empty() {
-        margins.quotas.flushed();
-        margins.days.flushed();
+        margins.quotas.flushed(now, force);
+        margins.days.flushed(now, force);
         return;
     }
     // Each table in a subtransaction of its own: a table the writer cannot update (a DBA's trigger,
@@ -537,8 +541,8 @@ fn flush_margins(margins: &mut Ahead, now: Instant, force: bool) {
             ),
         )
     });
-    settle(&mut margins.quotas, quotas, now, "quota counts");
-    settle(&mut margins.days, days, now, "users' daily bytes");
+    settle(&mut margins.quotas, quotas, now, force, "quota counts");
+    settle(&mut margins.days, days, now, force, "users' daily bytes");
 }
 
 /// Run `sql` (an UPDATE to exact counts) over `rows` in a subtransaction of its own; nothing to do
@@ -560,16 +564,17 @@ fn exact_rows(sql: &str, rows: Vec<Value>) -> Result<(), String> {
     }
 }
 
-/// After [`exact_rows`]: the counters forgotten (written, or nothing live to write), or kept ahead
-/// and tried again after the margin's delay (logged).
+/// After [`exact_rows`]: the quiet counters forgotten (written, or nothing live to write), or kept
+/// ahead and tried again at the next sweep (logged).
 fn settle<K: std::hash::Hash + Eq + Clone>(
     margins: &mut Margins<K>,
     written: Result<(), String>,
     now: Instant,
+    force: bool,
     what: &str,
 ) {
     match written {
-        Ok(()) => margins.flushed(),
+        Ok(()) => margins.flushed(now, force),
         Err(e) => {
             margins.tried(now);
             pgrx::warning!("ctxguard: ledger writer could not write exact {what} ({e})");
