@@ -827,10 +827,13 @@ impl<K: std::hash::Hash + Eq + Clone> Margins<K> {
     }
 
     /// Which of `counters` (each one's latest value `n` in a batch, with its window or day `start`
-    /// and its limit) to write, and with what value: a counter new to this writer, or whose count
-    /// reached what was persisted, is written `n` plus its margin (never past the limit, unless
-    /// `n` is); the others not at all. Also returned: each counter's state once the batch commits
-    /// ([`Margins::committed`]).
+    /// and its limit) to write, and with what value: a counter new to this writer (or in a new
+    /// window or day) is written `n` as it is; a counter called again since, whose count reached
+    /// what was persisted, is written `n` plus its margin (never past the limit, unless `n` is);
+    /// the others not at all. So a counter called once in a while costs one exact write per call
+    /// and nothing after, and one that keeps being called costs a write every so many calls and
+    /// its exact count once it is quiet. Also returned: each counter's state once the batch
+    /// commits ([`Margins::committed`]).
     pub fn plan(&self, counters: HashMap<K, (i64, i64, i64)>) -> (HashMap<K, (i64, i64)>, Seen<K>) {
         let mut write = HashMap::new();
         let mut seen = Vec::with_capacity(counters.len());
@@ -840,8 +843,13 @@ impl<K: std::hash::Hash + Eq + Clone> Margins<K> {
                     counted: n.max(m.counted),
                     ..*m
                 },
-                _ => {
-                    let persisted = n.saturating_add((self.margin)(limit)).min(n.max(limit));
+                known => {
+                    let persisted = match known {
+                        Some(m) if m.start == start => {
+                            n.saturating_add((self.margin)(limit)).min(n.max(limit))
+                        }
+                        _ => n,
+                    };
                     write.insert(k.clone(), (start, persisted));
                     Margin {
                         start,
@@ -966,33 +974,39 @@ mod tests {
         }
         assert!(m.ahead(t + MARGIN_QUIET, true).is_empty());
         let mut m = Margins::default();
-        // A large one: written ahead by its margin, then not again until the calls reach it.
+        // A large one: its first count (new to the writer) as it is; called again, written ahead
+        // by its margin, then not again until the calls reach it.
         let (write, seen) = m.plan(quota(1, 6400));
-        assert_eq!(writes(&write), [(3600, 65)]);
-        // Not committed yet: the same count plans the same write again.
-        assert_eq!(m.plan(quota(1, 6400)).0.len(), 1);
+        assert_eq!(writes(&write), [(3600, 1)]);
         m.committed(seen, t);
-        for n in 2..=65 {
+        assert!(m.ahead(t, true).is_empty(), "nothing to bring down");
+        let (write, seen) = m.plan(quota(2, 6400));
+        assert_eq!(writes(&write), [(3600, 66)]);
+        // Not committed yet: the same count plans the same write again.
+        assert_eq!(m.plan(quota(2, 6400)).0.len(), 1);
+        m.committed(seen, t);
+        for n in 3..=66 {
             let (write, seen) = m.plan(quota(n, 6400));
-            assert!(write.is_empty(), "count {n} is covered by the 65 persisted");
+            assert!(write.is_empty(), "count {n} is covered by the 66 persisted");
             m.committed(seen, t);
         }
-        let (write, seen) = m.plan(quota(66, 6400));
-        assert_eq!(writes(&write), [(3600, 130)]);
+        let (write, seen) = m.plan(quota(67, 6400));
+        assert_eq!(writes(&write), [(3600, 131)]);
         m.committed(seen, t);
         // What is persisted is never below the calls, and ahead by at most the margin.
         let ahead = m.ahead(t, true);
         assert_eq!(ahead.len(), 1);
-        assert_eq!((ahead[0].1.persisted, ahead[0].1.counted), (130, 66));
+        assert_eq!((ahead[0].1.persisted, ahead[0].1.counted), (131, 67));
         // Near the limit the margin stops at the limit; past it (shadow mode counts on) the count.
         let mut near = Margins::default();
+        near.committed(near.plan(quota(6380, 6400)).1, t);
         assert_eq!(writes(&near.plan(quota(6390, 6400)).0), [(3600, 6400)]);
         near.committed(near.plan(quota(6390, 6400)).1, t);
         assert_eq!(writes(&near.plan(quota(6401, 6400)).0), [(3600, 6401)]);
-        // A new window is written at once.
+        // A new window is written at once, as it is.
         let k = ("t".into(), "u".into(), "tool".into(), "1h".into());
         let (write, _) = m.plan(HashMap::from([(k, (7200, 1, 6400))]));
-        assert_eq!(writes(&write), [(7200, 65)]);
+        assert_eq!(writes(&write), [(7200, 1)]);
     }
 
     #[test]
@@ -1013,33 +1027,37 @@ mod tests {
             HashMap::from([(("t".into(), "u".into(), 9_000), (9_000, n, limit))])
         };
         let mut m: Margins<DayKey> = Margins::new(byte_margin);
-        // Under the default limit (64 MiB): the first result's bytes plus 1 MiB, then nothing
-        // until the bytes reach what was persisted.
+        // Under the default limit (64 MiB): the first result's bytes as they are; the next ones
+        // plus 1 MiB, then nothing until the bytes reach what was persisted.
         let (write, seen) = m.plan(day(409, 64 * MIB));
+        assert_eq!(write.values().copied().collect::<Vec<_>>(), [(9_000, 409)]);
+        m.committed(seen, t);
+        let (write, seen) = m.plan(day(818, 64 * MIB));
         assert_eq!(
             write.values().copied().collect::<Vec<_>>(),
-            [(9_000, 409 + MIB)]
+            [(9_000, 818 + MIB)]
         );
         m.committed(seen, t);
-        for n in [818, 100_000, 409 + MIB] {
+        for n in [1227, 100_000, 818 + MIB] {
             let (write, seen) = m.plan(day(n, 64 * MIB));
             assert!(write.is_empty(), "{n} bytes are covered");
             m.committed(seen, t);
         }
-        let (write, seen) = m.plan(day(410 + MIB, 64 * MIB));
+        let (write, seen) = m.plan(day(819 + MIB, 64 * MIB));
         assert_eq!(
             write.values().copied().collect::<Vec<_>>(),
-            [(9_000, 410 + 2 * MIB)]
+            [(9_000, 819 + 2 * MIB)]
         );
         m.committed(seen, t);
         let ahead = m.ahead(t + MARGIN_QUIET, false);
         assert_eq!(
             (ahead[0].1.persisted, ahead[0].1.counted),
-            (410 + 2 * MIB, 410 + MIB)
+            (819 + 2 * MIB, 819 + MIB)
         );
         assert!(m.due(t + MARGIN_QUIET, false), "the exact bytes follow");
         // Never past the limit: a small limit's margin stops there.
         let mut small: Margins<DayKey> = Margins::new(byte_margin);
+        small.committed(small.plan(day(5900, 6400)).1, t);
         assert_eq!(
             small
                 .plan(day(6000, 6400))
@@ -1059,15 +1077,12 @@ mod tests {
                 .collect::<Vec<_>>(),
             [(9_000, 6400)]
         );
-        // The next day is written at once.
+        // The next day is written at once, as it is.
         let (write, _) = m.plan(HashMap::from([(
             ("t".into(), "u".into(), 9_001),
             (9_001, 1, 64 * MIB),
         )]));
-        assert_eq!(
-            write.values().copied().collect::<Vec<_>>(),
-            [(9_001, 1 + MIB)]
-        );
+        assert_eq!(write.values().copied().collect::<Vec<_>>(), [(9_001, 1)]);
     }
 
     #[test]
@@ -1076,13 +1091,17 @@ mod tests {
         let t0 = Instant::now();
         let mut m = Margins::default();
         assert!(!m.due(t0, true), "nothing to write");
+        // Called once: written as it is; nothing to bring down.
         m.committed(m.plan(quota(1, 6400)).1, t0);
-        assert!(!m.due(t0, false), "ahead since now: not due yet");
+        assert!(m.ahead(t0, true).is_empty(), "exact already");
+        // Called again: written ahead.
+        m.committed(m.plan(quota(2, 6400)).1, t0);
+        assert!(!m.due(t0, false), "called now: not due yet");
         assert!(m.due(t0, true), "due when forced (the writer stopping)");
         assert_eq!(m.ahead(t0, true).len(), 1);
         // A counter called every 250 ms stays ahead, unwritten, however long its calls go on.
         let mut t = t0;
-        for n in 2..=20 {
+        for n in 3..=20 {
             t += ms(250);
             assert!(m.plan(quota(n, 6400)).0.is_empty(), "count {n}: covered");
             m.committed(m.plan(quota(n, 6400)).1, t);
@@ -1092,14 +1111,14 @@ mod tests {
             }
         }
         assert_eq!(m.plan(quota(20, 6400)).0.len(), 0, "still remembered");
-        // A second counter, quiet for long: its exact count is due, the busy one's is not.
+        // Two counters ahead; one quiet for a second: its exact count is due, the other's is not.
         let other = ("t".into(), "v".into(), "tool".into(), "1h".into());
+        let other_at = |n: i64| HashMap::from([(other.clone(), (3600, n, 6400))]);
         let mut m2 = Margins::default();
-        m2.committed(
-            m2.plan(HashMap::from([(other.clone(), (3600, 1, 6400))])).1,
-            t0,
-        );
-        m2.committed(m2.plan(quota(1, 6400)).1, t);
+        for n in 1..=2 {
+            m2.committed(m2.plan(other_at(n)).1, t0);
+            m2.committed(m2.plan(quota(n, 6400)).1, t0 + ms(900));
+        }
         let at = t0 + MARGIN_QUIET;
         assert!(m2.due(at, false));
         let due: Vec<_> = m2.ahead(at, false).into_iter().map(|(k, _)| k).collect();
@@ -1112,11 +1131,8 @@ mod tests {
         );
         assert!(!m2.due(at, false) && m2.due(at + MARGIN_SWEEP, false));
         m2.flushed(at + MARGIN_SWEEP, false);
-        // Forgotten once exact: its next call is written ahead again; the busy one is kept.
-        assert_eq!(
-            m2.plan(HashMap::from([(other, (3600, 2, 6400))])).0.len(),
-            1
-        );
+        // Forgotten once exact: its next call is written as it is again; the busy one is kept.
+        assert_eq!(writes(&m2.plan(other_at(3)).0), [(3600, 3)]);
         assert!(m2.plan(quota(2, 6400)).0.is_empty(), "the busy one is kept");
         // Forced (the writer stopping): every counter ahead, then all forgotten.
         assert_eq!(m2.ahead(at, true).len(), 1);
