@@ -230,6 +230,27 @@ fn under_load(name: &str, fault: impl FnOnce()) {
             "user {user}: {kept} bytes persisted < {got} received"
         );
     }
+    // Per user: the page its results returned is in its daily coverage (a crash forgets no page of
+    // a result that left).
+    for (k, r) in received.iter().enumerate() {
+        if r.ok.is_empty() {
+            continue;
+        }
+        let user = format!("{name}_{k}");
+        let rows: i64 = admin
+            .query_one(
+                "SELECT count(*) FROM ctxguard.document_coverage
+                  WHERE tenant_id = 'acme' AND user_id = $1 AND doc_id = 'acme_guide' AND page_no = 1",
+                &[&user],
+            )
+            .unwrap()
+            .get(0);
+        assert!(
+            rows >= 1,
+            "user {user}: page 1 returned {} times, not in document_coverage",
+            r.ok.len()
+        );
+    }
     // Per generation: bytes and per-document calls persisted >= what clients received.
     let mut per_gen: HashMap<String, (i64, i32)> = HashMap::new();
     for (call, g) in &ok {

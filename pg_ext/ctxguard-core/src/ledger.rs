@@ -26,7 +26,7 @@ pub fn pg_date(day: i32) -> i32 {
 
 /// A ledger key: the first 128 bits of SHA-256 over the length-prefixed parts. Never zero (zero
 /// marks a free slot).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Key(pub [u8; 16]);
 
 impl Key {
@@ -120,25 +120,6 @@ impl Coverage {
         }
         self.add(pages);
         Ok(self.count())
-    }
-
-    /// The pages of `pages` that this set does not hold yet, each once, in their first order:
-    /// what a read adds to what was recorded before it. A page beyond the bitmap, or no page at
-    /// all, is never held, so it is listed every time it is read (the table's rows deduplicate it).
-    pub fn unheld(&self, pages: &[i32]) -> Vec<i32> {
-        let mut probe = *self;
-        let mut out = Vec::new();
-        for &p in pages {
-            match Coverage::bit(p) {
-                Some((w, m)) if probe.bits[w] & m != 0 => {}
-                Some((w, m)) => {
-                    probe.bits[w] |= m;
-                    out.push(p);
-                }
-                None => out.push(p),
-            }
-        }
-        out
     }
 
     pub fn pages(&self) -> impl Iterator<Item = i32> + '_ {
@@ -808,13 +789,13 @@ pub fn byte_margin(limit: i64) -> i64 {
 }
 
 /// How long a counter persisted ahead of its calls must have had no call before its exact count is
-/// written (and it is forgotten: its next call is written ahead again). Counting from the last
+/// written (and it is forgotten: its next call is written as counted again). Counting from the last
 /// call, not the first one ahead: a user who calls every few hundred milliseconds costs one row
 /// write every so many calls, not an ahead write and an exact write with every call (issue 34:
 /// with 100 ms from the first, a document reader calling every 250 ms paid both, every call).
 pub const MARGIN_QUIET: Duration = Duration::from_secs(1);
 
-/// How often the writer looks for quiet counters, and retries an exact write that failed.
+/// How often the writer looks for quiet counters.
 pub const MARGIN_SWEEP: Duration = Duration::from_millis(250);
 
 impl<K: std::hash::Hash + Eq + Clone> Margins<K> {
@@ -907,19 +888,14 @@ impl<K: std::hash::Hash + Eq + Clone> Margins<K> {
         !self.by_key.is_empty() && (force || self.next_sweep.is_some_and(|t| now >= t))
     }
 
-    /// After the exact values of [`Margins::ahead`]`(now, force)` were written: the quiet counters
-    /// (every counter when `force`d) are forgotten, ahead or not (the next call of each is written
-    /// ahead again); the others are kept as they are.
+    /// After the exact values of [`Margins::ahead`]`(now, force)` were written (or could not be:
+    /// the rows then stay ahead): the quiet counters (every counter when `force`d) are forgotten,
+    /// ahead or not (the next call of each is written as counted again); the others are kept as
+    /// they are.
     pub fn flushed(&mut self, now: Instant, force: bool) {
         self.by_key
             .retain(|_, (_, last)| !Margins::<K>::quiet(*last, now, force));
         self.next_sweep = (!self.by_key.is_empty()).then(|| now + MARGIN_SWEEP);
-    }
-
-    /// A write was tried at `now` and failed: the margins stay (the values persisted are larger
-    /// than the counts, which refuses early); the next try is [`MARGIN_SWEEP`] later.
-    pub fn tried(&mut self, now: Instant) {
-        self.next_sweep = Some(now + MARGIN_SWEEP);
     }
 }
 
@@ -1123,14 +1099,8 @@ mod tests {
         assert!(m2.due(at, false));
         let due: Vec<_> = m2.ahead(at, false).into_iter().map(|(k, _)| k).collect();
         assert_eq!(due, std::slice::from_ref(&other), "only the quiet counter");
-        m2.tried(at);
-        assert_eq!(
-            m2.ahead(at, false).len(),
-            1,
-            "a failed write keeps the margins"
-        );
+        m2.flushed(at, false);
         assert!(!m2.due(at, false) && m2.due(at + MARGIN_SWEEP, false));
-        m2.flushed(at + MARGIN_SWEEP, false);
         // Forgotten once exact: its next call is written as it is again; the busy one is kept.
         assert_eq!(writes(&m2.plan(other_at(3)).0), [(3600, 3)]);
         assert!(m2.plan(quota(2, 6400)).0.is_empty(), "the busy one is kept");
@@ -1323,21 +1293,6 @@ mod tests {
         assert_eq!(c.count(), 3, "a refused read marks nothing");
         assert_eq!(c.take(&[1, 2, 4], 4), Ok(4));
         assert_eq!(c.take(&[1, 2, 3, 4], 4), Ok(4), "re-reading is free");
-    }
-
-    #[test]
-    fn coverage_unheld_lists_each_new_page_once() {
-        let mut c = Coverage::default();
-        c.add(&[2, 3]);
-        assert_eq!(c.unheld(&[3, 4, 4, 1, 2]), vec![4, 1]);
-        assert_eq!(
-            c.unheld(&[2, 3]),
-            Vec::<i32>::new(),
-            "nothing new to record"
-        );
-        // Beyond the bitmap (and nonsense pages) nothing is held: listed as often as read.
-        assert_eq!(c.unheld(&[5000, 5000, 0]), vec![5000, 5000, 0]);
-        assert_eq!(c.count(), 2, "unheld does not mark");
     }
 
     #[test]

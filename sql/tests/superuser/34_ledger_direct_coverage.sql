@@ -1,10 +1,11 @@
 -- The pages read for the daily coverage without a statement (issue 34; ledger/direct.rs,
 -- insert_absent): each page of a call is inserted into document_coverage once, a page already there
--- is left as it is (not even locked), a page the user already read today is not sent to the table
--- again (ledger::coverage: only the pages new to the ledger travel with the call's record), and a
+-- is left as it is (not even locked), a page whose row the writer committed already is not looked
+-- for again (writer.rs, Covered), a batch that carries the same page twice writes it once, and a
 -- DBA's trigger, column or second unique index on the table sends the pages through the statement.
 -- Runs as the superuser (the DBA); the calls as ctxguard_gateway, as a reader of this run's own
--- (:tok_reader: the ledger's shared memory remembers a user's pages until the day is over).
+-- (:tok_reader: the writer remembers the rows it wrote, and the ledger's shared memory a user's
+-- pages, until the day is over).
 \set QUIET 1
 SET client_min_messages = warning;
 SELECT * FROM no_plan();
@@ -91,11 +92,9 @@ SELECT is((SELECT count(*) FROM ctxguard.document_coverage
           'the rows found were not locked or changed (as ON CONFLICT DO NOTHING leaves them)');
 
 -- Callers that do not wait for their record: their records reach the writer together (as a rule: the
--- writer collects records that do not wait every 50 ms), in one batch. Each page is written once
--- (each travels with the first call that read it; a page past the ledger's bitmap of 1,024 pages
--- travels with every call, and the batch's keys are deduplicated), every call is audited, and the
--- batch is written without a statement (a failure of the direct path would send it to the
--- statement).
+-- writer collects records that do not wait every 50 ms), so one batch carries the same page several
+-- times. Each page is written once, every call is audited, and the batch is written without a
+-- statement (a failure of the direct path would send it to the statement).
 SELECT pg_temp.direct_audits() AS audits0 \gset
 SET ctxguard.audit_wait = off;
 BEGIN;
@@ -109,7 +108,7 @@ SELECT is(pg_temp.covered(211, 219), '211:1,212:1,213:1,214:1,215:1,216:1', 'pag
 
 -- A DBA's trigger on document_coverage: the statement writes the pages, and the trigger fires for
 -- each new one. A BEFORE trigger sees every row the statement proposes, those ON CONFLICT DO
--- NOTHING then skips too: page 216, read today already, is not even proposed.
+-- NOTHING then skips too: page 216, whose row the writer committed above, is not even proposed.
 CREATE TABLE public.coverage_copy (page_no int, proposed boolean);
 CREATE FUNCTION public.coverage_copy() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -133,7 +132,7 @@ DROP TRIGGER coverage_proposed ON ctxguard.document_coverage;
 SELECT is((SELECT array_agg(page_no ORDER BY page_no) FROM public.coverage_copy WHERE NOT proposed), ARRAY[217, 218],
           'the trigger fired for the new pages only');
 SELECT is((SELECT array_agg(page_no ORDER BY page_no) FROM public.coverage_copy WHERE proposed), ARRAY[217, 218],
-          'a page the reader read today already is not sent to the table again');
+          'a page whose row the writer committed already is not sent to the table again');
 SELECT is(pg_temp.covered(211, 219), '211:1,212:1,213:1,214:1,215:1,216:1,217:1,218:1', 'each page covered once');
 
 -- A DBA's column on document_coverage: the statement again (its default is the DBA's to apply).

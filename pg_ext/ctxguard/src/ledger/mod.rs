@@ -510,11 +510,8 @@ pub fn doc_call(
 /// Mark `pages` of `doc` read by the user today, unless that exceeds `allowed`:
 /// `Ok(pages read today)` or `Err(pages read before)`. Never given back: charge it last.
 ///
-/// Only the pages the entry did not hold travel with the call's record (`document_coverage` rows
-/// to write): a page it holds was loaded from the table, or was recorded by the earlier call that
-/// took it (its record carries it, as this call's carries the new ones; the entry lives until the
-/// day is over). So re-reading a page costs the writer nothing (issue 34: the coverage rows were
-/// a fifth of its work per document search, most of them pages already there).
+/// Every page read travels with the call's record, read before or not: a result's record alone
+/// makes its pages durable (the writer skips the rows it knows it committed: `writer.rs`).
 pub fn coverage(
     tenant: &str,
     user: &str,
@@ -535,20 +532,15 @@ pub fn coverage(
             c.add(&load(day));
             c
         },
-        |c| {
-            let new = c.unheld(pages);
-            c.take(pages, allowed).map(|n| (n, new))
-        },
+        |c| c.take(pages, allowed),
     )?;
-    Ok(taken.map(|(n, new)| {
-        if !new.is_empty() {
-            note(
-                vec![json!({"cov": [tenant, user, doc, day], "pages": new})],
-                None,
-            );
-        }
-        n
-    }))
+    if taken.is_ok() && !pages.is_empty() {
+        note(
+            vec![json!({"cov": [tenant, user, doc, day], "pages": pages})],
+            None,
+        );
+    }
+    Ok(taken)
 }
 
 /// One quota window a call counts against: the user it counts (`None`: the whole tenant), the

@@ -15,7 +15,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use ctxguard_core::ledger::{
-    byte_margin, jsonb_text, link, ChainCheck, DayKey, Margins, QuotaKey, Retry, Seen,
+    byte_margin, jsonb_text, link, ChainCheck, DayKey, Key, Margins, QuotaKey, Retry, Seen,
 };
 use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, SignalWakeFlags};
 use pgrx::pg_sys;
@@ -206,6 +206,8 @@ pub extern "C-unwind" fn ctxguard_ledger_writer_main(arg: pg_sys::Datum) {
             let waiting = !unsaved.is_empty() && !stopping;
             if !waiting && (stopping || idle_since.elapsed() >= idle) {
                 unsafe { pg_sys::ConditionVariableCancelSleep() };
+                // Leaving while idle: every counter ahead brought down first (as when stopping).
+                flush_margins(&mut margins, Instant::now(), true);
                 if retire(i) {
                     return;
                 }
@@ -373,6 +375,7 @@ fn write(
                 unsaved.merge(a.unsaved);
                 seen.quotas.extend(a.seen.quotas);
                 seen.days.extend(a.seen.days);
+                seen.pages.extend(a.seen.pages);
             }
             Err(c) => {
                 pgrx::warning!(
@@ -394,6 +397,8 @@ fn write(
 struct Ahead {
     quotas: Margins,
     days: Margins<DayKey>,
+    /// The coverage rows this writer committed.
+    pages: Covered,
 }
 
 impl Default for Ahead {
@@ -401,15 +406,48 @@ impl Default for Ahead {
         Ahead {
             quotas: Margins::default(),
             days: Margins::new(byte_margin),
+            pages: Covered::default(),
         }
     }
 }
 
-/// A batch's counters as they stand once it commits.
+/// A batch's counters as they stand once it commits, and the coverage rows it wrote.
 #[derive(Default)]
 struct AheadSeen {
     quotas: Seen,
     days: Seen<DayKey>,
+    pages: Vec<Key>,
+}
+
+/// The coverage rows (`document_coverage`: a user's page of a document on a day) this writer
+/// committed, by key, so that a page read again is not looked for again (issue 34: most of the
+/// coverage rows of a document search, about a fifth of the writer's work per search, were pages
+/// the reader had read before). Every record still carries all of its call's pages: a record made
+/// durable makes its pages durable, whichever record wrote them first. A page skipped here was
+/// committed by an earlier batch, whose commit is earlier in the WAL than this batch's, so once
+/// this batch's records are durable that row is too. Forgotten all at once past [`COVERED_MAX`]
+/// keys (and when the writer exits): a forgotten page is looked for again, as before.
+#[derive(Default)]
+struct Covered(HashSet<Key>);
+
+/// Most coverage keys a writer remembers (16 bytes each).
+const COVERED_MAX: usize = 1 << 16;
+
+impl Covered {
+    fn key(cov: &str, page: &Value) -> Key {
+        Key::of(&[b"cov", cov.as_bytes(), page.to_string().as_bytes()])
+    }
+
+    fn has(&self, k: &Key) -> bool {
+        self.0.contains(k)
+    }
+
+    fn committed(&mut self, keys: Vec<Key>) {
+        if self.0.len() + keys.len() > COVERED_MAX {
+            self.0.clear();
+        }
+        self.0.extend(keys);
+    }
 }
 
 impl Ahead {
@@ -420,6 +458,7 @@ impl Ahead {
     fn committed(&mut self, seen: AheadSeen, now: Instant) {
         self.quotas.committed(seen.quotas, now);
         self.days.committed(seen.days, now);
+        self.pages.committed(seen.pages);
     }
 }
 
@@ -476,9 +515,10 @@ type Quotas = HashMap<QuotaKey, (i64, i64)>;
 /// have had no call for [`MARGIN_QUIET`] (every one when the writer stops), in a transaction of
 /// its own (not waited for on disk: the next batch's commit or the WAL writer makes it durable;
 /// until then a crash leaves the larger count, which refuses early). Then forget the quiet
-/// counters: the next call of each is written with its margin again. A counter that keeps being
-/// called stays ahead, by at most its margin, until it goes quiet. A failure is logged and the
-/// margins kept.
+/// counters: the next call of each is written as counted again. A counter that keeps being
+/// called stays ahead, by at most its margin, until it goes quiet. A failure is logged, and the
+/// quiet counters are forgotten all the same (their rows stay ahead: [`settle`]). The writer also
+/// brings every counter down before it leaves while idle.
 ///
 /// [`MARGIN_QUIET`]: ctxguard_core::ledger::MARGIN_QUIET
 ///
@@ -564,8 +604,11 @@ fn exact_rows(sql: &str, rows: Vec<Value>) -> Result<(), String> {
     }
 }
 
-/// After [`exact_rows`]: the quiet counters forgotten (written, or nothing live to write), or kept
-/// ahead and tried again at the next sweep (logged).
+/// After [`exact_rows`]: the quiet counters forgotten, written or not. One whose exact count could
+/// not be written (logged: a DBA's trigger, a lock) keeps its row ahead, by at most its margin,
+/// which refuses early, never late; it is not tried again, so that a table the writer cannot
+/// lower neither fills the writer's memory with every counter ever seen nor the log with a
+/// warning every sweep.
 fn settle<K: std::hash::Hash + Eq + Clone>(
     margins: &mut Margins<K>,
     written: Result<(), String>,
@@ -573,13 +616,10 @@ fn settle<K: std::hash::Hash + Eq + Clone>(
     force: bool,
     what: &str,
 ) {
-    match written {
-        Ok(()) => margins.flushed(now, force),
-        Err(e) => {
-            margins.tried(now);
-            pgrx::warning!("ctxguard: ledger writer could not write exact {what} ({e})");
-        }
+    if let Err(e) = written {
+        pgrx::warning!("ctxguard: ledger writer could not write exact {what} ({e})");
     }
+    margins.flushed(now, force);
 }
 
 /// Write `days` to `user_day_usage` without the statement; what is left for the statement (all
@@ -739,6 +779,7 @@ fn apply(
     // A quota's (tenant, user or "", tool, window): its latest window start, count there, limit.
     let mut quotas: HashMap<QuotaKey, (i64, i64, i64)> = HashMap::new();
     let mut pages = Vec::new();
+    let mut page_keys = Vec::new();
     for (_, text) in batch {
         let Ok(mut rec) = serde_json::from_str::<Value>(text) else {
             pgrx::warning!("ctxguard: ledger writer skipped a malformed record");
@@ -792,7 +833,14 @@ fn apply(
                     e.1 = e.1.max(n);
                 }
             } else if let Some(c) = ch["cov"].as_array() {
+                let cov = serde_json::to_string(c).unwrap_or_default();
                 for p in ch["pages"].as_array().into_iter().flatten() {
+                    // A row this writer committed already is not looked for again.
+                    let k = Covered::key(&cov, p);
+                    if margins.pages.has(&k) {
+                        continue;
+                    }
+                    page_keys.push(k);
                     pages.push(json!({"t": c.first(), "u": c.get(1), "d": c.get(2), "day": c.get(3), "p": p}));
                 }
             }
@@ -810,6 +858,7 @@ fn apply(
     let seen = AheadSeen {
         quotas: seen_quotas,
         days: seen_days,
+        pages: page_keys,
     };
     let (n_days, n_quotas) = (days.len(), quotas.len());
     let result = as_owner(|| {
