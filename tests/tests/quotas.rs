@@ -368,6 +368,16 @@ fn the_writer_persists_quota_and_day_counters_exactly() {
     }
 }
 
+/// `day.ping` (page `quota_lab`): a ping without a quota, whose calls count only the user's day.
+fn register_day_ping(a: &mut Client) {
+    a.execute(
+        "SELECT ctxguard.register_tool('day.ping', 'Ping, without a quota.', '{\"type\": \"object\"}',
+                't.quota_ping(jsonb)', '{\"page_types\": [\"quota_lab\"], \"run_as\": \"ctxguard_tools\"}')",
+        &[],
+    )
+    .unwrap();
+}
+
 /// The largest margin by which a user's bytes of a day are persisted ahead of the calls
 /// (`ctxguard_core::ledger::byte_margin`: a sixty-fourth of the daily limit, at most 1 MiB).
 const DAY_MARGIN: i64 = 1 << 20;
@@ -405,12 +415,7 @@ fn exact_day(a: &mut Client, tenant: &str) -> bool {
 #[test]
 fn a_users_day_is_persisted_ahead_by_a_bounded_margin_then_exactly() {
     let mut a = admin();
-    a.execute(
-        "SELECT ctxguard.register_tool('day.ping', 'Ping, without a quota.', '{\"type\": \"object\"}',
-                't.quota_ping(jsonb)', '{\"page_types\": [\"quota_lab\"], \"run_as\": \"ctxguard_tools\"}')",
-        &[],
-    )
-    .unwrap();
+    register_day_ping(&mut a);
     let mut c = connect();
     let tenant = unique("day-margin");
     let user = unique("day-user");
@@ -445,12 +450,7 @@ fn a_users_day_is_persisted_ahead_by_a_bounded_margin_then_exactly() {
 #[test]
 fn a_user_calling_every_300_ms_keeps_the_day_ahead_until_quiet() {
     let mut a = admin();
-    a.execute(
-        "SELECT ctxguard.register_tool('day.ping', 'Ping, without a quota.', '{\"type\": \"object\"}',
-                't.quota_ping(jsonb)', '{\"page_types\": [\"quota_lab\"], \"run_as\": \"ctxguard_tools\"}')",
-        &[],
-    )
-    .unwrap();
+    register_day_ping(&mut a);
     let mut c = connect();
     let tenant = unique("day-busy");
     let tok = token(&unique("busy-user"), &tenant, &[]);
