@@ -378,6 +378,31 @@ fn register_day_ping(a: &mut Client) {
     .unwrap();
 }
 
+/// `n` calls of `day.ping`, each read `pause` after it: every read finds the persisted bytes at
+/// least the audited bytes and at most [`DAY_MARGIN`] more. How many found them ahead.
+fn day_pings(
+    c: &mut Client,
+    a: &mut Client,
+    tok: &str,
+    tenant: &str,
+    n: usize,
+    pause: Duration,
+) -> i32 {
+    let mut ahead = 0;
+    for _ in 0..n {
+        let v = call(c, tok, "day.ping", true);
+        assert_eq!(code(&v), "ok", "{v}");
+        thread::sleep(pause);
+        let (_, day, audited) = persisted(a, tenant);
+        assert!(
+            (audited..=audited + DAY_MARGIN).contains(&day),
+            "day {day} against audited {audited}"
+        );
+        ahead += i32::from(day > audited);
+    }
+    ahead
+}
+
 /// The largest margin by which a user's bytes of a day are persisted ahead of the calls
 /// (`ctxguard_core::ledger::byte_margin`: a sixty-fourth of the daily limit, at most 1 MiB).
 const DAY_MARGIN: i64 = 1 << 20;
@@ -420,17 +445,7 @@ fn a_users_day_is_persisted_ahead_by_a_bounded_margin_then_exactly() {
     let tenant = unique("day-margin");
     let user = unique("day-user");
     let tok = token(&user, &tenant, &[]);
-    let mut ahead = 0;
-    for _ in 0..5 {
-        let v = call(&mut c, &tok, "day.ping", true);
-        assert_eq!(code(&v), "ok", "{v}");
-        let (_, day, audited) = persisted(&mut a, &tenant);
-        assert!(
-            (audited..=audited + DAY_MARGIN).contains(&day),
-            "day {day} against audited {audited}"
-        );
-        ahead += i32::from(day > audited);
-    }
+    let ahead = day_pings(&mut c, &mut a, &tok, &tenant, 5, Duration::ZERO);
     assert!(
         ahead > 0,
         "every read found the exact bytes: no margin was used"
@@ -454,19 +469,8 @@ fn a_user_calling_every_300_ms_keeps_the_day_ahead_until_quiet() {
     let mut c = connect();
     let tenant = unique("day-busy");
     let tok = token(&unique("busy-user"), &tenant, &[]);
-    let mut ahead = 0;
     // (The first call is written as it is: a user new to the writer may call only once.)
-    for _ in 0..7 {
-        let v = call(&mut c, &tok, "day.ping", true);
-        assert_eq!(code(&v), "ok", "{v}");
-        thread::sleep(Duration::from_millis(300));
-        let (_, day, audited) = persisted(&mut a, &tenant);
-        assert!(
-            (audited..=audited + DAY_MARGIN).contains(&day),
-            "day {day} against audited {audited}"
-        );
-        ahead += i32::from(day > audited);
-    }
+    let ahead = day_pings(&mut c, &mut a, &tok, &tenant, 7, Duration::from_millis(300));
     // (A call slower than 700 ms on a loaded machine lets the day go quiet in between.)
     assert!(
         ahead >= 4,
