@@ -819,17 +819,21 @@ impl<K: std::hash::Hash + Eq + Clone> Margins<K> {
         let mut write = HashMap::new();
         let mut seen = Vec::with_capacity(counters.len());
         for (k, (start, n, limit)) in counters {
-            let m = match self.by_key.get(&k).map(|(m, _)| m) {
-                Some(m) if m.start == start && n <= m.persisted => Margin {
+            // What this writer knows of the counter in this window or day.
+            let known = self
+                .by_key
+                .get(&k)
+                .map(|(m, _)| m)
+                .filter(|m| m.start == start);
+            let m = match known {
+                Some(m) if n <= m.persisted => Margin {
                     counted: n.max(m.counted),
                     ..*m
                 },
-                known => {
+                _ => {
                     let persisted = match known {
-                        Some(m) if m.start == start => {
-                            n.saturating_add((self.margin)(limit)).min(n.max(limit))
-                        }
-                        _ => n,
+                        Some(_) => n.saturating_add((self.margin)(limit)).min(n.max(limit)),
+                        None => n,
                     };
                     write.insert(k.clone(), (start, persisted));
                     Margin {
