@@ -1121,7 +1121,7 @@ pub(crate) fn audit(ctx: Option<&Ctx>, call: &mut Call) {
         "masked": masked,
         "budget": call.budget,
     });
-    if let Err(e) = ledger::submit(record).and_then(|(q, seq)| ledger::wait(q, seq)) {
+    if let Err(e) = ledger::submit(record).and_then(ledger::wait) {
         call.outcome = Outcome::Denied(Code::AuditUnavailable, unavailable(e), None);
         call.unaudited = true;
     }

@@ -704,6 +704,8 @@ fn slot(qs: &mut [shmem::Queue; shmem::DATABASES]) -> Option<usize> {
     q.start_requested = 0;
     q.next_seq = 0;
     q.durable = 0;
+    q.durable_hint
+        .store(0, std::sync::atomic::Ordering::Release);
     q.durable_lsn = 0;
     q.batches = 0;
     q.records = 0;
@@ -713,6 +715,7 @@ fn slot(qs: &mut [shmem::Queue; shmem::DATABASES]) -> Option<usize> {
     q.counters_direct = 0;
     q.failed = [0; shmem::FAILED];
     q.failed_next = 0;
+    (q.last_pid, q.last_at) = (0, 0);
     q.waiters = [shmem::Waiter::FREE; shmem::WAITERS];
     Some(i)
 }
@@ -775,9 +778,20 @@ fn sleep(cv: *mut pg_sys::ConditionVariable, ms: i64) {
     }
 }
 
+/// A record in a queue ([`submit`]), to [`wait`] for.
+pub struct Queued {
+    queue: usize,
+    seq: u64,
+    /// No other backend queued a record in the [`ALONE_AFTER_US`] before this one.
+    alone: bool,
+}
+
+/// A caller is alone when no other backend queued a record in this long before its own.
+const ALONE_AFTER_US: i64 = 2_000;
+
 /// Queue the audit record `audit` (with this backend's pending ledger changes); its sequence
 /// number and queue.
-pub fn submit(mut audit: Value) -> Result<(usize, u64), Unavailable> {
+pub fn submit(mut audit: Value) -> Result<Queued, Unavailable> {
     let at = unsafe { pg_sys::GetCurrentTimestamp() };
     audit["at_us"] = json!(at);
     // Only the running call's own changes ride on its record: a handful, bounded by what one
@@ -812,10 +826,13 @@ pub fn submit(mut audit: Value) -> Result<(usize, u64), Unavailable> {
                 r.len = text.len() as u32;
                 r.data[..text.len()].copy_from_slice(text.as_bytes());
                 q.next_seq = seq;
-                (seq, seq - q.durable)
+                let me = unsafe { pg_sys::MyProcPid };
+                let alone = q.last_pid == me || at - q.last_at >= ALONE_AFTER_US;
+                (q.last_pid, q.last_at) = (me, at);
+                (seq, seq - q.durable, alone)
             })
         };
-        if let Some((seq, queued)) = seq {
+        if let Some((seq, queued, alone)) = seq {
             // A caller that waits wakes the writer at once. One that does not
             // (`ctxguard.audit_wait = off`) leaves its record to the writer's next round (at most
             // `NOWAIT_DELAY_MS` away) unless enough are queued: batches of many records instead
@@ -825,7 +842,11 @@ pub fn submit(mut audit: Value) -> Result<(usize, u64), Unavailable> {
             }
             // Queued: the changes are the record's now.
             CALL.with(|c| c.borrow_mut().clear());
-            return Ok((i, seq));
+            return Ok(Queued {
+                queue: i,
+                seq,
+                alone,
+            });
         }
     }
     Err(Unavailable("the audit queue is full".into()))
@@ -838,8 +859,50 @@ pub const NOWAIT_WAKE_RECORDS: u64 = 32;
 /// does not wait may sit before the writer takes it.
 pub const NOWAIT_DELAY_MS: i64 = 50;
 
+/// How long a caller that is alone ([`Queued::alone`], its record the only one in flight, nobody
+/// else asleep) polls for its record before it sleeps.
+///
+/// A record alone in the queue is committed within the writer's transaction for it (0.1-0.2 ms
+/// for one call's record). Sleeping adds two wake-ups: the writer's signal to the caller's latch,
+/// then the scheduler's, an interrupt to another core (on a virtual machine, an exit to the host).
+/// Polling first spares both; the writer does not signal a caller that is not registered asleep.
+/// Measured on a 2-core VM, a document search at 1 client, alternated runs: 0.05-0.09 ms less at
+/// the median, 0.07-0.15 ms at p95. Under load (another backend queued a record in the last
+/// [`ALONE_AFTER_US`], another record in flight, or another caller asleep) a caller sleeps at
+/// once: polling would take a core from the writer and the other callers (at 4 clients it cost
+/// 5 % of the throughput without that rule).
+const SPIN: Duration = Duration::from_micros(400);
+
+/// What a waiter's look at its queue found.
+enum Look {
+    /// Its record is durable once the WAL is flushed to the position (written: `true`), or the
+    /// writer could not write it (`false`).
+    Durable(bool, u64),
+    /// Poll for it first ([`SPIN`]).
+    Poll,
+    /// Sleep until woken (or the next look).
+    Sleep,
+}
+
+/// Poll queue `i`'s published `durable` (without the lock) until it reaches `seq` or [`SPIN`] has
+/// passed.
+fn poll_durable(i: usize, seq: u64) {
+    let until = Instant::now() + SPIN;
+    while shmem::durable_hint(i) < seq && Instant::now() < until {
+        for _ in 0..64 {
+            std::hint::spin_loop();
+        }
+        pgrx::check_for_interrupts!();
+    }
+}
+
 /// Wait until record `seq` of queue `i` is durable (`ctxguard.audit_wait`), interruptibly.
-pub fn wait(i: usize, seq: u64) -> Result<(), Unavailable> {
+pub fn wait(queued: Queued) -> Result<(), Unavailable> {
+    let Queued {
+        queue: i,
+        seq,
+        alone,
+    } = queued;
     if !gucs::AUDIT_WAIT.get() {
         return Ok(());
     }
@@ -849,6 +912,8 @@ pub fn wait(i: usize, seq: u64) -> Result<(), Unavailable> {
     let mine = |w: &shmem::Waiter| w.latch == me && w.seq == seq;
     // The waiter slot this call holds, if it found one (else it polls).
     let mut slot: Option<usize> = None;
+    // Whether this call may poll for its record before sleeping (once, at the first look).
+    let mut spin = alone;
     let done = loop {
         // Reset before looking: a wake-up after the look is not lost.
         unsafe { pg_sys::ResetLatch(pg_sys::MyLatch) };
@@ -863,7 +928,15 @@ pub fn wait(i: usize, seq: u64) -> Result<(), Unavailable> {
             if q.durable >= seq {
                 // Written, unless the writer could not write this record. (The writer freed this
                 // call's slot when it made the record durable.)
-                Some((!q.failed.contains(&seq), q.durable_lsn))
+                Look::Durable(!q.failed.contains(&seq), q.durable_lsn)
+            } else if std::mem::take(&mut spin)
+                && q.next_seq - q.durable == 1
+                && q.waiters.iter().all(|w| w.latch == 0)
+            {
+                // The only record in flight, and nobody else waiting: the writer is on it (or
+                // about to be) with nothing else to do. Poll for it a little, without the lock,
+                // before sleeping (see `SPIN`).
+                Look::Poll
             } else {
                 if !slot.is_some_and(|k| mine(&q.waiters[k])) {
                     slot = q.waiters.iter().position(|w| w.latch == 0);
@@ -871,10 +944,14 @@ pub fn wait(i: usize, seq: u64) -> Result<(), Unavailable> {
                         q.waiters[k] = shmem::Waiter { latch: me, seq };
                     }
                 }
-                None
+                Look::Sleep
             }
         };
-        if let Some((written, lsn)) = committed {
+        if let Look::Poll = committed {
+            poll_durable(i, seq);
+            continue;
+        }
+        if let Look::Durable(written, lsn) = committed {
             // The writer commits without waiting for the WAL flush; the waiter flushes (group
             // flush with every other waiter), so the writer goes on with the next batch meanwhile.
             if written {

@@ -206,6 +206,9 @@ pub struct Queue {
     /// End of the WAL of the commit of the batch that made `durable`: a record is durable once
     /// the WAL is flushed to here (its waiter flushes it; concurrent waiters share the flush).
     pub durable_lsn: u64,
+    /// `durable` again, stored (release) after it under the lock, for callers that poll it
+    /// without the lock ([`durable_hint`]).
+    pub durable_hint: std::sync::atomic::AtomicU64,
     /// Statistics: batches committed, records written, the last batch's size, the largest batch.
     pub batches: u64,
     pub records: u64,
@@ -218,6 +221,10 @@ pub struct Queue {
     /// The last records the writer could not write (their calls fail), a ring.
     pub failed: [u64; FAILED],
     pub failed_next: u32,
+    /// The backend that queued the last record, and when (µs, PostgreSQL's clock): whether the
+    /// next caller is alone ([`crate::ledger::submit`]).
+    pub last_pid: i32,
+    pub last_at: i64,
     /// Callers waiting for their record (each woken alone, by its latch).
     pub waiters: [Waiter; WAITERS],
     /// The writer sleeps on `work`; callers waiting for room in the queue or for a writer sleep
@@ -409,6 +416,15 @@ pub fn queues() -> Guard<[Queue; DATABASES]> {
 /// The condition variables of queue `slot` (they need no lock).
 pub fn work_cv(slot: usize) -> *mut pg_sys::ConditionVariable {
     unsafe { &raw mut (*shared()).queues[slot].work }
+}
+
+/// Queue `slot`'s `durable` as last published, read without the lock (acquire).
+pub fn durable_hint(slot: usize) -> u64 {
+    unsafe {
+        (*shared()).queues[slot]
+            .durable_hint
+            .load(Ordering::Acquire)
+    }
 }
 
 pub fn durable_cv(slot: usize) -> *mut pg_sys::ConditionVariable {

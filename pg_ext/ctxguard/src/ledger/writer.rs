@@ -482,6 +482,8 @@ fn publish(i: usize, last: u64, n: usize, failed: &[u64], direct: Direct, lsn: u
             q.failed_next = q.failed_next.wrapping_add(1);
         }
         q.durable = q.durable.max(last);
+        q.durable_hint
+            .store(q.durable, std::sync::atomic::Ordering::Release);
         q.batches += 1;
         q.records += n as u64;
         q.audit_direct += direct.audits as u64;
