@@ -2,9 +2,9 @@
 //! eight slots, each taken by a database when it first needs a writer, and taken over by another
 //! database once its writer has stopped and all its records are durable (a database dropped, or
 //! idle). A database that takes a slot over must start with nothing of the slot's last database:
-//! its list of records the writer could not write, above all, or a call of the new database whose
-//! record has the same number is refused as unwritten (`AUDIT_UNAVAILABLE`) though its audit row is
-//! there.
+//! the outcomes of its records (which the writer could not write), above all, or a call of the new
+//! database whose record has the same number is refused as unwritten (`AUDIT_UNAVAILABLE`) though
+//! its audit row is there.
 //!
 //! Needs `CTXGUARD_TEST_ADMIN_URL`, `CTXGUARD_TEST_DATABASE_URL` and `CTXGUARD_TEST_JWT_SECRET`
 //! (`scripts/test.sh` provides them). Makes databases `ctxguard_slot_*` of its own and drops them.

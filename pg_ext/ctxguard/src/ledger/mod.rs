@@ -713,8 +713,7 @@ fn slot(qs: &mut [shmem::Queue; shmem::DATABASES]) -> Option<usize> {
     q.max_batch = 0;
     q.audit_direct = 0;
     q.counters_direct = 0;
-    q.failed = [0; shmem::FAILED];
-    q.failed_next = 0;
+    q.outcomes = [0; shmem::OUTCOMES];
     (q.last_pid, q.last_at) = (0, 0);
     q.waiters = [shmem::Waiter::FREE; shmem::WAITERS];
     Some(i)
@@ -782,11 +781,12 @@ fn sleep(cv: *mut pg_sys::ConditionVariable, ms: i64) {
 pub struct Queued {
     queue: usize,
     seq: u64,
-    /// No other backend queued a record in the [`ALONE_AFTER_US`] before this one.
+    /// The record queued before this one was this backend's own, or queued at least
+    /// [`ALONE_AFTER_US`] before it.
     alone: bool,
 }
 
-/// A caller is alone when no other backend queued a record in this long before its own.
+/// A caller is alone when the record queued before its own was its own, or this long before.
 const ALONE_AFTER_US: i64 = 2_000;
 
 /// Queue the audit record `audit` (with this backend's pending ledger changes); its sequence
@@ -826,9 +826,9 @@ pub fn submit(mut audit: Value) -> Result<Queued, Unavailable> {
                 r.len = text.len() as u32;
                 r.data[..text.len()].copy_from_slice(text.as_bytes());
                 q.next_seq = seq;
-                let me = unsafe { pg_sys::MyProcPid };
-                let alone = q.last_pid == me || at - q.last_at >= ALONE_AFTER_US;
-                (q.last_pid, q.last_at) = (me, at);
+                let (me, now) = unsafe { (pg_sys::MyProcPid, pg_sys::GetCurrentTimestamp()) };
+                let alone = q.last_pid == me || now - q.last_at >= ALONE_AFTER_US;
+                (q.last_pid, q.last_at) = (me, now);
                 (seq, seq - q.durable, alone)
             })
         };
@@ -860,16 +860,16 @@ pub const NOWAIT_WAKE_RECORDS: u64 = 32;
 pub const NOWAIT_DELAY_MS: i64 = 50;
 
 /// How long a caller that is alone ([`Queued::alone`], its record the only one in flight, nobody
-/// else asleep) polls for its record before it sleeps.
+/// else asleep, a writer running) polls for its record before it sleeps.
 ///
 /// A record alone in the queue is committed within the writer's transaction for it (0.1-0.2 ms
 /// for one call's record). Sleeping adds two wake-ups: the writer's signal to the caller's latch,
 /// then the scheduler's, an interrupt to another core (on a virtual machine, an exit to the host).
 /// Polling first spares both; the writer does not signal a caller that is not registered asleep.
 /// Measured on a 2-core VM, a document search at 1 client, alternated runs: 0.05-0.09 ms less at
-/// the median, 0.07-0.15 ms at p95. Under load (another backend queued a record in the last
-/// [`ALONE_AFTER_US`], another record in flight, or another caller asleep) a caller sleeps at
-/// once: polling would take a core from the writer and the other callers (at 4 clients it cost
+/// the median, 0.07-0.15 ms at p95. Under load (the record before its own another backend's,
+/// queued less than [`ALONE_AFTER_US`] before it; another record in flight; another caller
+/// asleep) a caller sleeps at once: polling would take a core from the writer and the other callers (at 4 clients it cost
 /// 5 % of the throughput without that rule).
 const SPIN: Duration = Duration::from_micros(400);
 
@@ -928,14 +928,19 @@ pub fn wait(queued: Queued) -> Result<(), Unavailable> {
             if q.durable >= seq {
                 // Written, unless the writer could not write this record. (The writer freed this
                 // call's slot when it made the record durable.)
-                Look::Durable(!q.failed.contains(&seq), q.durable_lsn)
+                let written = shmem::outcome(q, seq).unwrap_or_else(|| {
+                    pgrx::log!("ctxguard: the outcome of audit record {seq} is no longer known; its call fails");
+                    false
+                });
+                Look::Durable(written, q.durable_lsn)
             } else if std::mem::take(&mut spin)
+                && q.writer_pid != 0
                 && q.next_seq - q.durable == 1
                 && q.waiters.iter().all(|w| w.latch == 0)
             {
-                // The only record in flight, and nobody else waiting: the writer is on it (or
-                // about to be) with nothing else to do. Poll for it a little, without the lock,
-                // before sleeping (see `SPIN`).
+                // The only record in flight, nobody else waiting, and a writer: its next batch is
+                // this record alone. Poll for it a little, without the lock, before sleeping (see
+                // `SPIN`).
                 Look::Poll
             } else {
                 if !slot.is_some_and(|k| mine(&q.waiters[k])) {
@@ -1055,6 +1060,8 @@ pub struct WriterStats {
     pub pid: i32,
     /// The last durable sequence number.
     pub durable: u64,
+    /// Records queued and not durable yet.
+    pub queued: u64,
     pub batches: u64,
     pub records: u64,
     pub last_batch: u32,
@@ -1072,6 +1079,7 @@ pub fn stats() -> Option<WriterStats> {
     qs.iter().find(|q| q.db == db()).map(|q| WriterStats {
         pid: q.writer_pid,
         durable: q.durable,
+        queued: q.next_seq - q.durable,
         batches: q.batches,
         records: q.records,
         last_batch: q.last_batch,

@@ -25,8 +25,9 @@ use crate::gucs;
 pub const DATABASES: usize = 8;
 /// Records queued per database before calls fail closed.
 pub const QUEUE_LEN: usize = 128;
-/// Failed records remembered per database (for the callers waiting on them).
-pub const FAILED: usize = 64;
+/// Records whose outcome (written, or not) a database's queue remembers for the callers waiting on
+/// them: the last this many made durable. A caller that looks later than that fails closed.
+pub const OUTCOMES: usize = 4096;
 /// Bytes of one record (a JSON object).
 pub const RECORD_BYTES: usize = 4096 - 16;
 /// Callers per database whose wait the writer ends by setting their latch (more wait by polling).
@@ -218,9 +219,10 @@ pub struct Queue {
     pub audit_direct: u64,
     /// Counter rows (a user's day, a quota window) written without a statement (`direct.rs`).
     pub counters_direct: u64,
-    /// The last records the writer could not write (their calls fail), a ring.
-    pub failed: [u64; FAILED],
-    pub failed_next: u32,
+    /// Each record's outcome once durable, by sequence number modulo [`OUTCOMES`]: the number
+    /// shifted left by one, its lowest bit set when the writer could not write it (its call
+    /// fails). An entry holding another number is no longer known.
+    pub outcomes: [u64; OUTCOMES],
     /// The backend that queued the last record, and when (µs, PostgreSQL's clock): whether the
     /// next caller is alone ([`crate::ledger::submit`]).
     pub last_pid: i32,
@@ -425,6 +427,13 @@ pub fn durable_hint(slot: usize) -> u64 {
             .durable_hint
             .load(Ordering::Acquire)
     }
+}
+
+/// What queue `q` knows of record `seq`, made durable: written (`Some(true)`), not written
+/// (`Some(false)`), or no longer known (`None`: [`OUTCOMES`] records were made durable since).
+pub fn outcome(q: &Queue, seq: u64) -> Option<bool> {
+    let o = q.outcomes[(seq % OUTCOMES as u64) as usize];
+    (o >> 1 == seq).then_some(o & 1 == 0)
 }
 
 pub fn durable_cv(slot: usize) -> *mut pg_sys::ConditionVariable {

@@ -476,10 +476,10 @@ fn publish(i: usize, last: u64, n: usize, failed: &[u64], direct: Direct, lsn: u
         let mut qs = shmem::queues();
         let q = &mut qs[i];
         q.durable_lsn = q.durable_lsn.max(lsn);
-        for &f in failed {
-            let k = q.failed_next as usize % shmem::FAILED;
-            q.failed[k] = f;
-            q.failed_next = q.failed_next.wrapping_add(1);
+        // The batch's records are `last - n + 1 ..= last` (`take`).
+        for seq in (last + 1).saturating_sub(n as u64).max(1)..=last {
+            let failed = u64::from(failed.contains(&seq));
+            q.outcomes[(seq % shmem::OUTCOMES as u64) as usize] = seq << 1 | failed;
         }
         q.durable = q.durable.max(last);
         q.durable_hint
@@ -1457,6 +1457,7 @@ fn ledger_stats() -> JsonB {
         Some(w) => json!({
             "writer_pid": (w.pid != 0).then_some(w.pid),
             "durable": w.durable,
+            "queued": w.queued,
             "batches": w.batches,
             "records": w.records,
             "last_batch": w.last_batch,
