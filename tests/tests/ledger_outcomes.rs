@@ -12,70 +12,24 @@ mod support;
 
 use std::time::Duration;
 
-use postgres::{Client, NoTls};
-use serde_json::{json, Value};
-use support::{env, token, with_dbname};
+use serde_json::Value;
+use support::{admin_on, builtin_call, drop_db, envelope_code as code, scratch_db};
 
 /// More callers than the writer's old list of failed records held (64), all in one batch.
 const CALLERS: usize = 90;
 
-fn admin_on(db: &str) -> Client {
-    Client::connect(&with_dbname(&env("CTXGUARD_TEST_ADMIN_URL"), db), NoTls).unwrap()
-}
-
-fn drop_db(db: &str) {
-    admin_on("postgres")
-        .batch_execute(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
-        .unwrap();
-}
-
-/// One built-in call in `db` as the gateway role for `user`, committed: its envelope.
-fn call(db: &str, user: &str) -> Value {
-    let mut c =
-        Client::connect(&with_dbname(&env("CTXGUARD_TEST_DATABASE_URL"), db), NoTls).unwrap();
-    let tok = token(user, "acme", &["viewer"]);
-    let mut tx = c.transaction().unwrap();
-    tx.execute(
-        "SELECT ctxguard.set_context($1, $2)",
-        &[&tok, &json!({"pageType": "outcome_page"})],
-    )
-    .unwrap();
-    let v: Value = tx
-        .query_one(
-            "SELECT ctxguard.call_tool('list_available_tools', '{}')",
-            &[],
-        )
-        .unwrap()
-        .get(0);
-    tx.commit().unwrap();
-    v
-}
-
-fn code(v: &Value) -> &str {
-    v["error"]["code"]
-        .as_str()
-        .or_else(|| v["status"].as_str())
-        .unwrap_or("?")
-}
-
 #[test]
 fn every_caller_of_a_batch_of_failed_records_fails() {
     let db = format!("ctxguard_outcomes_{}", std::process::id());
-    drop_db(&db);
-    admin_on("postgres")
-        .batch_execute(&format!("CREATE DATABASE {db}"))
-        .unwrap();
     // A DBA's constraint refuses one user's audit rows: the writer cannot write their records.
-    admin_on(&db)
-        .batch_execute(
-            "SET client_min_messages = warning; CREATE EXTENSION ctxguard;
-             SELECT ctxguard.register_page_type('outcome_page', NULL, 'A page.');
-             ALTER TABLE ctxguard.audit_log ADD CONSTRAINT outcome_refuses
-               CHECK (user_id <> 'refused') NOT VALID;",
-        )
-        .unwrap();
+    scratch_db(
+        &db,
+        "outcome_page",
+        "ALTER TABLE ctxguard.audit_log ADD CONSTRAINT outcome_refuses
+           CHECK (user_id <> 'refused') NOT VALID;",
+    );
     // The writer runs (another user's call is written).
-    assert_eq!(code(&call(&db, "warm")), "ok");
+    assert_eq!(code(&builtin_call(&db, "warm", "outcome_page")), "ok");
     // Hold the writer off the audit table while every refused call queues its record, so that
     // they reach it together.
     let mut lock = admin_on(&db);
@@ -85,7 +39,7 @@ fn every_caller_of_a_batch_of_failed_records_fails() {
     let callers: Vec<_> = (0..CALLERS)
         .map(|_| {
             let db = db.clone();
-            std::thread::spawn(move || call(&db, "refused"))
+            std::thread::spawn(move || builtin_call(&db, "refused", "outcome_page"))
         })
         .collect();
     // Every caller has queued its record (or is about to) and waits for it.

@@ -11,65 +11,21 @@
 
 mod support;
 
-use postgres::{Client, NoTls};
-use serde_json::{json, Value};
-use support::{env, token, with_dbname};
-
-/// The slots the ledger has (`ledger/shmem.rs`: `DATABASES`).
-const SLOTS: usize = 8;
-
-fn admin_on(db: &str) -> Client {
-    Client::connect(&with_dbname(&env("CTXGUARD_TEST_ADMIN_URL"), db), NoTls).unwrap()
-}
+use serde_json::Value;
+use support::{admin_on, builtin_call, drop_db, envelope_code as code};
 
 /// A new database with the extension and one page type.
 fn scratch(db: &str) {
-    drop_db(db);
-    admin_on("postgres")
-        .batch_execute(&format!("CREATE DATABASE {db}"))
-        .unwrap();
-    admin_on(db)
-        .batch_execute(
-            "SET client_min_messages = warning; CREATE EXTENSION ctxguard;
-             SELECT ctxguard.register_page_type('slot_page', NULL, 'A page.');",
-        )
-        .unwrap();
-}
-
-fn drop_db(db: &str) {
-    admin_on("postgres")
-        .batch_execute(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
-        .unwrap();
+    support::scratch_db(db, "slot_page", "");
 }
 
 /// One built-in call in `db` as the gateway role, committed.
 fn call(db: &str) -> Value {
-    let mut c =
-        Client::connect(&with_dbname(&env("CTXGUARD_TEST_DATABASE_URL"), db), NoTls).unwrap();
-    let tok = token("slot-user", "acme", &["viewer"]);
-    let mut tx = c.transaction().unwrap();
-    tx.execute(
-        "SELECT ctxguard.set_context($1, $2)",
-        &[&tok, &json!({"pageType": "slot_page"})],
-    )
-    .unwrap();
-    let v: Value = tx
-        .query_one(
-            "SELECT ctxguard.call_tool('list_available_tools', '{}')",
-            &[],
-        )
-        .unwrap()
-        .get(0);
-    tx.commit().unwrap();
-    v
+    builtin_call(db, "slot-user", "slot_page")
 }
 
-fn code(v: &Value) -> &str {
-    v["error"]["code"]
-        .as_str()
-        .or_else(|| v["status"].as_str())
-        .unwrap_or("?")
-}
+/// The slots the ledger has (`ledger/shmem.rs`: `DATABASES`).
+const SLOTS: usize = 8;
 
 #[test]
 fn a_database_taking_a_slot_over_starts_with_a_clean_one() {

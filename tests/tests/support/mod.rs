@@ -331,3 +331,63 @@ pub fn call_in_transaction(
 pub fn invoice_page(id: &str) -> Value {
     json!({"pageType": "invoice_detail", "entity": {"type": "invoice", "id": id}})
 }
+
+/// A superuser's blocking connection to database `db` of the test cluster.
+pub fn admin_on(db: &str) -> postgres::Client {
+    postgres::Client::connect(
+        &with_dbname(&env("CTXGUARD_TEST_ADMIN_URL"), db),
+        postgres::NoTls,
+    )
+    .unwrap()
+}
+
+/// The gateway role's blocking connection to database `db` of the test cluster.
+pub fn gateway_on_db(db: &str) -> postgres::Client {
+    postgres::Client::connect(
+        &with_dbname(&env("CTXGUARD_TEST_DATABASE_URL"), db),
+        postgres::NoTls,
+    )
+    .unwrap()
+}
+
+/// Drop database `db` (ending its sessions) if it is there.
+pub fn drop_db(db: &str) {
+    admin_on("postgres")
+        .batch_execute(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
+        .unwrap();
+}
+
+/// A new database `db` (dropped first if it is there) with the extension and page type `page`,
+/// then `sql` run in it as the superuser.
+pub fn scratch_db(db: &str, page: &str, sql: &str) {
+    drop_db(db);
+    admin_on("postgres")
+        .batch_execute(&format!("CREATE DATABASE {db}"))
+        .unwrap();
+    admin_on(db)
+        .batch_execute(&format!(
+            "SET client_min_messages = warning; CREATE EXTENSION ctxguard;
+             SELECT ctxguard.register_page_type('{page}', NULL, 'A page.'); {sql}"
+        ))
+        .unwrap();
+}
+
+/// One built-in call (`list_available_tools`) in database `db` as the gateway role, by acme's
+/// viewer `user` on page type `page`, committed: its envelope.
+pub fn builtin_call(db: &str, user: &str, page: &str) -> Value {
+    call_in_transaction(
+        &mut gateway_on_db(db),
+        &token(user, "acme", &["viewer"]),
+        &json!({ "pageType": page }),
+        "list_available_tools",
+        true,
+    )
+}
+
+/// An envelope's error code, or its status when it has none.
+pub fn envelope_code(v: &Value) -> &str {
+    v["error"]["code"]
+        .as_str()
+        .or_else(|| v["status"].as_str())
+        .unwrap_or("?")
+}
