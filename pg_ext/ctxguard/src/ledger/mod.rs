@@ -869,15 +869,16 @@ pub const NOWAIT_DELAY_MS: i64 = 50;
 /// Measured on a 2-core VM, a document search at 1 client, alternated runs: 0.05-0.09 ms less at
 /// the median, 0.07-0.15 ms at p95. Under load (the record before its own another backend's,
 /// queued less than [`ALONE_AFTER_US`] before it; another record in flight; another caller
-/// asleep) a caller sleeps at once: polling would take a core from the writer and the other callers (at 4 clients it cost
-/// 5 % of the throughput without that rule).
+/// asleep) a caller sleeps at once: polling would take a core from the writer and the other
+/// callers (at 4 clients it cost 5 % of the throughput without that rule).
 const SPIN: Duration = Duration::from_micros(400);
 
 /// What a waiter's look at its queue found.
 enum Look {
-    /// Its record is durable once the WAL is flushed to the position (written: `true`), or the
-    /// writer could not write it (`false`).
-    Durable(bool, u64),
+    /// Its record is durable once the WAL is flushed to the position (written: `Some(true)`), or
+    /// the writer could not write it (`Some(false)`), or its outcome is no longer known (`None`:
+    /// [`shmem::OUTCOMES`] records were made durable since; the call fails).
+    Durable(Option<bool>, u64),
     /// Poll for it first ([`SPIN`]).
     Poll,
     /// Sleep until woken (or the next look).
@@ -928,11 +929,7 @@ pub fn wait(queued: Queued) -> Result<(), Unavailable> {
             if q.durable >= seq {
                 // Written, unless the writer could not write this record. (The writer freed this
                 // call's slot when it made the record durable.)
-                let written = shmem::outcome(q, seq).unwrap_or_else(|| {
-                    pgrx::log!("ctxguard: the outcome of audit record {seq} is no longer known; its call fails");
-                    false
-                });
-                Look::Durable(written, q.durable_lsn)
+                Look::Durable(shmem::outcome(q, seq), q.durable_lsn)
             } else if std::mem::take(&mut spin)
                 && q.writer_pid != 0
                 && q.next_seq - q.durable == 1
@@ -957,6 +954,10 @@ pub fn wait(queued: Queued) -> Result<(), Unavailable> {
             continue;
         }
         if let Look::Durable(written, lsn) = committed {
+            let written = written.unwrap_or_else(|| {
+                pgrx::log!("ctxguard: the outcome of audit record {seq} is no longer known; its call fails");
+                false
+            });
             // The writer commits without waiting for the WAL flush; the waiter flushes (group
             // flush with every other waiter), so the writer goes on with the next batch meanwhile.
             if written {
