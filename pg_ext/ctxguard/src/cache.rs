@@ -223,6 +223,12 @@ const WALK_PLANNER: &[(&std::ffi::CStr, &std::ffi::CStr)] = &[
     (c"enable_sort", c"off"),
     (c"enable_indexscan", c"on"),
 ];
+/// The planner settings of [`Catalog::page_tools`]' statements: their indexes (`page_types`' GIN
+/// index, `tools.server`'s, the policies' key), whatever the statistics say. A generic plan costed
+/// the GIN index above a sequential scan of every policy while its pending list held a large
+/// load's entries (`sql/tests/superuser/34_page_tools_policies.sql` read 5,083 rows on
+/// PostgreSQL 17).
+const PAGE_PLANNER: &[(&std::ffi::CStr, &std::ffi::CStr)] = &[(c"enable_seqscan", c"off")];
 /// Tools read at a time by [`Catalog::each_tool`].
 const NAME_WALK_BATCH: usize = 100;
 const TOOL_FROM: &str = "ctxguard.tools t
@@ -482,32 +488,34 @@ impl Catalog {
         // primary key: a saved plan joining the two tables chose a hash join over the whole
         // catalog (20 ms at 20,000 tools; this is O(the page's tools)).
         let names = as_owner(|| {
-            Spi::connect(|c| {
-                let mut names = crate::pgutil::select_saved(
-                    c,
-                    "SELECT q.tool FROM ctxguard.tool_policies q
-                      WHERE q.page_types OPERATOR(pg_catalog.&&) ARRAY[$1, '*']::pg_catalog.text[]",
-                    None,
-                    &[page.into()],
-                )?
-                .map(|r| r.get::<String>(1).map(Option::unwrap_or_default))
-                .collect::<Result<Vec<String>, _>>()?;
-                if !servers.is_empty() {
-                    for r in crate::pgutil::select_saved(
+            crate::owner::with_settings(PAGE_PLANNER, || {
+                Spi::connect(|c| {
+                    let mut names = crate::pgutil::select_saved(
                         c,
-                        // OFFSET 0: each tool's policy looked up by its key, not an anti-join
-                        // the generic plan made over every policy of the catalog.
-                        "SELECT t.name FROM ctxguard.tools t
+                        "SELECT q.tool FROM ctxguard.tool_policies q
+                      WHERE q.page_types OPERATOR(pg_catalog.&&) ARRAY[$1, '*']::pg_catalog.text[]",
+                        None,
+                        &[page.into()],
+                    )?
+                    .map(|r| r.get::<String>(1).map(Option::unwrap_or_default))
+                    .collect::<Result<Vec<String>, _>>()?;
+                    if !servers.is_empty() {
+                        for r in crate::pgutil::select_saved(
+                            c,
+                            // OFFSET 0: each tool's policy looked up by its key, not an anti-join
+                            // the generic plan made over every policy of the catalog.
+                            "SELECT t.name FROM ctxguard.tools t
                           WHERE t.server OPERATOR(pg_catalog.=) ANY ($1::pg_catalog.text[])
                             AND NOT EXISTS (SELECT 1 FROM ctxguard.tool_policies q
                                              WHERE q.tool OPERATOR(pg_catalog.=) t.name OFFSET 0)",
-                        None,
-                        &[servers.into()],
-                    )? {
-                        names.push(r.get::<String>(1)?.unwrap_or_default());
+                            None,
+                            &[servers.into()],
+                        )? {
+                            names.push(r.get::<String>(1)?.unwrap_or_default());
+                        }
                     }
-                }
-                Ok::<_, pgrx::spi::Error>(names)
+                    Ok::<_, pgrx::spi::Error>(names)
+                })
             })
         })
         .unwrap_or_else(|e| internal(e));
