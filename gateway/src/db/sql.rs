@@ -212,6 +212,10 @@ pub const UNPINNED: &[(&[&str], &str)] = &[
         "the gateway's connections ask for UTF8 at startup (a startup value outranks role defaults) and pgbouncer restores each client's own before serving it",
     ),
     (
+        &["gin_fuzzy_search_limit"],
+        "caps the rows a GIN index scan returns, at random: ctxguard pins it to 0 in every statement its functions run (owner.rs PINNED), where its GIN indexes (tool_policies.page_types, document_pages.tsv) are read; the gateway's own statements read no GIN index",
+    ),
+    (
         &["application_name"],
         "a label in pg_stat_activity and the log prefix; no outcome",
     ),
@@ -238,7 +242,7 @@ pub const UNPINNED: &[(&[&str], &str)] = &[
             "jit_optimize_above_cost", "parallel_leader_participation", "max_parallel_workers",
             "effective_io_concurrency", "maintenance_io_concurrency", "io_combine_limit",
             "backend_flush_after", "synchronize_seqscans", "hash_mem_multiplier", "work_mem",
-            "commit_siblings", "stats_fetch_consistency", "gin_fuzzy_search_limit",
+            "commit_siblings", "stats_fetch_consistency",
             "enable_distinct_reordering",
         ],
         "planner and executor tuning: the same rows come out; a plan made slow is bounded by the pinned statement_timeout, and work_mem / hash_mem_multiplier only cap memory that the gateway's small statements do not reach",

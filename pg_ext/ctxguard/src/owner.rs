@@ -26,7 +26,7 @@ use crate::pgutil::raise;
 
 /// Settings every statement ctxguard runs sees, whatever the caller set (in the order of
 /// [`holding`]'s checks).
-const PINNED: [(&CStr, &CStr); 12] = [
+const PINNED: [(&CStr, &CStr); 13] = [
     (c"search_path", c"pg_catalog, pg_temp"),
     (c"TimeZone", c"UTC"),
     (c"DateStyle", c"ISO, YMD"),
@@ -39,6 +39,9 @@ const PINNED: [(&CStr, &CStr); 12] = [
     (c"bytea_output", c"hex"),
     (c"row_security", c"on"),
     (c"check_function_bodies", c"on"),
+    // A cap on the rows a GIN index scan returns, dropped at random (0: none): it would change
+    // which tools a page lists (`tool_policies.page_types`) and which pages a search finds.
+    (c"gin_fuzzy_search_limit", c"0"),
 ];
 
 /// A pinned scope: restores the GUC nest level (if it opened one) and the user on drop.
@@ -63,8 +66,8 @@ impl Drop for Scope {
 
 /// Which settings of [`PINNED`] hold their value, in its order: read from the variables the
 /// settings assign (what `GetConfigOption` shows for each, without looking its name up), the
-/// check every scope makes. `bytea_output`'s variable is not in pgrx's bindings; it is read by
-/// name. `sql/tests/09_handlers.sql` moves each setting in turn away from its value, all the
+/// check every scope makes. `bytea_output`'s and `gin_fuzzy_search_limit`'s variables are not
+/// in pgrx's bindings; they are read by name. `sql/tests/09_handlers.sql` moves each setting in turn away from its value, all the
 /// others at theirs, and checks that a handler still sees it pinned.
 fn holding() -> [bool; PINNED.len()] {
     // SAFETY: the settings' variables, read by value in the backend's one thread; the strings are
@@ -93,6 +96,10 @@ fn holding() -> [bool; PINNED.len()] {
             ),
             pg_sys::row_security,
             pg_sys::check_function_bodies,
+            is(
+                pg_sys::GetConfigOption(c"gin_fuzzy_search_limit".as_ptr(), true, false),
+                c"0",
+            ),
         ]
     }
 }
