@@ -245,7 +245,7 @@ pub const UNPINNED: &[(&[&str], &str)] = &[
             "commit_siblings", "stats_fetch_consistency",
             "enable_distinct_reordering",
         ],
-        "planner and executor tuning: the same rows come out; a plan made slow is bounded by the pinned statement_timeout, and work_mem / hash_mem_multiplier only cap memory that the gateway's small statements do not reach",
+        "planner and executor tuning: the same rows come out; a plan made slow is bounded by the pinned statement_timeout, and work_mem / hash_mem_multiplier only cap memory that the gateway's small statements do not reach. Every plan made while ctxguard's functions run (their statements, kept or not, and a handler's) is made with the planner's own settings whatever these are (pg_ext owner.rs planner_settings), and ctxguard pins plan_cache_mode in its statements (PINNED)",
     ),
     (
         &[

@@ -224,7 +224,7 @@ const WALK_PLANNER: &[(&std::ffi::CStr, &std::ffi::CStr)] = &[
     (c"enable_indexscan", c"on"),
 ];
 /// The planner settings of [`Catalog::page_tools`]' statements: their indexes (`page_types`' GIN
-/// index, `tools.server`'s, the policies' key), whatever the statistics say. A generic plan costed
+/// index, `tools.server`'s, the tools' and policies' keys), whatever the statistics say. A generic plan costed
 /// the GIN index above a sequential scan of every policy while its pending list held a large
 /// load's entries (`sql/tests/superuser/34_page_tools_policies.sql` read 5,083 rows on
 /// PostgreSQL 17).
@@ -488,7 +488,7 @@ impl Catalog {
         // primary key: a saved plan joining the two tables chose a hash join over the whole
         // catalog (20 ms at 20,000 tools; this is O(the page's tools)).
         let names = as_owner(|| {
-            crate::owner::with_settings(PAGE_PLANNER, || {
+            crate::owner::with_planner(PAGE_PLANNER, || {
                 Spi::connect(|c| {
                     let mut names = crate::pgutil::select_saved(
                         c,
@@ -523,7 +523,10 @@ impl Catalog {
             "SELECT {TOOL_COLUMNS} FROM {TOOL_FROM}
               WHERE t.name OPERATOR(pg_catalog.=) ANY ($1::pg_catalog.text[])"
         );
-        let mut tools = self.read_tools(&sql, &[names.into()]);
+        // By primary key too: a custom plan for a list of hundreds of names joined every policy of
+        // the catalog by hash (`34_page_tools_policies.sql`).
+        let mut tools =
+            crate::owner::with_planner(PAGE_PLANNER, || self.read_tools(&sql, &[names.into()]));
         tools.sort_by(|a, b| a.name.cmp(&b.name));
         count(|c| c.pages_read += 1);
         // Share entries already read by name; keep the list if it fits.
@@ -568,7 +571,7 @@ impl Catalog {
         loop {
             // In the name index's order, whatever the caller's cost settings or the statistics
             // say: a sort over a sequential scan reads the whole catalog for every batch.
-            let tools = crate::owner::with_settings(WALK_PLANNER, || {
+            let tools = crate::owner::with_planner(WALK_PLANNER, || {
                 self.read_tools(&sql, &[after.as_str().into()])
             });
             let Some(last) = tools.last() else { return };

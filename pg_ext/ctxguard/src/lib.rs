@@ -73,6 +73,7 @@ pub extern "C-unwind" fn _PG_init() {
         std::env::set_var("RUST_LIB_BACKTRACE", "0");
     }
     gucs::init();
+    owner::init_planner();
     let preloaded = pgutil::loaded_at_startup();
     if preloaded {
         // Defined before the prefix is reserved: a setting defined after it would be refused,

@@ -26,7 +26,7 @@ use crate::pgutil::raise;
 
 /// Settings every statement ctxguard runs sees, whatever the caller set (in the order of
 /// [`holding`]'s checks).
-const PINNED: [(&CStr, &CStr); 13] = [
+const PINNED: [(&CStr, &CStr); 14] = [
     (c"search_path", c"pg_catalog, pg_temp"),
     (c"TimeZone", c"UTC"),
     (c"DateStyle", c"ISO, YMD"),
@@ -42,16 +42,25 @@ const PINNED: [(&CStr, &CStr); 13] = [
     // A cap on the rows a GIN index scan returns, dropped at random (0: none): it would change
     // which tools a page lists (`tool_policies.page_types`) and which pages a search finds.
     (c"gin_fuzzy_search_limit", c"0"),
+    // Whether a saved statement gets its kept generic plan or a plan of its own every time: a
+    // session's `force_custom_plan`, left on a pooled connection, would plan every statement of
+    // every later call (the plans themselves are made with [`planner_settings`]).
+    (c"plan_cache_mode", c"auto"),
 ];
 
 /// A pinned scope: restores the GUC nest level (if it opened one) and the user on drop.
 struct Scope {
     nest: Option<i32>,
     user: Option<(pg_sys::Oid, i32)>,
+    /// Counted in [`SCOPES`] (a scope [`open`] made).
+    counted: bool,
 }
 
 impl Drop for Scope {
     fn drop(&mut self) {
+        if self.counted {
+            SCOPES.with(|n| n.set(n.get().saturating_sub(1)));
+        }
         unsafe {
             if let Some((uid, sec)) = self.user {
                 pg_sys::SetUserIdAndSecContext(uid, sec);
@@ -97,6 +106,7 @@ fn holding() -> [bool; PINNED.len()] {
             pg_sys::row_security,
             pg_sys::check_function_bodies,
             pg_sys::GinFuzzySearchLimit == 0,
+            pg_sys::plan_cache_mode == pg_sys::PlanCacheMode::PLAN_CACHE_MODE_AUTO as i32,
         ]
     }
 }
@@ -140,7 +150,12 @@ fn open(user: Option<pg_sys::Oid>) -> Scope {
         }
         nest
     });
-    let mut scope = Scope { nest, user: None };
+    SCOPES.with(|n| n.set(n.get() + 1));
+    let mut scope = Scope {
+        nest,
+        user: None,
+        counted: true,
+    };
     if let Some(target) = user {
         let (mut uid, mut sec) = (pg_sys::InvalidOid, 0i32);
         unsafe {
@@ -164,62 +179,179 @@ pub fn pin_session() {
     }
 }
 
-/// The planner's own settings for a plan that is kept and serves every later caller of the backend
-/// ([`crate::pgutil::open_generic`]): PostgreSQL's defaults, with GEQO and JIT off. Whatever planner
-/// costs and switches the session that happens to make the plan has set (or a DBA's tuning: these
-/// statements are written for the defaults), it is the plan these give. Only settings every
-/// supported major (15 and later) has; the switches added since (`enable_presorted_aggregate`,
-/// `enable_group_by_reordering`, ...) change none of these statements' plans.
-pub const PLANNER: &[(&CStr, &CStr)] = &[
-    (c"enable_async_append", c"on"),
-    (c"enable_bitmapscan", c"on"),
-    (c"enable_gathermerge", c"on"),
-    (c"enable_hashagg", c"on"),
-    (c"enable_hashjoin", c"on"),
-    (c"enable_incremental_sort", c"on"),
-    (c"enable_indexonlyscan", c"on"),
-    (c"enable_indexscan", c"on"),
-    (c"enable_material", c"on"),
-    (c"enable_memoize", c"on"),
-    (c"enable_mergejoin", c"on"),
-    (c"enable_nestloop", c"on"),
-    (c"enable_parallel_append", c"on"),
-    (c"enable_parallel_hash", c"on"),
-    (c"enable_partition_pruning", c"on"),
-    (c"enable_partitionwise_aggregate", c"off"),
-    (c"enable_partitionwise_join", c"off"),
-    (c"enable_seqscan", c"on"),
-    (c"enable_sort", c"on"),
-    (c"enable_tidscan", c"on"),
-    (c"seq_page_cost", c"1"),
-    (c"random_page_cost", c"4"),
-    (c"cpu_tuple_cost", c"0.01"),
-    (c"cpu_index_tuple_cost", c"0.005"),
-    (c"cpu_operator_cost", c"0.0025"),
-    (c"effective_cache_size", c"4GB"),
-    (c"cursor_tuple_fraction", c"0.1"),
-    (c"from_collapse_limit", c"8"),
-    (c"join_collapse_limit", c"8"),
-    (c"geqo", c"off"),
-    (c"constraint_exclusion", c"partition"),
-    (c"work_mem", c"4MB"),
-    (c"hash_mem_multiplier", c"2"),
-    (c"jit", c"off"),
-    (c"plan_cache_mode", c"auto"),
-];
+/// The planner's own settings: every plan made while ctxguard's code runs (its own statements,
+/// the handler bodies it keeps, a handler's or condition's own SQL) is made with these, through
+/// [`planner`]. PostgreSQL's defaults, with GEQO, JIT and parallel plans off. Plans are kept for
+/// the backend's life and so serve every later client of a pooled server connection; whatever
+/// planner costs and switches the session that happens to make the plan has set (any role may set
+/// them, and a pooled connection keeps a session's `SET` for the next client), or a DBA's tuning
+/// (these statements are written for the defaults), it is the plan these give. Only settings
+/// every supported major (15 and later) has; the switches added since
+/// (`enable_presorted_aggregate`, `enable_group_by_reordering`, ...) change none of ctxguard's
+/// statements' plans. `plan_cache_mode`, read before planning, is in [`PINNED`].
+///
+/// Each with whether it holds its value now (read from the variable the setting assigns, as
+/// [`holding`] does): a plan made while they all hold opens no nest level.
+fn planner_settings() -> [(&'static CStr, &'static CStr, bool); 35] {
+    use pg_sys as p;
+    // SAFETY: the settings' variables, read by value in the backend's one thread.
+    unsafe {
+        [
+            (c"enable_async_append", c"on", p::enable_async_append),
+            (c"enable_bitmapscan", c"on", p::enable_bitmapscan),
+            (c"enable_gathermerge", c"on", p::enable_gathermerge),
+            (c"enable_hashagg", c"on", p::enable_hashagg),
+            (c"enable_hashjoin", c"on", p::enable_hashjoin),
+            (
+                c"enable_incremental_sort",
+                c"on",
+                p::enable_incremental_sort,
+            ),
+            (c"enable_indexonlyscan", c"on", p::enable_indexonlyscan),
+            (c"enable_indexscan", c"on", p::enable_indexscan),
+            (c"enable_material", c"on", p::enable_material),
+            (c"enable_memoize", c"on", p::enable_memoize),
+            (c"enable_mergejoin", c"on", p::enable_mergejoin),
+            (c"enable_nestloop", c"on", p::enable_nestloop),
+            (c"enable_parallel_append", c"on", p::enable_parallel_append),
+            (c"enable_parallel_hash", c"on", p::enable_parallel_hash),
+            (
+                c"enable_partition_pruning",
+                c"on",
+                p::enable_partition_pruning,
+            ),
+            (
+                c"enable_partitionwise_aggregate",
+                c"off",
+                !p::enable_partitionwise_aggregate,
+            ),
+            (
+                c"enable_partitionwise_join",
+                c"off",
+                !p::enable_partitionwise_join,
+            ),
+            (c"enable_seqscan", c"on", p::enable_seqscan),
+            (c"enable_sort", c"on", p::enable_sort),
+            (c"enable_tidscan", c"on", p::enable_tidscan),
+            (c"seq_page_cost", c"1", p::seq_page_cost == 1.0),
+            (c"random_page_cost", c"4", p::random_page_cost == 4.0),
+            (c"cpu_tuple_cost", c"0.01", p::cpu_tuple_cost == 0.01),
+            (
+                c"cpu_index_tuple_cost",
+                c"0.005",
+                p::cpu_index_tuple_cost == 0.005,
+            ),
+            (
+                c"cpu_operator_cost",
+                c"0.0025",
+                p::cpu_operator_cost == 0.0025,
+            ),
+            (
+                c"effective_cache_size",
+                c"4GB",
+                p::effective_cache_size as i64 * p::BLCKSZ as i64 == 4 << 30,
+            ),
+            (
+                c"cursor_tuple_fraction",
+                c"0.1",
+                p::cursor_tuple_fraction == 0.1,
+            ),
+            (c"from_collapse_limit", c"8", p::from_collapse_limit == 8),
+            (c"join_collapse_limit", c"8", p::join_collapse_limit == 8),
+            (c"geqo", c"off", !p::enable_geqo),
+            (
+                c"constraint_exclusion",
+                c"partition",
+                p::constraint_exclusion
+                    == p::ConstraintExclusionType::CONSTRAINT_EXCLUSION_PARTITION as i32,
+            ),
+            (c"work_mem", c"4MB", p::work_mem == 4096),
+            (c"hash_mem_multiplier", c"2", p::hash_mem_multiplier == 2.0),
+            (c"jit", c"off", !p::jit_enabled),
+            (
+                c"max_parallel_workers_per_gather",
+                c"0",
+                p::max_parallel_workers_per_gather == 0,
+            ),
+        ]
+    }
+}
 
-/// Run `f` with `pairs` set at a GUC nest level of their own, restored after it (an error's abort
-/// restores them too): for a statement whose plan must not depend on the caller's cost settings or
-/// the statistics of the moment (a plan is made with the settings in force when it is made, and a
-/// saved one is kept).
-pub fn with_settings<R>(pairs: &[(&CStr, &CStr)], f: impl FnOnce() -> R) -> R {
+thread_local! {
+    /// Pinned scopes open ([`open`]): while there is one, ctxguard's code is running.
+    static SCOPES: Cell<u32> = const { Cell::new(0) };
+    /// Planner settings a statement asks for on top of [`planner_settings`] ([`with_planner`]).
+    static OVERRIDES: Cell<&'static [(&'static CStr, &'static CStr)]> = const { Cell::new(&[]) };
+}
+
+static mut PREV_PLANNER: pg_sys::planner_hook_type = None;
+
+/// Install [`planner`] (in every backend that loads the library, preloaded or not: it is loaded
+/// before ctxguard's code first runs, and so before anything it plans).
+pub fn init_planner() {
+    // SAFETY: the backend's one thread, while the library loads.
+    unsafe {
+        PREV_PLANNER = pg_sys::planner_hook;
+        pg_sys::planner_hook = Some(planner);
+    }
+}
+
+/// The planner, as PostgreSQL's (or the hook before this one): while ctxguard's code runs, with
+/// [`planner_settings`] and the statement's [`with_planner`] overrides set at a nest level of
+/// their own, popped after planning (an error's abort pops it too). Outside, untouched.
+#[pg_guard]
+unsafe extern "C-unwind" fn planner(
+    parse: *mut pg_sys::Query,
+    query_string: *const std::ffi::c_char,
+    cursor_options: std::ffi::c_int,
+    bound_params: pg_sys::ParamListInfo,
+) -> *mut pg_sys::PlannedStmt {
+    // SAFETY: PostgreSQL's planner (or the previous hook) with the arguments it was given; an
+    // ERROR inside becomes a Rust panic at the boundary and is raised again by `pg_guard`.
+    let plan = || unsafe {
+        match PREV_PLANNER {
+            Some(prev) => pg_sys::ffi::pg_guard_ffi_boundary(|| {
+                prev(parse, query_string, cursor_options, bound_params)
+            }),
+            None => pg_sys::standard_planner(parse, query_string, cursor_options, bound_params),
+        }
+    };
+    if SCOPES.with(Cell::get) == 0 {
+        return plan();
+    }
+    let overrides = OVERRIDES.with(Cell::get);
+    let settings = planner_settings();
+    if overrides.is_empty() && settings.iter().all(|s| s.2) {
+        return plan();
+    }
     let _scope = Scope {
         nest: Some(unsafe { pg_sys::NewGUCNestLevel() }),
         user: None,
+        counted: false,
     };
-    for (name, value) in pairs {
+    for (name, value, _) in settings.iter().filter(|s| !s.2) {
         set(name, value);
     }
+    for (name, value) in overrides {
+        set(name, value);
+    }
+    plan()
+}
+
+/// Run `f` with `pairs` added to the planner's own settings ([`planner_settings`]) for whatever is
+/// planned inside it: for a statement whose plan must not depend on the statistics of the moment
+/// (a plan is made with the settings in force when it is made, and a saved one is kept).
+pub fn with_planner<R>(
+    pairs: &'static [(&'static CStr, &'static CStr)],
+    f: impl FnOnce() -> R,
+) -> R {
+    struct Restore(&'static [(&'static CStr, &'static CStr)]);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            OVERRIDES.with(|o| o.set(self.0));
+        }
+    }
+    let _restore = Restore(OVERRIDES.with(|o| o.replace(pairs)));
     f()
 }
 

@@ -377,9 +377,13 @@ pub fn open_generic<'conn>(
     // SAFETY: no concurrent access.
     let read_only =
         unsafe { pg_sys::GetCurrentTransactionIdIfAny() } == pg_sys::InvalidTransactionId;
+    // The plan is kept for the backend's life, and so serves every later client of a pooled
+    // server connection: it is made with the planner's own settings, not the session's (which any
+    // role may set: no index scans, page reads a million times dearer, JIT for every execution),
+    // by ctxguard's planner hook (`owner::planner`), whenever it is made.
     // SAFETY: a kept plan with as many values and nulls as it has parameters, of its types;
     // SPI_cursor_open raises an error rather than returning NULL.
-    let mut open = || unsafe {
+    let portal = unsafe {
         pg_sys::SPI_cursor_open(
             std::ptr::null(),
             plan,
@@ -388,87 +392,11 @@ pub fn open_generic<'conn>(
             read_only,
         )
     };
-    // The plan is kept for the backend's life, and so serves every later client of a pooled
-    // server connection: it is made with the planner's own settings, not the session's (which any
-    // role may set: no index scans, page reads a million times dearer, JIT for every execution).
-    // The nest level costs a walk of every setting when it is popped (PostgreSQL 15): it is
-    // opened when a plan is about to be made, or when the session's plan_cache_mode would
-    // override the statement's (force_custom_plan: a custom plan, under the session's settings,
-    // for every execution).
-    // SAFETY: the plan's own sources, read.
-    let planning = unsafe { plan_due(plan) }
-        || unsafe { pg_sys::plan_cache_mode } != pg_sys::PlanCacheMode::PLAN_CACHE_MODE_AUTO as i32;
-    let portal = if planning {
-        crate::owner::with_settings(crate::owner::PLANNER, open)
-    } else {
-        // SAFETY: as above.
-        let before = unsafe { plan_generations(plan) };
-        let portal = open();
-        // A plan was made all the same: GetCachedPlan found its sources stale only once inside
-        // (an invalidation another backend sent, taken in with the plan's locks; the session's
-        // temporary schema joining the search path), and planned under the session's settings.
-        // That plan is dropped with the statement, which is prepared and planned again under the
-        // planner's own settings.
-        // SAFETY: as above; the portal just opened, closed before its plan is freed.
-        if unsafe { plan_generations(plan) } != before {
-            unsafe {
-                pg_sys::SPI_cursor_close(portal);
-                GENERIC_PLANS.with(|m| m.borrow_mut().remove(sql));
-                pg_sys::SPI_freeplan(plan);
-            }
-            return open_generic(client, sql, args);
-        }
-        portal
-    };
     // SAFETY: the portal just opened (its name is copied).
     let name = unsafe { CStr::from_ptr((*portal).name) }
         .to_string_lossy()
         .into_owned();
     client.find_cursor(&name)
-}
-
-/// The plan sources of kept SPI plan `plan` (the plan's own list, not a copy).
-///
-/// # Safety
-/// `plan` is a valid, kept SPI plan; the sources live as long as it does.
-unsafe fn plan_sources(
-    plan: pg_sys::SPIPlanPtr,
-) -> impl Iterator<Item = &'static pg_sys::CachedPlanSource> {
-    // SAFETY: the plan's own list (not freed here), each element a live CachedPlanSource.
-    unsafe {
-        let list = pgrx::PgList::<pg_sys::CachedPlanSource>::from_pg(
-            pg_sys::SPI_plan_get_plan_sources(plan),
-        );
-        let sources: Vec<_> = list.iter_ptr().map(|ps| &*ps).collect();
-        sources.into_iter()
-    }
-}
-
-/// Whether opening a cursor on `plan` would make its plan: a source or its generic plan not made
-/// or no longer valid, or a generic plan tied to the transaction that made it (`saved_xmin`: an
-/// index still being built), which `GetCachedPlan` makes again.
-///
-/// # Safety
-/// `plan` is a valid, kept SPI plan.
-unsafe fn plan_due(plan: pg_sys::SPIPlanPtr) -> bool {
-    // SAFETY: the plan's sources, and a source's generic plan when not NULL.
-    unsafe {
-        plan_sources(plan).any(|ps| {
-            !ps.is_valid
-                || ps.gplan.is_null()
-                || !(*ps.gplan).is_valid
-                || (*ps.gplan).saved_xmin != pg_sys::InvalidTransactionId
-        })
-    }
-}
-
-/// How many plans `plan`'s sources have made (each source counts the plans made for it).
-///
-/// # Safety
-/// `plan` is a valid, kept SPI plan.
-unsafe fn plan_generations(plan: pg_sys::SPIPlanPtr) -> i64 {
-    // SAFETY: as in plan_due.
-    unsafe { plan_sources(plan).map(|ps| i64::from(ps.generation)).sum() }
 }
 
 /// Like [`select_saved`], on a snapshot taken now (as a statement that writes would see: in READ

@@ -26,6 +26,20 @@ BEGIN
     RETURN d;
 END $$;
 
+-- The same on another page, the tool looked up by name six times (its saved plan made generic).
+CREATE FUNCTION pg_temp.wide2(tok text) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE n bigint; d text;
+BEGIN
+    SET LOCAL ROLE ctxguard_gateway;
+    PERFORM ctxguard.set_context(tok, '{"pageType": "mask_lab"}');
+    SELECT count(*) INTO n FROM ctxguard.visible_tools();
+    FOR i IN 1..6 LOOP
+        d := ctxguard.explain_call('wide.w' || (10 + i), '{}')->>'decision';
+    END LOOP;
+    RESET ROLE;
+    RETURN d;
+END $$;
+
 BEGIN;
 -- The filler: 5,000 tools of a server with a policy each, written directly (the catalog's triggers
 -- off for them; the wide server below moves the catalog's version through the API).
@@ -44,15 +58,40 @@ SELECT ctxguard.sync_mcp_tools('wide', (SELECT jsonb_agg(jsonb_build_object('nam
                                           FROM generate_series(1, 200) i)) \g /dev/null
 ANALYZE ctxguard.tools;
 ANALYZE ctxguard.tool_policies;
--- As the saved plans run once generic.
+-- ctxguard's statements follow plan_cache_mode = auto whatever the session says (pinned): the first
+-- listings of a backend are planned for their values (custom plans), later ones may be generic.
+-- Both are made to read through the indexes (the second part plans generic ones).
 SET LOCAL plan_cache_mode = force_generic_plan;
 SELECT pg_temp.rows_returned('ctxguard.tool_policies') AS before \gset
 SELECT pg_temp.wide(:'tok_alice') AS listed \gset
 SELECT pg_temp.rows_returned('ctxguard.tool_policies') - :before AS read \gset
+-- The next client of a pooled server connection gets the planner settings the last one left
+-- (pgbouncer's transaction mode keeps a session's SET; the gateway does not pin planner settings).
+-- Every plan of ctxguard's own statements is made with the planner's own settings: with index and
+-- bitmap scans off, the next listing (another page, so the page's list is read again; the plans
+-- are made again, custom and generic) still reads through the indexes, and so does the tool's
+-- lookup by name.
+SET LOCAL ROLE ctxguard_gateway;
+SET LOCAL enable_indexscan = off;
+SET LOCAL enable_bitmapscan = off;
+SET LOCAL enable_indexonlyscan = off;
+RESET ROLE;
+SELECT pg_temp.rows_returned('ctxguard.tool_policies') AS before2, pg_temp.rows_returned('ctxguard.tools') AS tools_before \gset
+SELECT pg_temp.wide2(:'tok_alice') AS listed2 \gset
+SELECT pg_temp.rows_returned('ctxguard.tool_policies') - :before2 AS read2,
+       pg_temp.rows_returned('ctxguard.tools') - :tools_before AS tools_read2 \gset
+SELECT current_setting('enable_indexscan') AS still_off \gset
 ROLLBACK;
 
 SELECT is(:'listed'::text, 'allow', 'the wide server''s tool may be called on the invoice table');
 SELECT cmp_ok(:read::bigint, '<', 500::bigint,
               format('reading the page''s tools read %s policy rows, not the catalog''s 5,000 others', :read));
+
+SELECT is(:'listed2'::text, 'allow', 'with index scans off, the wide server''s tool may still be called');
+SELECT is(:'still_off'::text, 'off', 'the session''s own setting is left as it was');
+SELECT cmp_ok(:read2::bigint, '<', 500::bigint,
+              format('with index scans off, reading a page''s tools read %s policy rows, not the catalog''s 5,000 others', :read2));
+SELECT cmp_ok(:tools_read2::bigint, '<', 1000::bigint,
+              format('with index scans off, looking tools up by name read %s tool rows, not the catalog''s 5,200', :tools_read2));
 
 SELECT * FROM finish();
