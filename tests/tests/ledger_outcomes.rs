@@ -4,6 +4,12 @@
 //! that pushed the first ones out before their callers looked, and those callers, finding their
 //! record made durable and not in the list, returned their results with no audit row.
 //!
+//!
+//! A caller that looks for its record's outcome late (its backend descheduled, here stopped with
+//! `SIGSTOP`) gets it all the same, however many records were made durable meanwhile: the queue
+//! remembers the outcomes of the last 4,096 records, and a caller that looked after that failed
+//! its call though its record was written.
+//!
 //! Needs `CTXGUARD_TEST_ADMIN_URL`, `CTXGUARD_TEST_DATABASE_URL` and `CTXGUARD_TEST_JWT_SECRET`
 //! (`scripts/test.sh` provides them). Makes a database `ctxguard_outcomes_*` of its own and drops
 //! it.
@@ -12,8 +18,12 @@ mod support;
 
 use std::time::Duration;
 
+use serde_json::json;
 use serde_json::Value;
-use support::{admin_on, builtin_call, drop_db, envelope_code as code, scratch_db};
+use support::{
+    admin_on, builtin_call, call_in_transaction, drop_db, envelope_code as code, gateway_on_db,
+    scratch_db, token,
+};
 
 /// More callers than the writer's old list of failed records held (64), all in one batch.
 const CALLERS: usize = 90;
@@ -79,5 +89,100 @@ fn every_caller_of_a_batch_of_failed_records_fails() {
         "every call whose record was not written fails: {} of {CALLERS} did not: {:?}",
         ok.len(),
         ok.first()
+    );
+}
+
+/// Records made durable while the late caller is stopped: more than the queue remembers (4,096).
+const LATER_RECORDS: usize = 4_400;
+
+/// Send `signal` (`STOP`, `CONT`) to process `pid` (the test runs as root or as the cluster's
+/// user, as `scripts/test.sh` runs it).
+fn signal(pid: i32, signal: &str) {
+    let status = std::process::Command::new("kill")
+        .args([format!("-{signal}"), pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -{signal} {pid}");
+}
+
+#[test]
+fn a_caller_that_looks_late_gets_its_outcome() {
+    let db = format!("ctxguard_late_{}", std::process::id());
+    // Longer than the run takes: the late caller must still be waiting when it looks.
+    scratch_db(
+        &db,
+        "late_page",
+        &format!("ALTER DATABASE {db} SET ctxguard.audit_wait_timeout = 120;"),
+    );
+    assert_eq!(code(&builtin_call(&db, "warm", "late_page")), "ok");
+    // Hold the writer off the audit table while the late caller queues its record and sleeps.
+    let mut lock = admin_on(&db);
+    let mut held = lock.transaction().unwrap();
+    held.batch_execute("LOCK TABLE ctxguard.audit_log IN ACCESS EXCLUSIVE MODE")
+        .unwrap();
+    let late = {
+        let db = db.clone();
+        std::thread::spawn(move || builtin_call(&db, "late", "late_page"))
+    };
+    // Its backend, waiting for its record (wait event of the extension, in call_tool).
+    let mut pid = None;
+    for _ in 0..200 {
+        pid = admin_on(&db)
+            .query_opt(
+                "SELECT pid FROM pg_stat_activity
+                  WHERE datname = current_database() AND wait_event_type = 'Extension'
+                    AND query LIKE '%call_tool%'",
+                &[],
+            )
+            .unwrap()
+            .map(|r| r.get::<_, i32>(0));
+        if pid.is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    let pid = pid.expect("the late caller waits for its record");
+    signal(pid, "STOP");
+    // Its record is written (and its waiter slot told so) while it is stopped.
+    held.rollback().unwrap();
+    // Then many more records are made durable by other callers.
+    let workers: Vec<_> = (0..4)
+        .map(|w| {
+            let db = db.clone();
+            std::thread::spawn(move || {
+                let mut c = gateway_on_db(&db);
+                let tok = token(&format!("busy{w}"), "acme", &["viewer"]);
+                let page = json!({ "pageType": "late_page" });
+                (0..LATER_RECORDS / 4)
+                    .filter(|_| {
+                        code(&call_in_transaction(
+                            &mut c,
+                            &tok,
+                            &page,
+                            "list_available_tools",
+                            true,
+                        )) == "ok"
+                    })
+                    .count()
+            })
+        })
+        .collect();
+    let busy_ok: usize = workers.into_iter().map(|t| t.join().unwrap()).sum();
+    signal(pid, "CONT");
+    let result = late.join().unwrap();
+    let audited: i64 = admin_on(&db)
+        .query_one(
+            "SELECT count(*) FROM ctxguard.audit_log WHERE user_id = 'late'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    drop_db(&db);
+    assert_eq!(busy_ok, LATER_RECORDS, "the other calls succeed");
+    assert_eq!(audited, 1, "the late caller's record was written");
+    assert_eq!(
+        code(&result),
+        "ok",
+        "the late caller gets its record's outcome: {result}"
     );
 }

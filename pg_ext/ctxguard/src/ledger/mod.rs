@@ -700,6 +700,7 @@ fn slot(qs: &mut [shmem::Queue; shmem::DATABASES]) -> Option<usize> {
     // unwritten though their rows are there).
     let q = &mut qs[i];
     q.db = d;
+    q.taken = q.taken.wrapping_add(1);
     q.writer_pid = 0;
     q.start_requested = 0;
     q.next_seq = 0;
@@ -780,6 +781,8 @@ fn sleep(cv: *mut pg_sys::ConditionVariable, ms: i64) {
 /// A record in a queue ([`submit`]), to [`wait`] for.
 pub struct Queued {
     queue: usize,
+    /// The queue's [`shmem::Queue::taken`] when the record was queued.
+    taken: u64,
     seq: u64,
     /// The record queued before this one was this backend's own, or queued at least
     /// [`ALONE_AFTER_US`] before it.
@@ -829,10 +832,10 @@ pub fn submit(mut audit: Value) -> Result<Queued, Unavailable> {
                 let (me, now) = unsafe { (pg_sys::MyProcPid, pg_sys::GetCurrentTimestamp()) };
                 let alone = q.last_pid == me || now - q.last_at >= ALONE_AFTER_US;
                 (q.last_pid, q.last_at) = (me, now);
-                (seq, seq - q.durable, alone)
+                (seq, seq - q.durable, alone, q.taken)
             })
         };
-        if let Some((seq, queued, alone)) = seq {
+        if let Some((seq, queued, alone, taken)) = seq {
             // A caller that waits wakes the writer at once. One that does not
             // (`ctxguard.audit_wait = off`) leaves its record to the writer's next round (at most
             // `NOWAIT_DELAY_MS` away) unless enough are queued: batches of many records instead
@@ -844,6 +847,7 @@ pub fn submit(mut audit: Value) -> Result<Queued, Unavailable> {
             CALL.with(|c| c.borrow_mut().clear());
             return Ok(Queued {
                 queue: i,
+                taken,
                 seq,
                 alone,
             });
@@ -901,6 +905,7 @@ fn poll_durable(i: usize, seq: u64) {
 pub fn wait(queued: Queued) -> Result<(), Unavailable> {
     let Queued {
         queue: i,
+        taken,
         seq,
         alone,
     } = queued;
@@ -915,6 +920,7 @@ pub fn wait(queued: Queued) -> Result<(), Unavailable> {
     let mut slot: Option<usize> = None;
     // Whether this call may poll for its record before sleeping (once, at the first look).
     let mut spin = alone;
+    let mut first_look = true;
     let done = loop {
         // Reset before looking: a wake-up after the look is not lost.
         unsafe { pg_sys::ResetLatch(pg_sys::MyLatch) };
@@ -922,18 +928,38 @@ pub fn wait(queued: Queued) -> Result<(), Unavailable> {
             let mut qs = shmem::queues();
             let q = &mut qs[i];
             // The queue went to another database (only once all its records were durable and it
-            // sat idle for a minute): whether this record was written cannot be known. Closed.
-            if q.db != db() {
+            // sat idle for a minute), maybe and back: whether this record was written cannot be
+            // known (the numbers start again). Closed.
+            if q.db != db() || q.taken != taken {
                 break false;
             }
-            if q.durable >= seq {
-                // Written, unless the writer could not write this record. (The writer freed this
-                // call's slot when it made the record durable.)
-                Look::Durable(shmem::outcome(q, seq), q.durable_lsn)
+            // A slot of this backend's left by an earlier call (an error or cancel while it
+            // waited) is freed first: a backend waits for one record at a time.
+            if first_look {
+                for w in q.waiters.iter_mut().filter(|w| w.latch == me) {
+                    *w = shmem::Waiter::FREE;
+                }
+            }
+            first_look = false;
+            let told = slot
+                .filter(|&k| mine(&q.waiters[k]) && q.waiters[k].outcome != 0)
+                .map(|k| {
+                    let written = q.waiters[k].outcome == shmem::WRITTEN;
+                    q.waiters[k] = shmem::Waiter::FREE;
+                    written
+                });
+            if let Some(written) = told {
+                // The writer wrote this record's outcome in the call's slot.
+                slot = None;
+                Look::Durable(Some(written), q.durable_lsn)
+            } else if q.durable >= seq {
+                // Written, unless the writer could not write this record (without a slot, or
+                // with one the writer freed: its outcome is the queue's).
+                Look::Durable(shmem::outcome(&q.outcomes, seq), q.durable_lsn)
             } else if std::mem::take(&mut spin)
                 && q.writer_pid != 0
                 && q.next_seq - q.durable == 1
-                && q.waiters.iter().all(|w| w.latch == 0)
+                && q.waiters.iter().all(|w| !w.asleep())
             {
                 // The only record in flight, nobody else waiting, and a writer: its next batch is
                 // this record alone. Poll for it a little, without the lock, before sleeping (see
@@ -943,7 +969,11 @@ pub fn wait(queued: Queued) -> Result<(), Unavailable> {
                 if !slot.is_some_and(|k| mine(&q.waiters[k])) {
                     slot = q.waiters.iter().position(|w| w.latch == 0);
                     if let Some(k) = slot {
-                        q.waiters[k] = shmem::Waiter { latch: me, seq };
+                        q.waiters[k] = shmem::Waiter {
+                            latch: me,
+                            seq,
+                            ..shmem::Waiter::FREE
+                        };
                     }
                 }
                 Look::Sleep
@@ -981,8 +1011,8 @@ pub fn wait(queued: Queued) -> Result<(), Unavailable> {
         };
         pgrx::check_for_interrupts!();
     };
-    // A wait that timed out gives its slot back (one left by an error is freed by the writer
-    // when its record is durable).
+    // A wait that timed out gives its slot back (one left by an error is freed by this backend's
+    // next wait, or by the writer once it is stale).
     if let Some(k) = slot {
         let mut qs = shmem::queues();
         if mine(&qs[i].waiters[k]) {

@@ -33,17 +33,38 @@ pub const RECORD_BYTES: usize = 4096 - 16;
 /// Callers per database whose wait the writer ends by setting their latch (more wait by polling).
 pub const WAITERS: usize = 64;
 
-/// A caller waiting for record `seq` to be durable: the writer sets `latch` (0: slot free) once
-/// it is, and frees the slot. Only that caller is woken, not every caller of the database.
+/// A caller waiting for record `seq` to be durable (`latch`; 0: slot free). Once it is, the writer
+/// writes its outcome here (`outcome`: [`WRITTEN`] or [`NOT_WRITTEN`], at `done_at`) and sets the
+/// latch; the caller reads it and frees the slot, however late it looks. Only that caller is
+/// woken, not every caller of the database. A slot whose caller has not read it
+/// `ctxguard.audit_wait_timeout` and a second after its outcome (the caller gone, or past its own
+/// deadline) is freed by the writer.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct Waiter {
     pub latch: usize,
     pub seq: u64,
+    pub outcome: u32,
+    pub done_at: i64,
 }
 
+/// [`Waiter::outcome`]: the record was written.
+pub const WRITTEN: u32 = 1;
+/// [`Waiter::outcome`]: the writer could not write the record (its call fails).
+pub const NOT_WRITTEN: u32 = 2;
+
 impl Waiter {
-    pub const FREE: Waiter = Waiter { latch: 0, seq: 0 };
+    pub const FREE: Waiter = Waiter {
+        latch: 0,
+        seq: 0,
+        outcome: 0,
+        done_at: 0,
+    };
+
+    /// Held by a caller still waiting for its record's outcome.
+    pub fn asleep(&self) -> bool {
+        self.latch != 0 && self.outcome == 0
+    }
 }
 
 /// Slots of each ledger table, fixed at server start (`ctxguard.ledger_*`, rounded up to whole
@@ -196,6 +217,9 @@ pub struct Record {
 pub struct Queue {
     /// The database (0: slot free).
     pub db: u32,
+    /// Times the slot was taken by a database: a caller's record belongs to the taking it was
+    /// queued in (a slot that went to another database and back numbers its records from 1 again).
+    pub taken: u64,
     /// The writer's pid (0: none).
     pub writer_pid: i32,
     /// When a backend last asked the postmaster for a writer (Unix seconds; 0: not asked).
@@ -431,9 +455,14 @@ pub fn durable_hint(slot: usize) -> u64 {
 
 /// What queue `q` knows of record `seq`, made durable: written (`Some(true)`), not written
 /// (`Some(false)`), or no longer known (`None`: [`OUTCOMES`] records were made durable since).
-pub fn outcome(q: &Queue, seq: u64) -> Option<bool> {
-    let o = q.outcomes[(seq % OUTCOMES as u64) as usize];
+pub fn outcome(outcomes: &[u64; OUTCOMES], seq: u64) -> Option<bool> {
+    let o = outcomes[(seq % OUTCOMES as u64) as usize];
     (o >> 1 == seq).then_some(o & 1 == 0)
+}
+
+/// Remember record `seq`'s outcome (written or not) in `outcomes`, for [`outcome`].
+pub fn set_outcome(outcomes: &mut [u64; OUTCOMES], seq: u64, written: bool) {
+    outcomes[(seq % OUTCOMES as u64) as usize] = seq << 1 | u64::from(!written);
 }
 
 pub fn durable_cv(slot: usize) -> *mut pg_sys::ConditionVariable {

@@ -478,8 +478,7 @@ fn publish(i: usize, last: u64, n: usize, failed: &[u64], direct: Direct, lsn: u
         q.durable_lsn = q.durable_lsn.max(lsn);
         // The batch's records are `last - n + 1 ..= last` (`take`).
         for seq in (last + 1).saturating_sub(n as u64).max(1)..=last {
-            let failed = u64::from(failed.contains(&seq));
-            q.outcomes[(seq % shmem::OUTCOMES as u64) as usize] = seq << 1 | failed;
+            shmem::set_outcome(&mut q.outcomes, seq, !failed.contains(&seq));
         }
         q.durable = q.durable.max(last);
         q.durable_hint
@@ -490,16 +489,23 @@ fn publish(i: usize, last: u64, n: usize, failed: &[u64], direct: Direct, lsn: u
         q.counters_direct += direct.counters as u64;
         q.last_batch = n as u32;
         q.max_batch = q.max_batch.max(n as u32);
-        // Only the callers whose record this made durable.
+        // Only the callers whose record this made durable, each told its record's outcome in its
+        // slot (kept until it reads it: it may look after the queue's outcomes have moved on).
         let durable = q.durable;
-        for w in q
-            .waiters
-            .iter_mut()
-            .filter(|w| w.latch != 0 && w.seq <= durable)
-        {
-            woken[n_woken] = w.latch;
-            n_woken += 1;
-            *w = shmem::Waiter::FREE;
+        let now = unsafe { pg_sys::GetCurrentTimestamp() };
+        let stale_us = (i64::from(gucs::AUDIT_WAIT_TIMEOUT.get().max(1)) + 1) * 1_000_000;
+        for w in q.waiters.iter_mut().filter(|w| w.latch != 0) {
+            if w.outcome == 0 && w.seq <= durable {
+                w.outcome = match shmem::outcome(&q.outcomes, w.seq) {
+                    Some(true) => shmem::WRITTEN,
+                    _ => shmem::NOT_WRITTEN,
+                };
+                w.done_at = now;
+                woken[n_woken] = w.latch;
+                n_woken += 1;
+            } else if w.outcome != 0 && now - w.done_at > stale_us {
+                *w = shmem::Waiter::FREE;
+            }
         }
     }
     for &latch in &woken[..n_woken] {
