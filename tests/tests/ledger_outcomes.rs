@@ -186,3 +186,75 @@ fn a_caller_that_looks_late_gets_its_outcome() {
         "the late caller gets its record's outcome: {result}"
     );
 }
+
+/// The waiter slots (`ledger_stats().waiter_slots`) of database `db` held now.
+fn waiter_slots(db: &str) -> i64 {
+    let stats: Value = admin_on(db)
+        .query_one("SELECT ctxguard.ledger_stats()", &[])
+        .unwrap()
+        .get(0);
+    stats["waiter_slots"].as_i64().unwrap_or(-1)
+}
+
+/// Callers that give up their wait give their waiter slot back at once: one cancelled while it
+/// waits, at its wait's end; one whose backend was terminated, at the writer's next batch. A
+/// slot kept would leave later callers polling the queue under its lock (64 slots per database),
+/// and a caller who cancels or ends its own sessions mid-wait would keep them all.
+#[test]
+fn callers_that_give_up_give_their_waiter_slots_back() {
+    const WAITING: usize = 20;
+    let db = format!("ctxguard_giveup_{}", std::process::id());
+    scratch_db(&db, "giveup_page", "");
+    assert_eq!(code(&builtin_call(&db, "warm", "giveup_page")), "ok");
+    let mut lock = admin_on(&db);
+    let mut held = lock.transaction().unwrap();
+    held.batch_execute("LOCK TABLE ctxguard.audit_log IN ACCESS EXCLUSIVE MODE")
+        .unwrap();
+    let callers: Vec<_> = (0..WAITING)
+        .map(|_| {
+            let db = db.clone();
+            // The call errors out (cancelled or terminated): the thread's panic is expected.
+            std::thread::spawn(move || builtin_call(&db, "quitter", "giveup_page"))
+        })
+        .collect();
+    let mut slots = 0;
+    for _ in 0..200 {
+        slots = waiter_slots(&db);
+        if slots >= WAITING as i64 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    assert_eq!(slots, WAITING as i64, "every caller waits in a slot");
+    // Half are cancelled, half terminated.
+    let given_up: i64 = admin_on(&db)
+        .query_one(
+            "SELECT count(*) FILTER (WHERE CASE WHEN n % 2 = 0 THEN pg_cancel_backend(pid)
+                                                ELSE pg_terminate_backend(pid) END)
+               FROM (SELECT pid, row_number() OVER (ORDER BY pid) AS n FROM pg_stat_activity
+                      WHERE datname = current_database() AND wait_event_type = 'Extension'
+                        AND query LIKE '%call_tool%') w",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    for t in callers {
+        let _ = t.join();
+    }
+    // The cancelled ones gave theirs back as their wait ended, before any record was written.
+    let while_held = waiter_slots(&db);
+    held.rollback().unwrap();
+    // The writer's next batch frees the terminated ones'.
+    assert_eq!(code(&builtin_call(&db, "after", "giveup_page")), "ok");
+    let after = waiter_slots(&db);
+    drop_db(&db);
+    assert_eq!(
+        given_up, WAITING as i64,
+        "every waiting caller was signalled"
+    );
+    assert!(
+        while_held <= (WAITING / 2) as i64,
+        "the cancelled callers gave their slots back at once ({while_held} of {WAITING} held)"
+    );
+    assert_eq!(after, 0, "no slot is held once the writer went on");
+}

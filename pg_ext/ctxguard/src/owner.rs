@@ -181,7 +181,9 @@ pub fn pin_session() {
 
 /// The planner's own settings: every plan made while ctxguard's code runs (its own statements,
 /// the handler bodies it keeps, a handler's or condition's own SQL) is made with these, through
-/// [`planner`]. PostgreSQL's defaults, with GEQO, JIT and parallel plans off. Plans are kept for
+/// [`planner`]. PostgreSQL's defaults, with JIT and parallel plans off (the gateway pins both, so
+/// its sessions hold every one of them). GEQO is left on as PostgreSQL has it, and its threshold
+/// pinned: no ctxguard statement joins the 12 relations it takes. Plans are kept for
 /// the backend's life and so serve every later client of a pooled server connection; whatever
 /// planner costs and switches the session that happens to make the plan has set (any role may set
 /// them, and a pooled connection keeps a session's `SET` for the next client), or a DBA's tuning
@@ -258,7 +260,7 @@ fn planner_settings() -> [(&'static CStr, &'static CStr, bool); 35] {
             ),
             (c"from_collapse_limit", c"8", p::from_collapse_limit == 8),
             (c"join_collapse_limit", c"8", p::join_collapse_limit == 8),
-            (c"geqo", c"off", !p::enable_geqo),
+            (c"geqo_threshold", c"12", p::geqo_threshold == 12),
             (
                 c"constraint_exclusion",
                 c"partition",
@@ -282,6 +284,9 @@ thread_local! {
     static SCOPES: Cell<u32> = const { Cell::new(0) };
     /// Planner settings a statement asks for on top of [`planner_settings`] ([`with_planner`]).
     static OVERRIDES: Cell<&'static [(&'static CStr, &'static CStr)]> = const { Cell::new(&[]) };
+    /// Planner settings a process asks for on top of [`planner_settings`], under the statement's
+    /// ([`planner_base`]: the ledger writer's).
+    static BASE: Cell<&'static [(&'static CStr, &'static CStr)]> = const { Cell::new(&[]) };
 }
 
 static mut PREV_PLANNER: pg_sys::planner_hook_type = None;
@@ -319,9 +324,9 @@ unsafe extern "C-unwind" fn planner(
     if SCOPES.with(Cell::get) == 0 {
         return plan();
     }
-    let overrides = OVERRIDES.with(Cell::get);
+    let (base, overrides) = (BASE.with(Cell::get), OVERRIDES.with(Cell::get));
     let settings = planner_settings();
-    if overrides.is_empty() && settings.iter().all(|s| s.2) {
+    if base.is_empty() && overrides.is_empty() && settings.iter().all(|s| s.2) {
         return plan();
     }
     let _scope = Scope {
@@ -332,10 +337,17 @@ unsafe extern "C-unwind" fn planner(
     for (name, value, _) in settings.iter().filter(|s| !s.2) {
         set(name, value);
     }
-    for (name, value) in overrides {
+    for (name, value) in base.iter().chain(overrides) {
         set(name, value);
     }
     plan()
+}
+
+/// Add `pairs` to the planner's own settings for every plan this process makes inside ctxguard's
+/// code from now on (under a statement's own [`with_planner`] settings): for a process that runs
+/// only ctxguard's code (the ledger writer).
+pub fn planner_base(pairs: &'static [(&'static CStr, &'static CStr)]) {
+    BASE.with(|b| b.set(pairs));
 }
 
 /// Run `f` with `pairs` added to the planner's own settings ([`planner_settings`]) for whatever is

@@ -901,6 +901,28 @@ fn poll_durable(i: usize, seq: u64) {
     }
 }
 
+/// A call's waiter slot in queue `queue` (if it holds one), given back when the wait ends however
+/// it ends: an error or a cancel unwinds through it. (A backend that exits mid-wait is seen gone
+/// by the writer: the slot's latch has another owner.)
+struct SlotHeld {
+    queue: usize,
+    latch: usize,
+    seq: u64,
+    slot: Option<usize>,
+}
+
+impl Drop for SlotHeld {
+    fn drop(&mut self) {
+        if let Some(k) = self.slot.take() {
+            let mut qs = shmem::queues();
+            let w = &mut qs[self.queue].waiters[k];
+            if w.latch == self.latch && w.seq == self.seq {
+                *w = shmem::Waiter::FREE;
+            }
+        }
+    }
+}
+
 /// Wait until record `seq` of queue `i` is durable (`ctxguard.audit_wait`), interruptibly.
 pub fn wait(queued: Queued) -> Result<(), Unavailable> {
     let Queued {
@@ -917,7 +939,12 @@ pub fn wait(queued: Queued) -> Result<(), Unavailable> {
     let me = unsafe { pg_sys::MyLatch } as usize;
     let mine = |w: &shmem::Waiter| w.latch == me && w.seq == seq;
     // The waiter slot this call holds, if it found one (else it polls).
-    let mut slot: Option<usize> = None;
+    let mut held = SlotHeld {
+        queue: i,
+        latch: me,
+        seq,
+        slot: None,
+    };
     // Whether this call may poll for its record before sleeping (once, at the first look).
     let mut spin = alone;
     let mut first_look = true;
@@ -941,7 +968,8 @@ pub fn wait(queued: Queued) -> Result<(), Unavailable> {
                 }
             }
             first_look = false;
-            let told = slot
+            let told = held
+                .slot
                 .filter(|&k| mine(&q.waiters[k]) && q.waiters[k].outcome != 0)
                 .map(|k| {
                     let written = q.waiters[k].outcome == shmem::WRITTEN;
@@ -950,7 +978,7 @@ pub fn wait(queued: Queued) -> Result<(), Unavailable> {
                 });
             if let Some(written) = told {
                 // The writer wrote this record's outcome in the call's slot.
-                slot = None;
+                held.slot = None;
                 Look::Durable(Some(written), q.durable_lsn)
             } else if q.durable >= seq {
                 // Written, unless the writer could not write this record (without a slot, or
@@ -966,12 +994,13 @@ pub fn wait(queued: Queued) -> Result<(), Unavailable> {
                 // `SPIN`).
                 Look::Poll
             } else {
-                if !slot.is_some_and(|k| mine(&q.waiters[k])) {
-                    slot = q.waiters.iter().position(|w| w.latch == 0);
-                    if let Some(k) = slot {
+                if !held.slot.is_some_and(|k| mine(&q.waiters[k])) {
+                    held.slot = q.waiters.iter().position(|w| w.latch == 0);
+                    if let Some(k) = held.slot {
                         q.waiters[k] = shmem::Waiter {
                             latch: me,
                             seq,
+                            pid: unsafe { pg_sys::MyProcPid },
                             ..shmem::Waiter::FREE
                         };
                     }
@@ -1000,7 +1029,7 @@ pub fn wait(queued: Queued) -> Result<(), Unavailable> {
         }
         // Woken by the writer once the record is durable; at most 100 ms (or 1 ms without a
         // slot) between looks. Cancel and terminate interrupt the wait.
-        let ms = if slot.is_some() { 100 } else { 1 };
+        let ms = if held.slot.is_some() { 100 } else { 1 };
         unsafe {
             pg_sys::WaitLatch(
                 pg_sys::MyLatch,
@@ -1011,14 +1040,8 @@ pub fn wait(queued: Queued) -> Result<(), Unavailable> {
         };
         pgrx::check_for_interrupts!();
     };
-    // A wait that timed out gives its slot back (one left by an error is freed by this backend's
-    // next wait, or by the writer once it is stale).
-    if let Some(k) = slot {
-        let mut qs = shmem::queues();
-        if mine(&qs[i].waiters[k]) {
-            qs[i].waiters[k] = shmem::Waiter::FREE;
-        }
-    }
+    // The slot is given back (`SlotHeld`), here or when an error or cancel unwinds the wait.
+    drop(held);
     if done {
         Ok(())
     } else {
@@ -1093,6 +1116,9 @@ pub struct WriterStats {
     pub durable: u64,
     /// Records queued and not durable yet.
     pub queued: u64,
+    /// Waiter slots held (of [`shmem::WAITERS`]): callers asleep on their record, or told its
+    /// outcome and not yet looking.
+    pub waiter_slots: usize,
     pub batches: u64,
     pub records: u64,
     pub last_batch: u32,
@@ -1111,6 +1137,7 @@ pub fn stats() -> Option<WriterStats> {
         pid: q.writer_pid,
         durable: q.durable,
         queued: q.next_seq - q.durable,
+        waiter_slots: q.waiters.iter().filter(|w| w.latch != 0).count(),
         batches: q.batches,
         records: q.records,
         last_batch: q.last_batch,

@@ -37,13 +37,14 @@ pub const WAITERS: usize = 64;
 /// writes its outcome here (`outcome`: [`WRITTEN`] or [`NOT_WRITTEN`], at `done_at`) and sets the
 /// latch; the caller reads it and frees the slot, however late it looks. Only that caller is
 /// woken, not every caller of the database. A slot whose caller has not read it
-/// `ctxguard.audit_wait_timeout` and a second after its outcome (the caller gone, or past its own
-/// deadline) is freed by the writer.
+/// `ctxguard.audit_wait_timeout` and a second after its outcome (past its own deadline), or whose
+/// backend is gone (`pid` no longer owns the latch), is freed by the writer.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct Waiter {
     pub latch: usize,
     pub seq: u64,
+    pub pid: i32,
     pub outcome: u32,
     pub done_at: i64,
 }
@@ -57,6 +58,7 @@ impl Waiter {
     pub const FREE: Waiter = Waiter {
         latch: 0,
         seq: 0,
+        pid: 0,
         outcome: 0,
         done_at: 0,
     };

@@ -149,22 +149,21 @@ pub extern "C-unwind" fn ctxguard_ledger_writer_main(arg: pg_sys::Datum) {
     }
     // Commits do not wait for their WAL flush: each caller waiting on a record flushes the WAL up
     // to its batch's commit (ctxguard.audit_wait), many callers in one flush.
-    // Every statement of the writer touches a few rows by key (a batch is at most MAX_BATCH
-    // records). The planner, told that jsonb_to_recordset returns 100 rows, would join them to
-    // `generations` by scanning the whole table (tens of thousands of live generations) in every
-    // batch, and a plan made while a table is still small is kept until the table is analyzed:
-    // the writer joins through indexes, whatever the statistics say.
     for (name, value) in [
         (c"synchronous_commit", c"off"),
         // Each statement's snapshot, and a foreign key's check, see the rows committed before it
         // (a generation found committed is one its document counter's check finds too).
         (c"default_transaction_isolation", c"read committed"),
-        (c"enable_seqscan", c"off"),
-        (c"enable_hashjoin", c"off"),
-        (c"enable_mergejoin", c"off"),
     ] {
         crate::pgutil::set_session(name, value);
     }
+    // Every statement of the writer touches a few rows by key (a batch is at most MAX_BATCH
+    // records). The planner, told that jsonb_to_recordset returns 100 rows, would join them to
+    // `generations` by scanning the whole table (tens of thousands of live generations) in every
+    // batch, and a plan made while a table is still small is kept until the table is analyzed:
+    // the writer joins through indexes, whatever the statistics say (on top of the planner's own
+    // settings, with which ctxguard's planner hook makes every plan).
+    crate::owner::planner_base(WRITER_PLANNER);
     crate::owner::pin_session();
     super::direct::watch_identity();
     let Some(i) = claim(db) else { return };
@@ -495,7 +494,12 @@ fn publish(i: usize, last: u64, n: usize, failed: &[u64], direct: Direct, lsn: u
         let now = unsafe { pg_sys::GetCurrentTimestamp() };
         let stale_us = (i64::from(gucs::AUDIT_WAIT_TIMEOUT.get().max(1)) + 1) * 1_000_000;
         for w in q.waiters.iter_mut().filter(|w| w.latch != 0) {
-            if w.outcome == 0 && w.seq <= durable {
+            // SAFETY: a waiter's latch is its PGPROC's, in shared memory for the cluster's life.
+            let gone = unsafe { (*(w.latch as *const pg_sys::Latch)).owner_pid } != w.pid;
+            if gone {
+                // The caller's backend exited while it waited: nobody will read the slot.
+                *w = shmem::Waiter::FREE;
+            } else if w.outcome == 0 && w.seq <= durable {
                 w.outcome = match shmem::outcome(&q.outcomes, w.seq) {
                     Some(true) => shmem::WRITTEN,
                     _ => shmem::NOT_WRITTEN,
@@ -1354,6 +1358,14 @@ fn retry_unsaved(unsaved: &mut Unsaved) {
 /// every tenant's calls waited for the one writer. So the tenant is bounded by a range that
 /// selects the same rows (`>=` and `<=` agree with `=` under any collation), which, unlike `=`,
 /// leaves `tenant_id` in the sort order: only that index delivers it (backwards) without a sort.
+/// The planner settings of the writer's statements, on top of the planner's own
+/// (`owner::planner_base`): joins through indexes.
+const WRITER_PLANNER: &[(&std::ffi::CStr, &std::ffi::CStr)] = &[
+    (c"enable_seqscan", c"off"),
+    (c"enable_hashjoin", c"off"),
+    (c"enable_mergejoin", c"off"),
+];
+
 fn last_hash(
     c: &mut pgrx::spi::SpiClient<'_>,
     tenant: Option<&str>,
@@ -1367,7 +1379,10 @@ fn last_hash(
         None => "SELECT row_hash FROM ctxguard.audit_log WHERE tenant_id IS NULL AND $1::pg_catalog.text IS NULL
                   AND row_hash IS NOT NULL ORDER BY tenant_id DESC, id DESC LIMIT 1",
     };
-    let mut rows = update_saved(c, sql, Some(1), &[tenant.into()])?;
+    // Its generic plan from the first lookup on (kept for the writer's life): the plan every
+    // lookup runs, whatever the tenant, is the one tested (`34_audit_chain_head.sql`).
+    let mut cursor = crate::pgutil::open_generic(c, sql, &[tenant.into()])?;
+    let mut rows = cursor.fetch(1)?;
     Ok(match rows.next() {
         Some(r) => r.get::<String>(1)?.unwrap_or_default(),
         None => String::new(),
@@ -1464,6 +1479,7 @@ fn ledger_stats() -> JsonB {
             "writer_pid": (w.pid != 0).then_some(w.pid),
             "durable": w.durable,
             "queued": w.queued,
+            "waiter_slots": w.waiter_slots,
             "batches": w.batches,
             "records": w.records,
             "last_batch": w.last_batch,
