@@ -182,8 +182,9 @@ pub fn pin_session() {
 /// The planner's own settings: every plan made while ctxguard's code runs (its own statements,
 /// the handler bodies it keeps, a handler's or condition's own SQL) is made with these, through
 /// [`planner`]. PostgreSQL's defaults, with JIT and parallel plans off (the gateway pins both, so
-/// its sessions hold every one of them). GEQO is left on as PostgreSQL has it, and its threshold
-/// pinned: no ctxguard statement joins the 12 relations it takes. Plans are kept for
+/// its sessions hold every one of them). GEQO is on as PostgreSQL has it, with its threshold and
+/// its parameters at their defaults: no ctxguard statement joins the 12 relations it takes, and a
+/// handler's that does is planned the same way for every caller. Plans are kept for
 /// the backend's life and so serve every later client of a pooled server connection; whatever
 /// planner costs and switches the session that happens to make the plan has set (any role may set
 /// them, and a pooled connection keeps a session's `SET` for the next client), or a DBA's tuning
@@ -194,8 +195,15 @@ pub fn pin_session() {
 ///
 /// Each with whether it holds its value now (read from the variable the setting assigns, as
 /// [`holding`] does): a plan made while they all hold opens no nest level.
-fn planner_settings() -> [(&'static CStr, &'static CStr, bool); 35] {
+fn planner_settings() -> [(&'static CStr, &'static CStr, bool); 41] {
     use pg_sys as p;
+    // GEQO's parameters are not in pgrx's bindings: read as shown (cheap next to a plan; only
+    // while ctxguard's code plans).
+    let shown = |name: &CStr, want: &CStr| {
+        // SAFETY: a NUL-terminated name; NULL for a setting this server does not know.
+        let v = unsafe { pg_sys::GetConfigOption(name.as_ptr(), true, false) };
+        !v.is_null() && unsafe { CStr::from_ptr(v) } == want
+    };
     // SAFETY: the settings' variables, read by value in the backend's one thread.
     unsafe {
         [
@@ -260,7 +268,17 @@ fn planner_settings() -> [(&'static CStr, &'static CStr, bool); 35] {
             ),
             (c"from_collapse_limit", c"8", p::from_collapse_limit == 8),
             (c"join_collapse_limit", c"8", p::join_collapse_limit == 8),
+            (c"geqo", c"on", p::enable_geqo),
             (c"geqo_threshold", c"12", p::geqo_threshold == 12),
+            (c"geqo_effort", c"5", shown(c"geqo_effort", c"5")),
+            (c"geqo_pool_size", c"0", shown(c"geqo_pool_size", c"0")),
+            (c"geqo_generations", c"0", shown(c"geqo_generations", c"0")),
+            (
+                c"geqo_selection_bias",
+                c"2",
+                shown(c"geqo_selection_bias", c"2"),
+            ),
+            (c"geqo_seed", c"0", shown(c"geqo_seed", c"0")),
             (
                 c"constraint_exclusion",
                 c"partition",

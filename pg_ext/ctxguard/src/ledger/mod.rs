@@ -913,6 +913,12 @@ struct SlotHeld {
 
 impl Drop for SlotHeld {
     fn drop(&mut self) {
+        // Never while this process holds the lock already (an error inside a look would leave it
+        // held as the wait unwinds): the slot is then freed by this backend's next wait, or by
+        // the writer.
+        if shmem::queues_locked() {
+            return;
+        }
         if let Some(k) = self.slot.take() {
             let mut qs = shmem::queues();
             let w = &mut qs[self.queue].waiters[k];

@@ -1358,14 +1358,6 @@ fn retry_unsaved(unsaved: &mut Unsaved) {
 /// every tenant's calls waited for the one writer. So the tenant is bounded by a range that
 /// selects the same rows (`>=` and `<=` agree with `=` under any collation), which, unlike `=`,
 /// leaves `tenant_id` in the sort order: only that index delivers it (backwards) without a sort.
-/// The planner settings of the writer's statements, on top of the planner's own
-/// (`owner::planner_base`): joins through indexes.
-const WRITER_PLANNER: &[(&std::ffi::CStr, &std::ffi::CStr)] = &[
-    (c"enable_seqscan", c"off"),
-    (c"enable_hashjoin", c"off"),
-    (c"enable_mergejoin", c"off"),
-];
-
 fn last_hash(
     c: &mut pgrx::spi::SpiClient<'_>,
     tenant: Option<&str>,
@@ -1388,6 +1380,14 @@ fn last_hash(
         None => String::new(),
     })
 }
+
+/// The planner settings of the writer's statements, on top of the planner's own
+/// (`owner::planner_base`): joins through indexes.
+const WRITER_PLANNER: &[(&std::ffi::CStr, &std::ffi::CStr)] = &[
+    (c"enable_seqscan", c"off"),
+    (c"enable_hashjoin", c"off"),
+    (c"enable_mergejoin", c"off"),
+];
 
 /// Rows of the chain read at a time by [`verify_audit`].
 const VERIFY_BATCH: i64 = 1000;
