@@ -13,28 +13,17 @@
 SET client_min_messages = warning;
 SELECT * FROM no_plan();
 \ir ../lib/rows_returned.sql
--- As the gateway: Gate A's list on the invoice table (which reads the page's tools), then Gate B's
--- decision on a wide tool (explain_call: decided as a call, nothing run).
-CREATE FUNCTION pg_temp.wide(tok text) RETURNS text LANGUAGE plpgsql AS $$
+-- As the gateway: Gate A's list on page type `page` (which reads the page's tools), then Gate B's
+-- decision on wide tools w<first> .. w<first + lookups - 1> (explain_call: decided as a call,
+-- nothing run; each tool looked up by name); the last decision.
+CREATE FUNCTION pg_temp.wide(tok text, page text, first int, lookups int) RETURNS text LANGUAGE plpgsql AS $$
 DECLARE n bigint; d text;
 BEGIN
     SET LOCAL ROLE ctxguard_gateway;
-    PERFORM ctxguard.set_context(tok, '{"pageType": "invoice_table"}');
+    PERFORM ctxguard.set_context(tok, jsonb_build_object('pageType', page));
     SELECT count(*) INTO n FROM ctxguard.visible_tools();
-    d := ctxguard.explain_call('wide.w7', '{}')->>'decision';
-    RESET ROLE;
-    RETURN d;
-END $$;
-
--- The same on another page, the tool looked up by name six times (its saved plan made generic).
-CREATE FUNCTION pg_temp.wide2(tok text) RETURNS text LANGUAGE plpgsql AS $$
-DECLARE n bigint; d text;
-BEGIN
-    SET LOCAL ROLE ctxguard_gateway;
-    PERFORM ctxguard.set_context(tok, '{"pageType": "mask_lab"}');
-    SELECT count(*) INTO n FROM ctxguard.visible_tools();
-    FOR i IN 1..6 LOOP
-        d := ctxguard.explain_call('wide.w' || (10 + i), '{}')->>'decision';
+    FOR i IN first .. first + lookups - 1 LOOP
+        d := ctxguard.explain_call('wide.w' || i, '{}')->>'decision';
     END LOOP;
     RESET ROLE;
     RETURN d;
@@ -63,21 +52,21 @@ ANALYZE ctxguard.tool_policies;
 -- Both are made to read through the indexes (the second part plans generic ones).
 SET LOCAL plan_cache_mode = force_generic_plan;
 SELECT pg_temp.rows_returned('ctxguard.tool_policies') AS before \gset
-SELECT pg_temp.wide(:'tok_alice') AS listed \gset
+SELECT pg_temp.wide(:'tok_alice', 'invoice_table', 7, 1) AS listed \gset
 SELECT pg_temp.rows_returned('ctxguard.tool_policies') - :before AS read \gset
 -- The next client of a pooled server connection gets the planner settings the last one left
 -- (pgbouncer's transaction mode keeps a session's SET; the gateway does not pin planner settings).
 -- Every plan of ctxguard's own statements is made with the planner's own settings: with index and
 -- bitmap scans off, the next listing (another page, so the page's list is read again; the plans
--- are made again, custom and generic) still reads through the indexes, and so does the tool's
--- lookup by name.
+-- are made again, custom and generic) still reads through the indexes, and so do six tools'
+-- lookups by name (the sixth on its saved plan made generic).
 SET LOCAL ROLE ctxguard_gateway;
 SET LOCAL enable_indexscan = off;
 SET LOCAL enable_bitmapscan = off;
 SET LOCAL enable_indexonlyscan = off;
 RESET ROLE;
 SELECT pg_temp.rows_returned('ctxguard.tool_policies') AS before2, pg_temp.rows_returned('ctxguard.tools') AS tools_before \gset
-SELECT pg_temp.wide2(:'tok_alice') AS listed2 \gset
+SELECT pg_temp.wide(:'tok_alice', 'mask_lab', 11, 6) AS listed2 \gset
 SELECT pg_temp.rows_returned('ctxguard.tool_policies') - :before2 AS read2,
        pg_temp.rows_returned('ctxguard.tools') - :tools_before AS tools_read2 \gset
 SELECT current_setting('enable_indexscan') AS still_off \gset
