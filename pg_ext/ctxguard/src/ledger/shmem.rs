@@ -429,13 +429,13 @@ impl Drop for LedgerGuard {
     }
 }
 
-/// Every database's queue, exclusively locked.
 /// Whether this process holds the queues' lock (an error raised while a [`queues`] guard was alive
 /// leaves it held until the transaction's abort releases it).
 pub fn queues_locked() -> bool {
     unsafe { pg_sys::LWLockHeldByMe(lock(1)) }
 }
 
+/// Every database's queue, exclusively locked.
 pub fn queues() -> Guard<[Queue; DATABASES]> {
     let l = lock(1);
     unsafe {

@@ -494,8 +494,12 @@ fn publish(i: usize, last: u64, n: usize, failed: &[u64], direct: Direct, lsn: u
         let now = unsafe { pg_sys::GetCurrentTimestamp() };
         let stale_us = (i64::from(gucs::AUDIT_WAIT_TIMEOUT.get().max(1)) + 1) * 1_000_000;
         for w in q.waiters.iter_mut().filter(|w| w.latch != 0) {
-            // SAFETY: a waiter's latch is its PGPROC's, in shared memory for the cluster's life.
-            let gone = unsafe { (*(w.latch as *const pg_sys::Latch)).owner_pid } != w.pid;
+            // SAFETY: a waiter's latch is its PGPROC's, in shared memory for the cluster's life;
+            // its owner is written by other processes without this lock (read once, volatile).
+            let owner = unsafe {
+                std::ptr::read_volatile(&raw const (*(w.latch as *const pg_sys::Latch)).owner_pid)
+            };
+            let gone = owner != w.pid;
             if gone {
                 // The caller's backend exited while it waited: nobody will read the slot.
                 *w = shmem::Waiter::FREE;
