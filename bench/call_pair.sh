@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# The call as the gateway sends it against the careful baseline, beside the full call: three
+# transactions through pgbouncer (transaction mode), each in turn, rounds alternating the order:
+#   bench/baseline_audit.sql   the careful baseline: the handler and its own audit INSERT
+#   bench/ctxguard_call.sql    the gateway's tool-call transaction: context, then Gate B's call
+#                              with its durable audit record (gateway/src/db/mod.rs `call_tool`)
+#   bench/ctxguard.sql         the full call of issue 34's aim: context, Gate A's list, Gate B's call
+# and prints each one's tps and its ratio to the baseline's in the same round (the median and the
+# range of the rounds). A diagnostic: how much of the full call's gap is Gate A's list, which the
+# gateway sends in a turn's first transaction, not in each call's.
+#
+#   bench/call_pair.sh      # build+install (release), set up, verify, measure, print
+#
+# Environment: BENCH_SECONDS (default 8), BENCH_PAIR_ROUNDS (default 3), BENCH_PAIR_CLIENTS
+# (default "4 16"), BENCH_POOL (default 8), BENCH_RUN, BENCH_PGPORT, BENCH_PGBOUNCER_PORT.
+#
+# Figures are refused (the script fails) when a run had a failed transaction, a call was refused
+# as AUDIT_UNAVAILABLE, or an audit row of the runs is not `allow`. Only talks to the local cluster
+# and its own pgbouncer; the database ctxguard_call_pair is recreated each run.
+set -euo pipefail
+BENCH_NAME=call_pair
+BENCH_PGBOUNCER_PORT=${BENCH_PGBOUNCER_PORT:-$(( ${BENCH_PGPORT:-54339} + 1 ))}
+export CTXGUARD_PGBOUNCER_PORT=$BENCH_PGBOUNCER_PORT
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+DB=ctxguard_call_pair
+SECONDS_PER_RUN=${BENCH_SECONDS:-8}
+ROUNDS=${BENCH_PAIR_ROUNDS:-3}
+CLIENTS=${BENCH_PAIR_CLIENTS:-4 16}
+POOL=${BENCH_POOL:-8}
+bench_args "$@"
+[ "$WRITE" = 0 ] || die "prints only (no results block): run without --write"
+need_pgbench
+OUT=$(bench_out)
+
+bench_cluster
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
+log "creating $DB (demo + bench/setup.sql, as clients_cpu.sh)"
+create_demo_db "$DB"
+psql_su -d "$DB" -o /dev/null -f "$BENCH_DIR/setup.sql"
+TOKEN=$(mint --sub call-pair --tenant acme --roles ap_clerk --ttl 7200)
+PGBOUNCER_POOL_SIZE=$POOL start_pgbouncer
+trap stop_pgbouncer EXIT
+VIA=(-h 127.0.0.1 -p "$PGBOUNCER_PORT")
+bench_same_invoice "$DB" "$TOKEN" "${VIA[@]}"
+refused0=$(grep -c 'AUDIT_UNAVAILABLE' "$RUN/postgres.log" || true)
+audit0=$(psql_su -d "$DB" -Atc "SELECT coalesce(max(id), 0) FROM ctxguard.audit_log")
+
+printf 'clients|round|script|tps\n' >"$OUT/tps.tsv"
+for c in $CLIENTS; do
+  for r in $(seq "$ROUNDS"); do
+    order=(baseline_audit ctxguard_call ctxguard)
+    [ $((r % 2)) = 1 ] || order=(ctxguard ctxguard_call baseline_audit)
+    for s in "${order[@]}"; do
+      name="$s-c$c-r$r"
+      log "pgbench $name -c $c -T $SECONDS_PER_RUN"
+      pgbench -n -M extended -c "$c" -j 2 -T "$SECONDS_PER_RUN" "${VIA[@]}" -U ctxguard_gateway \
+        -D token="$TOKEN" -f "$BENCH_DIR/$s.sql" "$DB" >"$OUT/$name.txt" 2>&1 ||
+        { cat "$OUT/$name.txt" >&2; die "pgbench $name failed"; }
+      grep -q '^number of failed transactions: 0 ' "$OUT/$name.txt" ||
+        { cat "$OUT/$name.txt" >&2; die "pgbench $name had failed transactions"; }
+      tps=$(awk '/^tps = / {print $3}' "$OUT/$name.txt")
+      [ -n "$tps" ] || die "pgbench $name completed no transaction"
+      printf '%s|%s|%s|%s\n' "$c" "$r" "$s" "$tps" >>"$OUT/tps.tsv"
+    done
+  done
+done
+refused=$(( $(grep -c 'AUDIT_UNAVAILABLE' "$RUN/postgres.log" || true) - refused0 ))
+[ "$refused" = 0 ] || die "$refused calls were refused as AUDIT_UNAVAILABLE (see $RUN/postgres.log)"
+bad=$(psql_su -d "$DB" -Atc "SELECT count(*) FROM ctxguard.audit_log WHERE id > $audit0 AND decision <> 'allow'")
+[ "$bad" = 0 ] || die "$DB: the runs' audit rows hold $bad non-allow decisions"
+
+PGBOUNCER_VERSION=$("$(command -v pgbouncer || echo /usr/sbin/pgbouncer)" --version 2>/dev/null | head -n 1)
+python3 - "$OUT/tps.tsv" <<'PY'
+import statistics, sys
+rows = [l.rstrip('\n').split('|') for l in open(sys.argv[1])][1:]
+tps = {(int(c), int(r), s): float(t) for c, r, s, t in rows}
+print('| clients | careful baseline tps (median) | the gateway\'s call (`ctxguard_call.sql`) / baseline: median (range) | the full call (`ctxguard.sql`) / baseline: median (range) |')
+print('|---:|---:|---:|---:|')
+for c in sorted({k[0] for k in tps}):
+    rs = sorted({k[1] for k in tps if k[0] == c})
+    base = [tps[(c, r, 'baseline_audit')] for r in rs]
+    cell = lambda s: (lambda v: f'{statistics.median(v):.2f} ({min(v):.2f}-{max(v):.2f})')(
+        [tps[(c, r, s)] / tps[(c, r, 'baseline_audit')] for r in rs])
+    print(f'| {c} | {statistics.median(base):.0f} | {cell("ctxguard_call")} | {cell("ctxguard")} |')
+PY
+printf '\nRun: %s, commit %s, %s build, pgbench `-n -M extended -j 2`, %s s per run, %s rounds (order alternating), through %s (transaction mode, pool %s); load average before: %s.\n' \
+  "$(date -u +%Y-%m-%dT%H:%MZ)" "$(bench_rev)" "$PROFILE" "$SECONDS_PER_RUN" "$ROUNDS" "$PGBOUNCER_VERSION" "$POOL" "$load_before"
+bench_machine "pgbench's tps"
+log "raw output: $OUT"
