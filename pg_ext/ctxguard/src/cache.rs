@@ -224,9 +224,9 @@ const WALK_PLANNER: &[(&std::ffi::CStr, &std::ffi::CStr)] = &[
     (c"enable_indexscan", c"on"),
 ];
 /// The planner settings of [`Catalog::page_tools`]' statements: their indexes (`page_types`' GIN
-/// index, `tools.server`'s, the tools' and policies' keys), whatever the statistics say. A generic plan costed
-/// the GIN index above a sequential scan of every policy while its pending list held a large
-/// load's entries (`sql/tests/superuser/34_page_tools_policies.sql` read 5,083 rows on
+/// index, `tools.server`'s, the tools' and policies' keys), whatever the statistics say. A generic
+/// plan costed the GIN index above a sequential scan of every policy while its pending list held a
+/// large load's entries (`sql/tests/superuser/34_page_tools_policies.sql` read 5,083 rows on
 /// PostgreSQL 17).
 const PAGE_PLANNER: &[(&std::ffi::CStr, &std::ffi::CStr)] = &[(c"enable_seqscan", c"off")];
 /// Tools read at a time by [`Catalog::each_tool`].
