@@ -487,8 +487,14 @@ impl Catalog {
         // Names first, through the index on page_types (and on tools.server), then the rows by
         // primary key: a saved plan joining the two tables chose a hash join over the whole
         // catalog (20 ms at 20,000 tools; this is O(the page's tools)).
-        let names = as_owner(|| {
-            crate::owner::with_planner(PAGE_PLANNER, || {
+        let sql = format!(
+            "SELECT {TOOL_COLUMNS} FROM {TOOL_FROM}
+              WHERE t.name OPERATOR(pg_catalog.=) ANY ($1::pg_catalog.text[])"
+        );
+        // Through their indexes and keys whatever the statistics say (`PAGE_PLANNER`): a custom
+        // plan for a list of hundreds of names joined every policy of the catalog by hash.
+        let mut tools = crate::owner::with_planner(PAGE_PLANNER, || {
+            let names = as_owner(|| {
                 Spi::connect(|c| {
                     let mut names = crate::pgutil::select_saved(
                         c,
@@ -517,16 +523,9 @@ impl Catalog {
                     Ok::<_, pgrx::spi::Error>(names)
                 })
             })
-        })
-        .unwrap_or_else(|e| internal(e));
-        let sql = format!(
-            "SELECT {TOOL_COLUMNS} FROM {TOOL_FROM}
-              WHERE t.name OPERATOR(pg_catalog.=) ANY ($1::pg_catalog.text[])"
-        );
-        // By primary key too: a custom plan for a list of hundreds of names joined every policy of
-        // the catalog by hash (`34_page_tools_policies.sql`).
-        let mut tools =
-            crate::owner::with_planner(PAGE_PLANNER, || self.read_tools(&sql, &[names.into()]));
+            .unwrap_or_else(|e| internal(e));
+            self.read_tools(&sql, &[names.into()])
+        });
         tools.sort_by(|a, b| a.name.cmp(&b.name));
         count(|c| c.pages_read += 1);
         // Share entries already read by name; keep the list if it fits.
