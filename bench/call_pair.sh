@@ -35,16 +35,8 @@ OUT=$(bench_out)
 
 bench_cluster
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
-log "creating $DB (demo + bench/setup.sql, as clients_cpu.sh)"
-create_demo_db "$DB"
-psql_su -d "$DB" -o /dev/null -f "$BENCH_DIR/setup.sql"
-TOKEN=$(mint --sub call-pair --tenant acme --roles ap_clerk --ttl 7200)
-PGBOUNCER_POOL_SIZE=$POOL start_pgbouncer
-trap stop_pgbouncer EXIT
-VIA=(-h 127.0.0.1 -p "$PGBOUNCER_PORT")
-bench_same_invoice "$DB" "$TOKEN" "${VIA[@]}"
-refused0=$(grep -c 'AUDIT_UNAVAILABLE' "$RUN/postgres.log" || true)
-audit0=$(psql_su -d "$DB" -Atc "SELECT coalesce(max(id), 0) FROM ctxguard.audit_log")
+bench_pooled_pair "$DB" call-pair
+bench_audit_mark "$DB"
 
 printf 'clients|round|script|tps\n' >"$OUT/tps.tsv"
 for c in $CLIENTS; do
@@ -57,20 +49,14 @@ for c in $CLIENTS; do
       pgbench -n -M extended -c "$c" -j 2 -T "$SECONDS_PER_RUN" "${VIA[@]}" -U ctxguard_gateway \
         -D token="$TOKEN" -f "$BENCH_DIR/$s.sql" "$DB" >"$OUT/$name.txt" 2>&1 ||
         { cat "$OUT/$name.txt" >&2; die "pgbench $name failed"; }
-      grep -q '^number of failed transactions: 0 ' "$OUT/$name.txt" ||
-        { cat "$OUT/$name.txt" >&2; die "pgbench $name had failed transactions"; }
+      bench_pgbench_ok "$name" "$OUT/$name.txt"
       tps=$(awk '/^tps = / {print $3}' "$OUT/$name.txt")
-      [ -n "$tps" ] || die "pgbench $name completed no transaction"
       printf '%s|%s|%s|%s\n' "$c" "$r" "$s" "$tps" >>"$OUT/tps.tsv"
     done
   done
 done
-refused=$(( $(grep -c 'AUDIT_UNAVAILABLE' "$RUN/postgres.log" || true) - refused0 ))
-[ "$refused" = 0 ] || die "$refused calls were refused as AUDIT_UNAVAILABLE (see $RUN/postgres.log)"
-bad=$(psql_su -d "$DB" -Atc "SELECT count(*) FROM ctxguard.audit_log WHERE id > $audit0 AND decision <> 'allow'")
-[ "$bad" = 0 ] || die "$DB: the runs' audit rows hold $bad non-allow decisions"
+bench_audit_check "$DB"
 
-PGBOUNCER_VERSION=$("$(command -v pgbouncer || echo /usr/sbin/pgbouncer)" --version 2>/dev/null | head -n 1)
 python3 - "$OUT/tps.tsv" <<'PY'
 import statistics, sys
 rows = [l.rstrip('\n').split('|') for l in open(sys.argv[1])][1:]

@@ -45,24 +45,15 @@ OUT=$(bench_out)
 
 bench_cluster
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
-log "creating $DB (demo + bench/setup.sql, as gate_bench.sh and scale.sh)"
-create_demo_db "$DB"
-psql_su -d "$DB" -o /dev/null -f "$BENCH_DIR/setup.sql"
-TOKEN=$(mint --sub clients-cpu --tenant acme --roles ap_clerk --ttl 7200)
-PGBOUNCER_POOL_SIZE=$POOL start_pgbouncer
-trap stop_pgbouncer EXIT
-VIA=(-h 127.0.0.1 -p "$PGBOUNCER_PORT")
+# Correctness through the pooler first: the call and the baseline return the same invoice.
+bench_pooled_pair "$DB" clients-cpu
 POSTMASTER=$(head -n 1 "$RUN/pgdata/postmaster.pid")
 PGBOUNCER_PID=$(cat "$PGB_DIR/pgbouncer.pid")
-
-# Correctness through the pooler first: the call and the baseline return the same invoice.
-bench_same_invoice "$DB" "$TOKEN" "${VIA[@]}"
 for s in baseline_audit.sql ctxguard.sql; do
   pgbench -n -M extended -c 4 -j 2 -T 2 "${VIA[@]}" -U ctxguard_gateway -D token="$TOKEN" \
     -f "$BENCH_DIR/$s" "$DB" >/dev/null 2>&1 || die "warm-up with $s through pgbouncer failed"
 done
-audit0=$(psql_su -d "$DB" -Atc "SELECT coalesce(max(id), 0) FROM ctxguard.audit_log")
-refused0=$(grep -c 'AUDIT_UNAVAILABLE' "$RUN/postgres.log" || true)
+bench_audit_mark "$DB"
 
 # snapshot FILE: "pid kind ticks" of the cluster's processes and pgbouncer.
 snapshot() {
@@ -101,10 +92,7 @@ run() {
     -D token="$TOKEN" -f "$BENCH_DIR/$script" "$DB" >"$OUT/$name.txt" 2>&1 ||
     { cat "$OUT/$name.txt" >&2; die "pgbench $name failed"; }
   snapshot "$OUT/$name.after"
-  grep -q '^number of failed transactions: 0 ' "$OUT/$name.txt" ||
-    { cat "$OUT/$name.txt" >&2; die "pgbench $name had failed transactions"; }
-  grep -Eq '^number of transactions actually processed: [1-9]' "$OUT/$name.txt" ||
-    { cat "$OUT/$name.txt" >&2; die "pgbench $name completed no transaction"; }
+  bench_pgbench_ok "$name" "$OUT/$name.txt"
   # name|tps|tx|µs per tx by kind (backends writer walwriter other pgbouncer pgbench)|exited
   /usr/bin/python3 - "$OUT/$name" "$(getconf CLK_TCK)" <<'PY' >"$OUT/$name.cpu"
 import re, sys
@@ -146,14 +134,9 @@ done
 stop_pgbouncer
 trap - EXIT
 
-refused=$(( $(grep -c 'AUDIT_UNAVAILABLE' "$RUN/postgres.log" || true) - refused0 ))
-[ "$refused" = 0 ] || die "$refused calls were refused as AUDIT_UNAVAILABLE (see $RUN/postgres.log)"
-audit=$(psql_su -d "$DB" -Atc "SELECT count(*) FILTER (WHERE decision <> 'allow') || '|' || count(*)
-                               FROM ctxguard.audit_log WHERE id > $audit0")
-[ "${audit%%|*}" = 0 ] || die "$DB: the runs' audit rows hold ${audit%%|*} non-allow decisions"
+bench_audit_check "$DB"
 ctx_tx=$(awk -F'|' '$2 == "ctx" {n += $5} END {print n + 0}' "$OUT/cpu.tsv")
-[ "${audit#*|}" -ge "$ctx_tx" ] || die "$DB: ${audit#*|} audit rows for $ctx_tx ctxguard transactions"
-PGBOUNCER_VERSION=$("$(command -v pgbouncer || echo /usr/sbin/pgbouncer)" --version 2>/dev/null | head -n 1)
+[ "$AUDITED" -ge "$ctx_tx" ] || die "$DB: $AUDITED audit rows for $ctx_tx ctxguard transactions"
 
 report() {
   /usr/bin/python3 - "$OUT/cpu.tsv" <<'PY'
@@ -194,7 +177,7 @@ for c, rm, lo, hi, cpu_ratio, diff, by in summary:
           f'per transaction ({parts}).')
 PY
   printf '\nRun: %s, commit %s, %s build, pgbench `-n -M extended -j 2`, %s s per run, %s rounds per client count (order alternating), through %s (transaction mode, pool %s); audit rows of the runs: %s, all `allow`; load average before: %s.\n' \
-    "$(date -u +%Y-%m-%dT%H:%MZ)" "$(bench_rev)" "$PROFILE" "$SECONDS_PER_RUN" "$ROUNDS" "$PGBOUNCER_VERSION" "$POOL" "${audit#*|}" "$load_before"
+    "$(date -u +%Y-%m-%dT%H:%MZ)" "$(bench_rev)" "$PROFILE" "$SECONDS_PER_RUN" "$ROUNDS" "$PGBOUNCER_VERSION" "$POOL" "$AUDITED" "$load_before"
   bench_machine "CPU ticks from /proc/<pid>/stat ($(getconf CLK_TCK) per second), pgbench's from its rusage"
 }
 bench_report report

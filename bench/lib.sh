@@ -103,3 +103,48 @@ SQL
 )
   [ "$got" = "t|acme_inv3" ] || die "through $*: baseline vs ctxguard returned '$got'"
 }
+
+# bench_pooled_pair DB SUB: database DB made as gate_bench.sh's (demo + bench/setup.sql), an
+# ap_clerk token for SUB in TOKEN, pgbouncer started (pool $POOL, stopped on exit) with VIA its
+# connection arguments, and the call checked against the baseline through it
+# (bench_same_invoice). For the scripts that compare bench/ctxguard*.sql with
+# bench/baseline_audit.sql through the pooler.
+bench_pooled_pair() {
+  local db=$1 sub=$2
+  log "creating $db (demo + bench/setup.sql, as gate_bench.sh and scale.sh)"
+  create_demo_db "$db"
+  psql_su -d "$db" -o /dev/null -f "$BENCH_DIR/setup.sql"
+  TOKEN=$(mint --sub "$sub" --tenant acme --roles ap_clerk --ttl 7200)
+  PGBOUNCER_POOL_SIZE=$POOL start_pgbouncer
+  trap stop_pgbouncer EXIT
+  VIA=(-h 127.0.0.1 -p "$PGBOUNCER_PORT")
+  PGBOUNCER_VERSION=$("$(command -v pgbouncer || echo /usr/sbin/pgbouncer)" --version 2>/dev/null | head -n 1)
+  bench_same_invoice "$db" "$TOKEN" "${VIA[@]}"
+}
+
+# bench_audit_mark DB: remember where DB's audit rows and the log's AUDIT_UNAVAILABLE refusals stand.
+bench_audit_mark() {
+  AUDIT0=$(psql_su -d "$1" -Atc "SELECT coalesce(max(id), 0) FROM ctxguard.audit_log")
+  REFUSED0=$(grep -c 'AUDIT_UNAVAILABLE' "$RUN/postgres.log" || true)
+}
+
+# bench_audit_check DB: since bench_audit_mark, no call was refused as AUDIT_UNAVAILABLE and every
+# audit row is `allow` (else the figures are refused); AUDITED is the number of those rows.
+bench_audit_check() {
+  local refused audit
+  refused=$(( $(grep -c 'AUDIT_UNAVAILABLE' "$RUN/postgres.log" || true) - REFUSED0 ))
+  [ "$refused" = 0 ] || die "$refused calls were refused as AUDIT_UNAVAILABLE (see $RUN/postgres.log)"
+  audit=$(psql_su -d "$1" -Atc "SELECT count(*) FILTER (WHERE decision <> 'allow') || '|' || count(*)
+                                 FROM ctxguard.audit_log WHERE id > $AUDIT0")
+  [ "${audit%%|*}" = 0 ] || die "$1: the runs' audit rows hold ${audit%%|*} non-allow decisions"
+  AUDITED=${audit#*|}
+}
+
+# bench_pgbench_ok NAME FILE: pgbench run NAME (its output in FILE) failed no transaction and
+# completed at least one.
+bench_pgbench_ok() {
+  grep -q '^number of failed transactions: 0 ' "$2" ||
+    { cat "$2" >&2; die "pgbench $1 had failed transactions"; }
+  grep -Eq '^number of transactions actually processed: [1-9]' "$2" ||
+    { cat "$2" >&2; die "pgbench $1 completed no transaction"; }
+}
