@@ -239,7 +239,7 @@ AS $$
                           OR t.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('ctxguard.document_terms')
                           OR t.oid IN (SELECT e.tbl FROM ctxguard.entity_types e))
      WHERE r.rolcanlogin AND NOT r.rolsuper AND r.oid <> t.relowner
-       AND has_function_privilege(r.oid, 'ctxguard._call_tool(text, text)', 'EXECUTE')
+       AND (has_function_privilege(r.oid, 'ctxguard.call_tool(text, jsonb)', 'EXECUTE') OR has_function_privilege(r.oid, 'ctxguard._call_tool(text, text)', 'EXECUTE'))
        AND (t.relnamespace OPERATOR(pg_catalog.<>) 'ctxguard'::pg_catalog.regnamespace
             OR t.oid OPERATOR(pg_catalog.=) 'ctxguard.document_pages'::pg_catalog.regclass
             OR t.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('ctxguard.document_terms'))
@@ -309,7 +309,7 @@ AS $$
       CROSS JOIN LATERAL unnest(s.setconfig) cfg
      WHERE s.setdatabase IN (0, (SELECT d.oid FROM pg_database d WHERE d.datname = current_database()))
        AND NOT r.rolsuper
-       AND has_function_privilege(r.oid, 'ctxguard._set_context(text, text, uuid, text)', 'EXECUTE')
+       AND (has_function_privilege(r.oid, 'ctxguard.set_context(text, jsonb, uuid, text)', 'EXECUTE') OR has_function_privilege(r.oid, 'ctxguard._set_context(text, text, uuid, text)', 'EXECUTE'))
        AND split_part(cfg, '=', 1) NOT IN ('statement_timeout', 'lock_timeout', 'idle_in_transaction_session_timeout', 'idle_session_timeout')
      GROUP BY r.rolname
     UNION ALL
@@ -319,7 +319,7 @@ AS $$
            'idle_in_transaction_session_timeout is 0 for this role (set it for the role, the database or the server)'
       FROM pg_roles r
      WHERE r.rolcanlogin AND NOT r.rolsuper
-       AND has_function_privilege(r.oid, 'ctxguard._call_tool(text, text)', 'EXECUTE')
+       AND (has_function_privilege(r.oid, 'ctxguard.call_tool(text, jsonb)', 'EXECUTE') OR has_function_privilege(r.oid, 'ctxguard._call_tool(text, text)', 'EXECUTE'))
        AND NOT EXISTS (SELECT 1 FROM pg_db_role_setting s CROSS JOIN LATERAL unnest(s.setconfig) cfg
                         WHERE s.setrole IN (0, r.oid)
                           AND s.setdatabase IN (0, (SELECT d.oid FROM pg_database d WHERE d.datname = current_database()))
@@ -336,7 +336,7 @@ AS $$
       FROM pg_stat_activity a
       JOIN pg_roles r ON r.oid = a.usesysid
      WHERE a.backend_type = 'client backend' AND r.rolcanlogin AND NOT r.rolsuper
-       AND has_function_privilege(r.oid, 'ctxguard._call_tool(text, text)', 'EXECUTE')
+       AND (has_function_privilege(r.oid, 'ctxguard.call_tool(text, jsonb)', 'EXECUTE') OR has_function_privilege(r.oid, 'ctxguard._call_tool(text, text)', 'EXECUTE'))
      GROUP BY a.usename
     HAVING count(DISTINCT (coalesce(host(a.client_addr), 'local'), a.application_name)) > 1
 $$;
@@ -1253,3 +1253,14 @@ VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'pin_settings_wrapper';
 COMMENT ON FUNCTION ctxguard.pin_settings(text[]) IS 'The gateway''s transaction frame: each setting of pins (name, value, name, value, ...) this server knows and that differs is set for the transaction (set_config(name, value, true)); returns how many. Grants nothing.';
+
+-- The two functions of every call are C functions that take the jsonb themselves (as its text),
+-- as 0.1.0's set_context was (issue 34): a SQL wrapper is inlined by the planner in each client
+-- statement that calls it, its body read from the catalog and folded every time. Same signatures,
+-- defaults, privileges and comments.
+CREATE OR REPLACE FUNCTION ctxguard.call_tool(name text, args jsonb DEFAULT '{}'::jsonb) RETURNS jsonb
+    LANGUAGE c VOLATILE PARALLEL UNSAFE
+    AS 'MODULE_PATHNAME', 'call_tool_jsonb_wrapper';
+CREATE OR REPLACE FUNCTION ctxguard.set_context(token text, page jsonb, generation uuid DEFAULT NULL, trace_id text DEFAULT NULL)
+    RETURNS jsonb LANGUAGE c VOLATILE PARALLEL UNSAFE
+    AS 'MODULE_PATHNAME', 'set_context_wrapper';

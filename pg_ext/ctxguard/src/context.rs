@@ -129,25 +129,26 @@ fn verify_token(token: Option<&str>) -> JsonB {
     }
 }
 
-/// The 0.1.0 entry point (`set_context(text, jsonb, …)` bound to this symbol): kept so that a
-/// database still on 0.1.0's SQL keeps working between installing this library and
-/// `ALTER EXTENSION ctxguard UPDATE`. Not part of 0.2.0's SQL.
+/// `ctxguard.set_context(token text, page jsonb, generation uuid, trace_id text)`: verify `token`,
+/// validate `page`, and make them the context of the current transaction. Its SQL is written by
+/// hand (`sql/finalize.sql`) as a C function bound to this symbol, as 0.1.0's was: a SQL wrapper
+/// is inlined by the planner in every client statement that calls it (its body read from the
+/// catalog, checked and folded each time: issue 34, about 4 % of a call's backend CPU). The page
+/// arrives as the text `jsonb_out` makes of it ([`JsonbText`]): its size is checked before it is
+/// parsed, and a page too deep to parse is a clean 22023.
 #[pg_extern(volatile, parallel_unsafe, sql = false)]
 fn set_context(
     token: Option<&str>,
     page: Option<JsonbText>,
     generation: default!(Option<pgrx::Uuid>, "NULL"),
     trace_id: default!(Option<&str>, "NULL"),
-) -> JsonB {
-    // The page's text, unparsed (pgrx's JsonB would panic on a page nested deeper than 128).
+) -> crate::pgutil::JsonbDatum {
     let page = page.map(|JsonbText(text)| text);
-    set(token, page.as_deref(), generation, trace_id)
+    set(token, page.as_deref(), generation, trace_id).into()
 }
 
-/// Verify `token`, validate `page` (JSON text), and make them the context of the current
-/// transaction. Called by the SQL function `ctxguard.set_context(token, page jsonb, …)`, which
-/// passes the page as text so that its size is checked before it is parsed, and a page too deep
-/// to parse is a clean 22023.
+/// [`set_context`] with the page as JSON text (`ctxguard._set_context`), parsed strictly: a text
+/// repeating a member is refused.
 #[pg_extern(volatile, parallel_unsafe, name = "_set_context")]
 fn set_context_text(
     token: Option<&str>,
@@ -204,7 +205,7 @@ fn set(
         );
     }
     // Strict: a deep page is an error, never a crash, and a page repeating a member is refused
-    // (the SQL wrapper's jsonb has none; `_set_context` called with text may).
+    // (a `jsonb` page has none; `_set_context` called with text may).
     let page_json = match json::parse(page_text.as_bytes()) {
         Ok(v) => v,
         Err(JsonError::Duplicate) => deny(

@@ -1181,7 +1181,20 @@ pub(crate) fn envelope(call: Call) -> JsonB {
     })
 }
 
-/// Gate B: called by the SQL wrapper `ctxguard.call_tool(name text, args jsonb)`.
+/// Gate B: `ctxguard.call_tool(name text, args jsonb DEFAULT '{}')`. Its SQL is written by hand
+/// (`sql/finalize.sql`) as a C function bound to this symbol: a SQL wrapper is inlined by the
+/// planner in every client statement that calls it (issue 34). The arguments arrive as the text
+/// `jsonb_out` makes of them, parsed by Gate B with its size and depth bounds.
+#[pg_extern(volatile, parallel_unsafe, sql = false)]
+fn call_tool_jsonb(
+    name: Option<&str>,
+    args: Option<crate::pgutil::JsonbText>,
+) -> crate::pgutil::JsonbDatum {
+    let args = args.map(|crate::pgutil::JsonbText(text)| text);
+    call_tool(name, args.as_deref()).into()
+}
+
+/// Gate B with the arguments as JSON text (`ctxguard._call_tool`).
 #[pg_extern(volatile, parallel_unsafe)]
 fn _call_tool(name: Option<&str>, args: Option<&str>) -> crate::pgutil::JsonbDatum {
     call_tool(name, args).into()
