@@ -1254,13 +1254,16 @@ LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'pin_settings_wrapper';
 COMMENT ON FUNCTION ctxguard.pin_settings(text[]) IS 'The gateway''s transaction frame: each setting of pins (name, value, name, value, ...) this server knows and that differs is set for the transaction (set_config(name, value, true)); returns how many. Grants nothing.';
 
--- The two functions of every call are C functions that take the jsonb themselves (as its text),
--- as 0.1.0's set_context was (issue 34): a SQL wrapper is inlined by the planner in each client
--- statement that calls it, its body read from the catalog and folded every time. Same signatures,
--- defaults, privileges and comments.
+-- The functions of every call (and an upstream call's completion) are C functions that take the
+-- jsonb themselves (as its text), as 0.1.0's set_context and complete_call were (issue 34): a SQL
+-- wrapper is inlined by the planner in each client statement that calls it, its body read from the
+-- catalog and folded every time. Same signatures, defaults, privileges and comments.
 CREATE OR REPLACE FUNCTION ctxguard.call_tool(name text, args jsonb DEFAULT '{}'::jsonb) RETURNS jsonb
     LANGUAGE c VOLATILE PARALLEL UNSAFE
     AS 'MODULE_PATHNAME', 'call_tool_jsonb_wrapper';
 CREATE OR REPLACE FUNCTION ctxguard.set_context(token text, page jsonb, generation uuid DEFAULT NULL, trace_id text DEFAULT NULL)
     RETURNS jsonb LANGUAGE c VOLATILE PARALLEL UNSAFE
     AS 'MODULE_PATHNAME', 'set_context_wrapper';
+CREATE OR REPLACE FUNCTION ctxguard.complete_call(call_id uuid, result jsonb, is_error boolean DEFAULT false)
+    RETURNS jsonb LANGUAGE c VOLATILE PARALLEL UNSAFE
+    AS 'MODULE_PATHNAME', 'complete_call_wrapper';

@@ -2,9 +2,9 @@
 
 -- The page, a call's arguments and upstream results reach Rust as text: their size is checked
 -- before they are parsed, and a document too deep to parse is a clean 22023 instead of an internal
--- error. The two functions of every call are C functions that take the jsonb themselves (as its
--- text): a SQL wrapper is inlined by the planner in each client statement that calls it, its body
--- read from the catalog and folded every time (issue 34).
+-- error. The three are C functions that take the jsonb themselves (as its text): a SQL wrapper is
+-- inlined by the planner in each client statement that calls it, its body read from the catalog
+-- and folded every time (issue 34).
 CREATE FUNCTION ctxguard.call_tool(name text, args jsonb DEFAULT '{}'::jsonb) RETURNS jsonb
     LANGUAGE c VOLATILE PARALLEL UNSAFE
     AS 'MODULE_PATHNAME', 'call_tool_jsonb_wrapper';
@@ -15,8 +15,8 @@ CREATE FUNCTION ctxguard.set_context(token text, page jsonb, generation uuid DEF
 COMMENT ON FUNCTION ctxguard.set_context(text, jsonb, uuid, text) IS 'Verify the token, validate the page, and make them this transaction''s context.';
 
 CREATE FUNCTION ctxguard.complete_call(call_id uuid, result jsonb, is_error boolean DEFAULT false)
-    RETURNS jsonb LANGUAGE sql VOLATILE PARALLEL UNSAFE
-    RETURN ctxguard._complete_call(call_id, result::text, is_error);
+    RETURNS jsonb LANGUAGE c VOLATILE PARALLEL UNSAFE
+    AS 'MODULE_PATHNAME', 'complete_call_wrapper';
 COMMENT ON FUNCTION ctxguard.complete_call(uuid, jsonb, boolean) IS 'Mask, budget and audit the result of an upstream call authorized by call_tool (once).';
 COMMENT ON FUNCTION ctxguard.call_tool(text, jsonb) IS 'Gate B: re-check policy, bind the entity, validate, run the handler, audit.';
 

@@ -1274,7 +1274,8 @@ fn explain_call(name: Option<&str>, args: Option<&str>) -> JsonB {
 
 /// Second half of an upstream MCP call authorized by `call_tool`: mask the upstream result, charge
 /// it to the byte budget and audit it. Each authorized call completes exactly once, for the same
-/// tenant and user, within `ctxguard.external_call_ttl`.
+/// tenant and user, within `ctxguard.external_call_ttl`. [`complete_call`] with the result as JSON
+/// text (`ctxguard._complete_call`).
 #[pg_extern(volatile, parallel_unsafe, name = "_complete_call")]
 fn complete_call_text(
     call_id: Option<pgrx::Uuid>,
@@ -1416,14 +1417,17 @@ fn complete(
     (call, None)
 }
 
-/// The 0.1.0 entry point (`complete_call(uuid, jsonb, bool)` bound to this symbol), kept for a
-/// database still on 0.1.0's SQL until `ALTER EXTENSION ctxguard UPDATE`. Not part of 0.2.0's SQL.
+/// `ctxguard.complete_call(call_id uuid, result jsonb, is_error boolean DEFAULT false)`, bound to
+/// this symbol by hand-written SQL (`sql/finalize.sql`), as 0.1.0's was: a C function, not a SQL
+/// wrapper the planner inlines in every statement that calls it (issue 34). The result arrives as
+/// the text `jsonb_out` makes of it ([`JsonbText`](crate::pgutil::JsonbText)), parsed with its
+/// bounds by [`complete_text`].
 #[pg_extern(volatile, parallel_unsafe, sql = false)]
 fn complete_call(
     call_id: Option<pgrx::Uuid>,
-    result: Option<JsonB>,
-    is_error: default!(bool, false),
-) -> JsonB {
-    let text = result.map(|JsonB(v)| v.to_string());
-    complete_text(call_id, text.as_deref(), Some(is_error))
+    result: Option<crate::pgutil::JsonbText>,
+    is_error: default!(Option<bool>, false),
+) -> crate::pgutil::JsonbDatum {
+    let text = result.map(|crate::pgutil::JsonbText(text)| text);
+    complete_text(call_id, text.as_deref(), is_error).into()
 }
