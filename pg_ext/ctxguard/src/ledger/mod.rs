@@ -943,6 +943,12 @@ pub fn wait(queued: Queued) -> Result<(), Unavailable> {
     let deadline =
         Instant::now() + Duration::from_secs(gucs::AUDIT_WAIT_TIMEOUT.get().max(1) as u64);
     let me = unsafe { pg_sys::MyLatch } as usize;
+    // Only a latch in shared memory (this process's PGPROC's) is written in a waiter slot: the
+    // writer sets it from its own address space. A process whose latch is still its local one
+    // waits without a slot (it looks every millisecond).
+    let shared_latch = unsafe {
+        !pg_sys::MyProc.is_null() && pg_sys::MyLatch == &raw mut (*pg_sys::MyProc).procLatch
+    };
     let mine = |w: &shmem::Waiter| w.latch == me && w.seq == seq;
     // The waiter slot this call holds, if it found one (else it polls).
     let mut held = SlotHeld {
@@ -1000,7 +1006,7 @@ pub fn wait(queued: Queued) -> Result<(), Unavailable> {
                 // `SPIN`).
                 Look::Poll
             } else {
-                if !held.slot.is_some_and(|k| mine(&q.waiters[k])) {
+                if shared_latch && !held.slot.is_some_and(|k| mine(&q.waiters[k])) {
                     held.slot = q.waiters.iter().position(|w| w.latch == 0);
                     if let Some(k) = held.slot {
                         q.waiters[k] = shmem::Waiter {
