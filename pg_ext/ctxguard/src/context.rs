@@ -61,11 +61,18 @@ fn string_array(v: Option<&Value>) -> Vec<String> {
         .unwrap_or_default()
 }
 
-impl Ctx {
-    /// The current context, or `None` (fail closed) if there is none or it cannot be read.
-    pub fn current() -> Option<Ctx> {
-        let raw = reader(&gucs::CONTEXT)?;
-        let v: Value = serde_json::from_str(&raw).ok()?;
+/// What a context's JSON setting (`ctxguard.context`) holds that the readers use, parsed from
+/// its text.
+struct Parsed {
+    text: String,
+    roles: Vec<String>,
+    states: Vec<String>,
+    entity: Option<Entity>,
+}
+
+impl Parsed {
+    fn of(text: String) -> Option<Parsed> {
+        let v: Value = serde_json::from_str(&text).ok()?;
         let entity = match v.get("entity") {
             Some(Value::Object(e)) => Some(Entity {
                 kind: e.get("type")?.as_str()?.to_string(),
@@ -73,13 +80,46 @@ impl Ctx {
             }),
             _ => None,
         };
+        Some(Parsed {
+            roles: string_array(v.get("roles")),
+            states: string_array(v.get("states")),
+            entity,
+            text,
+        })
+    }
+}
+
+thread_local! {
+    /// The last context text parsed, with what it holds. Every function of a call reads the same
+    /// setting (the context, Gate A's list and Gate B's call: a sixtieth of a call's backend CPU
+    /// went to parsing it three times, issue 34). Kept by its whole text: whatever changes the
+    /// setting (the next `set_context`, a savepoint rolled back) is read and parsed anew.
+    static PARSED: std::cell::RefCell<Option<std::rc::Rc<Parsed>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+impl Ctx {
+    /// The current context, or `None` (fail closed) if there is none or it cannot be read.
+    pub fn current() -> Option<Ctx> {
+        let raw = reader(&gucs::CONTEXT)?;
+        let parsed = PARSED.with(|p| {
+            let mut p = p.borrow_mut();
+            match p.as_ref() {
+                Some(kept) if kept.text == raw => Some(kept.clone()),
+                _ => {
+                    let fresh = std::rc::Rc::new(Parsed::of(raw)?);
+                    *p = Some(fresh.clone());
+                    Some(fresh)
+                }
+            }
+        })?;
         Some(Ctx {
             tenant_id: gucs::get(&gucs::TENANT_ID)?,
             user_id: gucs::get(&gucs::USER_ID)?,
-            roles: string_array(v.get("roles")),
+            roles: parsed.roles.clone(),
             page_type: gucs::get(&gucs::PAGE_TYPE)?,
-            entity,
-            states: string_array(v.get("states")),
+            entity: parsed.entity.clone(),
+            states: parsed.states.clone(),
             generation: gucs::get(&gucs::GENERATION),
             trace_id: gucs::get(&gucs::TRACE_ID),
         })

@@ -434,7 +434,10 @@ pub fn run(
         let planned = (depth() == 1)
             .then(|| Spi::connect(|_| unsafe { body_plan(handler, role, pg_sys::JSONBOID) }))
             .flatten();
-        let datum = JsonB(args).into_datum().expect("jsonb datum");
+        // Built as jsonb directly (pgrx's JsonB would print the arguments and parse them again).
+        let datum = crate::pgutil::JsonbDatum::from_value(&args)
+            .into_datum()
+            .expect("jsonb datum");
         let out = match planned {
             Some((plan, stable)) => Spi::connect(|_| call_body::<JsonB>(plan, stable, datum)),
             None => unsafe {
@@ -456,7 +459,9 @@ pub fn predicate(
     args: &Value,
 ) -> Result<bool, Failure> {
     as_run_as(predicate, run_as, true, "a policy condition", |role| {
-        let datum = JsonB(args.clone()).into_datum().expect("jsonb datum");
+        let datum = crate::pgutil::JsonbDatum::from_value(args)
+            .into_datum()
+            .expect("jsonb datum");
         // A one-SELECT SQL condition from a plan kept across transactions, as handlers' bodies
         // (always read-only: it runs in a read-only subtransaction whatever its volatility).
         let planned = (depth() == 1)
