@@ -113,6 +113,19 @@ SELECT is(ctxguard._call_tool('invoice.get', '{"invoice_id": "acme_inv3", "invoi
           'INVALID_ARGUMENT', 'call_tool arguments repeating a member are INVALID_ARGUMENT');
 COMMIT;
 
+-- Tool arguments larger than ctxguard.max_arg_bytes are refused before they are parsed (issue 34, a
+-- review as an attacker: the whole text was parsed into a tree first, several times its size in
+-- memory, and only then measured). An oversized text that is not even JSON gets the size refusal,
+-- not the parse's: before the fix, 'arguments are not valid JSON, ...'.
+BEGIN;
+SELECT ctxguard.set_context(:'tok_alice', '{"pageType": "invoice_detail", "entity": {"type": "invoice", "id": "acme_inv3"}}') \g /dev/null
+SELECT is(ctxguard._call_tool('invoice.get', repeat('[', 20000))->'error'->>'message',
+          format('arguments exceed %s bytes', (SELECT setting FROM pg_settings WHERE name = 'ctxguard.max_arg_bytes')),
+          'call_tool arguments over max_arg_bytes are refused by size before any parse');
+SELECT is(ctxguard._call_tool('invoice.get', '{"invoice_id": "acme_inv3", "pad": "' || repeat('x', 20000) || '"}')->'error'->>'code',
+          'INVALID_ARGUMENT', 'and valid JSON over max_arg_bytes too');
+COMMIT;
+
 -- Clean up: nothing of this file's server is left for the files after it.
 \set dba_sql 'DELETE FROM ctxguard.tools WHERE server = ''deep''; DELETE FROM ctxguard.mcp_servers WHERE name = ''deep'''
 \ir lib/dba.sql

@@ -1,10 +1,11 @@
 -- Wrappers, RLS on bookkeeping tables, and privileges. Runs after all Rust functions exist.
 
 -- The page, a call's arguments and upstream results reach Rust as text: their size is checked
--- before they are parsed, and a document too deep to parse is a clean 22023 instead of an internal
--- error. The three are C functions that take the jsonb themselves (as its text): a SQL wrapper is
--- inlined by the planner in each client statement that calls it, its body read from the catalog
--- and folded every time (issue 34).
+-- before they are parsed, with a depth bound, so a document too large or too deep is a clean
+-- refusal (22023 for a page, an audited INVALID_ARGUMENT or TOOL_ERROR for arguments and results)
+-- instead of an internal error. The three are C functions that take the jsonb themselves (as its
+-- text): a SQL wrapper is inlined by the planner in each client statement that calls it, its body
+-- read from the catalog and folded every time (issue 34).
 CREATE FUNCTION ctxguard.call_tool(name text, args jsonb DEFAULT '{}'::jsonb) RETURNS jsonb
     LANGUAGE c VOLATILE PARALLEL UNSAFE
     AS 'MODULE_PATHNAME', 'call_tool_jsonb_wrapper';

@@ -667,7 +667,15 @@ pub(crate) fn gate_b(
             "no context is set for this transaction",
         );
     };
-    let parsed = parse_args(args_text);
+    // Bounded before it is parsed: a larger text is refused (below, as INVALID_ARGUMENT once the
+    // tool is known to be visible) without building its tree.
+    let max_arg_bytes = gucs::MAX_ARG_BYTES.get().max(0) as usize;
+    let parsed = match args_text {
+        Some(text) if text.len() > max_arg_bytes => {
+            Err(ArgError(format!("arguments exceed {max_arg_bytes} bytes")))
+        }
+        _ => parse_args(args_text),
+    };
     if let Ok((v, _)) = &parsed {
         call.args_hash = Some(args::args_hash(v));
     }
@@ -705,7 +713,7 @@ pub(crate) fn gate_b(
         )
     });
     let limits = Limits {
-        max_bytes: gucs::MAX_ARG_BYTES.get().max(0) as usize,
+        max_bytes: max_arg_bytes,
         ..Limits::default()
     };
     let (args_value, encoded_len) = match parsed {
@@ -1184,7 +1192,7 @@ pub(crate) fn envelope(call: Call) -> JsonB {
 /// Gate B: `ctxguard.call_tool(name text, args jsonb DEFAULT '{}')`. Its SQL is written by hand
 /// (`sql/finalize.sql`) as a C function bound to this symbol: a SQL wrapper is inlined by the
 /// planner in every client statement that calls it (issue 34). The arguments arrive as the text
-/// `jsonb_out` makes of them, parsed by Gate B with its size and depth bounds.
+/// `jsonb_out` makes of them; Gate B checks their size before it parses them, with a depth bound.
 #[pg_extern(volatile, parallel_unsafe, sql = false)]
 fn call_tool_jsonb(
     name: Option<&str>,
