@@ -53,8 +53,9 @@ STRICT VOLATILE PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', '_refuse_inside_handler_wrapper';
 
--- set_context and complete_call take their JSON as text in Rust (size checked before parsing).
-DROP FUNCTION ctxguard.set_context(text, jsonb, uuid, text);
+-- set_context and complete_call take their JSON as text in Rust (size checked before parsing);
+-- 0.1.0's definitions of both stay as they are (C functions bound to the same symbols, with their
+-- privileges), and _set_context / _complete_call take the text itself.
 CREATE FUNCTION ctxguard."_set_context"(
 	"token" TEXT, /* Option < & str > */
 	"page" TEXT, /* Option < & str > */
@@ -64,12 +65,8 @@ CREATE FUNCTION ctxguard."_set_context"(
 VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'set_context_text_wrapper';
-CREATE FUNCTION ctxguard.set_context(token text, page jsonb, generation uuid DEFAULT NULL, trace_id text DEFAULT NULL)
-    RETURNS jsonb LANGUAGE sql VOLATILE PARALLEL UNSAFE
-    RETURN ctxguard._set_context(token, page::text, generation, trace_id);
 COMMENT ON FUNCTION ctxguard.set_context(text, jsonb, uuid, text) IS 'Verify the token, validate the page, and make them this transaction''s context.';
 
-DROP FUNCTION ctxguard.complete_call(uuid, jsonb, boolean);
 CREATE FUNCTION ctxguard."_complete_call"(
 	"call_id" uuid, /* Option < pgrx :: Uuid > */
 	"result" TEXT, /* Option < & str > */
@@ -78,9 +75,6 @@ CREATE FUNCTION ctxguard."_complete_call"(
 VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'complete_call_text_wrapper';
-CREATE FUNCTION ctxguard.complete_call(call_id uuid, result jsonb, is_error boolean DEFAULT false)
-    RETURNS jsonb LANGUAGE sql VOLATILE PARALLEL UNSAFE
-    RETURN ctxguard._complete_call(call_id, result::text, is_error);
 COMMENT ON FUNCTION ctxguard.complete_call(uuid, jsonb, boolean) IS 'Mask, budget and audit the result of an upstream call authorized by call_tool (once).';
 
 -- Functions that run SQL never run in a parallel operation (their settings are pinned).
@@ -1254,16 +1248,10 @@ LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'pin_settings_wrapper';
 COMMENT ON FUNCTION ctxguard.pin_settings(text[]) IS 'The gateway''s transaction frame: each setting of pins (name, value, name, value, ...) this server knows and that differs is set for the transaction (set_config(name, value, true)); returns how many. Grants nothing.';
 
--- The functions of every call (and an upstream call's completion) are C functions that take the
--- jsonb themselves (as its text), as 0.1.0's set_context and complete_call were (issue 34): a SQL
--- wrapper is inlined by the planner in each client statement that calls it, its body read from the
--- catalog and folded every time. Same signatures, defaults, privileges and comments.
+-- call_tool is a C function that takes the jsonb itself (as its text), as set_context and
+-- complete_call are (issue 34): a SQL wrapper is inlined by the planner in each client statement
+-- that calls it, its body read from the catalog and folded every time. CREATE OR REPLACE keeps its
+-- privileges and comment.
 CREATE OR REPLACE FUNCTION ctxguard.call_tool(name text, args jsonb DEFAULT '{}'::jsonb) RETURNS jsonb
     LANGUAGE c VOLATILE PARALLEL UNSAFE
     AS 'MODULE_PATHNAME', 'call_tool_jsonb_wrapper';
-CREATE OR REPLACE FUNCTION ctxguard.set_context(token text, page jsonb, generation uuid DEFAULT NULL, trace_id text DEFAULT NULL)
-    RETURNS jsonb LANGUAGE c VOLATILE PARALLEL UNSAFE
-    AS 'MODULE_PATHNAME', 'set_context_wrapper';
-CREATE OR REPLACE FUNCTION ctxguard.complete_call(call_id uuid, result jsonb, is_error boolean DEFAULT false)
-    RETURNS jsonb LANGUAGE c VOLATILE PARALLEL UNSAFE
-    AS 'MODULE_PATHNAME', 'complete_call_wrapper';
