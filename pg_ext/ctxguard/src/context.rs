@@ -94,9 +94,16 @@ thread_local! {
     /// setting (`set_context`'s own checks, Gate A's list, Gate B's call: parsing it each time was
     /// about 1.5 % of a call's backend CPU, issue 34). Kept by its whole text (at most
     /// `MAX_PAGE_BYTES` and the token's claims): whatever changes the setting (the next
-    /// `set_context`, a savepoint rolled back) is read and parsed anew.
+    /// `set_context`, a savepoint rolled back) is read and parsed anew. Forgotten when the
+    /// transaction ends ([`forget_parsed`]).
     static PARSED: std::cell::RefCell<Option<std::rc::Rc<Parsed>>> =
         const { std::cell::RefCell::new(None) };
+}
+
+/// Forget the parsed context (at the end of every transaction: nothing of a client's context stays
+/// in the backend for the next client of a pooled connection, even where SQL cannot read it).
+pub fn forget_parsed() {
+    PARSED.with(|p| p.borrow_mut().take());
 }
 
 impl Ctx {

@@ -42,6 +42,7 @@ unsafe extern "C-unwind" fn at_transaction_end(
     if event == pg_sys::XactEvent::XACT_EVENT_COMMIT || event == pg_sys::XactEvent::XACT_EVENT_ABORT
     {
         SAW_TOKEN.with(|s| s.set(false));
+        crate::context::forget_parsed();
     }
 }
 
