@@ -2,7 +2,7 @@
 
 -- The page, a call's arguments and upstream results reach Rust as text: their size is checked
 -- before they are parsed, with a depth bound, so a document too large or too deep is a clean
--- refusal (22023 for a page, an audited INVALID_ARGUMENT or TOOL_ERROR for arguments and results)
+-- refusal (22023 for a page, an audited INVALID_ARGUMENT for arguments and results)
 -- instead of an internal error. The three are C functions that take the jsonb themselves (as its
 -- text): a SQL wrapper is inlined by the planner in each client statement that calls it, its body
 -- read from the catalog and folded every time (issue 34).
