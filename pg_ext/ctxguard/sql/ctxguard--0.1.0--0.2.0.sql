@@ -1252,6 +1252,6 @@ COMMENT ON FUNCTION ctxguard.pin_settings(text[]) IS 'The gateway''s transaction
 -- complete_call are (issue 34): a SQL wrapper is inlined by the planner in each client statement
 -- that calls it, its body read from the catalog and folded every time. CREATE OR REPLACE keeps its
 -- privileges and comment.
-CREATE OR REPLACE FUNCTION ctxguard.call_tool(name text, args jsonb DEFAULT '{}'::jsonb) RETURNS jsonb
+CREATE OR REPLACE FUNCTION ctxguard.call_tool(name text, args jsonb DEFAULT '{}'::pg_catalog.jsonb) RETURNS jsonb
     LANGUAGE c VOLATILE PARALLEL UNSAFE
     AS 'MODULE_PATHNAME', 'call_tool_jsonb_wrapper';

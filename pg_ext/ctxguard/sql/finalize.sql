@@ -6,7 +6,7 @@
 -- instead of an internal error. The three are C functions that take the jsonb themselves (as its
 -- text): a SQL wrapper is inlined by the planner in each client statement that calls it, its body
 -- read from the catalog and folded every time (issue 34).
-CREATE FUNCTION ctxguard.call_tool(name text, args jsonb DEFAULT '{}'::jsonb) RETURNS jsonb
+CREATE FUNCTION ctxguard.call_tool(name text, args jsonb DEFAULT '{}'::pg_catalog.jsonb) RETURNS jsonb
     LANGUAGE c VOLATILE PARALLEL UNSAFE
     AS 'MODULE_PATHNAME', 'call_tool_jsonb_wrapper';
 
