@@ -1,5 +1,24 @@
 -- Wrappers, RLS on bookkeeping tables, and privileges. Runs after all Rust functions exist.
 
+-- Gate A's list, filled in one call from the backend's kept answer (issue 34): the definition
+-- 0.2.0's upgrade script makes.
+CREATE FUNCTION ctxguard."visible_tools"(
+	"query" TEXT DEFAULT NULL,
+	"top_k" INT DEFAULT NULL
+) RETURNS TABLE (
+	"name" TEXT,
+	"description" TEXT,
+	"input_schema" jsonb,
+	"read_only" bool,
+	"danger" TEXT,
+	"requires_approval" bool,
+	"server" TEXT,
+	"namespace" TEXT
+)
+STABLE PARALLEL UNSAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'visible_tools_wrapper';
+
 -- The page, a call's arguments and upstream results reach Rust as text: their size is checked
 -- before they are parsed, with a depth bound, so a document too large or too deep is a clean
 -- refusal (22023 for a page, an audited INVALID_ARGUMENT for arguments and results)

@@ -21,6 +21,24 @@ pub fn may_execute_function(role: pg_sys::Oid, fn_oid: pg_sys::Oid) -> bool {
     acl == pg_sys::AclResult::ACLCHECK_OK
 }
 
+/// Set up `fcinfo`'s call to return its rows in a tuple store (`SFRM_Materialize`), described by
+/// the descriptor the caller expects. PostgreSQL 15.0 named the function `SetSingleFuncCall`;
+/// 15.1 renamed it `InitMaterializedSRF` and kept the old name, which every 15.x exports.
+///
+/// # Safety
+/// `fcinfo` is the running set-returning call's.
+pub unsafe fn init_materialized_srf(fcinfo: pg_sys::FunctionCallInfo) {
+    #[cfg(feature = "pg15")]
+    {
+        unsafe extern "C-unwind" {
+            fn SetSingleFuncCall(fcinfo: pg_sys::FunctionCallInfo, flags: pg_sys::bits32);
+        }
+        SetSingleFuncCall(fcinfo, pg_sys::MAT_SRF_USE_EXPECTED_DESC);
+    }
+    #[cfg(not(feature = "pg15"))]
+    pg_sys::InitMaterializedSRF(fcinfo, pg_sys::MAT_SRF_USE_EXPECTED_DESC);
+}
+
 /// This backend's local transaction id (distinct for each of its transactions until it wraps
 /// around, after 2^32 of them). PostgreSQL 17 moved it into `PGPROC.vxid`.
 pub fn local_xid() -> u32 {

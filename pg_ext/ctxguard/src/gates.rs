@@ -303,48 +303,96 @@ fn visible_in(
         .collect()
 }
 
-/// Gate A: the tools the current context allows, bound entity params stripped, optionally ranked.
-#[pg_extern(stable, parallel_unsafe)]
-#[expect(
-    clippy::type_complexity,
-    reason = "pgrx reads the column names from the name! entries of this signature"
-)]
-fn visible_tools(
-    query: default!(Option<&str>, "NULL"),
-    top_k: default!(Option<i32>, "NULL"),
-) -> TableIterator<
-    'static,
-    (
-        name!(name, String),
-        name!(description, String),
-        name!(input_schema, crate::pgutil::JsonbBytes),
-        name!(read_only, bool),
-        name!(danger, String),
-        name!(requires_approval, bool),
-        name!(server, Option<String>),
-        name!(namespace, String),
-    ),
-> {
-    let _pin = crate::owner::pin();
-    let Some(ctx) = Ctx::current() else {
-        return TableIterator::new(Vec::new());
+/// `ctxguard.visible_tools(query text DEFAULT NULL, top_k int DEFAULT NULL)`, Gate A: the tools
+/// the current context allows, bound entity params stripped, optionally ranked. Its SQL is written
+/// by hand (`sql/finalize.sql`, the same definition 0.2.0's upgrade script makes) as a C function
+/// bound to this symbol, which fills the result in one call (`SFRM_Materialize`) from Gate A's
+/// kept answer: one call per row through pgrx, with each row's strings cloned first, was about
+/// 30 µs of the 34-tool list the bench's full call asks for (issue 34).
+#[no_mangle]
+#[doc(hidden)]
+pub extern "C" fn pg_finfo_visible_tools_wrapper() -> &'static pg_sys::Pg_finfo_record {
+    const V1_API: pg_sys::Pg_finfo_record = pg_sys::Pg_finfo_record { api_version: 1 };
+    &V1_API
+}
+
+/// See [`pg_finfo_visible_tools_wrapper`].
+///
+/// # Safety
+/// Called by PostgreSQL's function manager, with the arguments its SQL declares.
+#[no_mangle]
+#[doc(hidden)]
+#[pg_guard]
+pub unsafe extern "C-unwind" fn visible_tools_wrapper(
+    fcinfo: pg_sys::FunctionCallInfo,
+) -> pg_sys::Datum {
+    // SAFETY: the arguments as declared (text, int4), either NULL.
+    let (query, top_k) = unsafe {
+        (
+            pgrx::fcinfo::pg_getarg::<&str>(fcinfo, 0),
+            pgrx::fcinfo::pg_getarg::<i32>(fcinfo, 1),
+        )
     };
-    let rows: Vec<_> = visible(&ctx, query, top_k)
-        .iter()
-        .map(|t| {
-            (
-                t.name.clone(),
-                t.description.clone(),
-                t.input_schema.clone(),
-                t.read_only,
-                t.danger.to_string(),
-                t.requires_approval,
-                t.server.clone(),
-                t.namespace.clone(),
-            )
-        })
-        .collect();
-    TableIterator::new(rows)
+    let _pin = crate::owner::pin();
+    // The tuple store first, so that a call without a context returns an empty set. Its
+    // descriptor is the one the caller expects (the function's declared result, from a FROM
+    // clause or a select list alike); a caller that takes no set is refused, as by every
+    // set-returning function of PostgreSQL's own.
+    // SAFETY: fcinfo is this call's.
+    unsafe { crate::compat::init_materialized_srf(fcinfo) };
+    // SAFETY: the tuple store and its descriptor were just set.
+    let (store, desc) = unsafe {
+        let rsinfo = (*fcinfo).resultinfo as *mut pg_sys::ReturnSetInfo;
+        ((*rsinfo).setResult, (*rsinfo).setDesc)
+    };
+    // A definition of another shape (only a superuser can bind a C symbol) is refused before a
+    // row is formed from the 8 values below.
+    if unsafe { (*desc).natts } != 8 {
+        raise(
+            PgSqlErrorCode::ERRCODE_DATATYPE_MISMATCH,
+            "ctxguard.visible_tools: the function's definition does not match this library",
+        );
+    }
+    let Some(ctx) = Ctx::current() else {
+        return pg_sys::Datum::from(0);
+    };
+    let rows = visible(&ctx, query, top_k);
+    // SAFETY: 8 columns, as checked; the values are of the declared types.
+    unsafe {
+        let text = |s: &str| {
+            pg_sys::Datum::from(pg_sys::cstring_to_text_with_len(
+                s.as_ptr().cast(),
+                s.len() as i32,
+            ))
+        };
+        for t in rows.iter() {
+            pgrx::check_for_interrupts!();
+            let mut values = [
+                text(&t.name),
+                text(&t.description),
+                t.input_schema.clone().into_datum().expect("a jsonb datum"),
+                pg_sys::Datum::from(t.read_only),
+                text(t.danger),
+                pg_sys::Datum::from(t.requires_approval),
+                t.server.as_deref().map_or(pg_sys::Datum::from(0), text),
+                text(&t.namespace),
+            ];
+            let mut nulls = [
+                false,
+                false,
+                false,
+                false,
+                false,
+                false,
+                t.server.is_none(),
+                false,
+            ];
+            // Copied into the store (in the query's memory); the values themselves are freed with
+            // this call's memory.
+            pg_sys::tuplestore_putvalues(store, desc, values.as_mut_ptr(), nulls.as_mut_ptr());
+        }
+    }
+    pg_sys::Datum::from(0)
 }
 
 /// Diagnostics: every catalogued tool with whether it is visible here and why (stable codes),
