@@ -307,8 +307,9 @@ fn visible_in(
 /// the current context allows, bound entity params stripped, optionally ranked. Its SQL is written
 /// by hand (`sql/finalize.sql`, the same definition 0.2.0's upgrade script makes) as a C function
 /// bound to this symbol, which fills the result in one call (`SFRM_Materialize`) from Gate A's
-/// kept answer: one call per row through pgrx, with each row's strings cloned first, was about
-/// 30 µs of the 34-tool list the bench's full call asks for (issue 34).
+/// kept answer. pgrx's set-returning form called it once per row, through its guard, with each
+/// row's strings cloned first: the one call is 12 µs faster on the 34-tool list the bench's full
+/// call asks for (issue 34).
 #[no_mangle]
 #[doc(hidden)]
 pub extern "C" fn pg_finfo_visible_tools_wrapper() -> &'static pg_sys::Pg_finfo_record {
