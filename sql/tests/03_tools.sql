@@ -31,6 +31,15 @@ SELECT is((SELECT input_schema FROM ctxguard.visible_tools() WHERE name = 'invoi
           '{"type": "object", "properties": {}, "additionalProperties": false}'::jsonb, 'C.19 bound param stripped from properties and required');
 SELECT is((SELECT name FROM ctxguard.visible_tools('mark this invoice as paid', 1)), 'invoice.mark_paid', 'Gate A ranks by the query');
 SELECT is((SELECT count(*)::int FROM ctxguard.visible_tools('invoice', 2)), 2, 'Gate A cuts at top_k');
+-- The list is one materialized set (issue 34): the same rows whatever the call's position.
+SELECT set_eq($$SELECT (ctxguard.visible_tools()).name$$, $$SELECT name FROM ctxguard.visible_tools()$$,
+              'Gate A in a select list lists what it lists in FROM');
+SELECT results_eq($$SELECT k, count(*)::int FROM pg_catalog.generate_series(1, 3) AS k,
+                     LATERAL ctxguard.visible_tools('invoice', k) WITH ORDINALITY AS t GROUP BY k ORDER BY k$$,
+                  $$VALUES (1, 1), (2, 2), (3, 3)$$, 'Gate A per row of a LATERAL join, each call with its own top_k');
+SELECT is((SELECT row(t.name, t.read_only, t.danger, t.requires_approval, t.server, t.namespace)::text
+             FROM ctxguard.visible_tools() AS t WHERE t.name = 'invoice.get'),
+          '(invoice.get,t,safe,f,,invoice)', 'a listed tool''s columns: no upstream server is a NULL server');
 SELECT is((SELECT reason FROM ctxguard.explain_tools() WHERE name = 'invoice.list'), 'wrong_page', 'explain: wrong_page');
 SELECT is((SELECT reason FROM ctxguard.explain_tools() WHERE name = 'report.export'), 'missing_state', 'explain: missing_state');
 SELECT is((SELECT reason FROM ctxguard.explain_tools() WHERE name = 'vendor.archive'), 'disabled', 'explain: disabled');
