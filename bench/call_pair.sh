@@ -11,9 +11,9 @@
 #
 # With BENCH_PAIR_NOWAIT=1 a fourth run in each round is the full call with
 # `ctxguard.audit_wait = off` (set on the database by the superuser, the pool's connections ended
-# before and after it): callers no longer wait for the writer's transaction. Not a configuration to
-# run (a crash loses the records not yet written), but the bound on what a design that keeps the
-# record durable without that wait could reach (docs/audit-durability.md).
+# before and after it): callers neither wait for the writer's transaction nor flush the WAL. Not a
+# configuration to run (a crash loses the records not yet written), and not a bound for a durable
+# design either, which still flushes (docs/audit-durability.md): what the wait and the flush cost.
 #
 #   bench/call_pair.sh      # build+install (release), set up, verify, measure, print
 #
