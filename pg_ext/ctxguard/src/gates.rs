@@ -378,16 +378,8 @@ pub unsafe extern "C-unwind" fn visible_tools_wrapper(
                 t.server.as_deref().map_or(pg_sys::Datum::from(0), text),
                 text(&t.namespace),
             ];
-            let mut nulls = [
-                false,
-                false,
-                false,
-                false,
-                false,
-                false,
-                t.server.is_none(),
-                false,
-            ];
+            let mut nulls = [false; 8];
+            nulls[6] = t.server.is_none();
             // Copied into the store (in the query's memory); the values themselves are freed with
             // this call's memory.
             pg_sys::tuplestore_putvalues(store, desc, values.as_mut_ptr(), nulls.as_mut_ptr());
@@ -624,8 +616,14 @@ pub(crate) fn audited<R>(run: impl FnOnce() -> (Call, R)) -> (Call, R) {
     out
 }
 
-fn parse_args(args: Option<&str>) -> Result<(Value, usize), ArgError> {
+/// A call's arguments (`{}` when absent) and their encoded size, refused past `max_bytes`
+/// (`ctxguard.max_arg_bytes`) before they are parsed.
+fn parse_args(args: Option<&str>, max_bytes: usize) -> Result<(Value, usize), ArgError> {
     let text = args.unwrap_or("{}");
+    // Bounded before it is parsed: a larger text is refused without building its tree.
+    if text.len() > max_bytes {
+        return Err(ArgError(format!("arguments exceed {max_bytes} bytes")));
+    }
     // Strict: a repeated member is refused (which value would count is ambiguous), and absurdly
     // deep documents are an error, never a crash.
     let v = ctxguard_core::json::parse(text.as_bytes()).map_err(|_| {
@@ -716,15 +714,9 @@ pub(crate) fn gate_b(
             "no context is set for this transaction",
         );
     };
-    // Bounded before it is parsed: a larger text is refused (below, as INVALID_ARGUMENT once the
-    // tool is known to be visible) without building its tree.
+    // A refusal is reported below, as INVALID_ARGUMENT, once the tool is known to be visible.
     let max_arg_bytes = gucs::MAX_ARG_BYTES.get().max(0) as usize;
-    let parsed = match args_text {
-        Some(text) if text.len() > max_arg_bytes => {
-            Err(ArgError(format!("arguments exceed {max_arg_bytes} bytes")))
-        }
-        _ => parse_args(args_text),
-    };
+    let parsed = parse_args(args_text, max_arg_bytes);
     if let Ok((v, _)) = &parsed {
         call.args_hash = Some(args::args_hash(v));
     }
