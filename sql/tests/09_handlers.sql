@@ -68,7 +68,7 @@ INSERT INTO pins VALUES ('search_path', 'pg_catalog, pg_temp', 'pg_temp, public'
     ('standard_conforming_strings', 'on', 'off'), ('transform_null_equals', 'off', 'on'), ('array_nulls', 'on', 'off'),
     ('extra_float_digits', '1', '3'), ('bytea_output', 'hex', 'escape'), ('row_security', 'on', 'off'),
     ('check_function_bodies', 'on', 'off'), ('gin_fuzzy_search_limit', '0', '1'),
-    ('plan_cache_mode', 'auto', 'force_custom_plan');
+    ('plan_cache_mode', 'auto', 'force_custom_plan'), ('quote_all_identifiers', 'off', 'on');
 CREATE FUNCTION pg_temp.pinned_call(odd_n text, odd_v text) RETURNS jsonb LANGUAGE plpgsql AS $f$
 DECLARE r jsonb; after text;
     before jsonb := (SELECT jsonb_object_agg(n, current_setting(n)) FROM (SELECT DISTINCT n FROM pg_temp.pins) p);

@@ -159,7 +159,7 @@ BEGIN
                                                              'default_text_search_config', 'standard_conforming_strings',
                                                              'transform_null_equals', 'array_nulls', 'extra_float_digits',
                                                              'bytea_output', 'row_security', 'check_function_bodies',
-                                                             'gin_fuzzy_search_limit', 'plan_cache_mode']) n));
+                                                             'gin_fuzzy_search_limit', 'plan_cache_mode', 'quote_all_identifiers']) n));
 END $$;
 -- Free text reaches a handler as data: stores it and reports the table it names is intact (C.22).
 CREATE TABLE t.notes (tenant_id text NOT NULL, note text NOT NULL);

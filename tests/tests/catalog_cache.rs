@@ -88,11 +88,12 @@ fn a_warm_backend_sees_policy_changes_at_once() {
     assert_eq!(call["status"], "ok");
 }
 
-/// The catalog's version is looked at once per transaction (issue 13): a policy change committed
-/// while a gateway's transaction is open applies from that gateway's next transaction (as it
-/// would in REPEATABLE READ), and a transaction's own change applies at once.
+/// The catalog's version is looked at in every statement: a policy change committed while a
+/// gateway's transaction is open applies from that transaction's next statement (once it applied
+/// from the next transaction only, and a transaction kept open kept a disabled tool: found by a
+/// review as an attacker), and a transaction's own change applies at once.
 #[test]
-fn a_policy_change_applies_from_the_callers_next_transaction() {
+fn a_policy_change_applies_from_the_callers_next_statement() {
     let _serial = one_at_a_time();
     let tok = token("alice", "acme", &["ap_clerk"]);
     let page = json!({"pageType": "vendor_table"});
@@ -114,11 +115,13 @@ fn a_policy_change_applies_from_the_callers_next_transaction() {
         .query_one("SELECT ctxguard.call_tool('vendor.list', '{}')", &[])
         .unwrap()
         .get(0);
+    let listed = visible(&mut tx);
     tx.commit().unwrap();
     assert_eq!(
-        call["status"], "ok",
-        "the open transaction keeps the catalog it saw: {call}"
+        call["error"]["code"], "TOOL_NOT_VISIBLE",
+        "the open transaction's next statement sees the change: {call}"
     );
+    assert!(!listed, "and no longer lists the tool");
     let (names, call) = visible_and_call(&mut gw, &tok);
     assert!(!names.contains(&"vendor.list".to_string()));
     assert_eq!(

@@ -125,6 +125,11 @@ const SETTINGS: &[(&str, &str)] = &[
         "default_text_search_config",
         "SET default_text_search_config = 'pg_catalog.simple'",
     ),
+    // The victim's stale page is refused (an ERROR): FATAL with this, its connection dropped.
+    ("exit_on_error", "SET exit_on_error = on"),
+    // Printed names double-quoted: the entity check's SQL was built from one (a backend's every
+    // later detail page failed).
+    ("quote_all_identifiers", "SET quote_all_identifiers = on"),
 ];
 
 /// The role defaults a client of the gateway role can give it (`ALTER ROLE CURRENT_USER SET`).
@@ -141,6 +146,8 @@ const ROLE_DEFAULTS: &[&str] = &[
     "TimeZone = 'Pacific/Kiritimati'",
     "DateStyle = 'SQL, DMY'",
     "standard_conforming_strings = off",
+    "exit_on_error = on",
+    "quote_all_identifiers = on",
 ];
 
 /// The shared pieces an attacker's leftovers point at: a spy that records what it sees (owned by
@@ -751,5 +758,47 @@ async fn through_pgbouncer_two_gateways_serve_the_next_clients_as_fresh_ones() {
     assert!(
         i1.batch_execute("SELECT 1").await.is_err(),
         "the idle client was disconnected"
+    );
+}
+
+/// A caller's own SQL around a ctxguard call (here a `DO` block) that ctxguard refuses leaves no
+/// page text in the server log: ctxguard's refusal lines are `LOG` lines, which
+/// `log_min_error_statement` ranks above `ERROR`, and they carried the caller's statement and its
+/// context (found by an attacker's review).
+#[tokio::test]
+async fn a_refusal_line_carries_no_page_text_into_the_log() {
+    let _serial = SERIAL.lock().await;
+    let attacker = connect_as(&gateway_url()).await;
+    let marker = format!("pagetextmarker{}", std::process::id());
+    let tok = token("logvictim", "acme", &["ap_clerk"]);
+    attacker
+        .execute("SELECT set_config('logtest.token', $1, false)", &[&tok])
+        .await
+        .unwrap();
+    let offset = log_len();
+    attacker
+        .batch_execute(&format!(
+            "DO $$ BEGIN
+               PERFORM ctxguard.set_context(current_setting('logtest.token'),
+                 '{{\"pageType\": \"invoice_detail\", \"entity\": {{\"type\": \"invoice\", \"id\": \"{marker}\"}}}}');
+             EXCEPTION WHEN others THEN NULL; END $$;"
+        ))
+        .await
+        .unwrap();
+    // The log is written asynchronously by the logging collector: give it a moment.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let log = log_since(offset);
+    assert!(
+        log.contains("logvictim"),
+        "the refusals left no line in the log read (wrong log file?)"
+    );
+    assert!(
+        !log.contains(&marker),
+        "page text in the server log: {}",
+        log.lines()
+            .filter(|l| l.contains(&marker))
+            .take(3)
+            .collect::<Vec<_>>()
+            .join("\n")
     );
 }

@@ -149,6 +149,16 @@ pub const PINS: &[(&str, Value, &str)] = &[
         "an array literal's NULL is NULL",
     ),
     (
+        "exit_on_error",
+        Value::Fixed("off"),
+        "a client's on would turn the next caller's ordinary refusal (an ERROR) into FATAL: a dropped connection instead of its documented error",
+    ),
+    (
+        "quote_all_identifiers",
+        Value::Fixed("off"),
+        "names that SQL prints (`regclass` output, `quote_ident`, `format('%I')`) read the same for every caller; ctxguard pins it in its own SQL too (owner.rs PINNED)",
+    ),
+    (
         "TimeZone",
         Value::Fixed("UTC"),
         "timestamps in answers do not depend on who used the connection before (as the extension pins for its own SQL)",
@@ -185,11 +195,15 @@ pub const PINS: &[(&str, Value, &str)] = &[
 /// - `transaction_timeout` (17+) = 0: a client's 1 would end the next caller's session; the pinned
 ///   statement and idle timeouts bound a gateway transaction;
 /// - `force_parallel_mode` (up to 15) and `debug_parallel_query` (16+) = off: they would start
-///   parallel workers for every statement, whatever `max_parallel_workers_per_gather` says.
+///   parallel workers for every statement, whatever `max_parallel_workers_per_gather` says;
+/// - `restrict_nonsystem_relation_kind` (15.8, 16.4, 17 and later) = empty: a client's `view`
+///   would make the next caller's statements that read a view (a DBA's handler, a policy
+///   condition) fail.
 pub const OPTIONAL_PINS: &[(&str, &str)] = &[
     ("transaction_timeout", "0"),
     ("force_parallel_mode", "off"),
     ("debug_parallel_query", "off"),
+    ("restrict_nonsystem_relation_kind", ""),
 ];
 
 /// User-settable settings (`pg_settings.context = 'user'`) the gateway deliberately does not pin,
@@ -200,8 +214,8 @@ pub const UNPINNED: &[(&[&str], &str)] = &[
         "fixed by the BEGIN itself",
     ),
     (
-        &["transaction_timeout", "force_parallel_mode", "debug_parallel_query"],
-        "pinned where the server knows them (OPTIONAL_PINS: 0, off, off)",
+        &["transaction_timeout", "force_parallel_mode", "debug_parallel_query", "restrict_nonsystem_relation_kind"],
+        "pinned where the server knows them (OPTIONAL_PINS: 0, off, off, empty)",
     ),
     (
         &["default_transaction_deferrable"],
@@ -258,9 +272,9 @@ pub const UNPINNED: &[(&[&str], &str)] = &[
             "vacuum_multixact_freeze_min_age", "vacuum_multixact_freeze_table_age",
             "vacuum_buffer_usage_limit", "wal_skip_threshold", "wal_sender_timeout",
             "check_function_bodies", "password_encryption", "createrole_self_grant",
-            "local_preload_libraries", "exit_on_error", "debug_pretty_print",
+            "local_preload_libraries", "debug_pretty_print",
             "jit_expressions", "jit_tuple_deforming", "trace_notify", "trace_sort",
-            "restrict_nonsystem_relation_kind", "vacuum_truncate", "vacuum_max_eager_freeze_failure_rate",
+            "vacuum_truncate", "vacuum_max_eager_freeze_failure_rate",
             "md5_password_warnings",
         ],
         "used only by statements the gateway does not send (DDL, VACUUM, maintenance, replication, new sessions), by what is pinned off (debug_pretty_print: debug_print_*; jit_*: jit), or developer traces without values (trace_sort, trace_notify at DEBUG1, which client_min_messages pinned to warning does not send)",
@@ -268,9 +282,9 @@ pub const UNPINNED: &[(&[&str], &str)] = &[
     (
         &[
             "lc_monetary", "lc_numeric", "lc_time", "timezone_abbreviations", "xmlbinary",
-            "xmloption", "quote_all_identifiers", "escape_string_warning", "backslash_quote",
+            "xmloption", "escape_string_warning", "backslash_quote",
         ],
-        "formatting the gateway's and ctxguard's statements do not use (no money, to_char, XML or quoted output; no backslashes in literals, and standard_conforming_strings is pinned on)",
+        "formatting the gateway's and ctxguard's statements do not use (no money, to_char or XML; no backslashes in literals, and standard_conforming_strings is pinned on)",
     ),
 ];
 
@@ -605,6 +619,9 @@ mod tests {
         assert!(s.contains(r#""log_parameter_max_length_on_error","0""#));
         assert!(s.contains(r#""default_transaction_isolation","read committed""#));
         assert!(s.contains(r#""transaction_timeout","0""#));
+        assert!(s.contains(r#""restrict_nonsystem_relation_kind","""#));
+        assert!(s.contains(r#""exit_on_error","off""#));
+        assert!(s.contains(r#""quote_all_identifiers","off""#));
         assert!(s.ends_with("}$ctxguard_pins$::pg_catalog.text[])"), "{s}");
         let d = begin(Access::ReadWrite, Commit::Durable, &limits);
         assert!(d.starts_with("BEGIN ISOLATION LEVEL READ COMMITTED READ WRITE;"));

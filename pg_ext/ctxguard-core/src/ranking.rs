@@ -96,6 +96,11 @@ fn by_rank(order: Order, a: &Candidate<'_>, b: &Candidate<'_>) -> Ordering {
         .then_with(|| a.name.cmp(b.name))
 }
 
+/// Most bytes of a ranking query (`visible_tools(query)`, `explain_tools(query)`: the user's
+/// message, which the gateway caps at 8,000 characters); SQLSTATE 54000 beyond, checked before
+/// the query is read.
+pub const MAX_RANK_QUERY_BYTES: usize = 65_536;
+
 /// Words of a free-text query as an OR text-search query (`w1 | w2`): runs of ASCII letters and
 /// digits, lower-cased, 2-32 characters long, each once, at most 16; nothing else reaches
 /// `to_tsquery`, so no query syntax can. `None` when there is no such word.

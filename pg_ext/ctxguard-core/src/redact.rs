@@ -9,9 +9,13 @@ use std::sync::LazyLock;
 use regex::Regex;
 
 /// A compact JWS (3 segments) or JWE (5): the first segment is base64url of a JSON object, so it
-/// starts `eyJ` (`{"`); the others may be empty (unsigned, or JWE's empty key).
+/// starts `eyJ` (`{"`); the others may be empty (unsigned, or JWE's empty key). Also a token cut
+/// short (`log_parameter_max_length_on_error` keeps a parameter's first bytes): its header, or its
+/// header and part of its claims, with fewer dots; so any `eyJ` run of at least 8 more characters,
+/// with whatever segments follow it.
 static TOKEN: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"eyJ[A-Za-z0-9_-]*(?:\.[A-Za-z0-9_-]*){2,4}").expect("token pattern")
+    Regex::new(r"eyJ(?:[A-Za-z0-9_-]{8,}(?:\.[A-Za-z0-9_-]*){0,4}|[A-Za-z0-9_-]*(?:\.[A-Za-z0-9_-]*){2,4})")
+        .expect("token pattern")
 });
 
 /// What replaces a token in the log.
@@ -46,6 +50,14 @@ mod tests {
             "eyJhbGciOiJub25lIn0.eyJzdWIiOiJ4In0.",
             "eyJhbGciOiJSU0EtT0FFUCJ9.a.b.c.d",
             "eyJ9.eyJ9.x and eyJ9.eyJ9.y",
+        ] {
+            assert!(!redact_tokens(t).contains("eyJ"), "{t}");
+            assert!(has_token(t));
+        }
+        // A token cut short: its header, or its header and part of its claims.
+        for t in [
+            "$1 = 'eyJhbGciOiJIUzI1NiJ9...'",
+            "$1 = 'eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJhbGljZSIsInRlbmFu...'",
         ] {
             assert!(!redact_tokens(t).contains("eyJ"), "{t}");
             assert!(has_token(t));

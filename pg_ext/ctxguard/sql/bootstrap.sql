@@ -143,10 +143,24 @@ CREATE TABLE ctxguard.catalog_changes (
 );
 CREATE INDEX catalog_changes_version_idx ON ctxguard.catalog_changes (version);
 COMMENT ON TABLE ctxguard.catalog_changes IS 'What each catalog version changed (tool names; NULL: anything else), for the backends'' catalog caches. Written by triggers, last 100 versions.';
+-- Is `rel` one of ctxguard's own tables (a member of the extension)? The catalog's trigger functions
+-- run as the owner, and serve no other table.
+CREATE FUNCTION ctxguard._own_table(rel oid) RETURNS boolean
+    LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT EXISTS (SELECT FROM pg_catalog.pg_depend d JOIN pg_catalog.pg_extension e ON e.oid OPERATOR(pg_catalog.=) d.refobjid
+                    WHERE d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass
+                      AND d.objid OPERATOR(pg_catalog.=) rel AND d.objsubid OPERATOR(pg_catalog.=) 0
+                      AND d.deptype OPERATOR(pg_catalog.=) 'e' AND e.extname OPERATOR(pg_catalog.=) 'ctxguard')
+$$;
+REVOKE EXECUTE ON FUNCTION ctxguard._own_table(oid) FROM PUBLIC;
 CREATE FUNCTION ctxguard._bump_catalog_version() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
+    IF NOT ctxguard._own_table(TG_RELID) THEN
+        RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = 'ctxguard: the catalog''s triggers serve ctxguard''s own tables only';
+    END IF;
     -- Once per transaction: a row version per statement made a transaction of 20,000 changes
     -- leave 20,000 versions for every next statement to scan.
     IF NOT ctxguard._catalog_written_here() THEN
@@ -163,6 +177,7 @@ BEGIN
     RETURN NULL;
 END
 $$;
+REVOKE EXECUTE ON FUNCTION ctxguard._bump_catalog_version() FROM PUBLIC;
 -- The tool names a statement on tools or tool_policies changed (TG_ARGV[0]: the name column), with
 -- the version this transaction moved the catalog to. Runs after _bump_catalog_version (trigger
 -- names: *_changed before *_logged_*).
@@ -170,19 +185,36 @@ CREATE FUNCTION ctxguard._log_tool_changes() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF TG_OP OPERATOR(pg_catalog.<>) 'DELETE' THEN
-        INSERT INTO ctxguard.catalog_changes (version, tool)
-        SELECT DISTINCT c.version, pg_catalog.to_jsonb(n) OPERATOR(pg_catalog.->>) TG_ARGV[0]
-          FROM changed_new n, ctxguard.catalog_version c;
+    IF NOT ctxguard._own_table(TG_RELID) THEN
+        RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = 'ctxguard: the catalog''s triggers serve ctxguard''s own tables only';
     END IF;
-    IF TG_OP OPERATOR(pg_catalog.<>) 'INSERT' THEN
-        INSERT INTO ctxguard.catalog_changes (version, tool)
-        SELECT DISTINCT c.version, pg_catalog.to_jsonb(o) OPERATOR(pg_catalog.->>) TG_ARGV[0]
-          FROM changed_old o, ctxguard.catalog_version c;
+    -- Each table's name column by name (each branch is planned only for the table that takes it).
+    IF TG_TABLE_NAME OPERATOR(pg_catalog.=) 'tools' THEN
+        IF TG_OP OPERATOR(pg_catalog.<>) 'DELETE' THEN
+            INSERT INTO ctxguard.catalog_changes (version, tool)
+            SELECT DISTINCT c.version, n.name FROM changed_new n, ctxguard.catalog_version c;
+        END IF;
+        IF TG_OP OPERATOR(pg_catalog.<>) 'INSERT' THEN
+            INSERT INTO ctxguard.catalog_changes (version, tool)
+            SELECT DISTINCT c.version, o.name FROM changed_old o, ctxguard.catalog_version c;
+        END IF;
+    ELSIF TG_TABLE_NAME OPERATOR(pg_catalog.=) 'tool_policies' THEN
+        IF TG_OP OPERATOR(pg_catalog.<>) 'DELETE' THEN
+            INSERT INTO ctxguard.catalog_changes (version, tool)
+            SELECT DISTINCT c.version, n.tool FROM changed_new n, ctxguard.catalog_version c;
+        END IF;
+        IF TG_OP OPERATOR(pg_catalog.<>) 'INSERT' THEN
+            INSERT INTO ctxguard.catalog_changes (version, tool)
+            SELECT DISTINCT c.version, o.tool FROM changed_old o, ctxguard.catalog_version c;
+        END IF;
+    ELSE
+        -- Not a table whose names are logged: every backend reads the whole catalog again.
+        INSERT INTO ctxguard.catalog_changes (version, tool) SELECT c.version, NULL FROM ctxguard.catalog_version c;
     END IF;
     RETURN NULL;
 END
 $$;
+REVOKE EXECUTE ON FUNCTION ctxguard._log_tool_changes() FROM PUBLIC;
 CREATE TRIGGER page_types_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON ctxguard.page_types
     FOR EACH STATEMENT EXECUTE FUNCTION ctxguard._bump_catalog_version();
 CREATE TRIGGER entity_types_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON ctxguard.entity_types

@@ -34,8 +34,13 @@ const MAX_REASON_BYTES: usize = 500;
 const MAX_APPROVAL_TTL: i32 = 86_400;
 /// Most rows `pending_approvals()` returns (oldest first).
 const MAX_PENDING_LISTED: i64 = 200;
+/// Most calls of one user that wait for an approval at once: a user cannot push the rest of the
+/// tenant's requests out of the approvers' list (its 200 oldest) on their own.
+pub const MAX_PENDING_PER_USER: i64 = 50;
 
 /// Record a call that needs an approval: its bound arguments, page entity and who may decide.
+/// `false`: nothing recorded, the user has [`MAX_PENDING_PER_USER`] calls waiting already.
+#[must_use]
 pub fn record_pending(
     ctx: &Ctx,
     tool: &str,
@@ -43,14 +48,27 @@ pub fn record_pending(
     hash: &str,
     approver_roles: &[String],
     call_id: uuid::Uuid,
-) {
+) -> bool {
     let approvers = (!approver_roles.is_empty()).then(|| approver_roles.to_vec());
     as_owner(|| {
-        Spi::run_with_args(
-            "INSERT INTO ctxguard.approvals (call_id, tenant_id, user_id, tool, args, args_hash, expires_at,
+        // The insert only while the user has room: one statement, so that the count and the row
+        // agree within it (concurrent calls of one user may pass together, a handful at most).
+        Spi::get_one_with_args::<bool>(
+            "WITH room AS (
+                 SELECT pg_catalog.count(*) OPERATOR(pg_catalog.<) $12 AS ok FROM ctxguard.approvals
+                  WHERE tenant_id OPERATOR(pg_catalog.=) $2 AND status OPERATOR(pg_catalog.=) 'pending'
+                    -- The pending index's range of the last MAX_APPROVAL_TTL ($13), as the
+                    -- approvers' list reads it: not every call that expired undecided.
+                    AND created_at OPERATOR(pg_catalog.>=) (pg_catalog.now() OPERATOR(pg_catalog.-) pg_catalog.make_interval(secs => $13))
+                    AND user_id OPERATOR(pg_catalog.=) $3 AND expires_at OPERATOR(pg_catalog.>) pg_catalog.now()),
+             ins AS (
+             INSERT INTO ctxguard.approvals (call_id, tenant_id, user_id, tool, args, args_hash, expires_at,
                                              page_type, entity_type, entity_id, approver_roles)
-             VALUES ($1::pg_catalog.uuid, $2, $3, $4, $5, $6, pg_catalog.now() + pg_catalog.make_interval(secs => $7),
-                     $8, $9, $10, $11)",
+             SELECT $1::pg_catalog.uuid, $2, $3, $4, $5, $6, pg_catalog.now() + pg_catalog.make_interval(secs => $7),
+                     $8, $9, $10, $11
+               FROM room WHERE room.ok
+             RETURNING 1)
+             SELECT EXISTS (SELECT FROM ins)",
             &[
                 call_id.to_string().as_str().into(),
                 ctx.tenant_id.as_str().into(),
@@ -64,6 +82,8 @@ pub fn record_pending(
                 ctx.entity.as_ref().map(|e| e.kind.as_str()).into(),
                 ctx.entity.as_ref().map(|e| e.id.as_str()).into(),
                 approvers.into(),
+                MAX_PENDING_PER_USER.into(),
+                f64::from(MAX_APPROVAL_TTL).into(),
             ],
         )
     })
@@ -72,7 +92,8 @@ pub fn record_pending(
             PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
             "ctxguard: could not record approval",
         )
-    });
+    })
+    .unwrap_or(false)
 }
 
 fn uuid_of(call_id: Option<pgrx::Uuid>) -> uuid::Uuid {
@@ -118,7 +139,9 @@ fn approve(ctx: Option<&Ctx>, id: uuid::Uuid) -> Call {
     };
     // Run: atomically consume the approval (a second approve, concurrent or later, finds nothing).
     // Only its requester, from a context on the entity it was requested for (or none, if it had
-    // none): a call without approvers that is pending, or one an approver granted.
+    // none): a call without approvers that is pending, or one an approver granted. A call
+    // requested without approvers is not the requester's to approve once the tool's policy names
+    // approvers (four eyes added since): Gate B does not ask for an approval again.
     let claimed = as_owner(|| {
         Spi::connect_mut(|client| {
             let mut rows = client.update(
@@ -127,7 +150,10 @@ fn approve(ctx: Option<&Ctx>, id: uuid::Uuid) -> Call {
                    AND tenant_id OPERATOR(pg_catalog.=) $2 AND user_id OPERATOR(pg_catalog.=) $3
                    AND expires_at OPERATOR(pg_catalog.>) pg_catalog.now()
                    AND entity_type IS NOT DISTINCT FROM $4 AND entity_id IS NOT DISTINCT FROM $5
-                   AND ((status OPERATOR(pg_catalog.=) 'pending' AND approver_roles IS NULL)
+                   AND ((status OPERATOR(pg_catalog.=) 'pending' AND approver_roles IS NULL
+                         AND NOT EXISTS (SELECT FROM ctxguard.tool_policies p
+                                          WHERE p.tool OPERATOR(pg_catalog.=) ctxguard.approvals.tool
+                                            AND p.approver_roles OPERATOR(pg_catalog.<>) '{}'::pg_catalog.text[]))
                         OR status OPERATOR(pg_catalog.=) 'granted')
                  RETURNING tool, args::pg_catalog.text",
                 Some(1),

@@ -896,10 +896,10 @@ impl Catalog {
 
 thread_local! {
     static CACHE: RefCell<Option<Rc<Catalog>>> = const { RefCell::new(None) };
-    /// The transaction (local id, start time) and command whose snapshot last checked the
-    /// catalog's version: later statements of that transaction, until it changes something
-    /// itself, use the catalog it found.
-    static CHECKED: Cell<Option<(u32, i64, pg_sys::CommandId)>> = const { Cell::new(None) };
+    /// The transaction (local id, start time), command and statement (its start time) whose
+    /// snapshot last checked the catalog's version, and when: until one of them changes, or
+    /// [`RECHECK_AFTER`] has passed, the catalog it found is used.
+    static CHECKED: Cell<Option<(Checked, std::time::Instant)>> = const { Cell::new(None) };
     static STATS: Cell<Counters> = Cell::new(Counters::default());
 }
 
@@ -923,26 +923,65 @@ fn internal(e: impl std::fmt::Display) -> ! {
     )
 }
 
-/// The catalog as of the transaction's first look at it, or its own last change (in READ
-/// COMMITTED too: a policy change committed meanwhile applies from the caller's next transaction,
-/// as it would in REPEATABLE READ, which any caller may choose). Its parts are read when a call
-/// first needs them, on that statement's snapshot.
+/// (transaction's local id, its start, command id, the statement's start).
+type Checked = (u32, i64, pg_sys::CommandId, i64);
+
+/// How long one statement uses the catalog it found before it looks at the version again.
+const RECHECK_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The catalog as of the running statement's snapshot, or the transaction's own last change. Every
+/// statement looks at the catalog's version again (a change committed meanwhile applies from the
+/// next statement, in any transaction), a long statement every [`RECHECK_AFTER`], and a statement
+/// whose snapshot does not see the latest committed version is refused (see [`version_key`]): no
+/// transaction kept open, no `REPEATABLE READ` snapshot and no imported one keeps a catalog a DBA
+/// has since changed. Its parts are read when a call first needs them, on that statement's
+/// snapshot.
 pub fn catalog() -> Rc<Catalog> {
-    let now = unsafe {
+    let now: Checked = unsafe {
         (
             crate::compat::local_xid(),
             pg_sys::GetCurrentTransactionStartTimestamp(),
             pg_sys::GetCurrentCommandId(false),
+            pg_sys::GetCurrentStatementStartTimestamp(),
         )
     };
-    if CHECKED.get() == Some(now) {
-        if let Some(c) = CACHE.with(|c| c.borrow().clone()) {
-            return c;
+    let at = std::time::Instant::now();
+    // This statement looked at the catalog before (a long statement looking again).
+    let mut again = false;
+    if let Some((checked, when)) = CHECKED.get() {
+        if checked == now {
+            if at.duration_since(when) < RECHECK_AFTER {
+                if let Some(c) = CACHE.with(|c| c.borrow().clone()) {
+                    return c;
+                }
+            }
+            again = true;
         }
     }
-    let c = catalog_of(version_key());
-    CHECKED.set(Some(now));
+    let c = catalog_of(version_key(again));
+    CHECKED.set(Some((now, at)));
     c
+}
+
+/// At a subtransaction's abort, forget which statement last checked the catalog's version: the
+/// subtransaction's catalog changes (and the version they moved) are undone, while the
+/// transaction, its command id and its statement go on (`ROLLBACK TO SAVEPOINT`, a PL/pgSQL
+/// exception block).
+unsafe extern "C-unwind" fn at_subtransaction_abort(
+    event: pg_sys::SubXactEvent::Type,
+    _mine: pg_sys::SubTransactionId,
+    _parent: pg_sys::SubTransactionId,
+    _arg: *mut std::ffi::c_void,
+) {
+    if event == pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB {
+        CHECKED.set(None);
+    }
+}
+
+/// Called once from `_PG_init` (preloaded or not).
+pub fn init() {
+    // SAFETY: registered once per process, while the library loads.
+    unsafe { pg_sys::RegisterSubXactCallback(Some(at_subtransaction_abort), std::ptr::null_mut()) };
 }
 
 /// The catalog of version `key`: the cached one; or taken over from it when the versions between
@@ -1013,8 +1052,10 @@ fn tools_changed(old: &(i64, String), new: &(i64, String)) -> Option<HashSet<Str
 }
 
 /// The visible `ctxguard.catalog_version` row's `(version, xmin)`, and whether this transaction
-/// wrote it.
-fn version_row() -> (i64, pg_sys::TransactionId, bool) {
+/// wrote it. With `latest`, also whether the latest committed row is that one (`Some(false)`: the
+/// snapshot predates a catalog change); `None` when not asked or when the row is this
+/// transaction's own.
+fn version_row(latest: bool) -> (i64, pg_sys::TransactionId, bool, Option<bool>) {
     unsafe {
         let schema = pg_sys::get_namespace_oid(c"ctxguard".as_ptr(), false);
         let relid = pg_sys::get_relname_relid(c"catalog_version".as_ptr(), schema);
@@ -1056,11 +1097,32 @@ fn version_row() -> (i64, pg_sys::TransactionId, bool) {
             ))
         };
         pg_sys::systable_endscan(scan);
+        // The same row on a snapshot taken now: is the one this statement sees the latest
+        // committed? (Not asked for this transaction's own row: nothing committed can follow it.)
+        let current = match row {
+            Some((_, xmin, false)) if latest => {
+                let scan = pg_sys::systable_beginscan(
+                    rel,
+                    pg_sys::InvalidOid,
+                    false,
+                    pg_sys::GetLatestSnapshot(),
+                    0,
+                    std::ptr::null_mut(),
+                );
+                let tuple = pg_sys::systable_getnext(scan);
+                let same = !tuple.is_null() && (*(*tuple).t_data).t_choice.t_heap.t_xmin == xmin;
+                pg_sys::systable_endscan(scan);
+                Some(same)
+            }
+            _ => None,
+        };
         pg_sys::table_close(rel, lock);
         if fresh {
             pg_sys::PopActiveSnapshot();
         }
-        row.unwrap_or_else(|| internal("ctxguard.catalog_version has no row"))
+        let (version, xmin, mine) =
+            row.unwrap_or_else(|| internal("ctxguard.catalog_version has no row"));
+        (version, xmin, mine, current)
     }
 }
 
@@ -1070,14 +1132,54 @@ fn version_row() -> (i64, pg_sys::TransactionId, bool) {
 /// catalogs (never through `search_path`). The row moves once per transaction that changes the
 /// catalog (see [`_catalog_written_here`]): while this transaction is that one, its later changes
 /// do not move it, so the key also holds the command id, and every command reads afresh.
-fn version_key() -> (i64, String) {
-    let (version, xmin, mine) = version_row();
+///
+/// A statement whose snapshot does not see the latest committed version is refused with 40001
+/// (its transaction can be retried, and sees the change then) when that snapshot is its
+/// transaction's (`REPEATABLE READ`, `SERIALIZABLE`, an imported snapshot: the transaction began
+/// before the change), when it runs in a cursor (declared before the change, fetched from after
+/// it), or when the statement is looking `again` (it has run on the catalog it found for
+/// [`RECHECK_AFTER`]). A `READ COMMITTED` statement that began before the change and looks for the
+/// first time (it waited for the audit queue, say) is answered on its snapshot; the next statement
+/// sees the change.
+fn version_key(again: bool) -> (i64, String) {
+    let (version, xmin, mine, current) = version_row(true);
+    if current == Some(false) && (again || transaction_snapshot() || in_cursor()) {
+        raise(
+            PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
+            "ctxguard: the tool catalog changed after this statement's snapshot was taken; retry in a new transaction",
+        );
+    }
     let xmin = xmin.into_inner();
     if mine {
-        let cid = unsafe { pg_sys::GetCurrentCommandId(false) };
-        (version, format!("{xmin}/{cid}"))
+        // Its own change: keyed by command and by subtransaction too (a change rolled back to a
+        // savepoint leaves the command id where it was; the subtransaction after it is another).
+        let (cid, sub) = unsafe {
+            (
+                pg_sys::GetCurrentCommandId(false),
+                pg_sys::GetCurrentSubTransactionId(),
+            )
+        };
+        (version, format!("{xmin}/{cid}/{sub}"))
     } else {
         (version, xmin.to_string())
+    }
+}
+
+/// Does this transaction read on one snapshot from its first statement on (`IsolationUsesXactSnapshot`)?
+fn transaction_snapshot() -> bool {
+    // SAFETY: a backend global, read in its one thread.
+    unsafe { pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32 }
+}
+
+/// Does the running query run in a cursor (a named portal: `DECLARE`d, or opened by a function
+/// through SPI), whose snapshot may be older than the statement that fetches from it? A client's
+/// own statements run in the unnamed portal.
+fn in_cursor() -> bool {
+    // SAFETY: the active portal, if any, is valid while it runs (this call is part of it); its
+    // name is a C string.
+    unsafe {
+        let p = pg_sys::ActivePortal;
+        !p.is_null() && !(*p).name.is_null() && *(*p).name != 0
     }
 }
 
@@ -1089,7 +1191,7 @@ fn version_key() -> (i64, String) {
 /// Declared in `bootstrap.sql`, before the first catalog change of the install.
 #[pg_extern(volatile, parallel_unsafe, sql = false)]
 fn _catalog_written_here() -> bool {
-    version_row().2
+    version_row(false).2
 }
 
 fn policy_from_row(row: &SpiHeapTupleData) -> Result<Option<Policy>, pgrx::spi::Error> {
@@ -1177,11 +1279,11 @@ fn load_entities() -> Result<HashMap<String, Rc<EntityMapping>>, pgrx::spi::Erro
             "SELECT e.name,
                     pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(c.relname),
                     pg_catalog.quote_ident(e.id_column::pg_catalog.text),
-                    pg_catalog.quote_ident(it.typnamespace::pg_catalog.regnamespace::pg_catalog.text) || '.'
+                    pg_catalog.quote_ident(itn.nspname::pg_catalog.text) || '.'
                         || pg_catalog.quote_ident(it.typname::pg_catalog.text),
                     CASE WHEN it.typnamespace OPERATOR(pg_catalog.=) 'pg_catalog'::pg_catalog.regnamespace THEN it.typname::pg_catalog.text END,
                     pg_catalog.quote_ident(e.tenant_column::pg_catalog.text),
-                    pg_catalog.quote_ident(tt.typnamespace::pg_catalog.regnamespace::pg_catalog.text) || '.'
+                    pg_catalog.quote_ident(ttn.nspname::pg_catalog.text) || '.'
                         || pg_catalog.quote_ident(tt.typname::pg_catalog.text)
                FROM ctxguard.entity_types e
                JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) e.tbl::pg_catalog.oid
@@ -1189,7 +1291,9 @@ fn load_entities() -> Result<HashMap<String, Rc<EntityMapping>>, pgrx::spi::Erro
                JOIN pg_catalog.pg_type it ON it.oid OPERATOR(pg_catalog.=) e.id_type::pg_catalog.oid
                JOIN pg_catalog.pg_attribute a ON a.attrelid OPERATOR(pg_catalog.=) c.oid
                     AND a.attname OPERATOR(pg_catalog.=) e.tenant_column AND NOT a.attisdropped
-               JOIN pg_catalog.pg_type tt ON tt.oid OPERATOR(pg_catalog.=) a.atttypid",
+               JOIN pg_catalog.pg_type tt ON tt.oid OPERATOR(pg_catalog.=) a.atttypid
+               JOIN pg_catalog.pg_namespace itn ON itn.oid OPERATOR(pg_catalog.=) it.typnamespace
+               JOIN pg_catalog.pg_namespace ttn ON ttn.oid OPERATOR(pg_catalog.=) tt.typnamespace",
             None,
             &[],
         )? {

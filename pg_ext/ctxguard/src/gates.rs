@@ -136,6 +136,16 @@ fn ranked_in(
     query: Option<&str>,
     top_k: Option<i32>,
 ) -> Vec<(Rc<ToolEntry>, Placement, f32)> {
+    // The one place a ranking query is read: its size first.
+    if query.is_some_and(|q| q.len() > ranking::MAX_RANK_QUERY_BYTES) {
+        raise(
+            PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+            format!(
+                "ctxguard: the ranking query is longer than {} bytes",
+                ranking::MAX_RANK_QUERY_BYTES
+            ),
+        );
+    }
     let tools = allowed(catalog, ctx);
     let scores = scores(query.and_then(ranking::or_query).as_deref(), &tools);
     let candidates = candidates(&tools, ctx, &scores);
@@ -857,7 +867,7 @@ pub(crate) fn gate_b(
     }
     if needs_approval {
         // The approval is for exactly this bound call on this page's entity.
-        approvals::record_pending(
+        let recorded = approvals::record_pending(
             ctx,
             &tool.name,
             &bound,
@@ -865,6 +875,17 @@ pub(crate) fn gate_b(
             &policy.approver_roles,
             call_id,
         );
+        if !recorded {
+            call.rule = "pending_approvals";
+            return deny(
+                call,
+                Code::RateLimitExceeded,
+                &format!(
+                    "pending_approvals: {} calls of this user already wait for an approval",
+                    approvals::MAX_PENDING_PER_USER
+                ),
+            );
+        }
         call.outcome = Outcome::Pending;
         return call;
     }

@@ -74,6 +74,7 @@ pub extern "C-unwind" fn _PG_init() {
     }
     gucs::init();
     owner::init_planner();
+    cache::init();
     let preloaded = pgutil::loaded_at_startup();
     if preloaded {
         // Defined before the prefix is reserved: a setting defined after it would be refused,

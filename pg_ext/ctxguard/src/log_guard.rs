@@ -2,9 +2,11 @@
 //! - redacts every token-shaped run from each message's text (message, detail, hint, context,
 //!   internal query), whatever wrote it: PostgreSQL's bind-parameter context
 //!   (`log_parameter_max_length_on_error`, which any session may set), a handler's error, ours;
-//! - in a transaction where ctxguard saw a token, hides the error context and the statement from
-//!   the log altogether (they may hold a page context or other caller text), whatever the session
-//!   or its role's defaults set. The client still gets them.
+//! - in a transaction where ctxguard saw a token, hides the context and the statement of every
+//!   line it writes to the log (an error's, and a `LOG` line's too, such as ctxguard's own
+//!   refusal lines, which `log_min_error_statement` ranks above `ERROR`) altogether: they may hold
+//!   a page context or other caller text, whatever the session or its role's defaults set. The
+//!   client still gets them.
 //!
 //! Installed only when preloaded (a library loaded later has no hook before its first call).
 
@@ -39,7 +41,10 @@ unsafe extern "C-unwind" fn at_transaction_end(
     event: pg_sys::XactEvent::Type,
     _arg: *mut std::ffi::c_void,
 ) {
-    if event == pg_sys::XactEvent::XACT_EVENT_COMMIT || event == pg_sys::XactEvent::XACT_EVENT_ABORT
+    // PREPARE TRANSACTION ends the transaction in this backend as a commit does.
+    if event == pg_sys::XactEvent::XACT_EVENT_COMMIT
+        || event == pg_sys::XactEvent::XACT_EVENT_ABORT
+        || event == pg_sys::XactEvent::XACT_EVENT_PREPARE
     {
         SAW_TOKEN.with(|s| s.set(false));
         crate::context::forget_parsed();
@@ -69,7 +74,7 @@ unsafe extern "C-unwind" fn emit(edata: *mut pg_sys::ErrorData) {
     unsafe {
         let e = &mut *edata;
         if e.output_to_server {
-            if SAW_TOKEN.with(Cell::get) && e.elevel >= pgrx::PgLogLevel::ERROR as i32 {
+            if SAW_TOKEN.with(Cell::get) {
                 e.hide_ctx = true;
                 e.hide_stmt = true;
             }

@@ -26,7 +26,7 @@ use crate::pgutil::raise;
 
 /// Settings every statement ctxguard runs sees, whatever the caller set (in the order of
 /// [`holding`]'s checks).
-const PINNED: [(&CStr, &CStr); 14] = [
+const PINNED: [(&CStr, &CStr); 15] = [
     (c"search_path", c"pg_catalog, pg_temp"),
     (c"TimeZone", c"UTC"),
     (c"DateStyle", c"ISO, YMD"),
@@ -46,6 +46,10 @@ const PINNED: [(&CStr, &CStr); 14] = [
     // session's `force_custom_plan`, left on a pooled connection, would plan every statement of
     // every later call (the plans themselves are made with [`planner_settings`]).
     (c"plan_cache_mode", c"auto"),
+    // Whether `regclass` / `regnamespace` / `regtype` output and `quote_ident` quote every name:
+    // text that ctxguard's SQL turns into SQL again (an entity's table and types) must read the
+    // same for every caller.
+    (c"quote_all_identifiers", c"off"),
 ];
 
 /// A pinned scope: restores the GUC nest level (if it opened one) and the user on drop.
@@ -107,6 +111,7 @@ fn holding() -> [bool; PINNED.len()] {
             pg_sys::check_function_bodies,
             pg_sys::GinFuzzySearchLimit == 0,
             pg_sys::plan_cache_mode == pg_sys::PlanCacheMode::PLAN_CACHE_MODE_AUTO as i32,
+            !pg_sys::quote_all_identifiers,
         ]
     }
 }

@@ -471,7 +471,9 @@ pub fn charge_bytes(
     // With the limit: the writer persists the day's bytes ahead of the calls by a margin of it.
     let mut records = vec![json!({"day": [tenant, user, day], "bytes": new_day, "lim": day_limit})];
     if let (Some(g), Some(b)) = (generation, new_gen) {
-        records.push(json!({"gen": g.id, "bytes": b, "exp": g.expires}));
+        // The tenant: the writer keeps a generation's counter waiting (its row not yet visible)
+        // within the tenant's share.
+        records.push(json!({"gen": g.id, "bytes": b, "exp": g.expires, "t": tenant}));
     }
     note(records, undo);
     Ok(Ok(Charged {
@@ -720,18 +722,39 @@ fn slot(qs: &mut [shmem::Queue; shmem::DATABASES]) -> Option<usize> {
     Some(i)
 }
 
+/// How long a caller may wait for a writer to start, and for room in a full queue: taken once
+/// per call, so that a caller who loses the race for the room it waited for (and waits again)
+/// is still held back no longer than `ctxguard.audit_wait_timeout` in all (SECURITY_MATRIX M.76).
+struct Deadlines {
+    start: Instant,
+    full: Instant,
+}
+
+impl Deadlines {
+    fn from_now() -> Self {
+        let now = Instant::now();
+        Deadlines {
+            start: now + WRITER_START,
+            // A full queue holds callers back (up to ctxguard.audit_wait_timeout) rather than
+            // refusing them.
+            full: now + Duration::from_secs(gucs::AUDIT_WAIT_TIMEOUT.get().max(1) as u64),
+        }
+    }
+}
+
 /// Can a call be audited now? Starts this database's writer if it is not running, and waits a
 /// little for it. Called before any handler runs.
 pub fn ready() -> Result<usize, Unavailable> {
+    ready_by(&Deadlines::from_now())
+}
+
+fn ready_by(deadlines: &Deadlines) -> Result<usize, Unavailable> {
     if !shmem::attached() {
         return Err(Unavailable(
             "ctxguard is not in shared_preload_libraries".into(),
         ));
     }
-    let deadline = Instant::now() + WRITER_START;
-    // A full queue holds callers back (up to ctxguard.audit_wait_timeout) rather than refusing them.
-    let full_deadline =
-        Instant::now() + Duration::from_secs(gucs::AUDIT_WAIT_TIMEOUT.get().max(1) as u64);
+    let (deadline, full_deadline) = (deadlines.start, deadlines.full);
     loop {
         let (i, start) = {
             let mut qs = shmem::queues();
@@ -816,8 +839,9 @@ pub fn submit(mut audit: Value) -> Result<Queued, Unavailable> {
     // writer may also have retired since (idle, with nothing queued): a record is queued only
     // while the queue has a writer, which then cannot retire before writing it (`retire` checks
     // under the same lock); otherwise ready() starts one.
+    let deadlines = Deadlines::from_now();
     for _ in 0..1000 {
-        let i = ready()?;
+        let i = ready_by(&deadlines)?;
         let seq = {
             let mut qs = shmem::queues();
             let q = &mut qs[i];

@@ -788,7 +788,7 @@ fn apply(
     direct: bool,
 ) -> Applied {
     let mut audits = Vec::new();
-    let mut gens: HashMap<String, (i64, i64)> = HashMap::new();
+    let mut gens: HashMap<String, (i64, i64, String)> = HashMap::new();
     let mut docs: HashMap<(String, String), (Value, i64, i64)> = HashMap::new();
     // A user's (tenant, user, day): the day, its latest bytes, the user's daily limit.
     let mut days: HashMap<DayKey, (i64, i64, i64)> = HashMap::new();
@@ -805,7 +805,8 @@ fn apply(
             let exp = ch["exp"].as_i64().unwrap_or(0);
             if let Some(g) = ch["gen"].as_str() {
                 let b = ch["bytes"].as_i64().unwrap_or(0);
-                let e = gens.entry(g.to_string()).or_insert((b, exp));
+                let t = ch["t"].as_str().unwrap_or_default().to_string();
+                let e = gens.entry(g.to_string()).or_insert((b, exp, t));
                 e.0 = e.0.max(b);
                 e.1 = e.1.max(exp);
             } else if let Some(d) = ch["doc"].as_array() {
@@ -867,7 +868,11 @@ fn apply(
             audits.push(a);
         }
     }
-    let mut unsaved = Unsaved { gens, docs };
+    let mut unsaved = Unsaved {
+        gens,
+        docs,
+        per_tenant: HashMap::new(),
+    };
     let (quotas, seen_quotas) = margins.quotas.plan(quotas);
     let (days, seen_days) = margins.days.plan(days);
     let days: Days = days.into_iter().map(|(k, (_, b))| (k, b)).collect();
@@ -1146,17 +1151,24 @@ impl Batch {
 /// in a transaction still open (its calls charged before it committed), or one that rolled back.
 /// They are kept and written again (on the schedule of [`Retry`], whether or not batches keep
 /// coming) until their row appears or their generation expires.
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub struct Unsaved {
-    /// generation -> (bytes used, expiry in Unix seconds)
-    gens: HashMap<String, (i64, i64)>,
+    /// generation -> (bytes used, expiry in Unix seconds, tenant)
+    gens: HashMap<String, (i64, i64, String)>,
     /// (generation, document) -> (tenant, calls, expiry)
     docs: HashMap<(String, String), (Value, i64, i64)>,
+    /// How many of `gens` and `docs` are each tenant's (kept by [`Unsaved::merge`], counted again
+    /// after the lists are cut): a batch's merge costs what it brings, not what waits.
+    per_tenant: HashMap<String, usize>,
 }
 
 /// Most generation counters kept waiting (each was a charged call; beyond this, the newest wait
 /// only in shared memory, which a restart forgets).
 const UNSAVED_MAX: usize = 16_384;
+/// Most of them one tenant's (a quarter, as its share of each shared-memory table): a tenant whose
+/// generations never become visible (minted in transactions that roll back) fills its own share,
+/// and every other tenant's counters are still kept.
+const UNSAVED_TENANT_MAX: usize = UNSAVED_MAX / 4;
 
 /// What [`direct_generations`] wrote without the statement.
 struct DirectGenerations {
@@ -1183,7 +1195,7 @@ fn direct_generations(u: &Unsaved) -> Option<DirectGenerations> {
     };
     let mut touch: std::collections::BTreeMap<uuid::Uuid, (String, Option<i64>)> =
         std::collections::BTreeMap::new();
-    for (g, (b, _)) in &u.gens {
+    for (g, (b, _, _)) in &u.gens {
         touch.insert(uuid(g)?, (g.clone(), Some(*b)));
     }
     for (g, _) in u.docs.keys() {
@@ -1270,32 +1282,67 @@ impl Unsaved {
         self.gens.len() + self.docs.len()
     }
 
-    /// Take `other`'s counters too (the larger value wins, as on disk).
+    /// Take `other`'s counters too (the larger value wins, as on disk): a counter already kept is
+    /// raised; a new one is kept while there is room, in all and in its tenant's share.
     pub fn merge(&mut self, other: Unsaved) {
-        if self.len() + other.len() > UNSAVED_MAX {
-            pgrx::warning!(
-                "ctxguard: ledger writer keeps {} generation counters waiting; newer ones are not kept",
-                self.len()
-            );
-            return;
-        }
-        for (g, (b, e)) in other.gens {
-            let v = self.gens.entry(g).or_insert((b, e));
-            v.0 = v.0.max(b);
-            v.1 = v.1.max(e);
+        let per_tenant = &mut self.per_tenant;
+        let mut total = self.gens.len() + self.docs.len();
+        let mut dropped = 0usize;
+        // Room for one more counter of `tenant`?
+        let mut room = |tenant: &str| {
+            let n = per_tenant.entry(tenant.to_string()).or_default();
+            if total >= UNSAVED_MAX || *n >= UNSAVED_TENANT_MAX {
+                dropped += 1;
+                return false;
+            }
+            *n += 1;
+            total += 1;
+            true
+        };
+        for (g, (b, e, t)) in other.gens {
+            if let Some(v) = self.gens.get_mut(&g) {
+                v.0 = v.0.max(b);
+                v.1 = v.1.max(e);
+            } else if room(&t) {
+                self.gens.insert(g, (b, e, t));
+            }
         }
         for (k, (t, n, e)) in other.docs {
-            let v = self.docs.entry(k).or_insert((t, n, e));
-            v.1 = v.1.max(n);
-            v.2 = v.2.max(e);
+            if let Some(v) = self.docs.get_mut(&k) {
+                v.1 = v.1.max(n);
+                v.2 = v.2.max(e);
+            } else if room(t.as_str().unwrap_or_default()) {
+                self.docs.insert(k, (t, n, e));
+            }
+        }
+        if dropped > 0 {
+            pgrx::warning!(
+                "ctxguard: ledger writer keeps {} generation counters waiting; {dropped} newer ones are not kept (no room in all, or in their tenant's share)",
+                self.len()
+            );
         }
     }
 
     /// Forget the counters of generations that have expired (with the ledger's grace).
     fn drop_expired(&mut self) {
         let t = super::now() - super::GRACE;
-        self.gens.retain(|_, (_, e)| *e >= t);
+        self.gens.retain(|_, (_, e, _)| *e >= t);
         self.docs.retain(|_, (_, _, e)| *e >= t);
+        self.recount();
+    }
+
+    /// Count each tenant's counters again (after the lists were cut).
+    fn recount(&mut self) {
+        self.per_tenant.clear();
+        for (_, _, t) in self.gens.values() {
+            *self.per_tenant.entry(t.clone()).or_default() += 1;
+        }
+        for (t, _, _) in self.docs.values() {
+            *self
+                .per_tenant
+                .entry(t.as_str().unwrap_or_default().to_string())
+                .or_default() += 1;
+        }
     }
 
     /// A [`Batch`] of the counters not yet expired (the others are forgotten).
@@ -1312,7 +1359,7 @@ impl Unsaved {
     fn gens_rows(&self) -> Vec<Value> {
         self.gens
             .iter()
-            .map(|(g, (b, _))| json!({"id": g, "b": b}))
+            .map(|(g, (b, _, _))| json!({"id": g, "b": b}))
             .collect()
     }
 
@@ -1328,12 +1375,14 @@ impl Unsaved {
     fn keep_missing(&mut self, w: &Written) {
         self.gens.retain(|g, _| w.missing_gens.contains(g));
         self.docs.retain(|(g, _), _| w.missing_docs.contains(g));
+        self.recount();
     }
 }
 
 /// Write again the counters still waiting for their generation row (in the writer's transaction).
 fn retry_unsaved(unsaved: &mut Unsaved) {
-    let mut u = std::mem::take(unsaved);
+    // Kept whole if the write fails (every tenant's counters would be lost with it).
+    let mut u = unsaved.clone();
     let result = in_subtransaction(false, || {
         as_owner(|| Spi::connect_mut(|c| u.batch().write(c)))
             .map(|w| {
