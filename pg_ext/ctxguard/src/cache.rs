@@ -950,12 +950,11 @@ pub fn catalog() -> Rc<Catalog> {
     let mut again = false;
     if let Some((checked, when)) = CHECKED.get() {
         if checked == now {
-            if at.duration_since(when) < RECHECK_AFTER {
-                if let Some(c) = CACHE.with(|c| c.borrow().clone()) {
-                    return c;
-                }
+            if at.duration_since(when) >= RECHECK_AFTER {
+                again = true;
+            } else if let Some(c) = CACHE.with(|c| c.borrow().clone()) {
+                return c;
             }
-            again = true;
         }
     }
     let c = catalog_of(version_key(again));
@@ -1142,8 +1141,11 @@ fn version_row(latest: bool) -> (i64, pg_sys::TransactionId, bool, Option<bool>)
 /// first time (it waited for the audit queue, say) is answered on its snapshot; the next statement
 /// sees the change.
 fn version_key(again: bool) -> (i64, String) {
-    let (version, xmin, mine, current) = version_row(true);
-    if current == Some(false) && (again || transaction_snapshot() || in_cursor()) {
+    // The latest row is read only where a stale snapshot is refused (not for a READ COMMITTED
+    // statement's first look, the gateway's every statement).
+    let refusable = again || transaction_snapshot() || in_cursor();
+    let (version, xmin, mine, current) = version_row(refusable);
+    if current == Some(false) {
         raise(
             PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
             "ctxguard: the tool catalog changed after this statement's snapshot was taken; retry in a new transaction",
