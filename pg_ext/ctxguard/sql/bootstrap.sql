@@ -178,7 +178,7 @@ BEGIN
 END
 $$;
 REVOKE EXECUTE ON FUNCTION ctxguard._bump_catalog_version() FROM PUBLIC;
--- The tool names a statement on tools or tool_policies changed (TG_ARGV[0]: the name column), with
+-- The tool names a statement on tools or tool_policies changed (each table's name column, by name), with
 -- the version this transaction moved the catalog to. Runs after _bump_catalog_version (trigger
 -- names: *_changed before *_logged_*).
 CREATE FUNCTION ctxguard._log_tool_changes() RETURNS trigger
