@@ -1071,46 +1071,43 @@ fn version_row(latest: bool) -> (i64, pg_sys::TransactionId, bool, Option<bool>)
         if fresh {
             pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
         }
-        let snapshot = pg_sys::GetActiveSnapshot();
-        let scan = pg_sys::systable_beginscan(
-            rel,
-            pg_sys::InvalidOid,
-            false,
-            snapshot,
-            0,
-            std::ptr::null_mut(),
-        );
-        let tuple = pg_sys::systable_getnext(scan);
-        let row = if tuple.is_null() || attnum <= 0 {
-            None
-        } else {
-            let mut isnull = false;
-            let d = pg_sys::heap_getattr(tuple, attnum as i32, (*rel).rd_att, &mut isnull);
-            let version = if isnull { 0 } else { d.value() as i64 };
-            // HeapTupleHeaderGetRawXmin (spelled out: pgrx 0.18 binds two of them for PostgreSQL 18).
-            let xmin = (*(*tuple).t_data).t_choice.t_heap.t_xmin;
-            Some((
-                version,
-                xmin,
-                pg_sys::TransactionIdIsCurrentTransactionId(xmin),
-            ))
+        // The row's first (only) version `snapshot` sees, through `f` (NULL: none).
+        let first_row = |snapshot: pg_sys::Snapshot, f: &mut dyn FnMut(pg_sys::HeapTuple)| {
+            let scan = pg_sys::systable_beginscan(
+                rel,
+                pg_sys::InvalidOid,
+                false,
+                snapshot,
+                0,
+                std::ptr::null_mut(),
+            );
+            f(pg_sys::systable_getnext(scan));
+            pg_sys::systable_endscan(scan);
         };
-        pg_sys::systable_endscan(scan);
+        // HeapTupleHeaderGetRawXmin (spelled out: pgrx 0.18 binds two of them for PostgreSQL 18).
+        let xmin_of = |tuple: pg_sys::HeapTuple| (*(*tuple).t_data).t_choice.t_heap.t_xmin;
+        let mut row = None;
+        first_row(pg_sys::GetActiveSnapshot(), &mut |tuple| {
+            if !tuple.is_null() && attnum > 0 {
+                let mut isnull = false;
+                let d = pg_sys::heap_getattr(tuple, attnum as i32, (*rel).rd_att, &mut isnull);
+                let version = if isnull { 0 } else { d.value() as i64 };
+                let xmin = xmin_of(tuple);
+                row = Some((
+                    version,
+                    xmin,
+                    pg_sys::TransactionIdIsCurrentTransactionId(xmin),
+                ));
+            }
+        });
         // The same row on a snapshot taken now: is the one this statement sees the latest
         // committed? (Not asked for this transaction's own row: nothing committed can follow it.)
         let current = match row {
             Some((_, xmin, false)) if latest => {
-                let scan = pg_sys::systable_beginscan(
-                    rel,
-                    pg_sys::InvalidOid,
-                    false,
-                    pg_sys::GetLatestSnapshot(),
-                    0,
-                    std::ptr::null_mut(),
-                );
-                let tuple = pg_sys::systable_getnext(scan);
-                let same = !tuple.is_null() && (*(*tuple).t_data).t_choice.t_heap.t_xmin == xmin;
-                pg_sys::systable_endscan(scan);
+                let mut same = false;
+                first_row(pg_sys::GetLatestSnapshot(), &mut |tuple| {
+                    same = !tuple.is_null() && xmin_of(tuple) == xmin;
+                });
                 Some(same)
             }
             _ => None,

@@ -8,7 +8,8 @@
 -- and a DBA's change rolled back to a savepoint kept applying for the rest of the transaction.
 -- Now every statement looks at the catalog's version again, and a statement on a snapshot that
 -- does not see the latest committed catalog is refused (40001: retry in a new transaction) when
--- the snapshot is its transaction's or its query has run for more than a second.
+-- the snapshot is its transaction's, when it runs in a cursor, or when a statement that has run
+-- for more than a second looks again.
 -- Runs as a superuser (changes the catalog and commits); the gateway's backends through dblink.
 \set QUIET 1
 SET client_min_messages = warning;
